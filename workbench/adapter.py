@@ -1,0 +1,233 @@
+"""The one place that touches transformers internals.
+
+transformers renames attention-call arguments and cache APIs between minor versions; everything
+the workbench needs from it goes through the small functions here, so a rename is absorbed once.
+Nothing in this module is monkey-patched: capture uses the public ``AttentionInterface`` /
+``AttentionMaskInterface`` registries and ``model.set_attn_implementation``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import transformers
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+CAPTURE_PREFIX = "workbench_capture_"
+TRANSFORMERS_VERSION = transformers.__version__
+
+
+# ----------------------------------------------------------------------------- model shape
+@dataclass(frozen=True)
+class ModelShape:
+    """Attention geometry of a decoder: ``L`` layers, ``H_Q`` query heads, ``G`` KV heads, head dim ``d``."""
+
+    L: int
+    H_Q: int
+    G: int
+    d: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    max_context: int
+    model_type: str
+
+    @property
+    def r(self) -> int:
+        return self.H_Q // self.G
+
+    def head_group(self) -> torch.Tensor:
+        """``g(h) = h // r`` for every query head (transformers' ``repeat_kv`` layout); int64 ``[H_Q]``."""
+        return torch.arange(self.H_Q) // self.r
+
+
+def text_config(config):
+    """The decoder config (multimodal configs keep it under ``text_config``)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def model_shape(model) -> ModelShape:
+    c = text_config(model.config)
+    H_Q = int(c.num_attention_heads)
+    G = int(getattr(c, "num_key_value_heads", None) or H_Q)
+    d = int(getattr(c, "head_dim", None) or c.hidden_size // H_Q)
+    return ModelShape(
+        L=int(c.num_hidden_layers),
+        H_Q=H_Q,
+        G=G,
+        d=d,
+        hidden=int(c.hidden_size),
+        intermediate=int(getattr(c, "intermediate_size", 4 * c.hidden_size)),
+        vocab=int(c.vocab_size),
+        max_context=int(getattr(c, "max_position_embeddings", 0) or 0),
+        model_type=str(getattr(c, "model_type", "unknown")),
+    )
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The list of decoder blocks (``model.model.layers`` for the standard causal LMs)."""
+    base = getattr(model, "model", model)
+    for name in ("layers", "h", "blocks"):
+        layers = getattr(base, name, None)
+        if isinstance(layers, torch.nn.ModuleList):
+            return layers
+    lm = getattr(base, "language_model", None)
+    if lm is not None and isinstance(getattr(lm, "layers", None), torch.nn.ModuleList):
+        return lm.layers
+    raise TypeError(f"model: cannot find the decoder layers of {type(model).__name__}")
+
+
+def final_norm(model) -> torch.nn.Module:
+    base = getattr(model, "model", model)
+    for owner in (base, getattr(base, "language_model", None)):
+        if owner is not None and isinstance(getattr(owner, "norm", None), torch.nn.Module):
+            return owner.norm
+    raise TypeError(f"model: cannot find the final norm of {type(model).__name__}")
+
+
+def supports_attention_interface(model) -> bool:
+    fn = getattr(model, "_can_set_attn_implementation", None)
+    return bool(fn()) if callable(fn) else False
+
+
+def current_attn_implementation(model) -> str:
+    return model.config._attn_implementation or "eager"
+
+
+def set_attn_implementation(model, name: str) -> None:
+    model.set_attn_implementation(name)
+
+
+# ----------------------------------------------------------------------------- attention calls
+@dataclass
+class AttentionCall:
+    """What a registered attention function receives, with names that do not depend on the version.
+
+    ``query [B, H_Q, q_len, d]``, ``key``/``value [B, G, S, d]`` (post-RoPE), ``mask`` (``None``
+    for plain causal, bool with True = attend, or additive float) of shape ``[B, 1|H, q_len, ≥S]``.
+    """
+
+    layer_idx: int
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: torch.Tensor | None
+    scaling: float
+    softcap: float | None
+    sliding_window: int | None
+
+
+def read_attention_call(module, query, key, value, attention_mask, kwargs) -> AttentionCall:
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = getattr(module, "scaling", None)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    softcap = kwargs.get("softcap", kwargs.get("attn_logit_softcapping"))
+    if softcap is None:
+        softcap = getattr(module, "attn_logit_softcapping", None)
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    return AttentionCall(
+        layer_idx=int(getattr(module, "layer_idx", -1)),
+        query=query,
+        key=key,
+        value=value,
+        mask=attention_mask,
+        scaling=float(scaling),
+        softcap=float(softcap) if softcap else None,
+        sliding_window=int(window) if window else None,
+    )
+
+
+def base_attention_function(name: str) -> Callable:
+    """The attention function transformers would use for implementation ``name``."""
+    if name == "eager":
+        from transformers.models.llama.modeling_llama import eager_attention_forward
+
+        return eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def register_wrapped_attention(base: str, make_wrapper: Callable[[Callable], Callable]) -> str:
+    """Register ``make_wrapper(base_fn)`` as a new attention implementation using ``base``'s mask.
+
+    Returns the registered name. The model then receives exactly the mask and kernel it had.
+    """
+    name = CAPTURE_PREFIX + base.replace("|", "_")
+    AttentionInterface.register(name, make_wrapper(base_attention_function(base)))
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(base)
+    if mask_fn is None:
+        raise TypeError(f"attn_implementation: no mask function for base implementation {base!r}")
+    AttentionMaskInterface.register(name, mask_fn)
+    return name
+
+
+def eager_attentions(model, input_ids: torch.Tensor, **kw):
+    """Full forward with eager attention and ``output_attentions`` (the oracle); restores the implementation."""
+    old = current_attn_implementation(model)
+    set_attn_implementation(model, "eager")
+    try:
+        with torch.no_grad():
+            return model(input_ids=input_ids, output_attentions=True, **kw)
+    finally:
+        set_attn_implementation(model, old)
+
+
+# ----------------------------------------------------------------------------- caches and forward
+def new_cache(model):
+    from transformers import DynamicCache
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older signature
+        return DynamicCache()
+
+
+def forward(model, input_ids: torch.Tensor, cache=None, position_ids=None, logits_to_keep: int = 0, **kw):
+    """One forward with a cache; the cache keyword is spelled per the installed version."""
+    args = dict(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **kw)
+    if position_ids is not None:
+        args["position_ids"] = position_ids
+    if cache is not None:
+        args[_cache_keyword(model)] = cache
+    return model(**args)
+
+
+def _cache_keyword(model) -> str:
+    """``cache`` (transformers ≥ 5.24) or ``past_key_values`` (earlier)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(out):
+    for name in ("cache", "past_key_values"):
+        c = getattr(out, name, None)
+        if c is not None:
+            return c
+    return None
+
+
+def cache_length(cache) -> int:
+    return int(cache.get_seq_length())
+
+
+def clear_gguf_quantization(model) -> None:
+    """Make a GGUF-loaded (already dequantised) model saveable with ``save_pretrained``."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        try:
+            del model.config.quantization_config
+        except AttributeError:
+            model.config.quantization_config = None
+    for attr in ("is_quantized", "quantization_method"):
+        if hasattr(model, attr):
+            try:
+                setattr(model, attr, False if attr == "is_quantized" else None)
+            except AttributeError:
+                pass
