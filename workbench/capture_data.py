@@ -101,6 +101,13 @@ class Capture:
         """Rows ``idx`` restricted to the prompt keys ``[0, T)``, float32 ``[L, H_Q, len(idx), T]``."""
         return self.attn[:, :, idx, : self.T]
 
+    def sink_mass(self, kind: str = "observer") -> torch.Tensor:
+        """Mean attention mass on the sinks ``𝒮`` over the rows of one kind; float32 ``[L, H_Q]``."""
+        idx = self.rows_of(kind)
+        if idx.numel() == 0:
+            raise ValueError(f"kind: no rows of kind {kind!r} in this capture")
+        return self.attn[:, :, idx, : self.spans.n_sink].sum(-1).mean(-1)
+
     # ----- persistence -----
     def save(self, path: str | os.PathLike) -> Path:
         """Write to ``path`` (safetensors with a JSON header). Atomic: a failed write leaves nothing."""

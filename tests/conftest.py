@@ -1,0 +1,40 @@
+"""Shared fixtures. The default model is loaded once per session (converted once per machine)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The embedded SmolLM2-135M-Instruct (``LoadedModel``), on CPU in fp32."""
+    from workbench.models import load_model
+
+    return load_model(device="cpu", progress=False)
+
+
+@pytest.fixture(scope="session")
+def example():
+    from workbench.examples import load_example
+
+    return load_example()
+
+
+@pytest.fixture(scope="session")
+def example_prompt(smollm, example):
+    return example.build(smollm.tokenizer, max_context=smollm.shape.max_context)
+
+
+@pytest.fixture(scope="session")
+def smollm_capture(smollm, example_prompt):
+    """A capture of the bundled multi-document prompt: observers, the query as audit population,
+    a 32-token tail, 3 decode steps, hidden states at a few layers."""
+    from workbench.capture import RowSet, run_capture
+
+    return run_capture(smollm, example_prompt, RowSet(tail=32, n_decode=3),
+                       hidden_layers=(0, 10, 30), progress=False)
