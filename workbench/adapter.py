@@ -231,3 +231,110 @@ def clear_gguf_quantization(model) -> None:
                 setattr(model, attr, False if attr == "is_quantized" else None)
             except AttributeError:
                 pass
+
+
+# ----------------------------------------------------------------------------- mid-prefill gather
+def layer_hidden(args, kwargs) -> torch.Tensor:
+    """The hidden states a decoder block (or the final norm) receives, ``[B, T, D]``."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
+    """Restrict one decoder-block call of a prefill to the retained positions ``R`` (sorted, ``[T']``).
+
+    Gathers the position embeddings (cos, sin ``[B, T, d]``), the position ids and a 4-D mask
+    (rows and columns: the original-position mask restricted to ``R``, so causal and sliding-window
+    structure follow the original positions); ``hidden=True`` also gathers the hidden states.
+    A ``None`` mask (plain causal) stays ``None``: order is preserved, so causal on ``R`` is causal.
+    Returns new ``(args, kwargs)``.
+    """
+    args, kwargs = list(args), dict(kwargs)
+    if hidden:
+        if args:
+            args[0] = args[0].index_select(1, R.to(args[0].device))
+        else:
+            kwargs["hidden_states"] = kwargs["hidden_states"].index_select(1, R.to(kwargs["hidden_states"].device))
+    pe = kwargs.get("position_embeddings")
+    if isinstance(pe, (tuple, list)):
+        kwargs["position_embeddings"] = tuple(t.index_select(-2, R.to(t.device)) for t in pe)
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        r = R.to(mask.device)
+        kwargs["attention_mask"] = mask.index_select(-2, r).index_select(-1, r)
+    elif mask is not None and not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attention_mask: cannot restrict a {type(mask).__name__} mask (use sdpa or eager)")
+    for name in ("position_ids", "cache_position"):
+        v = kwargs.get(name)
+        if isinstance(v, torch.Tensor):
+            kwargs[name] = v.index_select(v.dim() - 1, R.to(v.device))
+    return tuple(args), kwargs
+
+
+def gather_cache_positions(cache, layers, R: torch.Tensor, T: int) -> None:
+    """Keep, in ``layers``, only the cache entries of the prompt positions ``R`` (in place).
+
+    A full layer stores positions ``0 … T-1``; a sliding-window layer stores the last ``S`` of them,
+    so the kept storage indices are ``R ∩ [T-S, T)`` shifted by ``T-S``.
+    """
+    for l in layers:
+        lay = cache_layers(cache)[l]
+        S = int(lay.keys.shape[-2])
+        start = T - S
+        keep = R[R >= start] - start
+        idx = keep.to(lay.keys.device)
+        lay.keys = lay.keys.index_select(-2, idx)
+        lay.values = lay.values.index_select(-2, idx)
+        if isinstance(getattr(lay, "cumulative_length", None), int):
+            # sliding layers: later masks are sized from the stored entries (windows count stored keys)
+            lay.cumulative_length = int(lay.keys.shape[-2])
+
+
+# ----------------------------------------------------------------------------- cache surgery
+def cache_layers(cache) -> list:
+    """The per-layer storages of a dynamic cache (``keys``/``values`` ``[B, G, S, d]``)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"cache: {type(cache).__name__} has no per-layer storage this workbench knows")
+    return list(layers)
+
+
+def cache_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values stored for ``layer``: ``[B, G, S, d]`` each."""
+    lay = cache_layers(cache)[layer]
+    return lay.keys, lay.values
+
+
+def gather_cache_tokens(cache, layers, index: torch.Tensor) -> None:
+    """Keep only cache entries ``index`` (sorted storage indices, int64 ``[S']``) in ``layers``, in place."""
+    for l in layers:
+        lay = cache_layers(cache)[l]
+        idx = index.to(lay.keys.device)
+        lay.keys = lay.keys.index_select(-2, idx)
+        lay.values = lay.values.index_select(-2, idx)
+        if hasattr(lay, "cumulative_length") and isinstance(lay.cumulative_length, int):
+            lay.cumulative_length = int(lay.keys.shape[-2])
+
+
+def gather_cache_per_group(cache, keep: torch.Tensor) -> None:
+    """Per layer and KV head, keep storage indices ``keep [L, G, B]`` (sorted), in place.
+
+    Every layer and group keeps the same number ``B`` of entries, so the cache stays rectangular.
+    """
+    for l, lay in enumerate(cache_layers(cache)):
+        if l >= keep.shape[0]:
+            break
+        k, v = lay.keys, lay.values
+        idx = keep[l].to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
+        lay.keys = torch.gather(k, 2, idx)
+        lay.values = torch.gather(v, 2, idx)
+        if hasattr(lay, "cumulative_length") and isinstance(lay.cumulative_length, int):
+            lay.cumulative_length = int(lay.keys.shape[-2])
+
+
+def cache_bytes(cache) -> int:
+    """Bytes held by the keys and values of a cache."""
+    total = 0
+    for lay in cache_layers(cache):
+        if getattr(lay, "keys", None) is not None and lay.keys.numel():
+            total += lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
+    return total

@@ -90,6 +90,7 @@ class AttentionRecorder:
         self.hidden: dict[int, torch.Tensor] = {}
         self.positions: torch.Tensor | None = None  # absolute positions of the current input tokens
         self.progress = progress
+        self.stop_after: int | None = None  # capture nothing in layers > stop_after
         self._calls = 0
 
     # the attention function wrapper -------------------------------------------------
@@ -108,6 +109,8 @@ class AttentionRecorder:
             raise ValueError(f"batch: capture supports batch size 1, got {q.shape[0]}")
         l = call.layer_idx if call.layer_idx >= 0 else self._calls % self.shape.L
         self._calls += 1
+        if self.stop_after is not None and l > self.stop_after:
+            return  # rows after a mid-prefill gather are not captured (pruned execution)
         q_len, S = q.shape[2], k.shape[2]
         if self.positions is not None and len(self.positions) == q_len:
             q_abs = self.positions.to(torch.int64).cpu()
