@@ -289,6 +289,60 @@ def gather_cache_positions(cache, layers, R: torch.Tensor, T: int) -> None:
             lay.cumulative_length = int(lay.keys.shape[-2])
 
 
+# ----------------------------------------------------------------------------- weights for bounds
+def norm_gain_eps(norm: torch.nn.Module, model_type: str) -> tuple[torch.Tensor, float]:
+    """Effective gain ``γ`` and ``eps`` of an RMSNorm (Gemma stores ``γ - 1``)."""
+    w = norm.weight.detach().float()
+    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    return (1.0 + w if model_type.startswith("gemma") else w), eps
+
+
+def lm_head_weight(model) -> torch.Tensor:
+    """The output embedding ``W_out [V, D]``."""
+    return model.get_output_embeddings().weight.detach().float()
+
+
+@dataclass
+class BlockWeights:
+    """Weights of one block used by the Lipschitz constants (float32; ``W_Q [H_Q d, D]`` etc.)."""
+
+    W_Q: torch.Tensor
+    W_K: torch.Tensor
+    W_V: torch.Tensor
+    W_O: torch.Tensor
+    mlp: dict
+    input_norm: tuple
+    post_norm: tuple
+
+
+def block_weights(model, l: int) -> BlockWeights:
+    layer = decoder_layers(model)[l]
+    att, mlp = layer.self_attn, layer.mlp
+    mt = model_shape(model).model_type
+    w = lambda m: m.weight.detach().float()  # noqa: E731
+    mats = {name: w(getattr(mlp, name)) for name in ("gate_proj", "up_proj", "down_proj", "fc1", "fc2")
+            if hasattr(mlp, name)}
+    post = getattr(layer, "post_attention_layernorm", None)
+    pre_ff = getattr(layer, "pre_feedforward_layernorm", None)  # gemma: the MLP's input norm
+    return BlockWeights(W_Q=w(att.q_proj), W_K=w(att.k_proj), W_V=w(att.v_proj), W_O=w(att.o_proj), mlp=mats,
+                        input_norm=norm_gain_eps(layer.input_layernorm, mt),
+                        post_norm=norm_gain_eps(pre_ff if pre_ff is not None else post, mt))
+
+
+def run_block(model, l: int, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Block ``l`` alone on ``hidden [1, T', D]`` at ``position_ids [1, T']``, plain causal mask, no cache."""
+    base = getattr(model, "model", model)
+    layer = decoder_layers(model)[l]
+    rot = base.rotary_emb
+    layer_type = getattr(layer, "attention_type", None)
+    try:
+        pe = rot(hidden, position_ids, layer_type) if layer_type is not None else rot(hidden, position_ids)
+    except TypeError:
+        pe = rot(hidden, position_ids)
+    out = layer(hidden, attention_mask=None, position_embeddings=pe, position_ids=position_ids, use_cache=False)
+    return out[0] if isinstance(out, tuple) else out
+
+
 # ----------------------------------------------------------------------------- cache surgery
 def cache_layers(cache) -> list:
     """The per-layer storages of a dynamic cache (``keys``/``values`` ``[B, G, S, d]``)."""
@@ -338,3 +392,95 @@ def cache_bytes(cache) -> int:
         if getattr(lay, "keys", None) is not None and lay.keys.numel():
             total += lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
     return total
+
+
+# ----------------------------------------------------------------------------- cache surgery: eviction
+def cache_layer_is_sliding(cache, layer: int) -> bool:
+    """Whether ``layer`` of the cache is a sliding-window layer (it stores only its window)."""
+    return bool(getattr(cache_layers(cache)[layer], "is_sliding", False))
+
+
+def clone_cache(cache):
+    """An independent copy of a dynamic cache (tensors copied), for several evictions of one prefill."""
+    import copy
+
+    return copy.deepcopy(cache)
+
+
+def compact_cache_positions(cache, keep: torch.Tensor) -> list[int]:
+    """One-shot eviction: per layer and KV head keep the cache entries of positions ``keep``, in place.
+
+    Args:
+        cache: a dynamic cache that holds every position ``0 … S-1`` in its full-attention layers
+            (storage index = position: a cache never compacted before).
+        keep: int64 ``[L, G, S']``, the positions to keep, sorted, the same count ``S'`` for every
+            layer and KV head (the cache stays rectangular).
+
+    Returns:
+        the layers that were compacted. Sliding-window layers (``DynamicSlidingWindowLayer``) are
+        left as they are: they already hold only their last ``window - 1`` positions, and their
+        masks are sized from ``cumulative_length`` (the absolute count of tokens seen), which must keep
+        counting real positions for the window to slide over the right keys. A full layer has no
+        ``cumulative_length``: its length, and so the causal mask of later decode steps, comes from
+        the stored keys (every kept key precedes every later query, so the mask stays exact), while
+        RoPE positions come from the ``position_ids`` passed to the forward.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    done = []
+    layers = cache_layers(cache)
+    if keep.dim() != 3 or keep.shape[0] != len(layers):
+        raise ValueError(f"keep: must have shape [L={len(layers)}, G, S'], got {list(keep.shape)}")
+    for l, lay in enumerate(layers):
+        if getattr(lay, "is_sliding", False):
+            continue
+        if type(lay) is not DynamicLayer:
+            raise TypeError(f"cache: layer {l} is a {type(lay).__name__}; eviction needs a dynamic cache")
+        k, v = lay.keys, lay.values
+        if k.shape[1] != keep.shape[1]:
+            raise ValueError(f"keep: has {keep.shape[1]} KV heads, the cache has {k.shape[1]}")
+        if int(keep[l].max()) >= k.shape[-2]:
+            raise ValueError(f"keep: position {int(keep[l].max())} beyond the {k.shape[-2]} entries of layer {l}")
+        idx = keep[l].to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
+        lay.keys = torch.gather(k, 2, idx)
+        lay.values = torch.gather(v, 2, idx)
+        done.append(l)
+    return done
+
+
+def sliding_window_positions(cache, layer: int) -> torch.Tensor:
+    """Absolute positions held by a sliding-window layer: the last ``S`` of ``cumulative_length``; int64 ``[S]``."""
+    lay = cache_layers(cache)[layer]
+    S = int(lay.keys.shape[-2])
+    n = int(getattr(lay, "cumulative_length", S))
+    return torch.arange(n - S, n)
+
+
+def cache_batch_size(cache) -> int:
+    """Batch size of a dynamic cache (from its first initialised layer)."""
+    for lay in cache_layers(cache):
+        if getattr(lay, "keys", None) is not None and lay.keys.dim() == 4:
+            return int(lay.keys.shape[0])
+    return 0
+
+
+def stack_cache_rows(items) -> object:
+    """A new cache whose batch rows are ``[cache_i[row_i] for (cache_i, row_i) in items]``.
+
+    Every cache must have the same layer types and per-layer lengths (sliding-window layers must have
+    seen the same number of tokens); the inputs are not modified.
+    """
+    import copy
+
+    base = items[0][0]
+    out = copy.copy(base)
+    out.layers = [copy.copy(lay) for lay in cache_layers(base)]
+    for l, lay in enumerate(out.layers):
+        if getattr(lay, "keys", None) is None or not getattr(lay, "is_initialized", True):
+            continue
+        srcs = [cache_layers(c)[l] for c, _ in items]
+        if len({int(s.keys.shape[-2]) for s in srcs}) != 1 or len({getattr(s, "cumulative_length", 0) for s in srcs}) != 1:
+            raise ValueError(f"items: caches differ in length at layer {l}; cannot stack them")
+        lay.keys = torch.cat([s.keys[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
+        lay.values = torch.cat([s.values[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
+    return out

@@ -79,7 +79,12 @@ class AttentionRecorder:
     """Receives attention calls and writes the requested rows into ``attn [L, H_Q, R, K]`` (fp32)."""
 
     def __init__(self, shape: adapter.ModelShape, row_pos: list[int], K: int, T: int | None,
-                 device: torch.device, hidden_layers=(), progress=None):
+                 device: torch.device, hidden_layers=(), progress=None, colsum: bool = False,
+                 colsum_tile: int = 128):
+        if colsum and T is None:
+            raise ValueError("T: the prompt length is required when colsum=True")
+        if not isinstance(colsum_tile, int) or colsum_tile < 1:
+            raise ValueError(f"colsum_tile: must be an integer >= 1, got {colsum_tile!r}")
         self.shape = shape
         self.row_pos = torch.tensor(row_pos, dtype=torch.int64)
         self.K = K
@@ -92,6 +97,9 @@ class AttentionRecorder:
         self.progress = progress
         self.stop_after: int | None = None  # capture nothing in layers > stop_after
         self._calls = 0
+        # H2O accumulator: Σ_u A^{l,h}_{u,j} over every prompt query u < T (float64 [L, H_Q, T])
+        self.colsum = torch.zeros(shape.L, shape.H_Q, T, dtype=torch.float64, device=device) if colsum else None
+        self.colsum_tile = colsum_tile
 
     # the attention function wrapper -------------------------------------------------
     def make_wrapper(self, base_fn):
@@ -120,11 +128,27 @@ class AttentionRecorder:
         if self.T is not None and k0 == 0 and S >= self.T and l < self.shape.L:
             vn = call.value[0, :, : self.T].float().norm(dim=-1).amax(dim=-1)
             self.vnorm_max[l] = torch.maximum(self.vnorm_max[l], vn.to(self.vnorm_max.device))
+        if self.colsum is not None and l < self.shape.L:
+            self._accumulate_colsum(call, l, q_abs, k0)
         # which requested rows are queries of this call
         hit = (self.row_pos[:, None] == q_abs[None, :])
         r_idx, q_idx = torch.nonzero(hit, as_tuple=True)
         if r_idx.numel() == 0:
             return
+        probs = self._probs(call, q_idx, q_abs, k0)  # [H_Q, n, S]
+        lo = max(k0, 0)
+        self.attn[l, :, r_idx.to(self.attn.device), lo: k0 + S] = probs[..., lo - k0:].to(self.attn.device)
+        if self.progress is not None and q_len > 1:
+            self.progress.update(1)
+
+    def _probs(self, call: adapter.AttentionCall, q_idx: torch.Tensor, q_abs: torch.Tensor, k0: int) -> torch.Tensor:
+        """Softmax rows of the call's queries ``q_idx`` (indices into its ``q_len``) over its ``S`` keys.
+
+        Same scaling, soft-capping and mask as the model's kernel; ``q_abs [q_len]`` are the absolute
+        query positions and ``k0`` the absolute position of key 0. Returns float32 ``[H_Q, n, S]``.
+        """
+        q, k = call.query, call.key
+        S = k.shape[2]
         G, r, d = self.shape.G, self.shape.r, q.shape[-1]
         qs = q[0][:, q_idx.to(q.device)].float()  # [H_Q, n, d]
         n = qs.shape[1]
@@ -142,11 +166,23 @@ class AttentionRecorder:
             key_abs = torch.arange(k0, k0 + S, device=z.device)
             causal = key_abs[None, :] <= q_abs[q_idx].to(z.device)[:, None]
             z = z.masked_fill(~causal[None], float("-inf"))
-        probs = torch.softmax(z, dim=-1)  # [H_Q, n, S]
-        lo = max(k0, 0)
-        self.attn[l, :, r_idx.to(self.attn.device), lo: k0 + S] = probs[..., lo - k0:].to(self.attn.device)
-        if self.progress is not None and q_len > 1:
-            self.progress.update(1)
+        return torch.softmax(z, dim=-1)
+
+    def _accumulate_colsum(self, call: adapter.AttentionCall, l: int, q_abs: torch.Tensor, k0: int) -> None:
+        """H2O accumulator: add ``Σ_u A^{l,h}_{u,j}`` over this call's prompt queries ``u < T``.
+
+        Computed in query tiles of ``colsum_tile`` rows (memory ``O(H_Q · tile · S)``, never
+        ``T × T``), with the call's own mask (sliding windows, padding) or the causal rule.
+        """
+        S = call.key.shape[2]
+        prompt_q = torch.nonzero(q_abs < self.T).flatten()
+        for i in range(0, prompt_q.numel(), self.colsum_tile):
+            q_idx = prompt_q[i: i + self.colsum_tile]
+            probs = self._probs(call, q_idx, q_abs, k0)  # [H_Q, tile, S]
+            col = probs.sum(dim=1, dtype=torch.float64)  # [H_Q, S]
+            lo, hi = max(k0, 0), min(k0 + S, self.T)
+            if hi > lo:
+                self.colsum[l, :, lo:hi] += col[:, lo - k0: hi - k0].to(self.colsum.device)
 
     # hidden-state hooks -------------------------------------------------------------
     def _hidden_hook(self, layer):
@@ -159,7 +195,7 @@ class AttentionRecorder:
 
 @contextlib.contextmanager
 def capture_attention(model, row_pos: list[int], *, K: int, T: int | None = None,
-                      hidden_layers=(), progress=None):
+                      hidden_layers=(), progress=None, colsum: bool = False, colsum_tile: int = 128):
     """Install the capture for one run; always restores the model's implementation and hooks.
 
     Args:
@@ -168,12 +204,16 @@ def capture_attention(model, row_pos: list[int], *, K: int, T: int | None = None
         K: length of the key axis to allocate (``T + n_decode``).
         T: prompt length (for the value norms of the prompt keys).
         hidden_layers: layers whose block input is stored (``L`` = final-norm input).
+        colsum: also accumulate the H2O column sums ``Σ_{u<T} A^{l,h}_{u,j}`` over every prompt
+            query (``rec.colsum``, float64 ``[L, H_Q, T]``; needs ``T``), in query tiles of
+            ``colsum_tile`` rows, never a ``T × T`` matrix.
     Yields:
-        the :class:`AttentionRecorder` (``attn [L, H_Q, R, K]``, ``vnorm_max [L, G]``, ``hidden``).
+        the :class:`AttentionRecorder` (``attn [L, H_Q, R, K]``, ``vnorm_max [L, G]``, ``hidden``,
+        ``colsum`` or ``None``).
     """
     shape = adapter.model_shape(model)
     device = next(model.parameters()).device
-    rec = AttentionRecorder(shape, row_pos, K, T, device, hidden_layers, progress)
+    rec = AttentionRecorder(shape, row_pos, K, T, device, hidden_layers, progress, colsum, colsum_tile)
     old = adapter.current_attn_implementation(model)
     base = old[len(adapter.CAPTURE_PREFIX):] if old.startswith(adapter.CAPTURE_PREFIX) else old
     name = adapter.register_wrapped_attention(base, rec.make_wrapper)
