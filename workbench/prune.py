@@ -328,3 +328,31 @@ def run_full(model, prompt, *, max_new_tokens: int = 16, keep_hidden: bool = Fal
                        trace=None, generated_ids=generated, text=tok.decode(generated) if tok is not None else "",
                        first_logits=first_logits, prefill_s=prefill_s, decode_s=time.perf_counter() - t1,
                        kv_bytes=adapter.cache_bytes(cache), hidden=hidden)
+
+
+# ----------------------------------------------------------------------------- sweep method
+def _register_sweep_method() -> None:
+    from .sweep import register_method
+
+    @register_method("entroprefill", replace=True,
+                     params=("priority", "layer", "target", "eps_row", "m0", "zeta", "tau", "eps_s", "lam",
+                             "eps_audit", "streak", "audit_mode", "m_a", "delta", "d_max"),
+                     description="EntroPrefill pruned prefill (adaptive 7-step, or a fixed layer)")
+    def entroprefill(lm, item, params: dict) -> dict:
+        """EntroPrefill: pruned prefill then greedy decoding (``layer``: None/"adaptive" or an int l*)."""
+        p = {k: v for k, v in params.items() if k not in ("layer", "max_new_tokens", "seed")}
+        ep = EntroPrefillParams(**p)
+        layer = params.get("layer")
+        layer = None if layer in (None, "adaptive") else int(layer)
+        prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
+        r = run_pruned(lm, prompt, ep, layer=layer, max_new_tokens=int(params["max_new_tokens"]), progress=False)
+        spans = prompt.spans
+        ans_chunk = spans.chunk_doc.index(spans.answer_doc) if spans.answer_doc in spans.chunk_doc else None
+        return {"generated_ids": r.generated_ids, "prompt_tokens": r.T, "prefill_tokens": r.T,
+                "retained_tokens": r.T_prime, "kv_bytes": r.kv_bytes, "l_star": -99 if r.l_star is None else r.l_star,
+                "bypass": r.bypass, "removed_chunks": len(r.removed),
+                "answer_chunk_removed": bool(ans_chunk is not None and ans_chunk in r.removed),
+                "prefill_s": r.prefill_s, "decode_s": r.decode_s}
+
+
+_register_sweep_method()
