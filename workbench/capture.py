@@ -141,18 +141,24 @@ class AttentionRecorder:
         if self.progress is not None and q_len > 1:
             self.progress.update(1)
 
-    def _probs(self, call: adapter.AttentionCall, q_idx: torch.Tensor, q_abs: torch.Tensor, k0: int) -> torch.Tensor:
-        """Softmax rows of the call's queries ``q_idx`` (indices into its ``q_len``) over its ``S`` keys.
+    def _probs(self, call: adapter.AttentionCall, q_idx: torch.Tensor, q_abs: torch.Tensor, k0: int,
+               S: int | None = None, contiguous: bool = False) -> torch.Tensor:
+        """Softmax rows of the call's queries ``q_idx`` (indices into its ``q_len``) over its first ``S``
+        keys (default all; the causal rule gives later keys probability 0, so they may be left out).
 
         Same scaling, soft-capping and mask as the model's kernel; ``q_abs [q_len]`` are the absolute
-        query positions and ``k0`` the absolute position of key 0. Returns float32 ``[H_Q, n, S]``.
+        query positions and ``k0`` the absolute position of key 0. ``contiguous``: ``q_idx`` is a range
+        (sliced, not gathered). Returns float32 ``[H_Q, n, S]``.
         """
         q, k = call.query, call.key
-        S = k.shape[2]
+        S = k.shape[2] if S is None else S
         G, r, d = self.shape.G, self.shape.r, q.shape[-1]
-        qs = q[0][:, q_idx.to(q.device)].float()  # [H_Q, n, d]
+        if contiguous:
+            qs = q[0][:, int(q_idx[0]): int(q_idx[-1]) + 1].float()
+        else:
+            qs = q[0][:, q_idx.to(q.device)].float()  # [H_Q, n, d]
         n = qs.shape[1]
-        ks = k[0].float()  # [G, S, d]
+        ks = k[0, :, :S].float()  # [G, S, d]
         z = torch.matmul(qs.reshape(G, r * n, d), ks.transpose(1, 2)).reshape(G * r, n, S) * call.scaling
         if call.softcap:
             z = torch.tanh(z / call.softcap) * call.softcap
@@ -165,7 +171,7 @@ class AttentionRecorder:
         else:
             key_abs = torch.arange(k0, k0 + S, device=z.device)
             causal = key_abs[None, :] <= q_abs[q_idx].to(z.device)[:, None]
-            z = z.masked_fill(~causal[None], float("-inf"))
+            z.masked_fill_(~causal[None], float("-inf"))
         return torch.softmax(z, dim=-1)
 
     def _accumulate_colsum(self, call: adapter.AttentionCall, l: int, q_abs: torch.Tensor, k0: int) -> None:
@@ -174,12 +180,13 @@ class AttentionRecorder:
         Computed in query tiles of ``colsum_tile`` rows (memory ``O(H_Q · tile · S)``, never
         ``T × T``), with the call's own mask (sliding windows, padding) or the causal rule.
         """
-        S = call.key.shape[2]
+        S_all = call.key.shape[2]
         prompt_q = torch.nonzero(q_abs < self.T).flatten()
         for i in range(0, prompt_q.numel(), self.colsum_tile):
             q_idx = prompt_q[i: i + self.colsum_tile]
-            probs = self._probs(call, q_idx, q_abs, k0)  # [H_Q, tile, S]
-            col = probs.sum(dim=1, dtype=torch.float64)  # [H_Q, S]
+            S = min(S_all, int(q_abs[q_idx].max()) - k0 + 1)  # keys after the tile's last query are masked
+            probs = self._probs(call, q_idx, q_abs, k0, S, contiguous=bool(q_idx[-1] - q_idx[0] + 1 == q_idx.numel()))
+            col = probs.sum(dim=1).double()  # [H_Q, S]
             lo, hi = max(k0, 0), min(k0 + S, self.T)
             if hi > lo:
                 self.colsum[l, :, lo:hi] += col[:, lo - k0: hi - k0].to(self.colsum.device)

@@ -1,0 +1,284 @@
+"""Prefill-vs-first-decode attention shift (SPEC §9, deferkv-guide.md).
+
+From a capture with prompt-tail rows ``r = -W+1 … 0`` (query positions ``T-W … T-1``) and decode
+rows ``r = 1 … n`` (the query of the ``r``-th generated token, position ``T+r-1``):
+
+- every row is restricted to the prompt keys ``[0, T)`` and renormalised, per layer and query head;
+  the KV-group row is the average of the renormalised probabilities over the group's heads;
+- Jensen–Shannon divergence between adjacent rows ``r → r+1`` (natural log, in ``[0, ln 2]``);
+- top-``k`` recall of each row against the future reference ``F`` (the mean of the decode rows
+  ``ref_start … ref_end`` of this capture, or of a longer capture of the whole answer):
+  ``recall_r = |top_k(A_r) ∩ top_k(F)| / k``;
+- boundary leap: the recall gain across the prefill/decode boundary ``0 → 1`` against the gains
+  ``1 → 2`` and ``2 → 3`` (the guide's claim is ``Δ(0→1) ≫ Δ(1→2) ≈ Δ(2→3)``).
+
+With the default ``ref_start = 1`` the reference contains rows 1, 2, 3 themselves (SPEC's definition);
+``ref_start = 4`` gives a held-out reference of later steps only, which does not favour the rows it
+is compared with. All arithmetic is float64.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from .pooling import group_onehot
+
+__all__ = ["shift_rows", "group_rows", "jsd", "topk_recall", "ShiftAnalysis", "ShiftResult"]
+
+
+def _renorm(rows: Tensor) -> Tensor:
+    s = rows.sum(-1, keepdim=True)
+    if (s <= 0).any():
+        raise ValueError("rows: a row has no mass on the prompt keys; cannot renormalise")
+    return rows / s
+
+
+def shift_rows(capture, W: int | None = None) -> tuple[Tensor, Tensor]:
+    """Prompt-tail and decode rows of a capture, restricted to the prompt keys and renormalised.
+
+    Args:
+        capture: a :class:`~workbench.capture_data.Capture` with rows of kind ``"tail"`` and
+            ``"decode"``.
+        W: use only the last ``W`` tail rows (default: every tail row captured).
+
+    Returns:
+        ``r`` int64 ``[R]`` (``-W+1 … 0, 1 … n``) and ``P`` float64 ``[L, H_Q, R, T]``.
+    """
+    T = capture.T
+    tail, dec = capture.rows_of("tail"), capture.rows_of("decode")
+    if dec.numel() == 0:
+        raise ValueError("capture: has no decode rows (capture with RowSet(n_decode >= 1))")
+    if tail.numel() == 0:
+        raise ValueError("capture: has no prompt-tail rows (capture with RowSet(tail >= 1))")
+    if W is not None:
+        if isinstance(W, bool) or not isinstance(W, numbers.Integral) or not 1 <= W <= tail.numel():
+            raise ValueError(f"W: must be an integer in [1, {tail.numel()}], got {W!r}")
+        tail = tail[-W:]
+    idx = torch.cat([tail, dec])
+    r = capture.row_pos[idx] - T + 1
+    expect = torch.cat([torch.arange(-tail.numel() + 1, 1), torch.arange(1, dec.numel() + 1)])
+    if not torch.equal(r, expect):
+        raise ValueError(f"capture: tail and decode rows must be contiguous (r = {r.tolist()})")
+    P = _renorm(capture.attn[:, :, idx, :T].to(torch.float64))
+    return r, P
+
+
+def group_rows(P: Tensor, head_group: Tensor) -> Tensor:
+    """KV-group rows: the average of the heads' probabilities over each group.
+
+    Args:
+        P: float ``[L, H, R, T]`` (or ``[L, H, T]``).
+        head_group: int ``[H]``.
+
+    Returns:
+        float64 ``[L, G, R, T]`` (or ``[L, G, T]``).
+    """
+    M = group_onehot(head_group, P.shape[1])
+    M = M / M.sum(0, keepdim=True)
+    return torch.einsum("lh...,hg->lg...", P.to(torch.float64), M)
+
+
+def jsd(p: Tensor, q: Tensor) -> Tensor:
+    """Jensen–Shannon divergence over the last axis (natural log): ``½KL(p‖m) + ½KL(q‖m)``, ``m = (p+q)/2``.
+
+    In ``[0, ln 2]``; ``0`` iff ``p = q``. Inputs are probability vectors; result float64 ``[...]``.
+    """
+    p, q = p.to(torch.float64), q.to(torch.float64)
+    m = 0.5 * (p + q)
+
+    def kl(a):
+        t = torch.where(a > 0, a * (torch.log(torch.where(a > 0, a, 1.0)) - torch.log(torch.where(a > 0, m, 1.0))),
+                        torch.zeros_like(a))
+        return t.sum(-1)
+
+    return (0.5 * kl(p) + 0.5 * kl(q)).clamp(0.0, math.log(2.0))
+
+
+def topk_recall(rows: Tensor, ref: Tensor, k: int) -> Tensor:
+    """``|top_k(row) ∩ top_k(ref)| / k`` for every row (ties in a top-``k``: lower position first).
+
+    Args:
+        rows: float ``[..., R, T]``.
+        ref: float ``[..., T]``.
+        k: ``1 ≤ k ≤ T``.
+
+    Returns:
+        float64 ``[..., R]`` in ``[0, 1]``.
+    """
+    T = rows.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= T:
+        raise ValueError(f"k: must be an integer in [1, {T}], got {k!r}")
+    # ties: the lower position first (stable sort), so the result does not depend on the kernel
+    top_rows = torch.sort(rows.to(torch.float64), dim=-1, descending=True, stable=True).indices[..., :k]
+    top_ref = torch.sort(ref.to(torch.float64), dim=-1, descending=True, stable=True).indices[..., :k]
+    in_ref = torch.zeros(ref.shape, dtype=torch.bool, device=ref.device).scatter_(-1, top_ref, True)
+    hit = torch.gather(in_ref.unsqueeze(-2).expand(rows.shape), -1, top_rows)
+    return hit.sum(-1).to(torch.float64) / k
+
+
+@dataclass
+class ShiftResult:
+    """Shift metrics of one capture (SPEC §9).
+
+    Attributes:
+        r: int64 ``[R]`` row indices ``-W+1 … n``.
+        jsd_head: float64 ``[L, H_Q, R-1]``, ``JSD(A_r, A_{r+1})`` per query head.
+        jsd_group: float64 ``[L, G, R-1]``, the same per KV group.
+        recall_head: float64 ``[L, H_Q, R]`` top-``k`` recall against the reference.
+        recall_group: float64 ``[L, G, R]``.
+        k: top-``k``; ref_start, ref_end: the reference is the mean of decode rows ``ref_start … ref_end``.
+    """
+
+    r: Tensor
+    jsd_head: Tensor
+    jsd_group: Tensor
+    recall_head: Tensor
+    recall_group: Tensor
+    k: int
+    ref_start: int
+    ref_end: int
+
+    def _levels(self):
+        return (("head", self.recall_head, self.jsd_head), ("group", self.recall_group, self.jsd_group))
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long table: ``level, layer, unit, r, recall, jsd_next`` (``jsd_next`` = JSD to row ``r+1``; NaN for the last)."""
+        parts = []
+        R = self.r.numel()
+        for level, rec, js in self._levels():
+            L, U, _ = rec.shape
+            jn = torch.cat([js, torch.full((L, U, 1), float("nan"), dtype=torch.float64)], dim=-1)
+            parts.append(pd.DataFrame({
+                "level": level,
+                "layer": np.repeat(np.arange(L), U * R),
+                "unit": np.tile(np.repeat(np.arange(U), R), L),
+                "r": np.tile(self.r.numpy(), L * U),
+                "recall": rec.reshape(-1).numpy(),
+                "jsd_next": jn.reshape(-1).numpy(),
+            }))
+        return pd.concat(parts, ignore_index=True)
+
+    def _at(self, t: Tensor, r: int) -> Tensor:
+        hit = (self.r == r).nonzero().flatten()
+        if hit.numel() == 0:
+            return torch.full(t.shape[:2], float("nan"), dtype=torch.float64)
+        return t[..., int(hit[0])]
+
+    def leap_frame(self) -> pd.DataFrame:
+        """Boundary leap per level, layer and unit.
+
+        Columns: ``gain_m10, gain_01, gain_12, gain_23`` (recall gains ``-1→0`` (the last step inside the
+        prompt, for comparison), ``0→1, 1→2, 2→3``), ``jsd_m10, jsd_01, jsd_12, jsd_23`` and ``leap``
+        (``gain_01 > max(gain_12, gain_23)``). Missing rows give NaN.
+        """
+        parts = []
+        for level, rec, js in self._levels():
+            L, U, _ = rec.shape
+            g = {"gain_m10": self._at(rec, 0) - self._at(rec, -1)}
+            g.update({f"gain_{a}{b}": (self._at(rec, b) - self._at(rec, a)) for a, b in ((0, 1), (1, 2), (2, 3))})
+            jr = self.r[:-1]
+            j = {}
+            for a in (-1, 0, 1, 2):
+                hit = (jr == a).nonzero().flatten()
+                name = "jsd_m10" if a == -1 else f"jsd_{a}{a + 1}"
+                j[name] = js[..., int(hit[0])] if hit.numel() else torch.full((L, U), float("nan"), dtype=torch.float64)
+            df = pd.DataFrame({"level": level, "layer": np.repeat(np.arange(L), U), "unit": np.tile(np.arange(U), L)})
+            for name, v in {**g, **j}.items():
+                df[name] = v.reshape(-1).numpy()
+            later = df[["gain_12", "gain_23"]].max(axis=1, skipna=True)
+            df["leap"] = df["gain_01"] > later
+            parts.append(df)
+        return pd.concat(parts, ignore_index=True)
+
+    def summary(self) -> pd.DataFrame:
+        """Per level: mean recall at ``r = -1, 0, 1, 2, 3``, mean gains and JSDs (``-1→0`` … ``2→3``) and
+        the fraction of (layer, unit) pairs with a boundary leap."""
+        lf = self.leap_frame()
+        rows = []
+        for level, rec, _ in self._levels():
+            d = {"level": level, "k": self.k, "ref": f"decode {self.ref_start}..{self.ref_end}"}
+            for r in (-1, 0, 1, 2, 3):
+                d[f"recall_{r}"] = float(self._at(rec, r).mean())
+            sub = lf[lf.level == level]
+            for c in ("gain_m10", "gain_01", "gain_12", "gain_23", "jsd_m10", "jsd_01", "jsd_12", "jsd_23"):
+                d[c] = float(sub[c].mean())
+            d["leap_fraction"] = float(sub["leap"].mean())
+            rows.append(d)
+        return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class ShiftAnalysis:
+    """Parameters of the shift analysis (SPEC §9).
+
+    Attributes:
+        k: top-``k`` of the recall, ``≥ 1`` (capped at ``T``).
+        ref_start: the reference is the mean of decode rows ``ref_start … ref_end``, ``≥ 1``
+            (``1`` = SPEC's mean of all decode steps; ``4`` = held out from rows ``1 … 3``).
+        ref_end: last decode row of the reference (default ``n``; e.g. the last answer token before EOS).
+        W: tail rows used (default every captured tail row), ``≥ 1``.
+    """
+
+    k: int = 32
+    ref_start: int = 1
+    ref_end: int | None = None
+    W: int | None = None
+
+    def __post_init__(self):
+        for name, lo in (("k", 1), ("ref_start", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+                raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
+        for name, lo in (("ref_end", self.ref_start), ("W", 1)):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo):
+                raise ValueError(f"{name}: must be None or an integer >= {lo}, got {v!r}")
+
+    def __call__(self, capture, reference=None) -> ShiftResult:
+        """Shift metrics of ``capture``.
+
+        Args:
+            capture: a capture with tail and decode rows.
+            reference: ``None`` (decode rows ``ref_start … n`` of ``capture``), another capture of the
+                same prompt with more decode rows (the whole answer), or a float tensor ``[L, H_Q, T]``
+                of per-head reference attention over the prompt keys.
+        """
+        r, P = shift_rows(capture, self.W)
+        T = capture.T
+        hg = capture.head_group
+        if reference is None or hasattr(reference, "rows_of"):
+            src = capture if reference is None else reference
+            if src.T != T or tuple(src.spans.input_ids) != tuple(capture.spans.input_ids):
+                raise ValueError("reference: must be a capture of the same prompt")
+            dec = src.rows_of("decode")
+            n = dec.numel()
+            if not 1 <= self.ref_start <= n:
+                raise ValueError(f"ref_start: must be in [1, {n}] (decode rows of the reference), got {self.ref_start}")
+            ref_end = n if self.ref_end is None else self.ref_end
+            if ref_end > n:
+                raise ValueError(f"ref_end: must be in [{self.ref_start}, {n}] (decode rows of the reference), got {ref_end}")
+            ref = _renorm(src.attn[:, :, dec[self.ref_start - 1: ref_end], :T].to(torch.float64)).mean(2)  # [L, H, T]
+        else:
+            ref = torch.as_tensor(reference).to(torch.float64)
+            if ref.shape != P.shape[:2] + (T,):
+                raise ValueError(f"reference: must have shape {[*P.shape[:2], T]}, got {list(ref.shape)}")
+            ref_end = -1
+        k = min(self.k, T)
+        Pg = group_rows(P, hg)
+        refg = group_rows(ref, hg)
+        return ShiftResult(
+            r=r,
+            jsd_head=jsd(P[:, :, :-1], P[:, :, 1:]),
+            jsd_group=jsd(Pg[:, :, :-1], Pg[:, :, 1:]),
+            recall_head=topk_recall(P, ref, k),
+            recall_group=topk_recall(Pg, refg, k),
+            k=k,
+            ref_start=self.ref_start,
+            ref_end=ref_end,
+        )
