@@ -262,9 +262,6 @@ class EvictionPolicy:
     def params(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def label(self) -> str:
-        return self.name
-
     def _check_common(self):
         _check_int("n_sink", self.n_sink, 0)
         _check_int("recent", self.recent, 0)
