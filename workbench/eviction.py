@@ -30,6 +30,7 @@ were. The budget applies to the full-attention layers.
 """
 from __future__ import annotations
 
+import abc
 import contextlib
 import math
 import numbers
@@ -240,7 +241,7 @@ def deferkv_alpha(W: int, lam: float, decode_weight: float | None = None) -> Ten
 
 
 # ----------------------------------------------------------------------------- policies
-class EvictionPolicy:
+class EvictionPolicy(abc.ABC):
     """Shared behaviour of the policy dataclasses (see the module docstring)."""
 
     name: ClassVar[str] = "policy"
@@ -250,8 +251,9 @@ class EvictionPolicy:
     def needs(self) -> Needs:
         return Needs()
 
-    def scores(self, ev: Evidence) -> Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def scores(self, ev: Evidence) -> Tensor:
+        """Importance of every prompt position, float ``[layers, kv_heads, prompt_len]``."""
 
     def tiebreak(self, ev: Evidence) -> Tensor | None:
         return None
