@@ -13,6 +13,15 @@ PYTEST_ARGS ?=
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@# Figure export (kaleido) and the browser test use Debian's chromium; without fonts, text vanishes
+	@# from exported figures. Installed when missing and we may (root with apt-get); otherwise say so.
+	@if command -v chromium >/dev/null 2>&1 && fc-list 2>/dev/null | grep -qi liberation; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium fonts-liberation fonts-dejavu-core >/dev/null) || echo "warning: apt-get could not install chromium/fonts"; \
+	else \
+		echo "note: install Debian's chromium, fonts-liberation and fonts-dejavu-core for figure export (sudo apt-get install ...)"; \
+	fi
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	@# A CPU torch when no GPU is present (an unpinned torch would pull a multi-GB CUDA build).
