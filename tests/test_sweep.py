@@ -252,3 +252,34 @@ def test_ray_executor_matches_local(tmp_path, items):
     assert os.getpid() not in set(remote["pid"].dropna()) and 1 <= remote["pid"].nunique() <= 2
     pd.testing.assert_frame_equal(sw.comparable(local).drop(columns="pid"), sw.comparable(remote).drop(columns="pid"))
     assert sw.read_sweep(tmp_path / "ray.parquet")["cell"].tolist() == remote["cell"].tolist()
+
+
+# ----------------------------------------------------------------------------- the eviction method
+def test_evict_method_in_a_sweep(tiny_lm, items):
+    """The registered ``evict`` method: B ≥ T reproduces the full-context tokens; a fractional budget
+    keeps ⌈f·T⌉ positions and fewer KV bytes; the random policy follows the sweep's seed."""
+    from workbench.eviction import resolve_budget
+
+    pols = ["snapkv", "deferkv", "random"]
+    grid = [("full", {}), ("evict", {"policy": pols, "budget_frac": [1.0, 0.5]}), ("evict", {"policy": pols, "budget": 64})]
+    df = sw.sweep(tiny_lm, items[:1], grid, seeds=(0,), max_new_tokens=4, progress=False)
+    assert df["error"].isna().all(), df["error"].tolist()
+    full = df[df.method == "full"].iloc[0]
+    T = int(full.prompt_tokens)
+    ev = df[df.method == "evict"]
+    assert len(ev) == 9
+    for _, r in ev.iterrows():
+        frac = None if pd.isna(r.p_budget_frac) else float(r.p_budget_frac)
+        bud = None if pd.isna(r.p_budget) else int(r.p_budget)
+        assert r.retained_tokens == resolve_budget(T, bud, frac)
+        if frac == 1.0:
+            assert list(r.generated_ids) == list(full.generated_ids), r.p_policy
+        else:
+            assert r.kv_bytes < r.kv_bytes_full
+    assert (ev[ev.p_budget_frac == 0.5].retained_tokens == math.ceil(0.5 * T)).all()
+    assert (ev[ev.p_budget == 64].retained_tokens == 64).all()
+    for bad in [dict(budget_frac=1.5), dict(budget=0), dict(budget=8, budget_frac=0.5), dict()]:
+        with pytest.raises(ValueError, match="budget"):
+            resolve_budget(100, **bad)
+    with pytest.raises(ValueError, match="policy"):
+        sw.sweep(tiny_lm, items[:1], {"evict": {"policy": "nope", "budget": 8}}, max_new_tokens=2, progress=False)

@@ -957,3 +957,66 @@ def survival_table(results, positions, answer: str | None = None) -> pd.DataFram
             "layers_all_kept": int((surv == 1.0).all(-1).sum()),
         })
     return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- sweep method
+POLICY_BY_NAME = {cls.name: cls for cls in ALL_POLICIES}
+
+
+def policy_from_params(name: str, **params) -> EvictionPolicy:
+    """The policy dataclass called ``name`` (``full``, ``streaming``, ``h2o``, ``snapkv``, ``deferkv``,
+    ``page-entrokv``, ``random``, ``oracle``) with those of ``params`` that are its fields."""
+    if name not in POLICY_BY_NAME:
+        raise ValueError(f"policy: must be one of {sorted(POLICY_BY_NAME)}, got {name!r}")
+    cls = POLICY_BY_NAME[name]
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in params.items() if k in names and v is not None})
+
+
+def resolve_budget(T: int, budget=None, budget_frac=None) -> int:
+    """The budget in prompt positions: ``budget`` (an int ``≥ 1``) or ``budget_frac`` (a fraction in
+    ``(0, 1]`` of the prompt length: ``⌈budget_frac · T⌉``), exactly one of them."""
+    if (budget is None) == (budget_frac is None):
+        raise ValueError("budget: give exactly one of budget (positions, >= 1) and budget_frac (in (0, 1])")
+    if budget is not None:
+        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 1:
+            raise ValueError(f"budget: must be an int >= 1, got {budget!r}")
+        return int(budget)
+    if isinstance(budget_frac, bool) or not isinstance(budget_frac, numbers.Real) or not 0 < budget_frac <= 1:
+        raise ValueError(f"budget_frac: must lie in (0, 1], got {budget_frac!r}")
+    return max(1, math.ceil(float(budget_frac) * T))
+
+
+def _register_sweep_method() -> None:
+    from .sweep import register_method, stop_token_ids
+
+    policy_fields = sorted({f.name for cls in ALL_POLICIES for f in fields(cls)} - {"seed"})
+
+    @register_method("evict", replace=True, params=("policy", "budget", "budget_frac", *policy_fields),
+                     description="one-shot KV eviction after prefill (DeferKV: after decode step 1), then greedy decoding")
+    def evict(lm, item, params: dict) -> dict:
+        """KV eviction under ``policy`` at ``budget`` positions or ``budget_frac`` of the prompt (the full
+        cache needs neither); the random policy takes the sweep's seed."""
+        prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
+        extra = {k: v for k, v in params.items() if k in policy_fields}
+        policy = policy_from_params(params.get("policy", "full"), seed=int(params["seed"]), **extra)
+        if policy.keeps_all and params.get("budget") is None and params.get("budget_frac") is None:
+            B = prompt.T
+        else:
+            B = resolve_budget(prompt.T, params.get("budget"), params.get("budget_frac"))
+        r = generate_with_policy(lm, prompt, policy, min(B, prompt.T) if not policy.keeps_all else prompt.T,
+                                 int(params["max_new_tokens"]), progress=False)
+        ids = list(r.ids)
+        stops = stop_token_ids(lm)
+        for j, t in enumerate(ids):  # the sweep's convention: stop after the first stop token (kept)
+            if t in stops:
+                ids = ids[: j + 1]
+                break
+        kept = r.T if policy.keeps_all else min(B, r.T)
+        return {"generated_ids": ids, "prompt_tokens": r.T, "prefill_tokens": r.T, "retained_tokens": kept,
+                "kv_bytes": r.kv_bytes_after, "kv_bytes_full": r.kv_bytes_before, "budget_positions": kept,
+                "evicted_at": r.evicted_at, "prefill_s": r.timings.get("prefill", math.nan),
+                "score_s": r.timings.get("score", math.nan)}
+
+
+_register_sweep_method()
