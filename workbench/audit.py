@@ -212,6 +212,7 @@ class TraceResult:
         pooling: ``PoolingResult`` over all layers; priorities: ``PriorityResult`` over all layers
             (None when ``k = 0``); S: float64 ``[L, k]`` priorities used by the proposer.
         audit_rows: int64 indices (into the capture's row axis) of the audit population used.
+        model_id: the capture's model identity (for figure and export metadata).
     """
 
     records: list[dict]
@@ -229,6 +230,7 @@ class TraceResult:
     S: torch.Tensor | None = None
     audit_rows: torch.Tensor | None = None
     spans: object = None
+    model_id: str | None = None
 
     @property
     def bypass(self) -> bool:
@@ -326,7 +328,7 @@ def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = 
                            decision="bypass: full prefill (no candidate chunks, k = 0: ordinary inference)",
                            b=b, J=J, notes=notes, params=params, pooling=pooling, priorities=None,
                            S=torch.zeros(L, 0, dtype=torch.float64), audit_rows=torch.zeros(0, dtype=torch.int64),
-                           spans=spans)
+                           spans=spans, model_id=getattr(capture, "model_id", None))
 
     prio = params.priorities().score(pooling.mu, spans)
     S = _priority_S(params, pooling, prio, spans, L)
@@ -415,4 +417,4 @@ def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = 
                     f"tokens; T' = {spans.T - sel_star.D})")
     return TraceResult(records=records, l_star=l_star, removed=removed_star, decision=decision,
                        selections=selections, audits=audits, b=b, J=J, notes=notes, params=params, pooling=pooling,
-                       priorities=prio, S=S, audit_rows=aud_idx, spans=spans)
+                       priorities=prio, S=S, audit_rows=aud_idx, spans=spans, model_id=getattr(capture, "model_id", None))

@@ -1,18 +1,61 @@
 """Plotly figures (the *show* layer): one paper-ready template, no science computed here.
 
-Each figure function takes analysis results (or a capture) and returns a ``plotly.graph_objects.Figure``
-whose ``layout.meta`` carries the parameters that made it (written beside exports).
+Every figure function takes analysis results (or a capture) and returns a ``plotly.graph_objects.Figure``
+built with ``template=TEMPLATE`` whose ``layout.meta`` is a JSON-serialisable dict
+``{"figure": <function name>, "model_id": ..., <every parameter that made it>}`` (written beside exports).
+The functions only reshape what the analysis modules computed; they never compute a bound, a score or a
+selection themselves.
+
+Token-level views show the token strings (tick labels and/or hover). Labels use Unicode symbols
+(ζ, τ, η, Λ, Δ), never LaTeX (no MathJax offline).
+
+Updating figures in place (widgets)
+-----------------------------------
+Every figure function is pure: the same inputs give the same figure, and the trace structure (number,
+order and type of traces) depends only on the shape of the inputs, not on parameter values. A widget
+builds its ``go.FigureWidget`` once and, when a slider moves, builds a fresh figure with the same
+function and copies it over::
+
+    fw = go.FigureWidget(head_heatmap(pool, "w"))
+    ...                                   # slider moved: recompute the analysis (cheap), then
+    update_figure(fw, head_heatmap(new_pool, "w"))
+
+:func:`update_figure` copies trace data and the layout (titles, annotations, shapes, meta) inside one
+``batch_update()`` when the trace structure matches (one message to the front end), and replaces the
+traces otherwise. :func:`figure_frame` turns any of these figures into one tidy ``DataFrame`` (CSV export).
 """
 from __future__ import annotations
 
+import dataclasses
+import html
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.subplots import make_subplots
+
+__all__ = [
+    "PALETTE", "SEQUENTIAL", "FONT", "TEMPLATE", "KEPT", "REMOVED", "NEUTRAL", "ANSWER",
+    "sink_mass_heatmap", "attention_strip", "head_heatmap", "residual_distribution", "chunk_priorities",
+    "envelope_rows", "certificate", "trace_layers", "drift", "break_even", "pages", "shift_steps",
+    "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "figure_frame", "update_figure",
+]
 
 # Okabe–Ito colour-blind-safe palette
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 SEQUENTIAL = "Cividis"
 FONT = "DejaVu Sans, Liberation Sans, Arial, sans-serif"
+KEPT = PALETTE[0]      # blue: kept / retained
+REMOVED = PALETTE[3]   # vermillion: removed / evicted
+ANSWER = PALETTE[2]    # bluish green: the answer passage / needle
+NEUTRAL = "#999999"    # grey: protected tokens, reference lines
 
+_AXIS = dict(showline=True, linecolor="#444", ticks="outside", gridcolor="#eee", zeroline=False,
+             title=dict(font=dict(size=12)), tickfont=dict(size=10))
 pio.templates["workbench"] = go.layout.Template(
     layout=go.Layout(
         font=dict(family=FONT, size=12, color="#222"),
@@ -21,52 +64,595 @@ pio.templates["workbench"] = go.layout.Template(
         paper_bgcolor="white",
         plot_bgcolor="white",
         margin=dict(l=60, r=20, t=50, b=50),
-        xaxis=dict(showline=True, linecolor="#444", ticks="outside", gridcolor="#eee", zeroline=False),
-        yaxis=dict(showline=True, linecolor="#444", ticks="outside", gridcolor="#eee", zeroline=False),
-        coloraxis=dict(colorscale=SEQUENTIAL),
-    )
+        xaxis=_AXIS,
+        yaxis=_AXIS,
+        coloraxis=dict(colorscale=SEQUENTIAL, colorbar=dict(thickness=12, outlinewidth=0, tickfont=dict(size=10))),
+        legend=dict(font=dict(size=10), bgcolor="rgba(255,255,255,0.7)", borderwidth=0),
+        hoverlabel=dict(font=dict(family=FONT, size=11)),
+        bargap=0.15,
+    ),
+    data=dict(heatmap=[go.Heatmap(colorbar=dict(thickness=12, outlinewidth=0))]),
 )
 TEMPLATE = "workbench"
 
 
+# ============================================================================= helpers
 def _token_label(tok: str) -> str:
-    return tok.replace("\n", "⏎").replace(" ", "·") or "∅"
+    """A token as shown in hover and tick labels: spaces as ``·``, newline ``⏎``, HTML-escaped."""
+    t = tok.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·") or "∅"
+    return html.escape(t, quote=False)
 
 
-def sink_mass_heatmap(capture, kind: str = "observer") -> go.Figure:
-    """Layer × head heatmap of the attention mass the ``kind`` rows put on the sinks."""
-    m = capture.sink_mass(kind).numpy()
-    fig = go.Figure(go.Heatmap(z=m, x=[f"h{h} (g{g})" for h, g in enumerate(capture.head_group.tolist())],
-                               y=list(range(capture.L)), coloraxis="coloraxis",
-                               hovertemplate="layer %{y}, %{x}<br>sink mass %{z:.3f}<extra></extra>"))
-    fig.update_layout(template=TEMPLATE, title=f"Sink mass (first {capture.spans.n_sink} tokens), {kind} rows",
-                      xaxis_title="query head (KV group)", yaxis_title="layer", coloraxis=dict(cmin=0, cmax=1),
-                      meta={"figure": "sink_mass_heatmap", "kind": kind, "n_sink": capture.spans.n_sink,
-                            "model_id": capture.model_id})
+def _text_preview(tokens: Sequence[str], limit: int = 120) -> str:
+    """The text of a run of tokens, shortened to ``limit`` characters, HTML-escaped, one line."""
+    s = "".join(tokens).replace("\n", " ⏎ ").strip()
+    if len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return html.escape(s, quote=False)
+
+
+def _jsonable(x):
+    """``x`` as plain JSON types (dataclasses, tensors, numpy, tuples; NaN/inf → None)."""
+    if x is None or isinstance(x, (str, bool)):
+        return x
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    if isinstance(x, numbers.Real):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x) if not f.name.startswith("_")}
+    if hasattr(x, "tolist") and callable(x.tolist):  # torch / numpy
+        return _jsonable(x.tolist())
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in x]
+    return str(x)
+
+
+def _meta(figure: str, model_id, params=None, **kw) -> dict:
+    """The ``layout.meta`` dict: figure name, model id, keyword parameters, then the user's ``params``."""
+    d = {"figure": figure, "model_id": model_id}
+    d.update({k: _jsonable(v) for k, v in kw.items()})
+    if params is not None:
+        p = _jsonable(params)
+        if not isinstance(p, dict):
+            raise ValueError(f"params: must be a dict or a dataclass, got {type(params).__name__}")
+        for k, v in p.items():
+            d.setdefault(k, v)
+    return d
+
+
+def _finish(fig: go.Figure, title: str, meta: dict, **layout) -> go.Figure:
+    fig.update_layout(template=TEMPLATE, title=dict(text=title), meta=meta, **layout)
     return fig
 
 
-def attention_strip(capture, layer: int, head: int, row: int | None = None) -> go.Figure:
-    """Attention of one row (default: the mean of the observers) over the prompt tokens, for one head."""
+def _np(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _z(x) -> list:
+    """A float array for plotly with non-finite values as ``None`` (a gap; JSON has no NaN/inf)."""
+    a = _np(x).astype(np.float64)
+    return np.where(np.isfinite(a), a, np.nan).tolist()
+
+
+def _check_int_range(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not lo <= int(value) <= hi:
+        raise ValueError(f"{name}: must be an integer in [{lo}, {hi}], got {value!r}")
+    return int(value)
+
+
+def _check_choice(name: str, value, options) -> None:
+    if value not in options:
+        raise ValueError(f"{name}: must be one of {tuple(options)}, got {value!r}")
+
+
+def _model_id(model_id, *sources):
+    if model_id is not None:
+        return model_id
+    for s in sources:
+        m = getattr(s, "model_id", None)
+        if m is not None:
+            return m
+    return None
+
+
+def _spans_of(source):
+    """``PromptSpans`` of a capture, a prompt, a trace or spans themselves (None if none)."""
+    if source is None:
+        return None
+    if hasattr(source, "chunk_of") and hasattr(source, "tokens"):
+        return source
+    s = getattr(source, "spans", None)
+    if s is not None:
+        return s
+    raise ValueError(f"spans: must be PromptSpans, a Prompt, a Capture or a TraceResult, got {type(source).__name__}")
+
+
+def _tokens(spans, T: int) -> list[str]:
+    """Hover labels of ``T`` positions: the tokens when known, else ``#j``."""
+    if spans is not None and len(spans.tokens) >= T:
+        return [_token_label(t) for t in spans.tokens[:T]]
+    return [f"#{j}" for j in range(T)]
+
+
+def _answer_chunk(spans) -> int | None:
+    if spans is None or spans.answer_doc is None or spans.answer_doc not in spans.chunk_doc:
+        return None
+    return list(spans.chunk_doc).index(spans.answer_doc)
+
+
+def _head_labels(head_group) -> list[str]:
+    return [f"h{h} (g{int(g)})" for h, g in enumerate(_np(head_group).tolist())]
+
+
+def _removed_chunks(removed, layer: int, k: int) -> list[int] | None:
+    """Chunk indices removed at ``layer`` from a list, a ``SelectionResult`` or a ``TraceResult``."""
+    if removed is None:
+        return None
+    if hasattr(removed, "selections") and hasattr(removed, "records"):  # TraceResult
+        sel = removed.selections.get(layer)
+        out = list(sel.removed) if sel is not None else []
+    elif hasattr(removed, "removed"):
+        out = list(removed.removed)
+    else:
+        m = _np(removed)
+        out = np.flatnonzero(m).tolist() if m.dtype == bool and m.shape == (k,) else [int(i) for i in m.reshape(-1)]
+    bad = [i for i in out if not 0 <= i < k]
+    if bad:
+        raise ValueError(f"removed: chunk indices must be in [0, {k - 1}], got {bad}")
+    return sorted(out)
+
+
+def _cd(*cols) -> list:
+    """``customdata`` rows from columns."""
+    return [list(r) for r in zip(*cols)]
+
+
+# ============================================================================= capture views
+def sink_mass_heatmap(capture, kind: str = "observer", *, params=None) -> go.Figure:
+    """Layer × head heatmap of the attention mass the ``kind`` rows put on the sinks (``capture.sink_mass``)."""
+    m = capture.sink_mass(kind).numpy()
+    fig = go.Figure(go.Heatmap(z=_z(m), x=_head_labels(capture.head_group), y=list(range(capture.L)),
+                               coloraxis="coloraxis", name="sink mass",
+                               hovertemplate="layer %{y}, %{x}<br>sink mass %{z:.3f}<extra></extra>"))
+    return _finish(fig, f"Sink mass (first {capture.spans.n_sink} tokens), {kind} rows",
+                   _meta("sink_mass_heatmap", capture.model_id, params, kind=kind, n_sink=capture.spans.n_sink),
+                   xaxis_title="query head (KV group)", yaxis_title="layer", coloraxis=dict(cmin=0, cmax=1))
+
+
+def attention_strip(capture, layer: int, head: int, row: int | None = None, *, params=None) -> go.Figure:
+    """Attention of one row (default: the mean of the observers) over the prompt tokens, for one head.
+
+    Bars coloured by span: grey protected, orange candidate chunk, green the answer chunk.
+    """
     spans = capture.spans
-    if not 0 <= layer < capture.L:
-        raise ValueError(f"layer: must be in [0, {capture.L - 1}], got {layer}")
-    if not 0 <= head < capture.H_Q:
-        raise ValueError(f"head: must be in [0, {capture.H_Q - 1}], got {head}")
+    _check_int_range("layer", layer, 0, capture.L - 1)
+    _check_int_range("head", head, 0, capture.H_Q - 1)
     if row is None:
         a = capture.observer_attn()[layer, head].mean(0)
         label = f"mean of {spans.W_p} observers"
     else:
+        _check_int_range("row", row, 0, capture.attn.shape[2] - 1)
         a = capture.attn[layer, head, row, : spans.T]
         label = f"row at position {int(capture.row_pos[row])}"
     chunk_of = spans.chunk_of().tolist()
-    colors = [PALETTE[0] if c < 0 else PALETTE[1 + (spans.chunk_doc[c] == spans.answer_doc)] for c in chunk_of]
-    toks = [_token_label(t) for t in spans.tokens]
-    fig = go.Figure(go.Bar(x=list(range(spans.T)), y=a.numpy(), marker_color=colors,
-                           customdata=toks, hovertemplate="%{x}: %{customdata}<br>A=%{y:.4f}<extra></extra>"))
-    fig.update_layout(template=TEMPLATE, title=f"Attention, layer {layer}, head {head} ({label})",
-                      xaxis_title="prompt position (blue: protected, orange: chunks, green: answer chunk)",
-                      yaxis_title="attention probability", bargap=0,
-                      meta={"figure": "attention_strip", "layer": layer, "head": head, "row": row,
-                            "model_id": capture.model_id})
-    return fig
+    colors = [NEUTRAL if c < 0 else (ANSWER if spans.chunk_doc[c] == spans.answer_doc else PALETTE[1])
+              for c in chunk_of]
+    toks = _tokens(spans, spans.T)
+    fig = go.Figure(go.Bar(x=list(range(spans.T)), y=_z(a), marker_color=colors, name="attention",
+                           customdata=_cd(toks, chunk_of), meta={"customdata": ["token", "chunk"]},
+                           hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4f}<extra></extra>"))
+    return _finish(fig, f"Attention, layer {layer}, head {head} ({label})",
+                   _meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row),
+                   xaxis_title="prompt position (grey: protected, orange: chunks, green: answer chunk)",
+                   yaxis_title="attention probability", bargap=0)
+
+
+# ============================================================================= pooling (SPEC §2)
+_HEAD_QUANTITIES = {
+    "w": ("w", "head weight w_h = ζ/r + (1−ζ) v_h"),
+    "H": ("H", "non-sink Rényi-2 entropy H_h (nats)"),
+    "sink": ("sink_mass", "sink mass Σ_{j∈𝒮} a_j"),
+    "z": ("z", "residual mass z_h"),
+    "v": ("v", "within-group softmax v_h"),
+    "C": ("C", "non-sink collision C_h"),
+    "omega": ("omega", "row weight ω_h"),
+}
+
+
+def head_heatmap(pooling, quantity: str = "w", *, model_id: str | None = None, params=None) -> go.Figure:
+    """Layer × head heatmap of one head statistic of a :class:`~workbench.pooling.PoolingResult`.
+
+    Args:
+        pooling: the pooling result (``[L, H]`` statistics).
+        quantity: ``"w"`` (floored weights), ``"H"`` (entropy; invalid heads blank), ``"sink"`` (observer
+            mass on the sinks), ``"z"``, ``"v"``, ``"C"`` or ``"omega"``.
+        model_id: recorded in ``layout.meta``; params: extra parameters to record (e.g. ``EntroPrefillParams``).
+    """
+    _check_choice("quantity", quantity, _HEAD_QUANTITIES)
+    attr, label = _HEAD_QUANTITIES[quantity]
+    m = getattr(pooling, attr)
+    L, H = pooling.L, pooling.n_heads
+    hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
+    valid = _np(pooling.valid_head)
+    text = [["" if valid[l, h] else "invalid" for h in range(H)] for l in range(L)]
+    fig = go.Figure(go.Heatmap(z=_z(m), x=_head_labels(hg), y=list(range(L)), coloraxis="coloraxis",
+                               name=quantity, text=text,
+                               hovertemplate="layer %{y}, %{x}<br>" + quantity + " = %{z:.4g} %{text}<extra></extra>"))
+    cax = dict(cmin=0, cmax=1) if quantity in ("w", "v", "sink", "z") else {}
+    return _finish(fig, f"{label}, per layer and head",
+                   _meta("head_heatmap", _model_id(model_id, pooling), params, quantity=quantity,
+                         zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None),
+                         rho_min=getattr(pooling, "rho_min", None), n_sink=pooling.n_sink, W_p=pooling.W_p),
+                   xaxis_title="query head (KV group)", yaxis_title="layer",
+                   coloraxis=dict(colorbar=dict(title=dict(text=quantity)), **cax))
+
+
+def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Per-head residual distribution ``a^h_j / z_h`` over the non-sink keys of one layer (head × position).
+
+    Each row is the distribution whose Rényi-2 entropy is ``H_h`` (shown in the row label with ``w_h``).
+
+    Args:
+        pooling: :class:`~workbench.pooling.PoolingResult`.
+        layer: ``0 … L-1``.
+        spans: ``PromptSpans`` (or a Capture / Prompt) for the token labels; positions only when None.
+    """
+    _check_int_range("layer", layer, 0, pooling.L - 1)
+    sp = _spans_of(spans)
+    res = _np(pooling.residual()[layer])  # [H, T - n_sink]
+    H, Tn = res.shape
+    ns = pooling.n_sink
+    T = ns + Tn
+    toks = _tokens(sp, T)[ns:]
+    hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
+    Hh, w = _np(pooling.H[layer]), _np(pooling.w[layer])
+    ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
+            for h, lab in enumerate(_head_labels(hg))]
+    fig = go.Figure(go.Heatmap(z=_z(res), x=list(range(ns, T)), y=ylab, coloraxis="coloraxis", name="residual",
+                               customdata=[toks] * H,
+                               hovertemplate="%{y}<br>key %{x}: %{customdata}<br>a/z = %{z:.4g}<extra></extra>"))
+    return _finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}",
+                   _meta("residual_distribution", _model_id(model_id, pooling, spans), params, layer=layer,
+                         n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None)),
+                   xaxis_title="key position", yaxis_title="query head (KV group)",
+                   coloraxis=dict(colorbar=dict(title=dict(text="a/z"))), yaxis=dict(autorange="reversed"))
+
+
+# ============================================================================= priorities (SPEC §3)
+def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "chunk",
+                     model_id: str | None = None, params=None) -> go.Figure:
+    """Chunk priorities of one layer: three stacked bar panels ``S_i``, ``ℓ_i`` (null line at 1), ``κ_i``.
+
+    Bars are coloured kept (blue) / removed (vermillion) when ``removed`` is given (grey otherwise); the
+    answer chunk has a thick black outline and an "answer" label; hover shows the chunk's text.
+    Each panel has two traces, ``kept`` and ``removed`` (the structure does not change with the selection).
+
+    Args:
+        priorities: :class:`~workbench.priorities.PriorityResult`.
+        spans: ``PromptSpans`` of the prompt (or a Capture / Prompt / TraceResult).
+        layer: ``0 … L-1``.
+        removed: removed chunk indices, a ``SelectionResult``, or a ``TraceResult`` (its selection at ``layer``).
+        x: ``"chunk"`` (one slot per chunk) or ``"position"`` (bars over the chunk's token span of the prompt).
+    """
+    sp = _spans_of(spans)
+    _check_int_range("layer", layer, 0, priorities.L - 1)
+    _check_choice("x", x, ("chunk", "position"))
+    k = priorities.k
+    if sp.k != k:
+        raise ValueError(f"spans: has {sp.k} chunks, the priorities {k}")
+    rem = _removed_chunks(removed, layer, k)
+    rset = set(rem or [])
+    ans = _answer_chunk(sp)
+    S, ell, kap = (_np(t[layer]) for t in (priorities.S, priorities.ell, priorities.kappa))
+    n = _np(priorities.n)
+    preview = [_text_preview(sp.tokens[s:e]) for s, e in sp.chunks]
+    if x == "chunk":
+        xs = list(range(k))
+        widths = None
+    else:
+        xs = [(s + e) / 2 for s, e in sp.chunks]
+        widths = n.tolist()
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    groups = (("kept", [i for i in range(k) if i not in rset]), ("removed", sorted(rset)))
+    for row, (vals, name) in enumerate(((S, "S"), (ell, "ℓ"), (kap, "κ")), start=1):
+        for label, idx in groups:
+            color = (KEPT if label == "kept" else REMOVED) if rem is not None else NEUTRAL
+            fig.add_trace(go.Bar(
+                x=[xs[i] for i in idx], y=[None if not np.isfinite(vals[i]) else float(vals[i]) for i in idx],
+                width=None if widths is None else [widths[i] for i in idx],
+                name=label if rem is not None else "chunks", legendgroup=label, showlegend=row == 1 and (
+                    rem is not None or label == "kept"),
+                marker=dict(color=color, line=dict(color="#000", width=[3 if i == ans else 0 for i in idx])),
+                customdata=_cd(idx, n[idx].tolist(), [preview[i] for i in idx], [i == ans for i in idx]),
+                meta={"customdata": ["chunk", "n", "text", "answer"], "quantity": name},
+                hovertemplate="chunk %{customdata[0]} (n=%{customdata[1]})<br>" + name
+                + " = %{y:.4g}<br>%{customdata[2]}<extra>" + label + "</extra>"),
+                row=row, col=1)
+    fig.add_hline(y=1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=2, col=1)
+    if ans is not None:
+        top = S[ans] if np.isfinite(S[ans]) else 0.0
+        fig.add_annotation(x=xs[ans], y=float(top), text="answer", showarrow=True, arrowhead=2, ay=-25,
+                           font=dict(size=10), row=1, col=1)
+    valid = bool(_np(priorities.valid)[layer])
+    title = f"Chunk priorities, layer {layer}" + ("" if valid else " (invalid layer: document mass ≤ ρ_min)")
+    if rem is not None:
+        title += f": {len(rem)} of {k} chunks removed"
+    fig.update_yaxes(title_text="S = ln ℓ + λκ", row=1, col=1)
+    fig.update_yaxes(title_text="lift ℓ", row=2, col=1)
+    fig.update_yaxes(title_text="κ", range=[0, 1.05], row=3, col=1)
+    if x == "chunk":
+        fig.update_xaxes(tickmode="array", tickvals=xs,
+                         ticktext=[f"c{i}" + ("★" if i == ans else "") for i in range(k)], row=3, col=1)
+        fig.update_xaxes(title_text="candidate chunk (★ answer)", row=3, col=1)
+    else:
+        fig.update_xaxes(title_text="prompt position", range=[0, sp.T], row=3, col=1)
+    return _finish(fig, title,
+                   _meta("chunk_priorities", _model_id(model_id, spans), params, layer=layer, x=x,
+                         removed=rem, answer_chunk=ans, eps_s=priorities.eps_s, lam=priorities.lam),
+                   barmode="overlay", legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
+# ============================================================================= selection and trace (SPEC §5–§6)
+def _selections(source) -> tuple[dict, object]:
+    """``({layer: SelectionResult}, trace or None)`` from a trace, a dict or a sequence of selections."""
+    if hasattr(source, "selections") and hasattr(source, "records"):
+        return dict(source.selections), source
+    if isinstance(source, Mapping):
+        return {int(k): v for k, v in source.items()}, None
+    if isinstance(source, Sequence) and not isinstance(source, str):
+        return dict(enumerate(source)), None
+    raise ValueError(f"source: must be a TraceResult, a dict {{layer: SelectionResult}} or a list, "
+                     f"got {type(source).__name__}")
+
+
+def certificate(source, budget: int | None = None, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Greedy removal ``D_l`` against the certificate ``U_l`` and the gap ``U_l − D_l``, per layer.
+
+    ``U_l`` bounds the best removal under the row tolerances; ``U_l`` below the target proves the target
+    infeasible at that layer (marked ✕). Layers without a certificate are left out of ``U``/gap.
+
+    Args:
+        source: a ``TraceResult``, ``{layer: SelectionResult}`` or a list of ``SelectionResult`` (one per layer).
+        budget: the saving target in tokens drawn as a line (default: the selections' ``target_tokens``).
+    """
+    sels, tr = _selections(source)
+    if not sels:
+        raise ValueError("source: has no selections (every monitored layer invalid?)")
+    layers = sorted(sels)
+    D = [sels[l].D for l in layers]
+    U = [sels[l].U for l in layers]
+    gap = [sels[l].gap for l in layers]
+    infeasible = [bool(sels[l].infeasible_proved) for l in layers]
+    tt = sels[layers[0]].target_tokens
+    if budget is None:
+        budget = tt
+    elif isinstance(budget, bool) or not isinstance(budget, numbers.Real) or budget < 0:
+        raise ValueError(f"budget: must be a number of tokens >= 0, got {budget!r}")
+    N = sels[layers[0]].N
+    verdict = [html.escape(sels[l].verdict) for l in layers]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
+    fig.add_trace(go.Scatter(x=layers, y=_z([np.nan if u is None else u for u in U]), name="U_l (certificate)",
+                             mode="lines+markers", line=dict(color=PALETTE[1]),
+                             marker=dict(symbol=["x" if f else "circle" for f in infeasible], size=8),
+                             customdata=_cd(verdict), meta={"customdata": ["verdict"]},
+                             hovertemplate="layer %{x}: U = %{y:.4g}<br>%{customdata[0]}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=layers, y=D, name="D_l (greedy)", mode="lines+markers", line=dict(color=KEPT),
+                             hovertemplate="layer %{x}: D = %{y} tokens<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[layers[0], layers[-1]], y=[budget, budget], name="target", mode="lines",
+                             line=dict(color=REMOVED, dash="dash"),
+                             hovertemplate="target %{y} tokens<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(x=layers, y=_z([np.nan if g is None else g for g in gap]), name="gap U − D",
+                         marker_color=NEUTRAL, hovertemplate="layer %{x}: gap %{y:.4g}<extra></extra>"), row=2, col=1)
+    if tr is not None and tr.l_star is not None:
+        fig.add_vline(x=tr.l_star, line=dict(color="#000", dash="dot", width=1))
+        fig.add_annotation(x=tr.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
+    fig.update_yaxes(title_text="tokens", row=1, col=1)
+    fig.update_yaxes(title_text="gap", row=2, col=1)
+    fig.update_xaxes(title_text="layer", row=2, col=1)
+    p = params if params is not None else getattr(tr, "params", None)
+    return _finish(fig, f"Greedy D_l vs certificate U_l (N = {N} candidate tokens)",
+                   _meta("certificate", _model_id(model_id, tr), p, budget=budget, target_tokens=tt, N=N,
+                         layers=layers, l_star=getattr(tr, "l_star", None)),
+                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
+_STATUS_COLOR = {"accept": PALETTE[2], "audit_fail": REMOVED, "below_target": PALETTE[1], "short_streak": PALETTE[5],
+                 "no_audit": PALETTE[4], "invalid": NEUTRAL, "no_candidates": NEUTRAL}
+
+
+def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figure:
+    """The per-layer trace of the 7-step procedure (``audit.trace``): three panels over the monitored layers.
+
+    1. removed tokens ``D_l`` and certificate ``U_l`` against the target; 2. candidate stability ``d_l``
+    against ``d_max`` and the streak (bars); 3. the largest audit bound against ``ε_audit`` (and ``b``).
+    The layer markers at the bottom are coloured by status (accept, audit fail, below target, ...);
+    hover shows the decision sentence. ``l*`` is a dotted vertical line.
+    """
+    df = trace.to_frame()
+    if df.empty:
+        raise ValueError("trace: has no monitored layers")
+    P = trace.params
+    layers = df["layer"].tolist()
+    fig = make_subplots(rows=4, cols=1, shared_xaxes=True, row_heights=[0.38, 0.25, 0.25, 0.12],
+                        vertical_spacing=0.04, specs=[[{}], [{"secondary_y": True}], [{}], [{}]])
+    f = lambda c: _z(pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float))  # noqa: E731
+    tt = [np.nan if v is None else v for v in df["target_tokens"]]
+    fig.add_trace(go.Scatter(x=layers, y=f("D"), name="D_l", mode="lines+markers", line=dict(color=KEPT)), 1, 1)
+    fig.add_trace(go.Scatter(x=layers, y=f("U"), name="U_l", mode="lines+markers", line=dict(color=PALETTE[1])), 1, 1)
+    fig.add_trace(go.Scatter(x=layers, y=_z(tt), name="target", mode="lines", line=dict(color=REMOVED, dash="dash")),
+                  1, 1)
+    fig.add_trace(go.Bar(x=layers, y=f("streak"), name="streak", marker_color=PALETTE[5], opacity=0.45),
+                  2, 1, secondary_y=True)
+    fig.add_trace(go.Scatter(x=layers, y=f("d"), name="d_l", mode="lines+markers", line=dict(color=PALETTE[4])),
+                  2, 1, secondary_y=False)
+    fig.add_trace(go.Scatter(x=layers, y=f("max_audit_bound"), name="max audit bound", mode="markers",
+                             marker=dict(color=PALETTE[3], size=8, symbol="diamond")), 3, 1)
+    status = df["status"].tolist()
+    fig.add_trace(go.Scatter(x=layers, y=[0] * len(layers), name="status", mode="markers", showlegend=False,
+                             marker=dict(color=[_STATUS_COLOR.get(s, "#000") for s in status], size=11, symbol="square"),
+                             customdata=_cd(status, [html.escape(d) for d in df["decision"]]),
+                             meta={"customdata": ["status", "decision"]},
+                             hovertemplate="layer %{x}: %{customdata[0]}<br>%{customdata[1]}<extra></extra>"), 4, 1)
+    ref = dict(color=NEUTRAL, dash="dash", width=1)
+    small = dict(size=10)
+    if P is not None:
+        fig.add_hline(y=P.d_max, line=ref, annotation_text="d_max", annotation_font=small, row=2, col=1,
+                      secondary_y=False)
+        fig.add_hline(y=P.eps_audit, line=ref, annotation_text="ε_audit", annotation_font=small, row=3, col=1)
+    if trace.b > 0:
+        fig.add_hline(y=trace.b, line=dict(color=PALETTE[1], dash="dot", width=1), annotation_text="b",
+                      annotation_font=small, annotation_position="bottom right", row=3, col=1)
+    if trace.l_star is not None:
+        fig.add_vline(x=trace.l_star, line=dict(color="#000", dash="dot", width=1))
+        fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
+    fig.update_yaxes(title_text="tokens", row=1, col=1)
+    fig.update_yaxes(title_text="d_l", range=[0, 1.05], row=2, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="streak", rangemode="tozero", showgrid=False, row=2, col=1, secondary_y=True)
+    fig.update_yaxes(title_text="audit bound", row=3, col=1)
+    fig.update_yaxes(showticklabels=False, showline=False, ticks="", showgrid=False, row=4, col=1)
+    fig.update_xaxes(title_text="monitored layer", row=4, col=1)
+    dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
+    return _finish(fig, f"Layer trace: {html.escape(dec)}",
+                   _meta("trace_layers", _model_id(model_id, trace), params if params is not None else P,
+                         l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J),
+                   barmode="overlay", margin=dict(r=60),
+                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
+# ============================================================================= tidy data and in-place updates
+def _col(v, n: int):
+    """A per-point column of length ``n`` from a plotly array property (scalars and None broadcast)."""
+    if v is None:
+        return None
+    if isinstance(v, (str, numbers.Number)):
+        return [v] * n
+    a = list(v)
+    return a if len(a) == n else None
+
+
+def figure_frame(fig) -> pd.DataFrame:
+    """Tidy data of every trace of ``fig``: one row per plotted point (heatmaps: per cell; tables: per row).
+
+    Columns: ``trace`` (index), ``name``, ``type``, ``xaxis``, ``yaxis``, then ``x, y`` (``z`` for heatmaps),
+    ``text``, ``customdata`` (split into named columns when the trace's ``meta["customdata"]`` names them,
+    else ``customdata_0, …``), ``color`` (per-point marker colours) and ``width``. Table traces give their
+    header names as columns. HTML entities in labels are unescaped. Row counts equal the trace lengths.
+    """
+    parts = []
+    for i, tr in enumerate(fig.data):
+        base = {"trace": i, "name": tr.name, "type": tr.type}
+        names = (tr.meta or {}).get("customdata") if isinstance(getattr(tr, "meta", None), dict) else None
+        if tr.type == "table":
+            heads = [html.unescape(str(h)) for h in (tr.header.values or [])]
+            cols = list(tr.cells.values or [])
+            n = max((len(c) for c in cols), default=0)
+            d = {h or f"col_{j}": list(c) for j, (h, c) in enumerate(zip(heads, cols))}
+            df = pd.DataFrame(d)
+            for key, v in reversed(list(base.items())):
+                df.insert(0, key, v)
+            parts.append(df)
+            continue
+        base.update(xaxis=getattr(tr, "xaxis", None), yaxis=getattr(tr, "yaxis", None))
+        if tr.type in ("heatmap", "contour"):
+            z = np.array([[np.nan if v is None else v for v in row] for row in (tr.z or [])], dtype=float)
+            ny, nx = z.shape if z.ndim == 2 else (0, 0)
+            xs = list(tr.x) if tr.x is not None else list(range(nx))
+            ys = list(tr.y) if tr.y is not None else list(range(ny))
+            d = {"x": [xs[c] for r in range(ny) for c in range(nx)], "y": [ys[r] for r in range(ny) for c in range(nx)],
+                 "z": z.reshape(-1).tolist()}
+            for key in ("text", "customdata"):
+                v = getattr(tr, key)
+                if v is not None and not isinstance(v, str) and len(v) == ny:
+                    flat = [v[r][c] for r in range(ny) for c in range(nx)]
+                    if flat and isinstance(flat[0], (list, tuple)):
+                        for j in range(len(flat[0])):
+                            nm = names[j] if key == "customdata" and names and j < len(names) else f"{key}_{j}"
+                            d[nm] = [f[j] for f in flat]
+                    else:
+                        d[names[0] if key == "customdata" and names else key] = flat
+            df = pd.DataFrame(d)
+        else:
+            xs = None if tr.x is None else list(tr.x)
+            ys = None if tr.y is None else list(tr.y)
+            n = max(len(xs or []), len(ys or []))
+            d = {}
+            if xs is not None:
+                d["x"] = xs
+            if ys is not None:
+                d["y"] = ys
+            t = _col(tr.text, n) if hasattr(tr, "text") else None
+            if t is not None:
+                d["text"] = t
+            cd = tr.customdata
+            if cd is not None and len(cd) == n:
+                rows = [list(r) if isinstance(r, (list, tuple, np.ndarray)) else [r] for r in cd]
+                for j in range(len(rows[0]) if rows else 0):
+                    nm = names[j] if names and j < len(names) else f"customdata_{j}"
+                    d[nm] = [r[j] for r in rows]
+            marker = getattr(tr, "marker", None)
+            c = _col(marker.color, n) if marker is not None and not isinstance(marker.color, str) else None
+            if c is not None:
+                d["color"] = c
+            w = _col(tr.width, n) if tr.type == "bar" and not isinstance(tr.width, numbers.Number) else None
+            if w is not None:
+                d["width"] = w
+            df = pd.DataFrame(d)
+        for key, v in reversed(list(base.items())):
+            df.insert(0, key, [v] * len(df))
+        parts.append(df)
+    if not parts:
+        return pd.DataFrame(columns=["trace", "name", "type"])
+    out = pd.concat(parts, ignore_index=True, sort=False)
+    for c in out.columns:
+        if not pd.api.types.is_numeric_dtype(out[c]):
+            out[c] = out[c].map(lambda v: html.unescape(v) if isinstance(v, str) else v)
+    return out
+
+
+_KEEP_LAYOUT = ("width", "height", "autosize", "uirevision", "dragmode", "template")
+
+
+def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
+    """Make ``target`` (a ``go.Figure`` or ``go.FigureWidget``) show ``new`` without rebuilding it.
+
+    When both have the same number of traces with the same types in the same order, every trace's
+    properties are overwritten from ``new`` and the layout (titles, annotations, shapes, axes, ``meta``) is
+    copied, all inside one ``target.batch_update()`` (a FigureWidget sends one message). Otherwise the
+    traces are replaced. Layout keys named in ``keep`` (size, ``uirevision``, template) stay as they are
+    in ``target``.
+
+    Returns:
+        ``True`` if the traces were updated in place, ``False`` if they were replaced.
+    """
+    same = len(target.data) == len(new.data) and all(a.type == b.type for a, b in zip(target.data, new.data))
+    new_layout = new.layout.to_plotly_json()
+    old_layout = target.layout.to_plotly_json()
+    if same:
+        with target.batch_update():
+            for old_tr, new_tr in zip(target.data, new.data):
+                nj = new_tr.to_plotly_json()
+                nj.pop("type", None)
+                nj.pop("uid", None)
+                for key in set(old_tr.to_plotly_json()) - set(nj) - {"type", "uid"}:
+                    old_tr[key] = None
+                old_tr.update(nj, overwrite=True)
+            _copy_layout(target, old_layout, new_layout, keep)
+    else:
+        target.data = ()
+        target.add_traces(list(new.data))
+        with target.batch_update():
+            _copy_layout(target, old_layout, new_layout, keep)
+    return same
+
+
+def _copy_layout(target, old_layout: dict, new_layout: dict, keep) -> None:
+    for key in set(old_layout) - set(new_layout) - set(keep):
+        target.layout[key] = None
+    target.layout.update({k: v for k, v in new_layout.items() if k not in keep}, overwrite=True)

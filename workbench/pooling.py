@@ -201,6 +201,7 @@ class PoolingResult:
         head_group: int64 ``[H]`` group ``g(h)`` of each head.
         n_sink: ``|𝒮|``.
         W_p: number of observer rows.
+        zeta, tau, rho_min: the :class:`HeadPooling` parameters that made it (NaN when unknown).
     """
 
     a: Tensor
@@ -216,10 +217,25 @@ class PoolingResult:
     head_group: Tensor | None = None
     n_sink: int = 0
     W_p: int = 0
+    zeta: float = math.nan
+    tau: float = math.nan
+    rho_min: float = math.nan
 
     @property
     def L(self) -> int:
         return int(self.z.shape[0])
+
+    @property
+    def sink_mass(self) -> Tensor:
+        """Observer-mean mass on the sinks ``Σ_{j∈𝒮} a^h_j``, float64 ``[L, H]``."""
+        return self.a[..., : self.n_sink].sum(-1)
+
+    def residual(self) -> Tensor:
+        """Residual distribution ``a^h_j / z_h`` over the non-sink keys ``j ≥ |𝒮|``, float64
+        ``[L, H, T-|𝒮|]`` (the distribution whose Rényi-2 entropy is ``H_h``; NaN for invalid heads)."""
+        res = self.a[..., self.n_sink:]
+        zs = torch.where(self.valid_head, self.z, torch.ones_like(self.z))
+        return torch.where(self.valid_head[..., None], res / zs[..., None], torch.full_like(res, math.nan))
 
     @property
     def n_heads(self) -> int:
@@ -329,6 +345,9 @@ class HeadPooling:
             head_group=torch.as_tensor(head_group).to(torch.int64).clone(),
             n_sink=int(n_sink),
             W_p=W,
+            zeta=float(self.zeta),
+            tau=float(self.tau),
+            rho_min=float(self.rho_min),
         )
 
     def __call__(self, capture) -> PoolingResult:
