@@ -1,0 +1,271 @@
+"""Figure export (issue 6): sizes, text really in the files, sidecar, CSV, atomic writes, bad input.
+
+Needs Debian's chromium (installed by the set-up); one kaleido server serves the whole module.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import importlib.metadata as md
+import io
+import json
+import os
+import re
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+from workbench import export as ex
+from workbench.plots import TEMPLATE
+
+TITLE = "Sink mass ζ τ η Δ"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def server():
+    ex.ensure_server()
+    yield
+    # left running: other modules reuse it; atexit stops it
+
+
+def scatter(title=TITLE, **meta):
+    return go.Figure(go.Scatter(x=[1, 2, 3], y=[3.5, 1.25, 2.0], name="budget 64", mode="lines+markers"),
+                     layout=dict(template=TEMPLATE, title=title, xaxis_title="layer ℓ", yaxis_title="ratio",
+                                 meta={"figure": "demo", "model_id": "tiny/llama", "zeta": 0.5, **meta}))
+
+
+def heatmap():
+    return go.Figure(go.Heatmap(z=[[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]], x=["h0", "h1", "h2"], y=[0, 1]),
+                     layout=dict(template=TEMPLATE, title="heads"))
+
+
+def media_box(pdf: bytes) -> list[float]:
+    m = re.search(rb"/MediaBox \[([^\]]*)\]", pdf)
+    return [float(v) for v in m.group(1).split()]
+
+
+def svg_root(svg: str) -> str:
+    return re.search(r"<svg\b[^>]*>", svg).group(0)
+
+
+def test_single_column_files_sizes_and_text(tmp_path):
+    paths = ex.export(scatter(), tmp_path / "fig1", prompt="the prompt text", params={"budget": 64})
+    names = sorted(p.name for p in paths)
+    assert names == ["fig1.csv", "fig1.json", "fig1.pdf", "fig1.png", "fig1.svg"]
+    assert sorted(os.listdir(tmp_path)) == names  # no temp files left
+
+    # PDF: 3.33 in wide (240 pt at 72 pt/in), 0.75 aspect; the title is drawn as text with an embedded font
+    pdf = (tmp_path / "fig1.pdf").read_bytes()
+    assert pdf.startswith(b"%PDF")
+    assert media_box(pdf) == pytest.approx([0, 0, 240, 180], abs=0.05)
+    assert re.search(rb"/BaseFont /[A-Z]{6}\+(DejaVuSans|LiberationSans)", pdf)
+    assert b"/FontFile2" in pdf  # embedded (subset) TrueType
+    text = ex.pdf_text(pdf)
+    assert TITLE in text
+    assert "layerℓ" in re.sub(r"\s", "", text)  # "ℓ" is a run of its own (spaces between runs are positional)
+    assert TITLE in ex._pdf_text_builtin(pdf)  # the built-in reader too (pdftotext may be installed)
+
+    # SVG: physical size in points, the layout's viewBox, the title as a <text> element
+    svg = (tmp_path / "fig1.svg").read_text()
+    root = svg_root(svg)
+    assert 'width="240pt"' in root and 'height="180pt"' in root and 'viewBox="0 0 240 180"' in root
+    assert re.search(r"<text[^>]*>" + re.escape(TITLE) + "</text>", svg)
+    assert ">ratio</text>" in svg  # the axis title
+
+    # PNG: width * scale pixels, 300 dpi by default
+    w, h, dpi = ex.png_size(tmp_path / "fig1.png")
+    assert (w, h) == (1000, 750)
+    assert dpi == pytest.approx(300, abs=0.01)
+
+    # sidecar
+    side = json.loads((tmp_path / "fig1.json").read_text())
+    assert side["figure"] == "demo" and side["model_id"] == "tiny/llama" and side["title"] == TITLE
+    assert side["meta"]["zeta"] == 0.5 and side["params"] == {"budget": 64}
+    assert side["prompt_hash"] == hashlib.sha256(b"the prompt text").hexdigest()
+    assert side["versions"]["plotly"] == md.version("plotly")
+    assert side["versions"]["kaleido"] == md.version("kaleido")
+    assert side["versions"]["workbench"] == __import__("workbench").__version__
+    created = dt.datetime.fromisoformat(side["created_utc"])
+    assert created.utcoffset() == dt.timedelta(0)
+    assert abs((dt.datetime.now(dt.timezone.utc) - created).total_seconds()) < 600
+    assert side["sizes"] == [{"preset": "single", "width_px": 240, "height_px": 180, "width_in": 3.3333,
+                              "height_in": 2.5, "png_scale": ex.DEFAULT_SCALE, "png_px": [1000, 750],
+                              "png_dpi": 300.0}]
+    assert sorted(side["files"]) == names
+
+    # CSV: the plotted points
+    df = pd.read_csv(tmp_path / "fig1.csv")
+    assert len(df) == 3
+    assert df["x"].tolist() == [1, 2, 3] and df["y"].tolist() == [3.5, 1.25, 2.0]
+
+
+def test_double_column_and_pixel_widths_with_scale(tmp_path):
+    paths = ex.export(scatter(), tmp_path / "f", width=["double", 300], scale=2, aspect=0.5, formats=("pdf", "png"))
+    assert sorted(p.name for p in paths) == ["f-300px.pdf", "f-300px.png", "f-double.pdf", "f-double.png",
+                                             "f.csv", "f.json"]
+    assert media_box((tmp_path / "f-double.pdf").read_bytes()) == pytest.approx([0, 0, 504, 252], abs=0.05)
+    assert media_box((tmp_path / "f-300px.pdf").read_bytes()) == pytest.approx([0, 0, 300, 150], abs=0.05)
+    assert ex.png_size(tmp_path / "f-double.png")[:2] == (1008, 504)
+    assert ex.png_size(tmp_path / "f-300px.png") == pytest.approx((600, 300, 144.0), abs=0.01)
+    side = json.loads((tmp_path / "f.json").read_text())
+    assert [s["preset"] for s in side["sizes"]] == ["double", None]
+    assert side["sizes"][0]["width_in"] == 7.0
+
+
+def test_figure_aspect_height_and_prompt_hash_from_meta(tmp_path):
+    fig = scatter(prompt_hash="abc123")
+    fig.update_layout(width=800, height=400)  # the figure's own aspect 0.5 is kept at the paper width
+    ex.export(fig, tmp_path / "g.pdf", formats=["svg"], csv=False)  # a format suffix is dropped
+    assert sorted(os.listdir(tmp_path)) == ["g.json", "g.svg"]
+    assert 'height="120pt"' in svg_root((tmp_path / "g.svg").read_text())
+    assert json.loads((tmp_path / "g.json").read_text())["prompt_hash"] == "abc123"
+    ex.export(fig, tmp_path / "h", formats=["svg"], height=100, csv=False, sidecar=False)
+    assert sorted(os.listdir(tmp_path)) == ["g.json", "g.svg", "h.svg"]
+    assert 'height="100pt"' in svg_root((tmp_path / "h.svg").read_text())
+
+
+def test_data_argument_is_the_csv(tmp_path):
+    data = pd.DataFrame({"budget": [64, 128], "accuracy": [0.25, 0.75], "method": ["snapkv", "deferkv"]})
+    ex.export(scatter(), tmp_path / "acc", formats=("svg",), data=data)
+    back = pd.read_csv(tmp_path / "acc.csv")
+    pd.testing.assert_frame_equal(back, data)
+
+
+def test_fallback_frame_flattens_heatmaps_and_tables():
+    df = ex._fallback_frame(heatmap())
+    assert len(df) == 6
+    assert df["z"].tolist() == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    assert df["x"].tolist() == ["h0", "h1", "h2"] * 2 and df["y"].tolist() == [0, 0, 0, 1, 1, 1]
+    t = go.Figure(go.Table(header=dict(values=["method", "em"]), cells=dict(values=[["a", "b"], [0.5, 1.0]])))
+    tf = ex._fallback_frame(t)
+    assert tf["method"].tolist() == ["a", "b"] and tf["em"].tolist() == [0.5, 1.0]
+
+
+def test_heatmap_csv_has_one_row_per_cell(tmp_path):
+    ex.export(heatmap(), tmp_path / "hm", formats=("svg",))
+    df = pd.read_csv(tmp_path / "hm.csv")
+    assert len(df) == 6
+    assert sorted(df.select_dtypes("number").filter(like="z").iloc[:, 0].round(6).tolist()) == \
+        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(formats=("pdf", "gif")), "formats"),
+    (dict(formats=("pdf", "pdf")), "formats"),
+    (dict(width=0), "width"),
+    (dict(width=-240), "width"),
+    (dict(width="triple"), "width"),
+    (dict(width=[]), "width"),
+    (dict(width=float("nan")), "width"),
+    (dict(width=True), "width"),
+    (dict(scale=0), "scale"),
+    (dict(height=-1), "height"),
+    (dict(aspect=0), "aspect"),
+    (dict(params=[1, 2]), "params"),
+    (dict(data=[1, 2]), "data"),
+])
+def test_bad_input_names_the_parameter_and_writes_nothing(tmp_path, kw, name):
+    target = tmp_path / "sub" / "fig"
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        ex.export(scatter(), target, **kw)
+    assert not (tmp_path / "sub").exists()
+
+
+def test_bad_fig_path_and_export_all_names(tmp_path):
+    with pytest.raises(ValueError, match="^fig:"):
+        ex.export({"data": []}, tmp_path / "x")
+    with pytest.raises(ValueError, match="^path:"):
+        ex.export(scatter(), tmp_path / "a b")
+    with pytest.raises(ValueError, match="^figures:"):
+        ex.export_all({"a/b": scatter()}, tmp_path)
+    with pytest.raises(ValueError, match="^widths:"):
+        ex.export_all({"a": scatter()}, tmp_path, widths={"b": "double"})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_renderer_error_midway_leaves_nothing(tmp_path, monkeypatch):
+    real = ex._render
+    calls = []
+
+    def flaky(fig_dict, fmt, size):
+        calls.append(fmt)
+        if fmt == "png":
+            raise RuntimeError("renderer died")
+        return real(fig_dict, fmt, size)
+
+    monkeypatch.setattr(ex, "_render", flaky)
+    with pytest.raises(RuntimeError, match="renderer died"):
+        ex.export(scatter(), tmp_path / "fig")
+    assert calls == ["pdf", "svg", "png"]  # two formats had been rendered
+    assert list(tmp_path.iterdir()) == []
+
+    # an earlier export stays as it was
+    monkeypatch.setattr(ex, "_render", real)
+    ex.export(scatter(title="first"), tmp_path / "fig")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    monkeypatch.setattr(ex, "_render", flaky)
+    with pytest.raises(RuntimeError):
+        ex.export(scatter(title="second"), tmp_path / "fig")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_write_error_midway_removes_temps_and_new_files(tmp_path, monkeypatch):
+    real_replace = os.replace
+    n = [0]
+
+    def failing_replace(a, b):
+        n[0] += 1
+        if n[0] == 3:
+            raise OSError("disk full")
+        return real_replace(a, b)
+
+    monkeypatch.setattr(ex.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        ex.export(scatter(), tmp_path / "fig")
+    assert n[0] == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_all_writes_every_figure(tmp_path):
+    figs = {"scatter": scatter(), "heads": heatmap()}
+    out = ex.export_all(figs, tmp_path / "panel", widths={"heads": "double"}, formats=("pdf", "svg", "png"))
+    assert set(out) == {"scatter", "heads"}
+    for name in figs:
+        assert sorted(p.suffix for p in out[name]) == [".csv", ".json", ".pdf", ".png", ".svg"]
+        assert all(p.exists() and p.parent == tmp_path / "panel" for p in out[name])
+    assert media_box((tmp_path / "panel" / "heads.pdf").read_bytes())[2] == pytest.approx(504, abs=0.05)
+    assert media_box((tmp_path / "panel" / "scatter.pdf").read_bytes())[2] == pytest.approx(240, abs=0.05)
+    assert "heads" in (tmp_path / "panel" / "heads.svg").read_text()
+
+
+def test_server_is_persistent_and_restartable(tmp_path):
+    import kaleido
+
+    assert ex.server_running()
+    thread = kaleido._global_server._thread
+    ex.export(scatter(), tmp_path / "a", formats=("svg",), csv=False, sidecar=False)
+    ex.export(scatter(), tmp_path / "b", formats=("svg",), csv=False, sidecar=False)
+    assert kaleido._global_server._thread is thread  # the same Chromium served both
+    ex.shutdown_server()
+    assert not ex.server_running() and not thread.is_alive()
+    ex.export(scatter(), tmp_path / "c", formats=("svg",), csv=False, sidecar=False)  # starts a new one
+    assert ex.server_running() and kaleido._global_server._thread is not thread
+    a, c = (tmp_path / "a.svg").read_text(), (tmp_path / "c.svg").read_text()
+    texts = lambda s: re.findall(r">([^<>]+)</text>", s)  # noqa: E731
+    assert svg_root(a) == svg_root(c) and texts(a) == texts(c)  # the new server renders the same figure
+    assert TITLE in texts(c) and len(texts(c)) >= 8
+
+
+def test_prompt_hash_forms():
+    assert ex.prompt_hash("abc") == hashlib.sha256(b"abc").hexdigest()
+    assert ex.prompt_hash([1, 2, 3]) == hashlib.sha256(b"[1, 2, 3]").hexdigest()
+    with pytest.raises(ValueError, match="^prompt:"):
+        ex.prompt_hash(object())
+
+
+def test_resolve_size_presets():
+    s = ex.resolve_size(go.Figure(), "single")
+    assert (s.width, s.height, s.png_px) == (240, 180, (1000, 750))
+    d = ex.resolve_size(go.Figure(), "double", scale=1)
+    assert (d.width, d.height, d.png_px, d.inches) == (504, 227, (504, 227), 7.0)
