@@ -1,0 +1,360 @@
+"""Widget panels driven programmatically: a slider move shows exactly what the analysis and plot
+functions give for the new parameters; analytic sliders never call the model; run buttons call it
+once per distinct parameter set; out-of-range values are clamped to valid parameters."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+import torch
+
+from workbench import plots
+from workbench import widgets as Wd
+from workbench.params import EntroPrefillParams
+
+
+# ----------------------------------------------------------------------------- helpers
+def _same(a, b, path="") -> None:
+    """Recursive equality of plotly JSON (arrays, NaN-aware floats)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert set(a) - {"uid"} == set(b) - {"uid"}, f"{path}: keys {sorted(set(a) ^ set(b))}"
+        for k in a:
+            if k != "uid":
+                _same(a[k], b[k], f"{path}.{k}")
+        return
+    if isinstance(a, (list, tuple, np.ndarray)) or isinstance(b, (list, tuple, np.ndarray)):
+        la, lb = list(np.asarray(a, dtype=object).ravel()) if isinstance(a, np.ndarray) else list(a), \
+            list(np.asarray(b, dtype=object).ravel()) if isinstance(b, np.ndarray) else list(b)
+        if isinstance(a, np.ndarray) and a.ndim > 1 or isinstance(b, np.ndarray) and b.ndim > 1:
+            la, lb = np.asarray(a, dtype=object).tolist(), np.asarray(b, dtype=object).tolist()
+        assert len(la) == len(lb), f"{path}: length {len(la)} != {len(lb)}"
+        for i, (x, y) in enumerate(zip(la, lb)):
+            _same(x, y, f"{path}[{i}]")
+        return
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return
+    if a is None or b is None:
+        assert a is None and b is None, f"{path}: {a!r} != {b!r}"
+        return
+    assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def assert_shows(fw: go.FigureWidget, fig: go.Figure) -> None:
+    """``fw`` shows exactly ``fig``'s traces and layout (template and uirevision aside)."""
+    assert len(fw.data) == len(fig.data)
+    for a, b in zip(fw.data, fig.data):
+        _same(a.to_plotly_json(), b.to_plotly_json(), f"trace {a.type}")
+    la, lb = fw.layout.to_plotly_json(), fig.layout.to_plotly_json()
+    for d in (la, lb):
+        d.pop("template", None)
+        d.pop("uirevision", None)
+    _same(la, lb, "layout")
+
+
+class CountingModel:
+    """Counts top-level forwards of an HF model (``prefills``: calls with more than one token);
+    ``armed`` makes any forward raise."""
+
+    def __init__(self, model):
+        self.prefills = 0
+        self.forwards = 0
+        self.armed = False
+        self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs):
+        if self.armed:
+            raise AssertionError("the model was called from an analytic slider")
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.forwards += 1
+        if ids is not None and ids.shape[-1] > 1:
+            self.prefills += 1
+
+    def close(self):
+        self.handle.remove()
+
+
+def _move_everything(panel, skip=()):
+    """Move every slider and dropdown of ``panel`` to another value (one at a time)."""
+    moved = 0
+    for name, w in panel.controls.items():
+        if name in skip:
+            continue
+        if hasattr(w, "options"):
+            opts = [o if not isinstance(o, tuple) else o[1] for o in w.options]
+            w.value = opts[-1] if w.value != opts[-1] else opts[0]
+        elif hasattr(w, "base"):
+            w.value = w.base ** (0.3 * w.min + 0.7 * w.max)
+        elif hasattr(w, "min"):
+            v = w.min + (w.max - w.min) * 0.6
+            w.value = int(round(v)) if isinstance(w.value, int) else v
+        else:
+            continue
+        moved += 1
+    return moved
+
+
+# ----------------------------------------------------------------------------- tiny model fixtures
+@pytest.fixture(scope="module")
+def tiny():
+    from workbench.capture import RowSet, run_capture
+    from workbench.models import LoadedModel, tiny_model
+    from workbench.spans import PromptSpans
+
+    model = tiny_model("llama", L=3, H_Q=4, G=2, seed=1)
+    lm = LoadedModel(model=model, tokenizer=None, model_id="tiny-llama (llama, L=3, H_Q=4, G=2, d=16)",
+                     device=torch.device("cpu"), dtype=torch.float32)
+    spans = PromptSpans.synthetic([8, 6, 9, 7, 5], prefix=6, query_len=10, answer_doc=2)
+    cap = run_capture(lm, spans, RowSet(tail=16, n_decode=3), progress=False)
+    return lm, spans, cap
+
+
+@pytest.fixture()
+def counter(tiny):
+    c = CountingModel(tiny[0].model)
+    yield c
+    c.close()
+
+
+# ----------------------------------------------------------------------------- analytic panels (real capture)
+def test_heads_panel_follows_sliders(smollm_capture):
+    cap = smollm_capture
+    panel = Wd.HeadsPanel(cap)
+    assert set(panel.figures) == {"heads", "residual"}
+    panel.controls["zeta"].value = 0.2
+    panel.controls["tau"].value = 0.05
+    before = np.asarray(panel.figures["heads"].data[0].z, dtype=float)  # weights at ζ = 0.2
+    panel.controls["layer"].value = 7
+    panel.controls["quantity"].value = "H"
+    pool = EntroPrefillParams(zeta=0.2, tau=panel.controls["tau"].value).pooling()(cap)
+    assert_shows(panel.figures["heads"], plots.head_heatmap(pool, quantity="H"))
+    assert_shows(panel.figures["residual"], plots.residual_distribution(pool, 7, cap.spans))
+    assert panel.figures["heads"].layout.meta["zeta"] == pytest.approx(0.2)
+    assert panel.params()["layer"] == 7 and panel.params()["quantity"] == "H"
+    # a different ζ really changes the weights shown
+    panel.set(zeta=1.0, quantity="w")
+    z = np.asarray(panel.figures["heads"].data[0].z, dtype=float)
+    np.testing.assert_allclose(z, 1.0 / cap.r)  # ζ = 1: uniform weights 1/r
+    assert not np.allclose(before[np.isfinite(before)], 1.0 / cap.r)
+
+
+def test_priority_panel_matches_selection_and_envelope(smollm_capture):
+    from workbench.envelope import envelope
+    from workbench.priorities import ChunkPriorities
+    from workbench.pooling import HeadPooling
+    from workbench.selection import GreedySelection, mass_table
+
+    cap = smollm_capture
+    panel = Wd.PriorityPanel(cap, layer=5)
+    panel.set(zeta=0.3, eps_s=0.5, lam=1.5, target=0.2, eps_row=0.5, m0=2, layer=12)
+    p = panel.params()
+    tau = p["tau"]
+    pool = HeadPooling(zeta=0.3, tau=tau).__call__(cap)
+    prio = ChunkPriorities(eps_s=p["eps_s"], lam=1.5).score(pool.mu, cap.spans)
+    m = mass_table(cap.observer_attn(), cap.spans)[12]
+    sel = GreedySelection(target=0.2, eps_row=p["eps_row"], m0=2).select(prio.S[12], cap.spans.n, m)
+    env = envelope(cap.observer_attn()[12], pool.mu[12], pool.omega[12], cap.spans.removal_mask(sel.removed), layer=12)
+    assert p["eps_s"] == pytest.approx(0.5, rel=1e-9) and p["eps_row"] == pytest.approx(0.5, rel=1e-9)
+    assert_shows(panel.figures["priorities"], plots.chunk_priorities(prio, cap.spans, 12, removed=sel.removed))
+    assert_shows(panel.figures["envelope"], figure_fn("envelope_rows")(env))
+    assert sel.verdict.split(":")[0] in panel.status.value
+    assert panel.figures["priorities"].layout.meta["removed"] == sel.removed
+    assert panel.timings["total_ms"] > 0 and panel.n_updates >= 1
+
+
+def figure_fn(name):
+    return Wd.figure_function(name)
+
+
+def test_audit_panel_shows_the_trace(smollm_capture):
+    from workbench.audit import trace
+    from workbench.selection import target_tokens
+
+    cap = smollm_capture
+    panel = Wd.AuditPanel(cap, certify=True)
+    panel.set(target=0.1, eps_row=0.6, eps_audit=0.9, streak=0, audit_mode="sampled", m_a=300, delta=0.2,
+              d_max=0.8, priority="mass", seed=3)
+    params = EntroPrefillParams(**{k: v for k, v in panel.params().items() if k != "certify"})
+    assert params.audit_mode == "sampled" and params.m_a == 300 and params.seed == 3
+    tr = trace(cap, params, certify=True)
+    assert_shows(panel.figures["trace"], plots.trace_layers(tr))
+    assert_shows(panel.figures["certificate"], plots.certificate(tr, target_tokens(0.1, cap.spans.N)))
+    assert tr.decision.split(":")[0] in panel.status.value
+    # certificates off: U is NaN everywhere in the trace figure, and sliders become continuous
+    panel.controls["certify"].value = False
+    assert panel.controls["zeta"].continuous_update
+    tr2 = trace(cap, params, certify=False)
+    assert_shows(panel.figures["trace"], plots.trace_layers(tr2))
+
+
+def test_shift_and_pages_panels(smollm_capture):
+    from workbench.pages import PageSelection
+    from workbench.shift import ShiftAnalysis
+
+    cap = smollm_capture
+    sp = Wd.ShiftPanel(cap)
+    sp.set(k=10, ref_start=2, W=8)
+    assert_shows(sp.figures["shift"], figure_fn("shift_steps")(ShiftAnalysis(k=10, ref_start=2, W=8)(cap)))
+    pp = Wd.PagesPanel(cap)
+    pp.set(page=8, K=5, zeta=0.7, layer=3)
+    pool = EntroPrefillParams(zeta=0.7, tau=pp.params()["tau"]).pooling()(cap)
+    pr = PageSelection(b=8, K=5).select(pool.a, pool.w, cap.head_group, 64)
+    assert_shows(pp.figures["pages"], figure_fn("pages")(pr, 3))
+    assert f"page union U = {int(pr.U[3])}" in pp.status.value
+
+
+# ----------------------------------------------------------------------------- clamping
+EP_SLIDERS = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "delta", "m_a", "eps_audit", "d_max", "streak", "seed")
+
+
+@pytest.mark.parametrize("name", EP_SLIDERS)
+def test_slider_range_clamps_to_valid_parameters(name):
+    spec = Wd.SLIDERS[name]
+    w = spec.make()
+    for bad in (-1e9, -1.0, 0, 1e9):
+        w.value = int(bad) if spec.kind == "int" else float(bad)
+        v = w.value
+        assert spec.lo - 1e-12 <= v <= spec.hi * (1 + 1e-12)
+        EntroPrefillParams(**{name: v})  # valid: no ValueError
+    # both ends of the range are valid, and a value outside the validity range is not reachable
+    EntroPrefillParams(**{name: spec.lo if spec.kind != "int" else int(spec.lo)})
+    EntroPrefillParams(**{name: spec.hi if spec.kind != "int" else int(spec.hi)})
+
+
+def test_panel_clamps_bad_values(smollm_capture):
+    cap = smollm_capture
+    panel = Wd.PriorityPanel(cap)
+    panel.set(zeta=7.0, eps_row=0.0, m0=10_000, layer=-4, target=3.0)
+    p = panel.params()
+    assert p["zeta"] == 1.0 and p["m0"] == cap.spans.k and p["layer"] == 0 and p["target"] == 1.0
+    assert 0 < p["eps_row"] <= 1
+    ep = EntroPrefillParams(**{k: v for k, v in p.items() if k not in ("layer", "certify")})
+    assert ep.m0 == cap.spans.k
+    assert panel.error is None and panel.figures["priorities"].layout.meta["layer"] == 0
+    with pytest.raises(ValueError, match="unknown controls"):
+        panel.set(zeta_typo=0.3)
+
+
+def test_other_slider_ranges_are_valid(tiny):
+    from workbench.eviction import DeferKV, PageEntroKV
+    from workbench.pages import PageSelection
+
+    for v in (-100.0, 100.0):
+        w = Wd.SLIDERS["defer_lam"].make()
+        w.value = v
+        DeferKV(lam=w.value)
+    for v in (-5, 0, 10_000):
+        w = Wd.SLIDERS["page"].make()
+        w.value = v
+        PageSelection(b=w.value)
+        PageEntroKV(page=w.value)
+    lm, spans, cap = tiny
+    ev = Wd.EvictionPanel(cap, lm, spans, recent=8)
+    ev.controls["budget"].value = 0
+    assert ev.controls["budget"].value == spans.n_sink + 8  # the protected count: the smallest valid budget
+    ev.controls["budget"].value = 10**6
+    assert ev.controls["budget"].value == spans.T
+
+
+# ----------------------------------------------------------------------------- run-again panels (tiny model)
+def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, counter):
+    from workbench.audit import trace
+    from workbench.prune import run_full, run_pruned
+
+    lm, spans, cap = tiny
+    base = EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
+    panel = Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=4)
+    counter.armed = True
+    assert _move_everything(panel) >= 10
+    panel.set(target=0.25, eps_row=0.9, eps_audit=1.0, streak=0, m0=1, mode="adaptive")
+    counter.armed = False
+    assert counter.forwards == 0 and panel.model_calls == 0
+    params = base.replace(**{k: v for k, v in panel.params().items() if k not in ("mode", "run_layer")})
+    assert_shows(panel.figures["trace"], plots.trace_layers(trace(cap, params, certify=False)))
+
+    panel.run_button.click()
+    assert counter.prefills == 2 and panel.model_calls == 2  # full + pruned
+    assert panel.progress.value == panel.progress.max
+    panel.run_button.click()
+    assert counter.prefills == 2 and panel.model_calls == 2  # cached
+    pruned, full = panel.last_pruned, panel.last_full
+    ref = run_pruned(lm, spans, params, max_new_tokens=4, progress=False)
+    ref_full = run_full(lm, spans, max_new_tokens=4)
+    assert pruned.generated_ids == ref.generated_ids and pruned.l_star == ref.l_star
+    assert full.generated_ids == ref_full.generated_ids
+    assert str(ref.generated_ids) in panel.answers.value and str(ref_full.generated_ids) in panel.answers.value
+    n = counter.prefills
+    panel.set(mode="fixed layer", run_layer=1, target=0.5, m0=0)
+    assert counter.prefills == n
+    panel.run()
+    assert counter.prefills == n + 1 and panel.model_calls == 3  # only the new pruned run
+    assert panel.last_pruned.l_star == 1 and panel.last_pruned.mode == "fixed"
+    if panel.last_stability is not None:
+        assert_shows(panel.figures["drift"], figure_fn("drift")(panel.last_stability))
+    # auto-run: a parameter change runs once, a return to a cached set does not
+    panel.auto.value = True
+    assert counter.prefills == n + 1  # current parameters are cached
+    panel.controls["target"].value = 0.8
+    assert counter.prefills == n + 2
+    panel.controls["target"].value = 0.5
+    assert counter.prefills == n + 2
+
+
+def test_eviction_panel_preview_and_cached_runs(tiny, counter):
+    from workbench.eviction import DeferKV, Evidence, SnapKV, generate_with_policy, select_keep
+
+    lm, spans, cap = tiny
+    panel = Wd.EvictionPanel(cap, lm, spans, policy="deferkv", recent=8, max_new_tokens=4)
+    counter.armed = True
+    panel.set(budget=20, defer_lam=0.7)
+    _move_everything(panel, skip=("policy",))
+    panel.set(policy="snapkv", budget=25)
+    counter.armed = False
+    assert counter.forwards == 0
+    ev = Evidence.from_capture(cap)
+    pol = SnapKV(n_sink=spans.n_sink, recent=8, window=16)
+    kept = select_keep(pol.scores(ev), 25, pol.protected(spans.T))
+    prev = panel.analysis()
+    assert torch.equal(prev.kept, kept)
+    assert_shows(panel.figures["kept"], plots.kept_positions([prev], spans, highlight=panel.highlight())
+                 if hasattr(plots, "kept_positions") else figure_fn("kept_positions")([prev], spans,
+                                                                                       highlight=panel.highlight()))
+    panel.set(policy="deferkv", budget=22, defer_lam=0.5)
+    assert panel.policy() == DeferKV(n_sink=spans.n_sink, recent=8, window=16, lam=0.5)
+
+    res = panel.run()
+    assert counter.prefills == 1 and panel.model_calls == 3  # session + full cache + this run
+    f = counter.forwards
+    panel.run()
+    assert counter.forwards == f and panel.model_calls == 3
+    ref = generate_with_policy(lm, spans, DeferKV(n_sink=spans.n_sink, recent=8, window=16, lam=0.5), 22, 4,
+                               progress=False)
+    assert res.ids == ref.ids
+    assert torch.equal(res.kept[..., :22], ref.kept[..., :22])
+    assert str(res.ids) in panel.answers.value and "full cache" in panel.answers.value
+    f = counter.prefills
+    panel.set(budget=30)
+    panel.run()
+    assert counter.prefills == f and panel.model_calls == 4  # decoding only, the prefill is shared
+
+
+def test_export_all_delegates(smollm_capture, monkeypatch, tmp_path):
+    import workbench.export as E
+
+    seen = {}
+
+    def fake(figures, folder, **kw):
+        seen.update(figures=figures, folder=folder, kw=kw)
+        return {n: [] for n in figures}
+
+    monkeypatch.setattr(E, "export_all", fake)
+    panel = Wd.HeadsPanel(smollm_capture)
+    panel.set(zeta=0.4)
+    out = panel.export_all(tmp_path, formats=("svg",))
+    assert set(out) == {"heads", "residual"} and seen["folder"] == tmp_path
+    assert seen["kw"]["formats"] == ("svg",)
+    assert seen["kw"]["params"]["zeta"] == pytest.approx(0.4) and seen["kw"]["params"]["panel"] == "HeadsPanel"
+    for name, fig in seen["figures"].items():
+        assert type(fig) is go.Figure
+        assert_shows(panel.figures[name], fig)
