@@ -131,15 +131,29 @@ class AttentionRecorder:
         if self.colsum is not None and l < self.shape.L:
             self._accumulate_colsum(call, l, q_abs, k0)
         # which requested rows are queries of this call
-        hit = (self.row_pos[:, None] == q_abs[None, :])
-        r_idx, q_idx = torch.nonzero(hit, as_tuple=True)
+        r_idx, q_idx = self._hits(q_abs)
         if r_idx.numel() == 0:
             return
         probs = self._probs(call, q_idx, q_abs, k0)  # [H_Q, n, S]
         lo = max(k0, 0)
-        self.attn[l, :, r_idx.to(self.attn.device), lo: k0 + S] = probs[..., lo - k0:].to(self.attn.device)
+        src = probs[..., lo - k0:].to(self.attn.device)
+        n = r_idx.numel()
+        if n == len(self.row_pos) and bool((r_idx == torch.arange(n)).all()):
+            self.attn[l, :, :, lo: k0 + S] = src  # every row in this call (a prefill): a plain copy
+        else:
+            self.attn[l, :, r_idx.to(self.attn.device), lo: k0 + S] = src
         if self.progress is not None and q_len > 1:
             self.progress.update(1)
+
+    def _hits(self, q_abs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(r_idx, q_idx)``: requested rows that are queries of this call, and their query indices."""
+        q0, q_len = int(q_abs[0]), q_abs.numel()
+        if int(q_abs[-1]) - q0 + 1 == q_len:  # consecutive positions (prefill, decode): arithmetic, O(R)
+            q_idx = self.row_pos - q0
+            r_idx = torch.nonzero((q_idx >= 0) & (q_idx < q_len)).flatten()
+            return r_idx, q_idx[r_idx]
+        hit = self.row_pos[:, None] == q_abs[None, :]
+        return torch.nonzero(hit, as_tuple=True)
 
     def _probs(self, call: adapter.AttentionCall, q_idx: torch.Tensor, q_abs: torch.Tensor, k0: int,
                S: int | None = None, contiguous: bool = False) -> torch.Tensor:
@@ -149,19 +163,30 @@ class AttentionRecorder:
         Same scaling, soft-capping and mask as the model's kernel; ``q_abs [q_len]`` are the absolute
         query positions and ``k0`` the absolute position of key 0. ``contiguous``: ``q_idx`` is a range
         (sliced, not gathered). Returns float32 ``[H_Q, n, S]``.
+
+        Few, fused operations (each costs a thread-pool round trip on CPU): the scaling is folded into
+        the ``n`` queries, and the causal rule is an additive ``[n, S]`` bias fused into ``baddbmm``.
         """
         q, k = call.query, call.key
         S = k.shape[2] if S is None else S
         G, r, d = self.shape.G, self.shape.r, q.shape[-1]
         if contiguous:
-            qs = q[0][:, int(q_idx[0]): int(q_idx[-1]) + 1].float()
+            qs = q[0][:, int(q_idx[0]): int(q_idx[-1]) + 1]
         else:
-            qs = q[0][:, q_idx.to(q.device)].float()  # [H_Q, n, d]
+            qs = q[0][:, q_idx.to(q.device)]  # [H_Q, n, d]
         n = qs.shape[1]
+        scale = call.scaling if not call.softcap else 1.0
+        qs = qs.float() * scale
         ks = k[0, :, :S].float()  # [G, S, d]
-        z = torch.matmul(qs.reshape(G, r * n, d), ks.transpose(1, 2)).reshape(G * r, n, S) * call.scaling
+        if call.mask is None and not call.softcap:
+            key_abs = torch.arange(k0, k0 + S, device=qs.device)
+            bias = torch.zeros(n, S, device=qs.device).masked_fill_(
+                key_abs[None, :] > q_abs[q_idx].to(qs.device)[:, None], float("-inf"))
+            z = torch.baddbmm(bias.repeat(r, 1).expand(G, r * n, S), qs.reshape(G, r * n, d), ks.transpose(1, 2))
+            return torch.softmax(z.reshape(G * r, n, S), dim=-1)
+        z = torch.matmul(qs.reshape(G, r * n, d), ks.transpose(1, 2)).reshape(G * r, n, S)
         if call.softcap:
-            z = torch.tanh(z / call.softcap) * call.softcap
+            z = torch.tanh(z * (call.scaling / call.softcap)) * call.softcap
         if call.mask is not None:
             m = call.mask[0][:, q_idx.to(call.mask.device)][..., :S]  # [1|H, n, S]
             if m.dtype == torch.bool:
