@@ -15,6 +15,13 @@ from workbench.audit import trace
 from workbench.capture_data import Capture
 from workbench.params import EntroPrefillParams
 from workbench.spans import PromptSpans
+from workbench.adapter import ModelShape
+from workbench.cost import CostModel
+from workbench.envelope import envelope_all_layers
+from workbench.eviction import GenerationResult
+from workbench.pages import PageSelection
+from workbench.shift import ShiftAnalysis
+from workbench.stability import StabilityResult
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -154,7 +161,9 @@ def test_chunk_priorities_colouring_answer_and_hover(syn):
     # position layout: bars over the token spans
     fig2 = plots.chunk_priorities(prio, sp, l, removed=removed, x="position")
     t = fig2.data[0]
-    assert list(t.width) == [sp.chunks[c][1] - sp.chunks[c][0] for c in t.customdata and [r[0] for r in t.customdata]]
+    chunks = [r[0] for r in t.customdata]
+    assert list(t.width) == [sp.chunks[c][1] - sp.chunks[c][0] for c in chunks]
+    assert list(t.x) == [(sp.chunks[c][0] + sp.chunks[c][1]) / 2 for c in chunks]
     # no selection: one neutral colour
     fig3 = plots.chunk_priorities(prio, sp, l)
     assert fig3.data[0].marker.color == plots.NEUTRAL and len(fig3.data[1].x) == 0
@@ -233,3 +242,239 @@ def test_update_figure_in_place_and_replace(syn, widget):
     target.data[0].zmax = 5
     plots.update_figure(target, b)
     assert target.data[0].zmax is None
+
+
+# ----------------------------------------------------------------------------- envelope, drift, cost
+def test_envelope_rows(syn):
+    cap, _, tr = syn
+    envs = envelope_all_layers(cap, tr.pooling, {1: tr.removed, 2: tr.removed})
+    env = envs[1]
+    fig = plots.envelope_rows(envs, layer=2)
+    byname = {t.name: t for t in fig.data}
+    assert np.allclose(byname["actual η"].y, env.eta.numpy())
+    assert np.allclose(byname["envelope"].y, env.bound.numpy())
+    assert set(byname["q = μ(E)"].y) == {env.q}
+    cd = np.array(byname["envelope"].customdata, dtype=float)
+    assert np.allclose(cd[:, 0], np.arange(len(env.eta)) // env.W)  # head of each row
+    assert np.allclose(cd[:, 5], env.term_ratio.numpy()) and np.allclose(cd[:, 6], env.term_chi2.numpy())
+    colors = byname["actual η"].marker.color
+    assert [c == plots.KEPT for c in colors] == env.holds.tolist()
+    _meta_ok(fig, "envelope_rows", layer=2, q=env.q, W=env.W)
+    _frame_matches(fig)
+    # a violated row is drawn in the removed colour
+    env.holds[3] = False
+    fig = plots.envelope_rows(env)
+    assert fig.data[1].marker.color[3] == plots.REMOVED and "1 rows above" in fig.layout.title.text
+    with pytest.raises(ValueError, match="^layer: must be one of the envelope layers"):
+        plots.envelope_rows(envs, layer=3)
+
+
+def _stability(certified=True):
+    return StabilityResult(l_star=1, drift={2: 0.1, 3: 0.3, 4: 0.5}, Delta_L=0.5, margin=2.0, Lambda=3.0, c_final=1.0,
+                           certified=certified, agree_first_token=True, full_first_token=5, pruned_first_token=5,
+                           defects={2: 0.05, 3: 0.1, 4: 0.2}, K={2: 3.0, 3: 4.0, 4: 5.0}, composed_bound=10.0)
+
+
+def test_drift_and_break_even():
+    st = _stability()
+    fig = plots.drift(st, model_id="m")
+    byname = {t.name: t for t in fig.data}
+    assert list(byname["drift"].x) == [2, 3, 4] and list(byname["drift"].y) == [0.1, 0.3, 0.5]
+    assert list(byname["defect e_l"].y) == [0.05, 0.1, 0.2]
+    assert list(byname["Δ_L"].y) == [0.5]
+    assert np.allclose(byname["m/(2Λ)"].y, [2.0 / 6.0] * 2)
+    assert "certified" in fig.layout.title.text and "not certified" not in fig.layout.title.text
+    _meta_ok(fig, "drift", model_id="m", Delta_L=0.5, margin=2.0, Lambda=3.0, certified=True)
+    _frame_matches(fig)
+    assert "not certified" in plots.drift(_stability(False)).layout.title.text
+
+    shape = ModelShape(L=30, H_Q=9, G=3, d=64, hidden=576, intermediate=1536, vocab=49152, max_context=8192,
+                       model_type="llama")
+    grid = CostModel(shape).grid(1000, [0, 10, 20], [0.25, 0.5, 0.75, 1.0], rows=40)
+    fig = plots.break_even(grid, model_id="m")
+    df = grid.to_frame()
+    for i, l in enumerate([0, 10, 20]):
+        sub = df[df.l_star == l]
+        assert fig.data[i].name == f"l* = {l}"
+        assert np.allclose(fig.data[i].y, sub["ratio"]) and np.allclose(fig.data[i].x, sub["keep_fraction"])
+    be = fig.data[3]
+    assert list(be.x) == [0, 10, 20]
+    assert np.allclose(be.y, [CostModel(shape).break_even_keep_fraction(1000, l, 40, l + 1) for l in (0, 10, 20)])
+    _meta_ok(fig, "break_even", T=1000, l_stars=[0, 10, 20])
+    _frame_matches(fig)
+    with pytest.raises(ValueError, match="^cost_grid: needs columns"):
+        plots.break_even(df.drop(columns=["ratio"]))
+
+
+# ----------------------------------------------------------------------------- pages and shift
+def test_pages(syn):
+    cap, _, tr = syn
+    pr = PageSelection(b=4, K=3, s=8).select(tr.pooling.a, tr.pooling.w, cap.head_group, d=64)
+    fig = plots.pages(pr, 1, cap)
+    heat = fig.data[0]
+    assert np.allclose(np.array(heat.z, dtype=float), pr.importance[1].numpy())
+    kept = fig.data[1]
+    g, P = np.nonzero(pr.selected[1].numpy())
+    assert list(kept.x) == P.tolist() and list(kept.y) == [f"g{x}" for x in g]
+    assert heat.customdata[0][1].startswith("4–7: t4t5t6t7")  # page token range and text
+    p0 = fig.data[2]
+    assert np.allclose(p0.y, pr.p[1, 0].numpy())
+    assert [c[0] for c in p0.customdata] == list(cap.spans.tokens)
+    assert [c[1] for c in p0.customdata] == pr.token_mask[1, 0].tolist()
+    U = [t for t in fig.data if t.name == "U_l"][0]
+    assert list(U.y) == pr.U.tolist()
+    uor = [t for t in fig.data if t.name == "UOR g1"][0]
+    assert np.allclose(uor.y, pr.uor[:, 1].numpy())
+    _meta_ok(fig, "pages", layer=1, b=4, K=3, s=8, model_id="synthetic")
+    _frame_matches(fig)
+    with pytest.raises(ValueError, match=r"^layer: must be an integer in \[0, 3\]"):
+        plots.pages(pr, 4, cap)
+
+
+def test_shift_steps(syn):
+    cap, _, _ = syn
+    sh = ShiftAnalysis(k=8)(cap)
+    fig = plots.shift_steps(sh)
+    rec, js = fig.data[0], fig.data[1]
+    assert list(rec.x) == sh.r.tolist()
+    assert np.allclose(np.array(rec.z, dtype=float), sh.recall_group.mean(1).numpy())
+    assert np.allclose(np.array(js.z, dtype=float), sh.jsd_group.mean(1).numpy())
+    assert list(js.x) == [r + 0.5 for r in sh.r.tolist()[:-1]]
+    lf = sh.leap_frame()
+    lf = lf[lf.level == "group"].groupby("layer")["gain_01"].mean()
+    gain01 = [t for t in fig.data if t.name == "gain 0→1"][0]
+    assert np.allclose(gain01.y, lf.to_numpy())
+    _meta_ok(fig, "shift_steps", level="group", layer=None, k=8)
+    _frame_matches(fig)
+    fig = plots.shift_steps(sh, level="head", layer=2)
+    assert len([t for t in fig.data if t.type == "scatter"]) == 2 * cap.H_Q
+    assert np.allclose(fig.data[2].y, sh.recall_head[2, 1].numpy())  # h1 recall
+    assert np.allclose(fig.data[3].y, sh.jsd_head[2, 1].numpy())
+    _frame_matches(fig)
+    with pytest.raises(ValueError, match="^level: must be one of"):
+        plots.shift_steps(sh, level="layer")
+    with pytest.raises(ValueError, match="^layer: must be an integer in"):
+        plots.shift_steps(sh, layer=9)
+
+
+# ----------------------------------------------------------------------------- eviction and sweeps
+def _gen(policy, B, T, seed, L=3, G=2, compacted=(0, 1, 2)):
+    g = torch.Generator().manual_seed(seed)
+    kept = torch.stack([torch.stack([torch.sort(torch.randperm(T, generator=g)[:B]).values for _ in range(G)])
+                        for _ in range(L)])
+    return GenerationResult(policy=policy, params={"n_sink": 4, "recent": 8}, budget=B, T=T, ids=[1, 2], text="x",
+                            kept=kept, evicted_at=0, compacted_layers=compacted, kv_bytes_before=1000,
+                            kv_bytes_after=500, timings={})
+
+
+def test_kept_positions(syn):
+    cap, _, _ = syn
+    sp = cap.spans
+    res = [_gen("streaming", 20, sp.T, 0), _gen("deferkv", 25, sp.T, 1, compacted=(0, 2))]
+    fig = plots.kept_positions(res, sp, highlight=[20, 21])
+    heat = [t for t in fig.data if t.type == "heatmap"][0]
+    z = np.array(heat.z, dtype=float)
+    for i, r in enumerate(res):
+        want = np.zeros(sp.T)
+        layers = list(r.compacted_layers)
+        for l in layers:
+            for g in range(2):
+                want[r.kept[l, g].numpy()] += 1
+        assert np.allclose(z[i], want / (2 * len(layers)))
+        surv = float(np.nanmean(r.survival([20, 21]).numpy()))
+        assert heat.y[i].startswith(f"{r.policy} B={r.budget}") and f"({surv:.0%} kept)" in heat.y[i]
+    assert heat.customdata[0][20] == "t20"  # hover tokens
+    hl = [t for t in fig.data if t.name == "highlight"][0]
+    assert list(hl.x) == [20, 21] and list(hl.customdata) == ["t20", "t21"]
+    _meta_ok(fig, "kept_positions", highlight=[20, 21], layer=None, group=None)
+    assert fig.layout.meta["runs"][1] == {"policy": "deferkv", "budget": 25, "n_sink": 4, "recent": 8}
+    _frame_matches(fig)
+    one = plots.kept_positions(res, sp, layer=1, group=0)
+    z1 = np.array([t for t in one.data if t.type == "heatmap"][0].z, dtype=float)
+    assert np.array_equal(np.flatnonzero(z1[0] == 1), res[0].kept[1, 0].numpy())
+    # highlight given as text: matched on the token strings
+    assert plots.kept_positions(res, sp, highlight="t21t22").layout.meta["highlight"] == [21, 22]
+    with pytest.raises(ValueError, match="^highlight: the text does not occur"):
+        plots.kept_positions(res, sp, highlight="needle")
+    with pytest.raises(ValueError, match="^highlight: positions must be in"):
+        plots.kept_positions(res, sp, highlight=[sp.T])
+    with pytest.raises(ValueError, match=r"^layer: must be an integer in \[0, 2\]"):
+        plots.kept_positions(res, sp, layer=3)
+    with pytest.raises(ValueError, match="^results: must not be empty"):
+        plots.kept_positions([], sp)
+
+
+def _sweep_frame():
+    import pandas as pd
+
+    return pd.DataFrame({
+        "model": "m", "task": "squad", "item_id": [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0],
+        "method": ["full"] * 2 + ["deferkv"] * 4 + ["h2o"] * 5,
+        "p_budget": [None, None, 32, 32, 64, 64, 32, 32, 64, 64, 64],
+        "f1": [1, 0.8, 0.5, 0.6, 0.9, 0.7, 0.2, 0.4, 0.6, 0.5, 0.0],
+        "em": [1, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0],
+        "kv_bytes": [2**20] * 2 + [2**18] * 4 + [2**19] * 5, "retained_tokens": [100] * 11, "prompt_tokens": [200] * 11,
+        "error": [None] * 10 + ["boom"]})
+
+
+def test_accuracy_vs_budget_and_table():
+    df = _sweep_frame()
+    fig = plots.accuracy_vs_budget(df, metric="f1")
+    byname = {t.name: t for t in fig.data}
+    d = byname["deferkv"]
+    assert list(d.x) == [32, 64] and np.allclose(d.y, [0.55, 0.8])
+    assert np.allclose(d.error_y.array, [0.05, 0.1])  # standard error of two items
+    h = byname["h2o"]
+    assert np.allclose(h.y, [0.3, 0.55])  # the error row is left out
+    assert np.allclose(byname["full (reference)"].y, [0.9, 0.9])
+    _meta_ok(fig, "accuracy_vs_budget", metric="f1", x="p_budget", model_id="m", n_rows=10)
+    _frame_matches(fig)
+    fig = plots.accuracy_vs_budget(df.drop(columns=["p_budget"]), metric="em")
+    assert fig.layout.meta["x"] == "retained_fraction" and list(fig.data[0].x) == [0.5]
+    with pytest.raises(ValueError, match="^metric: must be a numeric column"):
+        plots.accuracy_vs_budget(df, metric="accuracy")
+    with pytest.raises(ValueError, match="^by: columns"):
+        plots.accuracy_vs_budget(df, by="policy")
+
+    fig = plots.kv_bytes_table(df)
+    t = fig.data[0]
+    frame = plots.figure_frame(fig)
+    assert list(frame.columns[3:]) == ["method", "p_budget", "n", "em", "f1", "KV MiB", "retained tokens", "retained/T"]
+    row = frame[(frame.method == "h2o") & (frame.p_budget == 64)].iloc[0]
+    assert row["n"] == 2 and row["f1"] == pytest.approx(0.55) and row["KV MiB"] == pytest.approx(0.5)
+    assert frame[frame.method == "full"]["KV MiB"].item() == pytest.approx(1.0)
+    assert len(frame) == len(t.cells.values[0]) == 5
+    _meta_ok(fig, "kv_bytes_table", by=["method", "p_budget"], bytes_column="kv_bytes")
+    # GenerationResult frames (policy, budget, kv_bytes_after)
+    import pandas as pd
+
+    gf = pd.concat([_gen("h2o", 20, 40, 0).to_frame(), _gen("h2o", 30, 40, 1).to_frame()], ignore_index=True)
+    fr = plots.figure_frame(plots.kv_bytes_table(gf))
+    assert fr["budget"].tolist() == [20, 30] and fr["KV MiB"].tolist() == pytest.approx([500 / 2**20] * 2)
+    with pytest.raises(ValueError, match="^metrics: columns"):
+        plots.kv_bytes_table(df, metrics=["acc"])
+
+
+# ----------------------------------------------------------------------------- real capture
+def test_real_capture_figures(smollm_capture):
+    cap = smollm_capture
+    sp = cap.spans
+    params = EntroPrefillParams(target=0.2, eps_row=0.3, eps_audit=0.5, streak=0)
+    tr = trace(cap, params)
+    fig = plots.head_heatmap(tr.pooling, "sink", model_id=cap.model_id, params=params)
+    assert np.allclose(np.array(fig.data[0].z, dtype=float), cap.sink_mass("observer").numpy(), atol=1e-5)
+    assert fig.layout.meta["model_id"] == cap.model_id and fig.layout.meta["eps_row"] == 0.3
+    layer = tr.l_star if tr.l_star is not None else 10
+    fig = plots.chunk_priorities(tr.priorities, cap, layer, removed=tr)
+    ans = sp.chunk_doc.index(sp.answer_doc)
+    texts = {row[0]: row[2] for t in fig.data[:2] for row in t.customdata}
+    s, e = sp.chunks[ans]
+    assert html.unescape(texts[ans]).startswith("".join(sp.tokens[s:e]).replace("\n", " ⏎ ").strip()[:60])
+    assert fig.layout.meta["model_id"] == cap.model_id
+    strip = plots.attention_strip(cap, 3, 2)
+    toks = [c[0] for c in strip.data[0].customdata]
+    assert toks[:2] == [html.escape("<|im_start|>"), "system"]  # tokens on hover, escaped for plotly
+    assert plots.figure_frame(strip)["token"].iloc[0] == "<|im_start|>"
+    fig = plots.trace_layers(tr)
+    assert len(fig.data[0].x) == cap.L - 1
+    json.dumps(fig.layout.meta)

@@ -30,6 +30,7 @@ import dataclasses
 import html
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -514,16 +515,542 @@ def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figur
         fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="d_l", range=[0, 1.05], row=2, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="streak", rangemode="tozero", showgrid=False, row=2, col=1, secondary_y=True)
+    fig.update_yaxes(title_text="streak", rangemode="tozero", showgrid=False, dtick=1, row=2, col=1, secondary_y=True)
     fig.update_yaxes(title_text="audit bound", row=3, col=1)
     fig.update_yaxes(showticklabels=False, showline=False, ticks="", showgrid=False, row=4, col=1)
     fig.update_xaxes(title_text="monitored layer", row=4, col=1)
+    fig.update_xaxes(dtick=max(1, math.ceil(len(layers) / 16)))
+    key = "  ".join(f'<span style="color:{c}">■</span> {k.replace("_", " ")}' for k, c in _STATUS_COLOR.items()
+                    if k in status)
+    fig.add_annotation(x=0, y=0, xref="x domain",
+                       yref=fig.get_subplot(4, 1).yaxis.plotly_name.replace("axis", "") + " domain", xanchor="left", yanchor="bottom", text=key,
+                       showarrow=False, font=dict(size=9), yshift=-2)
     dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
     return _finish(fig, f"Layer trace: {html.escape(dec)}",
                    _meta("trace_layers", _model_id(model_id, trace), params if params is not None else P,
                          l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J),
-                   barmode="overlay", margin=dict(r=60),
+                   barmode="overlay", margin=dict(r=60, b=90),
+                   legend=dict(orientation="h", y=-0.1, x=0, yanchor="top"))
+
+
+# ============================================================================= envelope (SPEC §4)
+def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None, params=None) -> go.Figure:
+    """Deletion envelope against the actual discarded mass, per constraint row ``a = (h, u)`` of one layer.
+
+    Markers: the actual ``η = A_u(E)`` (blue where ``η ≤ bound``, vermillion where the bound is violated);
+    line: the envelope ``min{1, q/ω, q + √(D_χ² q(1−q))}``; dashed: the pooled discarded mass ``q``.
+    Hover shows both terms, ``ω`` and ``D_χ²`` (with its cap ``1/ω − 1``).
+
+    Args:
+        env: an :class:`~workbench.envelope.EnvelopeResult`, or a list of them (``envelope_all_layers``)
+            with ``layer`` choosing one.
+        layer: the layer to show when ``env`` is a list.
+    """
+    if isinstance(env, Sequence):
+        by = {e.layer: e for e in env}
+        if layer not in by:
+            raise ValueError(f"layer: must be one of the envelope layers {sorted(k for k in by if k is not None)}, "
+                             f"got {layer!r}")
+        env = by[layer]
+    elif layer is not None and env.layer is not None and layer != env.layer:
+        raise ValueError(f"layer: this envelope is of layer {env.layer}, got {layer}")
+    A = int(env.eta.shape[0])
+    a = list(range(A))
+    heads, us = [i // env.W for i in a], [i % env.W for i in a]
+    holds = _np(env.holds).tolist()
+    cd = _cd(heads, us, _z(env.omega), _z(env.dchi2), _z(env.dchi2_cap), _z(env.term_ratio), _z(env.term_chi2))
+    names = ["head", "u", "omega", "dchi2", "dchi2_cap", "term_ratio", "term_chi2"]
+    hover = ("row %{x} (h%{customdata[0]}, u%{customdata[1]}): %{y:.4g}<br>ω = %{customdata[2]:.3g}, "
+             "D_χ² = %{customdata[3]:.3g} (cap %{customdata[4]:.3g})<br>q/ω = %{customdata[5]:.3g}, "
+             "q + √(D_χ² q(1−q)) = %{customdata[6]:.3g}")
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=a, y=_z(env.bound), name="envelope", mode="lines", line=dict(color=PALETTE[1], shape="hvh"),
+                             customdata=cd, meta={"customdata": names},
+                             hovertemplate=hover + "<extra>envelope</extra>"))
+    fig.add_trace(go.Scatter(x=a, y=_z(env.eta), name="actual η", mode="markers",
+                             marker=dict(color=[KEPT if h else REMOVED for h in holds], size=6,
+                                         symbol=["circle" if h else "x" for h in holds]),
+                             customdata=_cd(heads, us, holds), meta={"customdata": ["head", "u", "holds"]},
+                             hovertemplate="row %{x} (h%{customdata[0]}, u%{customdata[1]}): η = %{y:.4g}"
+                             "<extra>actual</extra>"))
+    fig.add_trace(go.Scatter(x=[0, max(A - 1, 0)], y=[env.q, env.q], name="q = μ(E)", mode="lines",
+                             line=dict(color=NEUTRAL, dash="dash", width=1), hovertemplate="q = %{y:.4g}<extra></extra>"))
+    for h in range(1, A // max(env.W, 1)):
+        fig.add_vline(x=h * env.W - 0.5, line=dict(color="#ddd", width=1))
+    n_bad = A - sum(holds)
+    where = "" if env.layer is None else f", layer {env.layer}"
+    return _finish(fig, f"Deletion envelope vs actual η per row{where}"
+                   + ("" if n_bad == 0 else f" ({n_bad} rows above the envelope)"),
+                   _meta("envelope_rows", model_id, params, layer=env.layer, q=env.q, W=env.W, atol=env.atol,
+                         all_hold=env.all_hold),
+                   xaxis_title="constraint row a = h·W + u (grouped by head)", yaxis_title="discarded mass",
+                   yaxis=dict(rangemode="tozero"),
                    legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
+# ============================================================================= stability and cost (SPEC §7)
+def drift(stability, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Drift ``‖X^l|_R − Y^l‖_{max,2}`` per layer after ``l*`` (log scale), the block defects ``e_l``, and the
+    first-token certificate ``m > 2ΛΔ_L``: the dashed line is ``m/(2Λ)``, the largest ``Δ_L`` it certifies.
+    """
+    layers = sorted(stability.drift)
+    if not layers:
+        raise ValueError("stability: has no drift values (no layer after l*)")
+    d = [stability.drift[l] for l in layers]
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=layers, y=_z(d), name="drift", mode="lines+markers", line=dict(color=KEPT),
+                             hovertemplate="X^%{x}: drift %{y:.4g}<extra></extra>"))
+    dl = sorted(stability.defects)
+    fig.add_trace(go.Scatter(x=dl, y=_z([stability.defects[l] for l in dl]), name="defect e_l", mode="markers",
+                             marker=dict(color=PALETTE[1], symbol="diamond", size=7),
+                             hovertemplate="X^%{x}: e = %{y:.4g}<extra></extra>"))
+    Ll = layers[-1]
+    fig.add_trace(go.Scatter(x=[Ll], y=_z([stability.Delta_L]), name="Δ_L", mode="markers",
+                             marker=dict(color=REMOVED, size=12, symbol="star"),
+                             hovertemplate="Δ_L = %{y:.4g}<extra></extra>"))
+    thr = stability.margin / (2 * stability.Lambda) if stability.Lambda > 0 else math.inf
+    fig.add_trace(go.Scatter(x=[layers[0], Ll], y=_z([thr, thr]), name="m/(2Λ)", mode="lines",
+                             line=dict(color=NEUTRAL, dash="dash"),
+                             hovertemplate="certificate threshold m/(2Λ) = %{y:.4g}<extra></extra>"))
+    s = stability.summary()
+    verdict = "certified" if stability.certified else "not certified"
+    agree = "same first token" if stability.agree_first_token else "first token differs"
+    fig.add_annotation(x=0.99, y=0.02, xref="paper", yref="paper", xanchor="right", yanchor="bottom", showarrow=False,
+                       align="right", font=dict(size=10),
+                       text=f"m = {stability.margin:.3g}, Λ = {stability.Lambda:.3g}<br>2ΛΔ_L = {s['two_Lambda_Delta']:.3g}"
+                            f" → {verdict}; {agree}<br>composed bound {stability.composed_bound:.3g}")
+    return _finish(fig, f"Drift after l* = {stability.l_star}: {verdict}",
+                   _meta("drift", model_id, params, **s),
+                   xaxis_title="layer (block input X^l)", yaxis_title="‖X|_R − Y‖_max,2", yaxis=dict(type="log", dtick=1),
+                   xaxis=dict(dtick=1),
+                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
+def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Cost of pruned prefill from a :class:`~workbench.cost.CostGrid`: left, ``F_EP/F_full`` against the
+    kept fraction ``T'/T`` for every ``l*`` (1 = break even); right, the break-even ``T'/T`` against ``l*``."""
+    df = cost_grid.to_frame() if hasattr(cost_grid, "to_frame") else cost_grid
+    need = {"l_star", "keep_fraction", "ratio", "T"}
+    if not need <= set(df.columns):
+        raise ValueError(f"cost_grid: needs columns {sorted(need)}, got {list(df.columns)}")
+    if df.empty:
+        raise ValueError("cost_grid: is empty")
+    ls = sorted(df["l_star"].unique().tolist())
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12)
+    cols = PALETTE if len(ls) <= len(PALETTE) else [
+        c for c in _sample_scale(len(ls))]
+    for i, l in enumerate(ls):
+        sub = df[df["l_star"] == l].sort_values("keep_fraction")
+        fig.add_trace(go.Scatter(x=sub["keep_fraction"].tolist(), y=sub["ratio"].tolist(), name=f"l* = {l}",
+                                 mode="lines", line=dict(color=cols[i % len(cols)]), legendgroup="ratio",
+                                 hovertemplate="l* = " + str(l) + ", T'/T = %{x:.3f}: F_EP/F_full = %{y:.4f}"
+                                 "<extra></extra>"), 1, 1)
+    fig.add_hline(y=1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=1)
+    be = df.groupby("l_star")["break_even_keep_fraction"].max() if "break_even_keep_fraction" in df else None
+    if be is not None:
+        fig.add_trace(go.Scatter(x=be.index.tolist(), y=_z(be.to_numpy()), name="break-even T'/T",
+                                 mode="lines+markers", line=dict(color="#000"), showlegend=False,
+                                 hovertemplate="l* = %{x}: break even at T'/T = %{y:.4f}<extra></extra>"), 1, 2)
+    fig.update_xaxes(title_text="kept fraction T'/T", row=1, col=1)
+    fig.update_yaxes(title_text="F_EP / F_full", row=1, col=1)
+    fig.update_xaxes(title_text="l* (gather after layer)", row=1, col=2)
+    fig.update_yaxes(title_text="break-even T'/T", range=[0, 1.02], row=1, col=2)
+    T = int(df["T"].iloc[0])
+    return _finish(fig, f"Pruned-prefill cost, T = {T}",
+                   _meta("break_even", model_id, params, T=T, l_stars=ls,
+                         keep_fractions=sorted(df["keep_fraction"].unique().tolist())))
+
+
+def _sample_scale(n: int) -> list[str]:
+    from plotly.colors import sample_colorscale
+
+    return sample_colorscale(SEQUENTIAL, [i / max(n - 1, 1) for i in range(n)])
+
+
+# ============================================================================= pages (SPEC §8)
+def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Pages and GQA unions of a :class:`~workbench.pages.PageResult`.
+
+    Top left: page importance ``I_{l,g}(P)`` (group × page) at ``layer`` with the kept pages boxed;
+    bottom left: the group scores ``p_{l,g}(j)`` over the prompt tokens (kept tokens as filled markers);
+    top right: the page union ``U_l`` per layer with ``K`` and ``min{GK, N_P}``; bottom right: ``UOR_g``.
+    """
+    pr = page_result
+    _check_int_range("layer", layer, 0, pr.L - 1)
+    sp = _spans_of(spans)
+    G, N_P = pr.importance.shape[1], pr.importance.shape[2]
+    T = pr.p.shape[2]
+    toks = _tokens(sp, T)
+    raw = list(sp.tokens) if sp is not None else None
+    ranges = [(P * pr.b, min((P + 1) * pr.b, T)) for P in range(N_P)]
+    prev = [f"{s}–{e - 1}: " + (_text_preview(raw[s:e], 60) if raw else "") for s, e in ranges]
+    fig = make_subplots(rows=2, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.1, vertical_spacing=0.14)
+    I = _np(pr.importance[layer])
+    sel = _np(pr.selected[layer])
+    fig.add_trace(go.Heatmap(z=_z(I), x=list(range(N_P)), y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
+                             name="importance", customdata=[prev] * G, meta={"customdata": ["page"]},
+                             hovertemplate="g%{y} page %{x} (tokens %{customdata})<br>I = %{z:.4g}<extra></extra>"),
+                  1, 1)
+    gs, ps = np.nonzero(sel)
+    fig.add_trace(go.Scatter(x=ps.tolist(), y=[f"g{g}" for g in gs.tolist()], name="kept page", mode="markers",
+                             marker=dict(symbol="square-open", size=14, color=REMOVED, line=dict(width=2)),
+                             hovertemplate="kept: g%{y} page %{x}<extra></extra>"), 1, 1)
+    tm = _np(pr.token_mask[layer])
+    for g in range(G):
+        fig.add_trace(go.Scatter(x=list(range(T)), y=_z(pr.p[layer, g]), name=f"p g{g}", mode="lines+markers",
+                                 line=dict(color=PALETTE[g % len(PALETTE)], width=1),
+                                 marker=dict(size=4, symbol=["circle" if k else "circle-open" for k in tm[g]]),
+                                 customdata=_cd(toks, tm[g].tolist()), meta={"customdata": ["token", "kept"]},
+                                 hovertemplate="g" + str(g) + " %{x}: %{customdata[0]}<br>p = %{y:.4g}"
+                                 "<extra></extra>"), 2, 1)
+    L = pr.L
+    fig.add_trace(go.Bar(x=list(range(L)), y=_np(pr.U).tolist(), name="U_l", marker_color=KEPT, showlegend=False,
+                         hovertemplate="layer %{x}: U = %{y} pages<extra></extra>"), 1, 2)
+    fig.add_hline(y=min(pr.K, N_P), line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=2)
+    fig.add_hline(y=min(G * pr.K, N_P), line=dict(color=NEUTRAL, dash="dot", width=1), row=1, col=2)
+    for g in range(G):
+        fig.add_trace(go.Scatter(x=list(range(L)), y=_z(pr.uor[:, g]), name=f"UOR g{g}", mode="lines",
+                                 line=dict(color=PALETTE[g % len(PALETTE)]), showlegend=False,
+                                 hovertemplate="layer %{x}: UOR g" + str(g) + " = %{y:.3f}<extra></extra>"), 2, 2)
+    fig.add_vline(x=layer, line=dict(color="#000", dash="dot", width=1), row=1, col=2)
+    fig.add_vline(x=layer, line=dict(color="#000", dash="dot", width=1), row=2, col=2)
+    fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)", row=1, col=1)
+    fig.update_xaxes(title_text="prompt position", row=2, col=1)
+    fig.update_yaxes(title_text="group score p", row=2, col=1)
+    fig.update_xaxes(title_text="layer", row=1, col=2)
+    fig.update_yaxes(title_text="union U_l (pages)", row=1, col=2)
+    fig.update_xaxes(title_text="layer", row=2, col=2)
+    fig.update_yaxes(title_text=f"UOR (s = {pr.s})", row=2, col=2)
+    return _finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
+                   _meta("pages", _model_id(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
+                         d=pr.d, bytes=pr.bytes),
+                   coloraxis=dict(colorbar=dict(title=dict(text="I"), len=0.45, y=0.78)),
+                   legend=dict(orientation="h", y=-0.15, x=0, yanchor="top"))
+
+
+# ============================================================================= shift (SPEC §9)
+def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_id: str | None = None,
+                params=None) -> go.Figure:
+    """Prefill-vs-decode attention shift of a :class:`~workbench.shift.ShiftResult`.
+
+    With ``layer=None``: heatmaps (layer × step) of the top-``k`` recall against the reference and of the
+    JSD between adjacent rows, averaged over the heads or groups, and the mean recall gains per layer
+    (``−1→0``, ``0→1`` (the boundary), ``1→2``, ``2→3``). With a ``layer``: one line per head/group instead.
+    The dotted line marks the prefill/decode boundary (between ``r = 0`` and ``r = 1``).
+
+    Args:
+        level: ``"group"`` (KV groups) or ``"head"`` (query heads).
+        layer: one layer to show per unit, or None for all layers.
+    """
+    _check_choice("level", level, ("group", "head"))
+    rec = _np(shift.recall_group if level == "group" else shift.recall_head)  # [L, U, R]
+    js = _np(shift.jsd_group if level == "group" else shift.jsd_head)  # [L, U, R-1]
+    L, U, R = rec.shape
+    r = _np(shift.r).tolist()
+    rj = [x + 0.5 for x in r[:-1]]  # JSD between r and r+1 sits between them
+    lf = shift.leap_frame()
+    lf = lf[lf.level == level]
+    gains = ["gain_m10", "gain_01", "gain_12", "gain_23"]
+    glabel = {"gain_m10": "−1→0", "gain_01": "0→1", "gain_12": "1→2", "gain_23": "2→3"}
+    unit = "g" if level == "group" else "h"
+    if layer is None:
+        fig = make_subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
+        fig.add_trace(go.Heatmap(z=_z(rec.mean(1)), x=r, y=list(range(L)), coloraxis="coloraxis", name="recall",
+                                 hovertemplate="layer %{y}, r = %{x}: recall %{z:.3f}<extra></extra>"), 1, 1)
+        fig.add_trace(go.Heatmap(z=_z(js.mean(1)), x=rj, y=list(range(L)), coloraxis="coloraxis2", name="JSD",
+                                 hovertemplate="layer %{y}, r→r+1 at %{x}: JSD %{z:.4f}<extra></extra>"), 2, 1)
+        mean = lf.groupby("layer")[gains].mean()
+        for i, g in enumerate(gains):
+            fig.add_trace(go.Bar(x=mean.index.tolist(), y=_z(mean[g].to_numpy()), name=f"gain {glabel[g]}",
+                                 marker_color=[NEUTRAL, REMOVED, KEPT, PALETTE[5]][i],
+                                 hovertemplate="layer %{x}: recall gain " + glabel[g] + " = %{y:.3f}<extra></extra>"),
+                          3, 1)
+        fig.update_yaxes(title_text="layer", row=1, col=1)
+        fig.update_yaxes(title_text="layer", row=2, col=1)
+        fig.update_xaxes(title_text="layer", row=3, col=1)
+        fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
+                                         colorbar=dict(title=dict(text="recall"), len=0.3, y=0.85)),
+                          coloraxis2=dict(colorscale=SEQUENTIAL, colorbar=dict(title=dict(text="JSD"), len=0.3, y=0.5)))
+        where = f"mean over {level}s"
+    else:
+        _check_int_range("layer", layer, 0, L - 1)
+        fig = make_subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
+        cols = PALETTE if U <= len(PALETTE) else _sample_scale(U)
+        for u in range(U):
+            c = cols[u % len(cols)]
+            fig.add_trace(go.Scatter(x=r, y=_z(rec[layer, u]), name=f"{unit}{u}", mode="lines+markers",
+                                     line=dict(color=c), legendgroup=f"{unit}{u}",
+                                     hovertemplate=f"{unit}{u}" + ", r = %{x}: recall %{y:.3f}<extra></extra>"), 1, 1)
+            fig.add_trace(go.Scatter(x=rj, y=_z(js[layer, u]), name=f"{unit}{u}", mode="lines+markers",
+                                     line=dict(color=c), legendgroup=f"{unit}{u}", showlegend=False,
+                                     hovertemplate=f"{unit}{u}" + ", r→r+1 at %{x}: JSD %{y:.4f}<extra></extra>"), 2, 1)
+        sub = lf[lf.layer == layer].sort_values("unit")
+        for i, g in enumerate(gains):
+            fig.add_trace(go.Bar(x=[f"{unit}{u}" for u in sub["unit"]], y=_z(sub[g].to_numpy()), name=f"gain {glabel[g]}",
+                                 marker_color=[NEUTRAL, REMOVED, KEPT, PALETTE[5]][i],
+                                 hovertemplate="%{x}: recall gain " + glabel[g] + " = %{y:.3f}<extra></extra>"), 3, 1)
+        fig.update_yaxes(title_text="recall", range=[0, 1.02], row=1, col=1)
+        fig.update_yaxes(title_text="JSD", rangemode="tozero", row=2, col=1)
+        fig.update_xaxes(title_text=level, row=3, col=1)
+        where = f"layer {layer}, per {level}"
+    for row in (1, 2):
+        fig.add_vline(x=0.5, line=dict(color="#000", dash="dot", width=1), row=row, col=1)
+        fig.update_xaxes(title_text="step r (≤ 0: prompt tail, ≥ 1: decode)", row=row, col=1)
+    fig.update_yaxes(title_text="recall gain", row=3, col=1)
+    ref = f"decode {shift.ref_start}…{shift.ref_end}" if shift.ref_end >= 0 else "external reference"
+    return _finish(fig, f"Prefill→decode shift ({where}; top-{shift.k} recall vs {ref})",
+                   _meta("shift_steps", model_id, params, level=level, layer=layer, k=shift.k, ref_start=shift.ref_start,
+                         ref_end=shift.ref_end, r=r),
+                   barmode="group", legend=dict(orientation="h", y=-0.14, x=0, yanchor="top"))
+
+
+# ============================================================================= eviction (DeferKV and peers)
+def _highlight_positions(highlight, sp, T: int) -> list[int]:
+    """Positions from a list of ints or a text occurring in the prompt (matched on the token strings)."""
+    if highlight is None:
+        return []
+    if isinstance(highlight, str):
+        if sp is None:
+            raise ValueError("highlight: a text needs the prompt's tokens (pass a Prompt or PromptSpans)")
+        starts, pos = [], 0
+        for t in sp.tokens:
+            starts.append(pos)
+            pos += len(t)
+        text = "".join(sp.tokens)
+        at = text.find(highlight)
+        if at < 0:
+            raise ValueError("highlight: the text does not occur in the prompt's tokens")
+        end = at + len(highlight)
+        return [j for j, (s, t) in enumerate(zip(starts, sp.tokens)) if s < end and s + len(t) > at]
+    out = sorted({int(p) for p in highlight})
+    bad = [p for p in out if not 0 <= p < T]
+    if bad:
+        raise ValueError(f"highlight: positions must be in [0, {T - 1}], got {bad[:5]}")
+    return out
+
+
+def kept_positions(results, prompt, highlight=None, *, layer: int | None = None, group: int | None = None,
+                   model_id: str | None = None, params=None) -> go.Figure:
+    """Prompt positions each eviction run kept: one heatmap row per (policy, budget), one column per token.
+
+    The cell is the fraction of (compacted layer, KV group) caches that kept the position (or 0/1 for one
+    ``layer`` and ``group``). Highlighted positions (the needle) are marked with green ticks on top and a
+    shaded band; the answer passage (when the prompt knows it) is outlined. Row labels give the
+    fraction of the highlighted positions kept (``GenerationResult.survival``).
+
+    Args:
+        results: ``GenerationResult`` list (e.g. ``run_policies``), all on the same prompt.
+        prompt: the ``Prompt`` (or ``PromptSpans`` / ``Capture``) for the tokens.
+        highlight: positions to mark, or a text occurring in the prompt (e.g. the needle).
+        layer, group: one cache to show instead of the fraction over all compacted caches.
+    """
+    results = list(results)
+    if not results:
+        raise ValueError("results: must not be empty")
+    sp = _spans_of(prompt)
+    T = results[0].T
+    if any(r.T != T for r in results):
+        raise ValueError("results: must all be runs on the same prompt (equal T)")
+    if sp is not None and sp.T != T:
+        raise ValueError(f"prompt: has T = {sp.T} tokens, the results T = {T}")
+    Lr, G = results[0].kept.shape[:2]
+    if layer is not None:
+        _check_int_range("layer", layer, 0, Lr - 1)
+    if group is not None:
+        _check_int_range("group", group, 0, G - 1)
+    hi = _highlight_positions(highlight, sp, T)
+    z, labels = [], []
+    for r in results:
+        kp = _np(r.kept_prompt)
+        m = np.zeros((kp.shape[0], kp.shape[1], T), dtype=bool)
+        li, gi, _ = np.indices(kp.shape)
+        m[li, gi, kp] = True
+        layers = list(range(kp.shape[0])) if r.policy == "full" else list(r.compacted_layers)
+        if layer is not None:
+            layers = [layer]
+        groups = list(range(kp.shape[1])) if group is None else [group]
+        z.append(m[np.ix_(layers, groups)].reshape(-1, T).mean(0).tolist() if layers else [math.nan] * T)
+        lab = f"{r.policy} B={'all' if r.policy == 'full' else r.budget}"
+        if hi:
+            surv = _np(r.survival(hi))
+            sub = surv[np.ix_(layers, groups)] if layers else np.array([math.nan])
+            lab += f" ({np.nanmean(sub):.0%} kept)" if np.isfinite(sub).any() else ""
+        labels.append(lab)
+    toks = _tokens(sp, T)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.01)
+    fig.add_trace(go.Scatter(x=hi, y=[0] * len(hi), name="highlight", mode="markers", showlegend=False,
+                             marker=dict(symbol="triangle-down", color=ANSWER, size=9),
+                             customdata=[toks[p] for p in hi], meta={"customdata": ["token"]},
+                             hovertemplate="%{x}: %{customdata}<extra>highlight</extra>"), 1, 1)
+    fig.add_trace(go.Heatmap(z=_z(z), x=list(range(T)), y=labels, coloraxis="coloraxis", name="kept",
+                             customdata=[toks] * len(results), meta={"customdata": ["token"]},
+                             hovertemplate="%{y}<br>%{x}: %{customdata}<br>kept %{z:.2f}<extra></extra>"), 2, 1)
+    for p in hi:
+        fig.add_vrect(x0=p - 0.5, x1=p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
+    ans = _answer_chunk(sp)
+    if ans is not None:
+        s, e = sp.chunks[ans]
+        fig.add_vrect(x0=s - 0.5, x1=e - 0.5, line=dict(color=ANSWER, width=1.5), fillcolor="rgba(0,0,0,0)",
+                      annotation_text="answer passage", annotation_position="top left",
+                      annotation_font=dict(size=10, color="#fff"), row=2, col=1)
+    fig.update_yaxes(visible=False, range=[-1, 1], row=1, col=1)
+    fig.update_xaxes(showline=False, ticks="", showgrid=False, row=1, col=1)
+    fig.update_yaxes(title_text="policy, budget", autorange="reversed", row=2, col=1)
+    fig.update_xaxes(title_text="prompt position", range=[-0.5, T - 0.5], row=2, col=1)
+    where = "fraction of compacted caches" if layer is None and group is None else \
+        f"layer {'all' if layer is None else layer}, group {'all' if group is None else group}"
+    return _finish(fig, f"Kept prompt positions per policy ({where})",
+                   _meta("kept_positions", _model_id(model_id, prompt), params, highlight=hi, layer=layer, group=group,
+                         runs=[{"policy": r.policy, "budget": r.budget, **_jsonable(r.params)} for r in results]),
+                   coloraxis=dict(cmin=0, cmax=1, colorbar=dict(title=dict(text="kept"))), margin=dict(l=160))
+
+
+# ============================================================================= sweep tables
+_METRICS = ("em", "f1", "contains", "correct", "first_token_agree", "kept_mean")
+_XLABEL = {"p_budget": "KV budget B (tokens per layer and group)", "budget": "KV budget B (tokens per layer and group)",
+           "retained_fraction": "retained fraction T'/T", "p_target": "saving target", "retained_tokens": "retained tokens"}
+
+
+def _ok_rows(df: pd.DataFrame) -> pd.DataFrame:
+    if "error" in df.columns:
+        df = df[df["error"].isna() | (df["error"].astype(str) == "")]
+    return df
+
+
+def _default_x(df: pd.DataFrame) -> str:
+    for c in ("p_budget", "budget"):
+        if c in df.columns and pd.to_numeric(df[c], errors="coerce").notna().any():
+            return c
+    if {"retained_tokens", "prompt_tokens"} <= set(df.columns):
+        return "retained_fraction"
+    raise ValueError("x: the frame has no budget column (p_budget, budget) nor retained_tokens/prompt_tokens; "
+                     "name one with x=")
+
+
+def accuracy_vs_budget(df: pd.DataFrame, *, metric: str = "f1", x: str | None = None, by: str | Sequence[str] = "method",
+                       model_id: str | None = None, params=None) -> go.Figure:
+    """Accuracy against budget per method, from a sweep frame (``workbench.sweep``): one line per ``by``
+    group with the mean ``metric`` over items and ± its standard error; groups without a budget
+    (e.g. ``full``) are a horizontal dashed reference line.
+
+    Args:
+        df: sweep frame (rows with an ``error`` are left out).
+        metric: a numeric column, e.g. ``"f1"``, ``"em"``, ``"contains"``.
+        x: budget column (default ``p_budget``, else ``retained_fraction`` = ``retained_tokens/prompt_tokens``).
+        by: column(s) defining the lines (default ``"method"``).
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"df: must be a pandas DataFrame, got {type(df).__name__}")
+    if metric not in df.columns or not pd.api.types.is_numeric_dtype(pd.to_numeric(df[metric], errors="coerce")):
+        raise ValueError(f"metric: must be a numeric column of df, e.g. {[c for c in _METRICS if c in df.columns]}, "
+                         f"got {metric!r}")
+    by = [by] if isinstance(by, str) else list(by)
+    missing = [c for c in by if c not in df.columns]
+    if missing:
+        raise ValueError(f"by: columns {missing} not in df")
+    d = _ok_rows(df).copy()
+    x = x or _default_x(d)
+    if x == "retained_fraction" and x not in d.columns:
+        d[x] = pd.to_numeric(d["retained_tokens"], errors="coerce") / pd.to_numeric(d["prompt_tokens"], errors="coerce")
+    if x not in d.columns:
+        raise ValueError(f"x: column {x!r} not in df")
+    d[metric] = pd.to_numeric(d[metric], errors="coerce").astype(float)
+    d[x] = pd.to_numeric(d[x], errors="coerce")
+    d = d[d[metric].notna()]
+    fig = go.Figure()
+    i = 0
+    refs = []
+    for key, sub in d.groupby(by, sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        name = " ".join(str(k) for k in key)
+        agg = sub.groupby(x, dropna=True)[metric].agg(["mean", "std", "count"]).reset_index()
+        agg["sem"] = (agg["std"] / np.sqrt(agg["count"])).fillna(0.0)
+        if agg.empty:  # no budget: a reference line across the budgets
+            refs.append((name, float(sub[metric].mean()), int(sub[metric].count())))
+            continue
+        fig.add_trace(go.Scatter(x=agg[x].tolist(), y=agg["mean"].tolist(), name=name, mode="lines+markers",
+                                 line=dict(color=PALETTE[i % len(PALETTE)]),
+                                 error_y=dict(type="data", array=agg["sem"].tolist(), thickness=1, width=3),
+                                 customdata=_cd(agg["count"].tolist(), agg["sem"].tolist()),
+                                 meta={"customdata": ["n", "sem"]},
+                                 hovertemplate=name + ", " + x + " = %{x}: " + metric
+                                 + " = %{y:.3f} ± %{customdata[1]:.3f} (n = %{customdata[0]})<extra></extra>"))
+        i += 1
+    xs = d[x].dropna()
+    lo, hi = (float(xs.min()), float(xs.max())) if len(xs) else (0.0, 1.0)
+    for j, (name, m, n) in enumerate(refs):
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[m, m], name=f"{name} (reference)", mode="lines",
+                                 line=dict(color=[NEUTRAL, "#000", PALETTE[6]][j % 3], dash="dash"),
+                                 hovertemplate=f"{html.escape(name)}: {metric} = {m:.3f} (n = {n})<extra></extra>"))
+    models = sorted(str(m) for m in d["model"].unique()) if "model" in d.columns else []
+    return _finish(fig, f"{metric} vs {_XLABEL.get(x, x)}",
+                   _meta("accuracy_vs_budget", model_id or (", ".join(models) or None), params, metric=metric, x=x,
+                         by=by, n_rows=int(len(d)), tasks=sorted(str(t) for t in d["task"].unique())
+                         if "task" in d.columns else None),
+                   xaxis_title=_XLABEL.get(x, x), yaxis_title=f"{metric} (mean ± s.e.)", yaxis=dict(rangemode="tozero"))
+
+
+def kv_bytes_table(df: pd.DataFrame, *, by: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
+                   model_id: str | None = None, params=None) -> go.Figure:
+    """Accuracy and KV-cache size per method and budget as a ``go.Table`` (means over the rows of each group).
+
+    Works on a sweep frame (``kv_bytes``), on ``GenerationResult.to_frame()`` rows (``kv_bytes_after``) and on
+    ``survival_table`` frames. Columns: the ``by`` keys, ``n``, the mean of each metric, mean KV MiB,
+    mean retained tokens and the mean ``retained/prompt`` fraction when those columns exist.
+
+    Args:
+        by: grouping columns (default ``method`` + the budget column, or ``policy, budget``).
+        metrics: metric columns (default: those of ``em, f1, contains, correct, first_token_agree, kept_mean``
+            present).
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"df: must be a pandas DataFrame, got {type(df).__name__}")
+    d = _ok_rows(df).copy()
+    if by is None:
+        if "method" in d.columns:
+            by = ["method"] + [c for c in ("p_budget", "p_target", "p_layer") if c in d.columns]
+        elif "policy" in d.columns:
+            by = ["policy"] + (["budget"] if "budget" in d.columns else [])
+        else:
+            raise ValueError("by: the frame has no method or policy column; name the grouping columns")
+    by = list(by)
+    missing = [c for c in by if c not in d.columns]
+    if missing:
+        raise ValueError(f"by: columns {missing} not in df")
+    if metrics is None:
+        metrics = [c for c in _METRICS if c in d.columns]
+    bad = [m for m in metrics if m not in d.columns]
+    if bad:
+        raise ValueError(f"metrics: columns {bad} not in df")
+    bcol = next((c for c in ("kv_bytes", "kv_bytes_after") if c in d.columns), None)
+    for c in list(metrics) + [c for c in (bcol, "retained_tokens", "prompt_tokens") if c and c in d.columns]:
+        d[c] = pd.to_numeric(d[c], errors="coerce").astype(float)
+    for c in by:
+        d[c] = d[c].astype(object).where(d[c].notna(), "–")
+    g = d.groupby(by, sort=True, dropna=False)
+    out = g.size().rename("n").reset_index()
+    for m in metrics:
+        out[m] = g[m].mean().to_numpy()
+    if bcol:
+        out["KV MiB"] = (g[bcol].mean() / 2**20).to_numpy()
+    if "retained_tokens" in d.columns:
+        out["retained tokens"] = g["retained_tokens"].mean().to_numpy()
+        if "prompt_tokens" in d.columns:
+            out["retained/T"] = (g["retained_tokens"].mean() / g["prompt_tokens"].mean()).to_numpy()
+    fmt = [None] * len(by) + ["d"] + [".3f"] * len(metrics) + [",.2f"] * (1 if bcol else 0) + \
+          [",.0f", ".3f"][: sum(c in out.columns for c in ("retained tokens", "retained/T"))]
+    cols = list(out.columns)
+    fig = go.Figure(go.Table(
+        header=dict(values=[f"<b>{html.escape(str(c))}</b>" for c in cols], align="left", fill_color="#eee",
+                    font=dict(size=11)),
+        cells=dict(values=[out[c].tolist() for c in cols], align=["left"] * len(by) + ["right"] * (len(cols) - len(by)),
+                   format=fmt, font=dict(size=11), fill_color="white", line_color="#ddd"),
+        name="table"))
+    models = sorted(str(m) for m in d["model"].unique()) if "model" in d.columns else []
+    return _finish(fig, "Accuracy and KV cache per method and budget",
+                   _meta("kv_bytes_table", model_id or (", ".join(models) or None), params, by=by,
+                         metrics=list(metrics), bytes_column=bcol, n_rows=int(len(d))),
+                   margin=dict(l=10, r=10, t=40, b=10))
 
 
 # ============================================================================= tidy data and in-place updates
@@ -550,7 +1077,7 @@ def figure_frame(fig) -> pd.DataFrame:
         base = {"trace": i, "name": tr.name, "type": tr.type}
         names = (tr.meta or {}).get("customdata") if isinstance(getattr(tr, "meta", None), dict) else None
         if tr.type == "table":
-            heads = [html.unescape(str(h)) for h in (tr.header.values or [])]
+            heads = [html.unescape(re.sub(r"<[^>]*>", "", str(h))) for h in (tr.header.values or [])]
             cols = list(tr.cells.values or [])
             n = max((len(c) for c in cols), default=0)
             d = {h or f"col_{j}": list(c) for j, (h, c) in enumerate(zip(heads, cols))}
