@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import warnings
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -91,7 +92,7 @@ def test_single_column_files_sizes_and_text(tmp_path):
     assert abs((dt.datetime.now(dt.timezone.utc) - created).total_seconds()) < 600
     assert side["sizes"] == [{"preset": "single", "width_px": 240, "height_px": 180, "width_in": 3.3333,
                               "height_in": 2.5, "png_scale": ex.DEFAULT_SCALE, "png_px": [1000, 750],
-                              "png_dpi": 300.0}]
+                              "png_dpi": 300.0, "base_font_pt": 9.0, "font_ratio": 0.75}]
     assert sorted(side["files"]) == names
 
     # CSV: the plotted points
@@ -125,6 +126,28 @@ def test_figure_aspect_height_and_prompt_hash_from_meta(tmp_path):
     assert 'height="100pt"' in svg_root((tmp_path / "h.svg").read_text())
 
 
+def title_font_px(svg: str) -> float:
+    m = re.search(r'<text[^>]*font-size: ([\d.]+)px[^>]*>' + re.escape(TITLE) + "</text>", svg)
+    return float(m.group(1))
+
+
+def test_paper_fonts_scale_every_font_and_can_be_turned_off(tmp_path):
+    # the template: base 12 px, title 14 px, ticks 10 px; single column -> base 9 pt (x 0.75), double -> 10 pt
+    ex.export(scatter(), tmp_path / "a", width=["single", "double", 400], formats=("svg",), csv=False)
+    sizes = {t: title_font_px((tmp_path / f"a-{t}.svg").read_text()) for t in ("single", "double", "400px")}
+    assert sizes == pytest.approx({"single": 10.5, "double": 14 * 10 / 12, "400px": 14.0}, abs=0.01)
+    single = (tmp_path / "a-single.svg").read_text()
+    assert re.search(r'class="xtick"[^>]*>.*?font-size: 7.5px', single)  # tick labels 10 px -> 7.5
+    ex.export(scatter(), tmp_path / "b", formats=("svg",), csv=False, font_size=None)
+    assert title_font_px((tmp_path / "b.svg").read_text()) == 14.0
+    ex.export(scatter(), tmp_path / "c", formats=("svg",), csv=False, font_size=6)
+    assert title_font_px((tmp_path / "c.svg").read_text()) == 7.0
+    side = json.loads((tmp_path / "c.json").read_text())
+    assert side["sizes"][0]["base_font_pt"] == 6 and side["sizes"][0]["font_ratio"] == 0.5
+    ex.export(scatter(), tmp_path / "d", formats=("svg",), csv=False, title=False)
+    assert TITLE not in (tmp_path / "d.svg").read_text()
+
+
 def test_data_argument_is_the_csv(tmp_path):
     data = pd.DataFrame({"budget": [64, 128], "accuracy": [0.25, 0.75], "method": ["snapkv", "deferkv"]})
     ex.export(scatter(), tmp_path / "acc", formats=("svg",), data=data)
@@ -142,12 +165,20 @@ def test_fallback_frame_flattens_heatmaps_and_tables():
     assert tf["method"].tolist() == ["a", "b"] and tf["em"].tolist() == [0.5, 1.0]
 
 
-def test_heatmap_csv_has_one_row_per_cell(tmp_path):
-    ex.export(heatmap(), tmp_path / "hm", formats=("svg",))
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_heatmap_csv_has_one_row_per_cell(tmp_path, as_numpy):
+    fig = heatmap()
+    if as_numpy:  # hand-made figures often carry numpy arrays
+        import numpy as np
+
+        fig.data[0].z = np.array(fig.data[0].z)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ex.export(fig, tmp_path / "hm", formats=("svg",))
     df = pd.read_csv(tmp_path / "hm.csv")
     assert len(df) == 6
-    assert sorted(df.select_dtypes("number").filter(like="z").iloc[:, 0].round(6).tolist()) == \
-        [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    assert sorted(df["z"].round(6).tolist()) == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+    assert df["x"].tolist() == ["h0", "h1", "h2"] * 2
 
 
 @pytest.mark.parametrize("kw, name", [
@@ -162,6 +193,8 @@ def test_heatmap_csv_has_one_row_per_cell(tmp_path):
     (dict(scale=0), "scale"),
     (dict(height=-1), "height"),
     (dict(aspect=0), "aspect"),
+    (dict(font_size=0), "font_size"),
+    (dict(font_size="big"), "font_size"),
     (dict(params=[1, 2]), "params"),
     (dict(data=[1, 2]), "data"),
 ])

@@ -12,7 +12,9 @@ layout pixels. The layout is computed at **72 px per inch, one layout pixel = on
 in the template is a 12 pt font on paper: a single-column figure is laid out 240 px wide and its PDF page
 is 240 pt = 3.33 in wide (Chromium prints 96 CSS px per inch, so PDFs are rendered at scale 4/3); the SVG
 carries ``width="240pt"`` with the layout's viewBox; the PNG has ``round(width_px * scale)`` pixels (the
-default scale 300/72 gives 300 dpi, written into its ``pHYs`` chunk).
+default scale 300/72 gives 300 dpi, written into its ``pHYs`` chunk). Screen-sized fonts are too large for a
+column, so by default (``font_size="auto"``) the presets scale every font size and margin of the figure so
+that its base font is 9 pt (single) or 10 pt (double); the sidecar records the ratio.
 
 **Server.** Rendering uses kaleido with one persistent Chromium per process (:func:`ensure_server`,
 started on first use, stopped at exit or by :func:`shutdown_server`); Debian's ``/usr/bin/chromium`` is
@@ -52,6 +54,7 @@ PX_PER_INCH = 72.0  # layout pixels per inch (1 px = 1 pt)
 CSS_PX_PER_INCH = 96.0  # Chromium's print resolution
 DEFAULT_SCALE = 300.0 / 72.0  # PNG pixels per layout pixel (300 dpi)
 DEFAULT_ASPECT = {"single": 0.75, "double": 0.45, None: 0.75}  # height / width when the figure has none
+PAPER_FONT = {"single": 9.0, "double": 10.0}  # base font (pt) of font_size="auto" at the column presets
 RENDER_TIMEOUT_S = 120.0
 BROWSER_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 _STEM_OK = re.compile(r"^[\w.+-]+$")
@@ -447,6 +450,52 @@ def _title(fig) -> str | None:
     return t if isinstance(t, str) else None
 
 
+def _base_font(fig_dict: dict) -> float:
+    lay = fig_dict.get("layout", {})
+    for src in (lay, lay.get("template", {}).get("layout", {})):
+        size = (src.get("font") or {}).get("size")
+        if isinstance(size, (int, float)) and size > 0:
+            return float(size)
+    return 12.0  # plotly's default
+
+
+def _scale_fonts(node, ratio: float) -> None:
+    """Multiply every font ``size`` (keys ending in ``font``, any depth) and the margins by ``ratio``, in place."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k.endswith("font") and isinstance(v, dict) and isinstance(v.get("size"), (int, float)):
+                v["size"] = round(v["size"] * ratio, 2)
+            if k.endswith("font") and isinstance(v, dict) and isinstance(v.get("size"), list):
+                v["size"] = [round(x * ratio, 2) if isinstance(x, (int, float)) else x for x in v["size"]]
+            if k == "margin" and isinstance(v, dict):
+                for side in ("l", "r", "t", "b", "pad"):
+                    if isinstance(v.get(side), (int, float)):
+                        v[side] = round(v[side] * ratio, 1)
+            _scale_fonts(v, ratio)
+    elif isinstance(node, list):
+        for v in node:
+            _scale_fonts(v, ratio)
+
+
+def _paper_fonts(fig_dict: dict, size: ExportSize, font_size) -> tuple[float, float]:
+    """Apply ``font_size`` (``"auto"``, a base size in pt, or ``None``) to a figure dict in place; returns
+    ``(base font after, ratio)``."""
+    base = _base_font(fig_dict)
+    if font_size is None or (font_size == "auto" and size.preset is None):
+        return base, 1.0
+    target = PAPER_FONT[size.preset] if font_size == "auto" else float(font_size)
+    ratio = target / base
+    lay = fig_dict.setdefault("layout", {})
+    if "margin" not in lay:  # plotly's own default margins would stay unscaled otherwise
+        tm = lay.get("template", {}).get("layout", {}).get("margin")
+        lay["margin"] = dict(tm) if isinstance(tm, dict) else {"l": 80, "r": 80, "t": 100, "b": 80}
+    lay.setdefault("font", {})
+    if not isinstance(lay["font"].get("size"), (int, float)):
+        lay["font"]["size"] = base
+    _scale_fonts(fig_dict, ratio)
+    return target, ratio
+
+
 def _fallback_frame(fig) -> pd.DataFrame:
     """Tidy data of all traces (used until ``plots.figure_frame`` exists): one row per point with
     ``trace, name, type`` and the trace's array columns (``x, y, z`` flattened for heatmaps, ``text``,
@@ -490,7 +539,16 @@ def figure_data(fig) -> pd.DataFrame:
     from . import plots
 
     ff = getattr(plots, "figure_frame", None)
-    return ff(fig) if callable(ff) else _fallback_frame(fig)
+    if not callable(ff):
+        return _fallback_frame(fig)
+    try:
+        return ff(fig)
+    except (ValueError, TypeError) as e:  # e.g. a hand-made trace with a shape figure_frame does not know
+        import warnings
+
+        warnings.warn(f"plots.figure_frame failed ({type(e).__name__}: {e}); the CSV uses export's own "
+                      "flattening of the traces", RuntimeWarning, stacklevel=3)
+        return _fallback_frame(fig)
 
 
 # ----------------------------------------------------------------------------- atomic writes
@@ -550,8 +608,9 @@ def _check_widths(width) -> list:
 
 def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, params: Mapping | None = None,
            data: pd.DataFrame | None = None, scale: float = DEFAULT_SCALE, height: float | None = None,
-           aspect: float | None = None, prompt=None, prompt_hash: str | None = None, model_id: str | None = None,
-           csv: bool = True, sidecar: bool = True) -> list[Path]:
+           aspect: float | None = None, font_size="auto", title: bool = True, prompt=None,
+           prompt_hash: str | None = None, model_id: str | None = None, csv: bool = True,
+           sidecar: bool = True) -> list[Path]:
     """Export one figure for a paper; returns the paths written (figure files, then ``.json``, ``.csv``).
 
     Args:
@@ -564,6 +623,10 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         data: the frame to write as CSV (default: the figure's traces via ``plots.figure_frame``).
         scale: PNG pixels per layout px (> 0); 300/72 = 300 dpi.
         height, aspect: layout height in px, or height/width (see :func:`resolve_size`).
+        font_size: ``"auto"`` (the column presets get a base font of 9 pt single / 10 pt double, every
+            font and margin of the figure scaled by the same ratio; pixel widths stay as they are), a base
+            font size in pt (> 0) for every size, or ``None`` (the figure's fonts unchanged).
+        title: keep the figure title (``False``: drop it, for a caption in the paper instead).
         prompt, prompt_hash: the prompt (hashed with :func:`prompt_hash`) or its hash, for the sidecar;
             default ``meta["prompt_hash"]`` when the figure carries one.
         model_id: default ``meta["model_id"]`` (or ``params["model_id"]``).
@@ -584,6 +647,8 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         raise ValueError(f"width: has duplicates: {widths!r}")
     if params is not None and not isinstance(params, Mapping):
         raise ValueError(f"params: must be a mapping or None, got {type(params).__name__}")
+    if font_size is not None and font_size != "auto":
+        _positive_number("font_size", font_size)
     if data is not None and not isinstance(data, pd.DataFrame):
         raise ValueError(f"data: must be a pandas DataFrame or None, got {type(data).__name__}")
     p = Path(path)
@@ -602,13 +667,22 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         ph = _hash_prompt(prompt)
     else:
         ph = prompt_hash if prompt_hash is not None else meta.get("prompt_hash", params.get("prompt_hash"))
+    import copy
+
     fig_dict = fig.to_dict()
     fig_dict.get("layout", {}).pop("meta", None)  # not drawn; keeps the page small
+    if not title:
+        fig_dict.get("layout", {}).pop("title", None)
+        fig_dict.setdefault("layout", {})["title"] = {"text": ""}
     files: dict[Path, bytes] = {}
+    fonts = []
     for size in sizes:
         base = stem if len(sizes) == 1 else f"{stem}-{size.tag}"
+        d = copy.deepcopy(fig_dict)
+        font, ratio = _paper_fonts(d, size, font_size)
+        fonts.append({"base_font_pt": font, "font_ratio": round(ratio, 4)})
         for fmt in fmts:
-            files[folder / f"{base}.{fmt}"] = _render(fig_dict, fmt, size)
+            files[folder / f"{base}.{fmt}"] = _render(d, fmt, size)
     if csv:
         frame = data if data is not None else figure_data(fig)
         files[folder / f"{stem}.csv"] = frame.to_csv(index=False).encode("utf-8")
@@ -620,7 +694,7 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
             "prompt_hash": ph,
             "meta": meta,
             "params": params,
-            "sizes": [s.to_dict() for s in sizes],
+            "sizes": [{**s.to_dict(), **f} for s, f in zip(sizes, fonts)],
             "formats": list(fmts),
             "files": sorted(f.name for f in files if f.suffix != ".json") + [f"{stem}.json"],
             "versions": _versions(),
