@@ -154,6 +154,7 @@ def test_chunk_priorities_colouring_answer_and_hover(syn):
             s, e = sp.chunks[c]
             assert row[2] == "".join(sp.tokens[s:e])
     assert any(a.text == "answer" for a in fig.layout.annotations)
+    assert all(w == 0.8 for t in fig.data for w in t.width)  # equal slots, whatever the kept/removed split
     meta = _meta_ok(fig, "chunk_priorities", layer=l, removed=removed, answer_chunk=2, lam=params.lam)
     df = _frame_matches(fig)
     assert df.loc[df.name == "removed", "chunk"].tolist() == removed * 3

@@ -55,7 +55,7 @@ REMOVED = PALETTE[3]   # vermillion: removed / evicted
 ANSWER = PALETTE[2]    # bluish green: the answer passage / needle
 NEUTRAL = "#999999"    # grey: protected tokens, reference lines
 
-_AXIS = dict(showline=True, linecolor="#444", ticks="outside", gridcolor="#eee", zeroline=False,
+_AXIS = dict(showline=True, linecolor="#444", ticks="outside", gridcolor="#eee", zeroline=False, automargin=True,
              title=dict(font=dict(size=12)), tickfont=dict(size=10))
 pio.templates["workbench"] = go.layout.Template(
     layout=go.Layout(
@@ -356,7 +356,7 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
     preview = [_text_preview(sp.tokens[s:e]) for s, e in sp.chunks]
     if x == "chunk":
         xs = list(range(k))
-        widths = None
+        widths = [0.8] * k
     else:
         xs = [(s + e) / 2 for s, e in sp.chunks]
         widths = n.tolist()
