@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -87,20 +86,34 @@ def main_timing(T: int, reps: int, l_stars, keeps):
 
 
 def memory_child(T: int, mode: str, l: int, keep: float):
+    """One prefill in a fresh process; peak RSS above the level just before it (sampled, see _memory)."""
+    from _memory import PeakRSS
     from workbench.models import load_model
     from workbench.prune import run_full, run_pruned
 
     lm = load_model(device="cpu", progress=False)
     spans = layout(lm.tokenizer, T)
-    with torch.no_grad():
-        lm.model(torch.tensor([spans.input_ids[:64]]), logits_to_keep=1)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    if mode == "full":
-        run_full(lm, spans, max_new_tokens=1)
-    else:
+    run_full(lm, spans, max_new_tokens=1)  # warm-up: allocator pools and lazy state settle
+    if mode == "pruned":
         run_pruned(lm, spans, layer=l, removed=removal_for(spans, keep), max_new_tokens=1, progress=False)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps(dict(extra_peak_mib=(peak - base) / 1024)))
+    with PeakRSS() as m:
+        if mode == "full":
+            r = run_full(lm, spans, max_new_tokens=1)
+        else:
+            r = run_pruned(lm, spans, layer=l, removed=removal_for(spans, keep), max_new_tokens=1, progress=False)
+    print(json.dumps(dict(extra_peak_mib=m.extra_mib, kv_mib=r.kv_bytes / 2**20)))
+
+
+def measure_memory(T: int, l: int, keep: float) -> dict:
+    mem = {}
+    for mode in ("full", "pruned"):
+        r = subprocess.run([sys.executable, __file__, "--child", mode, "--T", str(T), "--layer", str(l),
+                            "--keep", str(keep)], capture_output=True, text=True, check=True)
+        mem[mode] = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"peak RSS above the level before the prefill, l*={l}, T'/T={keep}: "
+          f"full {mem['full']['extra_peak_mib']:.1f} MiB (KV {mem['full']['kv_mib']:.1f} MiB), "
+          f"pruned {mem['pruned']['extra_peak_mib']:.1f} MiB (KV {mem['pruned']['kv_mib']:.1f} MiB)")
+    return mem
 
 
 def main():
@@ -113,18 +126,17 @@ def main():
     ap.add_argument("--child", choices=["full", "pruned"])
     ap.add_argument("--layer", type=int, default=10)
     ap.add_argument("--keep", type=float, default=0.5)
+    ap.add_argument("--memory-only", action="store_true", help="only the memory measurement (prints, no JSON)")
     a = ap.parse_args()
     if a.child:
         return memory_child(a.T, a.child, a.layer, a.keep)
     L = 30
+    if a.memory_only:
+        measure_memory(a.T, L // 3 - 1, 0.5)
+        return None
     l_stars = a.l_stars or [-1, L // 3 - 1, L // 2 - 1, 2 * L // 3 - 1]
     rows = main_timing(a.T, a.reps, l_stars, a.keeps)
-    mem = {}
-    for mode in ("full", "pruned"):
-        r = subprocess.run([sys.executable, __file__, "--child", mode, "--T", str(a.T), "--layer", str(L // 3 - 1),
-                            "--keep", "0.5"], capture_output=True, text=True, check=True)
-        mem[mode] = json.loads(r.stdout.strip().splitlines()[-1])["extra_peak_mib"]
-    print(f"peak RSS increase at l*={L // 3 - 1}, T'/T=0.5: full {mem['full']:.1f} MiB, pruned {mem['pruned']:.1f} MiB")
+    mem = measure_memory(a.T, L // 3 - 1, 0.5)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(dict(
         meta=dict(machine=platform.machine(), threads=torch.get_num_threads(), torch=torch.__version__,
