@@ -278,6 +278,14 @@ def test_evict_method_in_a_sweep(tiny_lm, items):
             assert r.kv_bytes < r.kv_bytes_full
     assert (ev[ev.p_budget_frac == 0.5].retained_tokens == math.ceil(0.5 * T)).all()
     assert (ev[ev.p_budget == 64].retained_tokens == 64).all()
+    # cells share one prefill per prompt: each equals an independent run of the policy
+    from workbench.eviction import SnapKV, RandomKV, generate_with_policy
+    prompt = items[0].build(tiny_lm.tokenizer)
+    for pol, row in [(SnapKV(), ev[(ev.p_policy == "snapkv") & (ev.p_budget == 64)].iloc[0]),
+                     (RandomKV(seed=0), ev[(ev.p_policy == "random") & (ev.p_budget_frac == 0.5)].iloc[0])]:
+        alone = generate_with_policy(tiny_lm, prompt, pol, int(row.retained_tokens), 4, progress=False)
+        assert list(alone.ids[: len(row.generated_ids)]) == list(row.generated_ids), pol.name
+        assert alone.kv_bytes_after == row.kv_bytes
     for bad in [dict(budget_frac=1.5), dict(budget=0), dict(budget=8, budget_frac=0.5), dict()]:
         with pytest.raises(ValueError, match="budget"):
             resolve_budget(100, **bad)

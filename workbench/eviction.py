@@ -987,6 +987,25 @@ def resolve_budget(T: int, budget=None, budget_frac=None) -> int:
     return max(1, math.ceil(float(budget_frac) * T))
 
 
+_SHARED: dict = {}
+
+
+def _shared_session(lm, item, prompt, need: Needs, max_new_tokens: int) -> "EvictionSession":
+    """One reusable session per (model, item, decode length), holding the evidence every default policy
+    needs (and ``need``), so that consecutive sweep cells on one prompt share one prefill. Each run
+    evicts a copy of the pristine cache, so a result equals :func:`generate_with_policy`'s."""
+    key = (id(lm.model), item.task, item.item_id, max_new_tokens, tuple(prompt.spans.input_ids))
+    union = need
+    for p in default_policies():
+        union = union.merge(p.needs())
+    if _SHARED.get("key") == key and _SHARED["sess"].needs.merge(need) == _SHARED["sess"].needs:
+        return _SHARED["sess"]
+    _SHARED.clear()  # one session at a time: its caches are the size of the prompt's KV cache
+    sess = EvictionSession.prepare(lm, prompt, union, max_new_tokens, reusable=True, progress=False)
+    _SHARED.update(key=key, sess=sess)
+    return sess
+
+
 def _register_sweep_method() -> None:
     from .sweep import register_method, stop_token_ids
 
@@ -1004,8 +1023,9 @@ def _register_sweep_method() -> None:
             B = prompt.T
         else:
             B = resolve_budget(prompt.T, params.get("budget"), params.get("budget_frac"))
-        r = generate_with_policy(lm, prompt, policy, min(B, prompt.T) if not policy.keeps_all else prompt.T,
-                                 int(params["max_new_tokens"]), progress=False)
+        n = int(params["max_new_tokens"])
+        sess = _shared_session(lm, item, prompt, policy.needs(), n)
+        r = sess.run(policy, prompt.T if policy.keeps_all else min(B, prompt.T))
         ids = list(r.ids)
         stops = stop_token_ids(lm)
         for j, t in enumerate(ids):  # the sweep's convention: stop after the first stop token (kept)
@@ -1015,7 +1035,7 @@ def _register_sweep_method() -> None:
         kept = r.T if policy.keeps_all else min(B, r.T)
         return {"generated_ids": ids, "prompt_tokens": r.T, "prefill_tokens": r.T, "retained_tokens": kept,
                 "kv_bytes": r.kv_bytes_after, "kv_bytes_full": r.kv_bytes_before, "budget_positions": kept,
-                "evicted_at": r.evicted_at, "prefill_s": r.timings.get("prefill", math.nan),
+                "evicted_at": r.evicted_at, "shared_prefill": True, "prefill_s": r.timings.get("prefill", math.nan),
                 "score_s": r.timings.get("score", math.nan)}
 
 
