@@ -24,3 +24,11 @@ def test_cli_rejects_unknown_example(tmp_path):
                         "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "name: no bundled example" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_report_rejects_bad_arguments(tmp_path):
+    out = tmp_path / "rep"
+    r = subprocess.run([sys.executable, "-m", "workbench", "report", "--tiny", "--n-squad", "-1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "n_squad: must be an integer in [0, 1000]" in r.stderr
+    assert not out.exists()

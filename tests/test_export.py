@@ -7,7 +7,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import importlib.metadata as md
-import io
 import json
 import os
 import re
@@ -20,7 +19,7 @@ import pytest
 from workbench import export as ex
 from workbench.plots import TEMPLATE
 
-TITLE = "Sink mass ζ τ η Δ"
+TITLE = "Sink mass ζ τ η Δ of the certificate"  # "fi": a ligature glyph in the PDF
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -302,3 +301,10 @@ def test_resolve_size_presets():
     assert (s.width, s.height, s.png_px) == (240, 180, (1000, 750))
     d = ex.resolve_size(go.Figure(), "double", scale=1)
     assert (d.width, d.height, d.png_px, d.inches) == (504, 227, (504, 227), 7.0)
+    assert ex.resolve_size(go.Figure(), "double").png_px == (2100, 945)  # 945.83 floored, as Chromium does
+
+
+def test_png_pixels_are_floored_like_chromium(tmp_path):
+    ex.export(scatter(), tmp_path / "p", width=101, height=101, scale=1.5, formats=("png",), csv=False)
+    assert ex.png_size(tmp_path / "p.png")[:2] == (151, 151)
+    assert json.loads((tmp_path / "p.json").read_text())["sizes"][0]["png_px"] == [151, 151]

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {prepare,capture}``."""
+"""Command line: ``python -m workbench {prepare,capture,report}``."""
 from __future__ import annotations
 
 import argparse
@@ -34,6 +34,24 @@ def _capture(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from .report import ReportConfig, run_report
+
+    kw = dict(out=args.out, n_squad=args.n_squad, n_needle=args.n_needle, max_new_tokens=args.max_new_tokens,
+              needle_length=args.needle_length, model=args.model, device=args.device,
+              policies=tuple(args.policies) if args.policies else None,
+              budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
+              methods=tuple(args.methods) if args.methods else None, threads=args.threads,
+              progress=not args.no_progress)
+    if args.tiny:
+        cfg = ReportConfig.tiny_config(**kw)
+    else:
+        cfg = ReportConfig(**{k: v for k, v in kw.items() if v is not None})
+    res = run_report(cfg)
+    print(res.summary())
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -47,6 +65,25 @@ def main(argv=None) -> int:
     c.add_argument("--tail", type=int, default=32, help="prompt-tail rows")
     c.add_argument("--device", default="auto")
     c.set_defaults(fn=_capture)
+    r = sub.add_parser("report", help="run a small study on the default model and write an HTML report, "
+                                      "figures (PDF/SVG/PNG) and tables (CSV/parquet)")
+    r.add_argument("--out", default="out/report", help="output folder (default: out/report)")
+    r.add_argument("--tiny", action="store_true", help="CI setting: 1 SQuAD + 1 needle prompt, 3 tokens, one policy")
+    r.add_argument("--n-squad", type=int, default=None, help="SQuAD single-hop prompts (default 3; tiny 1)")
+    r.add_argument("--n-needle", type=int, default=None, help="needle-in-a-haystack prompts (default 3; tiny 1)")
+    r.add_argument("--needle-length", type=int, default=None, help="haystack tokens (default 1024; tiny 256)")
+    r.add_argument("--max-new-tokens", type=int, default=None, help="greedy tokens per run (default 12; tiny 3)")
+    r.add_argument("--methods", nargs="+", default=None, help="sweep methods (default: full entroprefill evict)")
+    r.add_argument("--policies", nargs="+", default=None,
+                   help="eviction policies (default: streaming h2o snapkv deferkv; tiny: deferkv)")
+    r.add_argument("--budget-fracs", nargs="+", type=float, default=None,
+                   help="eviction budgets as fractions of the prompt (default 0.25 0.5; tiny 0.5)")
+    r.add_argument("--model", default=None, help="local HF folder or cached hub id (default: embedded SmolLM2)")
+    r.add_argument("--device", default="auto")
+    r.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's; tiny: 1, faster on a loaded machine)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.set_defaults(fn=_report)
     args = ap.parse_args(argv)
     return args.fn(args)
 

@@ -11,7 +11,7 @@ One figure ``fig`` exported to ``folder/stem`` gives::
 layout pixels. The layout is computed at **72 px per inch, one layout pixel = one point**, so a 12 px font
 in the template is a 12 pt font on paper: a single-column figure is laid out 240 px wide and its PDF page
 is 240 pt = 3.33 in wide (Chromium prints 96 CSS px per inch, so PDFs are rendered at scale 4/3); the SVG
-carries ``width="240pt"`` with the layout's viewBox; the PNG has ``round(width_px * scale)`` pixels (the
+carries ``width="240pt"`` with the layout's viewBox; the PNG has ``floor(width_px * scale)`` pixels (the
 default scale 300/72 gives 300 dpi, written into its ``pHYs`` chunk). Screen-sized fonts are too large for a
 column, so by default (``font_size="auto"``) the presets scale every font size and margin of the figure so
 that its base font is 9 pt (single) or 10 pt (double); the sidecar records the ratio.
@@ -38,7 +38,7 @@ import struct
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,8 +82,8 @@ class ExportSize:
 
     @property
     def png_px(self) -> tuple[int, int]:
-        """Expected PNG ``(width, height)`` in pixels."""
-        return round(self.width * self.scale), round(self.height * self.scale)
+        """PNG ``(width, height)`` in pixels: Chromium floors ``size * scale`` (``1e-6`` absorbs float error)."""
+        return math.floor(self.width * self.scale + 1e-6), math.floor(self.height * self.scale + 1e-6)
 
     @property
     def dpi(self) -> float:
@@ -363,6 +363,10 @@ def _parse_cmap(cmap: bytes) -> dict[int, str]:
     return out
 
 
+_LIGATURES = str.maketrans({"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "\ufb04": "ffl",
+                            "\ufb05": "st", "\ufb06": "st"})
+
+
 def _pdf_text_builtin(data: bytes) -> str:
     objs = _pdf_objects(data)
     fonts: dict[bytes, dict[int, str]] = {}  # resource name -> cmap
@@ -391,7 +395,8 @@ def _pdf_text_builtin(data: bytes) -> str:
                     words.append("".join(cmap.get(int(h[i:i + 4], 16), "\ufffd") for i in range(0, len(h), 4)))
             elif tok.group(5):
                 words.append("\n")
-    return re.sub(r" *\n *", "\n", "".join(words)).strip()
+    text = "".join(words).translate(_LIGATURES)  # Skia maps ligature glyphs to U+FB00…
+    return re.sub(r" *\n *", "\n", text).strip()
 
 
 # ----------------------------------------------------------------------------- sidecar and data

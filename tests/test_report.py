@@ -1,0 +1,177 @@
+"""The headless report (issue 7): ``python -m workbench report --tiny`` end to end, and its tables.
+
+One subprocess run (module fixture) on the embedded model; needs Debian's chromium for the exports.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import pytest
+
+from workbench import export as ex
+from workbench.report import ReportConfig, summary_table
+from workbench.sweep import COLUMNS
+
+FIGURES = {"sink_mass", "attention_strip", "head_weights", "chunk_priorities", "trace_layers", "certificate",
+           "accuracy_vs_budget", "kv_bytes_table", "kept_positions"}
+TABLES = {"trace", "priorities", "head_pooling", "items", "sweep", "summary", "needle_survival"}
+TINY_LIMIT_S = 300  # the tiny setting takes ~1 min on a loaded 2-core machine; this catches a runaway setting
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "workbench", "report", "--tiny", "--no-progress", "--out", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-4000:]
+    return out, r.stdout, wall
+
+
+def test_prints_where_it_wrote(report):
+    out, stdout, wall = report
+    assert f"wrote {out / 'report.html'}" in stdout
+    assert str(out / "figures") in stdout and str(out / "tables") in stdout
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["timings"]["total"] < TINY_LIMIT_S, man["timings"]
+    assert man["config"]["tiny"] is True and man["config"]["threads"] == 1
+
+
+def test_every_figure_has_all_files_at_its_width(report):
+    out, _, _ = report
+    man = json.loads((out / "manifest.json").read_text())
+    assert set(man["figures"]) == FIGURES
+    for name in FIGURES:
+        files = sorted(man["figures"][name])
+        assert files == sorted(f"figures/{name}.{e}" for e in ("pdf", "svg", "png", "json", "csv")), name
+        for f in files:
+            assert (out / f).stat().st_size > 0, f
+        side = json.loads((out / "figures" / f"{name}.json").read_text())
+        assert man["model_id"] == "SmolLM2-135M-Instruct"
+        assert side["model_id"].startswith(man["model_id"]), name  # captures add "(llama, L=30, ...)"
+        assert side["prompt_hash"] == man["example"]["prompt_hash"] and re.fullmatch(r"[0-9a-f]{64}", side["prompt_hash"])
+        assert side["figure"] in (name, "head_heatmap", "sink_mass_heatmap"), name  # the plots function
+        size = side["sizes"][0]
+        expected_pt = 504 if size["preset"] == "double" else 240
+        pdf = (out / "figures" / f"{name}.pdf").read_bytes()
+        box = [float(v) for v in re.search(rb"/MediaBox \[([^\]]*)\]", pdf).group(1).split()]
+        assert box[2] == pytest.approx(expected_pt, abs=0.05), name
+        assert ex.png_size(out / "figures" / f"{name}.png")[:2] == tuple(size["png_px"]), name
+        svg = (out / "figures" / f"{name}.svg").read_text()
+        title = side["title"]
+        if title:  # the title is real text in the SVG and the PDF (first 20 characters, tags and spaces dropped)
+            head = plain(title)[:20]
+            assert head in plain(svg), (name, head)
+            assert head in plain(ex.pdf_text(pdf)), (name, head)
+        assert len(pd.read_csv(out / "figures" / f"{name}.csv")) > 0, name
+    assert json.loads((out / "figures" / "kv_bytes_table.json").read_text())["sizes"][0]["preset"] == "double"
+    assert json.loads((out / "figures" / "head_weights.json").read_text())["sizes"][0]["preset"] == "single"
+
+
+def plain(text: str) -> str:
+    """Text without tags, entities and whitespace."""
+    import html
+
+    return re.sub(r"\s", "", html.unescape(re.sub(r"<[^>]+>", "", text)))
+
+
+def test_html_is_self_contained_and_mentions_everything(report):
+    out, _, _ = report
+    page = (out / "report.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert not re.search(r"<script[^>]+src=", page)  # plotly.js inlined, nothing fetched
+    assert page.count("Plotly.newPlot(") >= len(FIGURES)
+    from plotly.offline import get_plotlyjs
+
+    assert page.count(get_plotlyjs()[:300]) == 1  # plotly.js once
+    for name in FIGURES:
+        assert f"id='fig-{name}'" in page and f"href='figures/{name}.pdf'" in page, name
+    for name in TABLES:
+        assert f"id='tab-{name}'" in page and f"href='tables/{name}.csv'" in page, name
+    assert "SmolLM2-135M-Instruct" in page
+    assert "deferkv" in page and "entroprefill" in page
+
+
+def test_tables_parse_with_expected_rows(report):
+    out, _, _ = report
+    t = out / "tables"
+    assert {p.stem for p in t.glob("*.csv")} == TABLES and {p.stem for p in t.glob("*.parquet")} == TABLES
+    for name in TABLES:
+        c, q = pd.read_csv(t / f"{name}.csv"), pd.read_parquet(t / f"{name}.parquet")
+        assert c.shape == q.shape and list(c.columns) == list(q.columns), name
+
+    sw = pd.read_parquet(t / "sweep.parquet")
+    assert set(COLUMNS) <= set(sw.columns)
+    assert len(sw) == 6  # 1 SQuAD + 1 needle prompt x (full, entroprefill, evict deferkv @ 0.5)
+    assert sorted(sw["method"]) == sorted(["full", "entroprefill", "evict"] * 2)
+    assert set(sw["task"]) == {"squad_single", "needle"}
+    assert sw["error"].isna().all(), sw["error"].tolist()
+    assert sw["n_generated"].between(1, 3).all() and (sw["max_new_tokens"] == 3).all()
+    assert sw[["em", "f1", "contains"]].stack().between(0, 1).all()
+    ev = sw[sw["method"] == "evict"]
+    assert (ev["retained_tokens"] == [math.ceil(0.5 * T) for T in ev["prompt_tokens"]]).all()
+    full = sw[sw["method"] == "full"]
+    assert (full["retained_tokens"] == full["prompt_tokens"]).all()
+    assert (sw.loc[sw["method"] == "full", "first_token_agree"] == 1.0).all()
+
+    summ = pd.read_csv(t / "summary.csv")
+    assert list(summ.columns) == ["task", "method", "setting", "runs", "em", "f1", "contains", "first_token_agree",
+                                  "retained_frac", "kv_bytes", "wall_s", "errors"]
+    assert len(summ) == 6 and (summ["runs"] == 1).all() and (summ["errors"] == 0).all()
+    assert set(summ.loc[summ["method"] == "evict", "setting"]) == {"deferkv @ 0.5"}
+    assert summ.loc[summ["method"] == "evict", "retained_frac"].between(0.5, 0.51).all()
+
+    surv = pd.read_csv(t / "needle_survival.csv")
+    assert list(surv["policy"]) == ["full", "deferkv"]
+    assert {"item_id", "policy", "budget", "answer", "correct", "kept_mean", "kept_min_layer",
+            "layers_all_kept"} <= set(surv.columns)
+    assert surv.loc[0, "kept_mean"] == 1.0 and surv.loc[0, "layers_all_kept"] == 30
+    assert 0 <= surv.loc[1, "kept_mean"] <= 1
+    needle_T = int(sw.loc[(sw["task"] == "needle") & (sw["method"] == "full"), "prompt_tokens"].iloc[0])
+    assert int(surv.loc[1, "budget"]) == math.ceil(0.5 * needle_T)
+
+    tr = pd.read_csv(t / "trace.csv")
+    assert len(tr) == 29 and {"layer", "D", "U", "decision"} <= set(tr.columns)  # monitored layers 1..L-1
+    assert len(pd.read_csv(t / "head_pooling.csv")) == 30 * 9
+    pr = pd.read_csv(t / "priorities.csv")
+    assert len(pr) == 30 * pr["chunk"].nunique() and pr["chunk"].nunique() == 8
+    items = pd.read_csv(t / "items.csv")
+    assert len(items) == 2
+
+
+def test_summary_table_means():
+    df = pd.DataFrame({
+        "task": ["t"] * 4, "method": ["full", "full", "evict", "evict"], "item_id": ["a", "b", "a", "b"],
+        "params": ["{}", "{}", '{"budget_frac": 0.5, "policy": "snapkv"}', '{"budget_frac": 0.5, "policy": "snapkv"}'],
+        "em": [1.0, 0.0, 0.0, 0.0], "f1": [1.0, 0.5, 0.25, 0.75], "contains": [1.0, 1.0, 0.0, 1.0],
+        "first_token_agree": [1.0, 1.0, 0.0, 1.0], "retained_tokens": [100, 50, 50, 25],
+        "prompt_tokens": [100, 50, 100, 50], "kv_bytes": [10.0, 5.0, 5.0, 2.0], "wall_s": [1.0, 1.0, 2.0, 2.0],
+        "error": [None, None, None, "boom"]})
+    s = summary_table(df).set_index("method")
+    assert s.loc["full", "setting"] == "default" and s.loc["evict", "setting"] == "snapkv @ 0.5"
+    assert s.loc["full", "f1"] == 0.75 and s.loc["evict", "f1"] == 0.5
+    assert s.loc["evict", "retained_frac"] == 0.5 and s.loc["full", "retained_frac"] == 1.0
+    assert s.loc["evict", "errors"] == 1 and s.loc["full", "runs"] == 2
+
+
+@pytest.mark.parametrize("kw, name", [
+    (dict(n_squad=-1), "n_squad"), (dict(n_squad=0, n_needle=0), "n_squad"), (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(needle_length=10), "needle_length"), (dict(methods=("full", "magic")), "methods"),
+    (dict(policies=("nope",)), "policies"), (dict(policies=()), "policies"), (dict(budget_fracs=(0,)), "budget_fracs"),
+    (dict(budget_fracs=(1.5,)), "budget_fracs"), (dict(threads=0), "threads"), (dict(entroprefill={"zeta": 2}), "zeta"),
+])
+def test_config_rejects_bad_values(kw, name):
+    with pytest.raises(ValueError, match=rf"^{name}:"):
+        ReportConfig(**kw)
+
+
+def test_tiny_config():
+    c = ReportConfig.tiny_config(max_new_tokens=5)
+    assert (c.n_squad, c.n_needle, c.max_new_tokens, c.policies, c.threads, c.tiny) == (1, 1, 5, ("deferkv",), 1, True)
