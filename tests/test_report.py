@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from workbench import export as ex
-from workbench.report import ReportConfig, summary_table
+from workbench.report import SINGLE_TITLE_CHARS, WIDE, ReportConfig, summary_table
 from workbench.sweep import COLUMNS
 
 FIGURES = {"sink_mass", "attention_strip", "head_weights", "chunk_priorities", "trace_layers", "certificate",
@@ -72,7 +72,12 @@ def test_every_figure_has_all_files_at_its_width(report):
             assert head in plain(ex.pdf_text(pdf)), (name, head)
         assert len(pd.read_csv(out / "figures" / f"{name}.csv")) > 0, name
     assert json.loads((out / "figures" / "kv_bytes_table.json").read_text())["sizes"][0]["preset"] == "double"
-    assert json.loads((out / "figures" / "head_weights.json").read_text())["sizes"][0]["preset"] == "single"
+    presets = {n: json.loads((out / "figures" / f"{n}.json").read_text())["sizes"][0]["preset"] for n in FIGURES}
+    titles = {n: json.loads((out / "figures" / f"{n}.json").read_text())["title"] or "" for n in FIGURES}
+    for n in FIGURES:
+        wide = n in WIDE or len(re.sub(r"<[^>]+>", "", titles[n])) > SINGLE_TITLE_CHARS
+        assert presets[n] == ("double" if wide else "single"), n
+    assert "single" in presets.values() and presets["kv_bytes_table"] == "double"
 
 
 def plain(text: str) -> str:

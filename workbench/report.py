@@ -68,7 +68,7 @@ class ReportConfig:
         seed: task-building and run seed [int >= 0].
         threads: torch CPU threads for the run (``None``: torch's default). On a loaded machine one thread is
             several times faster than oversubscribed OpenMP threads; the tiny setting uses 1.
-        widths: export width per figure name (others: ``"double"`` for wide figures, see ``WIDE``).
+        widths: export width per figure name (others: :func:`export_width`).
         progress: show tqdm progress bars.
     """
 
@@ -236,6 +236,15 @@ def _setting(row) -> str:
 # ----------------------------------------------------------------------------- the study
 WIDE = {"attention_strip", "chunk_priorities", "trace_layers", "accuracy_vs_budget", "kv_bytes_table",
         "kept_positions", "certificate"}
+SINGLE_TITLE_CHARS = 42  # a longer title does not fit a single column at 9 pt
+
+
+def export_width(name: str, fig) -> str:
+    """The report's paper width for a figure: ``"double"`` for the wide figures (``WIDE``) and for titles
+    longer than ``SINGLE_TITLE_CHARS``, else ``"single"``."""
+    title = getattr(getattr(fig.layout, "title", None), "text", None) or ""
+    plain = re.sub(r"<[^>]+>", "", title)
+    return "double" if name in WIDE or len(plain) > SINGLE_TITLE_CHARS else "single"
 
 
 def _items(cfg: ReportConfig, tokenizer):
@@ -272,10 +281,10 @@ def _sweep_figures(df: pd.DataFrame, model_id: str) -> dict:
     d = df.copy()
     pol = d["p_policy"] if "p_policy" in d.columns else pd.Series([None] * len(d), index=d.index)
     d["line"] = [p if m == "evict" and isinstance(p, str) else m for m, p in zip(d["method"], pol)]
-    by = ["task", "method"] + [c for c in ("p_policy", "p_budget_frac", "p_budget") if c in d.columns]
+    by = ["method"] + [c for c in ("p_policy", "p_budget_frac", "p_budget") if c in d.columns]
     return {"accuracy_vs_budget": plots.accuracy_vs_budget(d, metric="contains", x="retained_fraction", by="line",
                                                            model_id=model_id),
-            "kv_bytes_table": plots.kv_bytes_table(d, by=by, model_id=model_id)}
+            "kv_bytes_table": plots.kv_bytes_table(d, by=by, metrics=["em", "f1", "contains"], model_id=model_id)}
 
 
 def _needle_sentence(item) -> str:
@@ -376,7 +385,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
         server_thread.join()
         if server_error:
             raise server_error[0]
-        widths = {n: cfg.widths.get(n, "double" if n in WIDE else "single") for n in figures}
+        widths = {n: cfg.widths.get(n, export_width(n, f)) for n, f in figures.items()}
         fig_files = ex.export_all(figures, out / "figures", widths=widths, prompt_hash=prompt_info.get("prompt_hash"),
                                   progress=cfg.progress)
         timings["export"] = time.perf_counter() - t0
