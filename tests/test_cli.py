@@ -30,5 +30,6 @@ def test_report_rejects_bad_arguments(tmp_path):
     out = tmp_path / "rep"
     r = subprocess.run([sys.executable, "-m", "workbench", "report", "--tiny", "--n-squad", "-1", "--out", str(out)],
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0 and "n_squad: must be an integer in [0, 1000]" in r.stderr
+    assert r.returncode == 2 and "error: n_squad: must be an integer in [0, 1000]" in r.stderr
+    assert "Traceback" not in r.stderr
     assert not out.exists()

@@ -259,6 +259,13 @@ def test_write_error_midway_removes_temps_and_new_files(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_figure_widgets_export_like_figures(tmp_path):
+    ex.export(go.FigureWidget(scatter()), tmp_path / "w", formats=("svg",))
+    assert TITLE in (tmp_path / "w.svg").read_text()
+    assert json.loads((tmp_path / "w.json").read_text())["meta"]["zeta"] == 0.5
+    assert len(pd.read_csv(tmp_path / "w.csv")) == 3
+
+
 def test_export_all_writes_every_figure(tmp_path):
     figs = {"scatter": scatter(), "heads": heatmap()}
     out = ex.export_all(figs, tmp_path / "panel", widths={"heads": "double"}, formats=("pdf", "svg", "png"))

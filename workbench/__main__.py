@@ -43,10 +43,11 @@ def _report(args) -> int:
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
               methods=tuple(args.methods) if args.methods else None, threads=args.threads,
               progress=not args.no_progress)
-    if args.tiny:
-        cfg = ReportConfig.tiny_config(**kw)
-    else:
-        cfg = ReportConfig(**{k: v for k, v in kw.items() if v is not None})
+    try:
+        cfg = ReportConfig.tiny_config(**kw) if args.tiny else ReportConfig(**{k: v for k, v in kw.items() if v is not None})
+    except ValueError as e:  # a bad option: say which, without a traceback
+        print(f"python -m workbench report: error: {e}", file=sys.stderr)
+        return 2
     res = run_report(cfg)
     print(res.summary())
     return 0
@@ -71,8 +72,8 @@ def main(argv=None) -> int:
     r.add_argument("--tiny", action="store_true", help="CI setting: 1 SQuAD + 1 needle prompt, 3 tokens, one policy")
     r.add_argument("--n-squad", type=int, default=None, help="SQuAD single-hop prompts (default 3; tiny 1)")
     r.add_argument("--n-needle", type=int, default=None, help="needle-in-a-haystack prompts (default 3; tiny 1)")
-    r.add_argument("--needle-length", type=int, default=None, help="haystack tokens (default 1024; tiny 256)")
-    r.add_argument("--max-new-tokens", type=int, default=None, help="greedy tokens per run (default 12; tiny 3)")
+    r.add_argument("--needle-length", type=int, default=None, help="haystack tokens (default 1024; tiny 128)")
+    r.add_argument("--max-new-tokens", type=int, default=None, help="greedy tokens per run (default 16; tiny 3)")
     r.add_argument("--methods", nargs="+", default=None, help="sweep methods (default: full entroprefill evict)")
     r.add_argument("--policies", nargs="+", default=None,
                    help="eviction policies (default: streaming h2o snapkv deferkv; tiny: deferkv)")

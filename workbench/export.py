@@ -643,8 +643,12 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
     """
     import plotly.graph_objects as go
 
+    from plotly.basedatatypes import BaseFigure
+
+    if isinstance(fig, BaseFigure) and not isinstance(fig, go.Figure):  # a FigureWidget
+        fig = go.Figure(fig)
     if not isinstance(fig, go.Figure):
-        raise ValueError(f"fig: must be a plotly go.Figure, got {type(fig).__name__}")
+        raise ValueError(f"fig: must be a plotly go.Figure or FigureWidget, got {type(fig).__name__}")
     fmts = _check_formats(formats)
     widths = _check_widths(width)
     sizes = [resolve_size(fig, w, height=height, aspect=aspect, scale=scale) for w in widths]

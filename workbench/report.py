@@ -79,7 +79,7 @@ class ReportConfig:
     n_needle: int = 3
     needle_length: int = 1024
     n_distractors: int = 4
-    max_new_tokens: int = 12
+    max_new_tokens: int = 16
     methods: tuple[str, ...] = METHODS
     policies: tuple[str, ...] = DEFAULT_POLICIES
     budget_fracs: tuple[float, ...] = (0.25, 0.5)
