@@ -479,3 +479,20 @@ def test_real_capture_figures(smollm_capture):
     fig = plots.trace_layers(tr)
     assert len(fig.data[0].x) == cap.L - 1
     json.dumps(fig.layout.meta)
+
+
+def test_figure_frame_accepts_numpy_arrays():
+    """Traces built from numpy arrays (z, x, y) flatten like lists."""
+    import numpy as np
+    import plotly.graph_objects as go
+
+    from workbench.plots import figure_frame
+
+    z = np.arange(6, dtype=float).reshape(2, 3)
+    fig = go.Figure([go.Heatmap(z=z, x=np.array([10, 20, 30]), y=np.array([1, 2])),
+                     go.Scatter(x=np.arange(4), y=np.arange(4) ** 2)])
+    df = figure_frame(fig)
+    hm = df[df.trace == 0]
+    assert len(hm) == 6 and hm.z.tolist() == [0, 1, 2, 3, 4, 5] and hm.x.tolist() == [10, 20, 30] * 2
+    sc = df[df.trace == 1]
+    assert sc.y.tolist() == [0, 1, 4, 9]

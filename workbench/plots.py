@@ -1077,8 +1077,8 @@ def figure_frame(fig) -> pd.DataFrame:
         base = {"trace": i, "name": tr.name, "type": tr.type}
         names = (tr.meta or {}).get("customdata") if isinstance(getattr(tr, "meta", None), dict) else None
         if tr.type == "table":
-            heads = [html.unescape(re.sub(r"<[^>]*>", "", str(h))) for h in (tr.header.values or [])]
-            cols = list(tr.cells.values or [])
+            heads = [html.unescape(re.sub(r"<[^>]*>", "", str(h))) for h in (tr.header.values if tr.header.values is not None else [])]
+            cols = list(tr.cells.values if tr.cells.values is not None else [])
             n = max((len(c) for c in cols), default=0)
             d = {h or f"col_{j}": list(c) for j, (h, c) in enumerate(zip(heads, cols))}
             df = pd.DataFrame(d)
@@ -1088,7 +1088,7 @@ def figure_frame(fig) -> pd.DataFrame:
             continue
         base.update(xaxis=getattr(tr, "xaxis", None), yaxis=getattr(tr, "yaxis", None))
         if tr.type in ("heatmap", "contour"):
-            z = np.array([[np.nan if v is None else v for v in row] for row in (tr.z or [])], dtype=float)
+            z = np.array([[np.nan if v is None else v for v in row] for row in (tr.z if tr.z is not None else [])], dtype=float)
             ny, nx = z.shape if z.ndim == 2 else (0, 0)
             xs = list(tr.x) if tr.x is not None else list(range(nx))
             ys = list(tr.y) if tr.y is not None else list(range(ny))
