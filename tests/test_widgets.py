@@ -16,9 +16,16 @@ from workbench.params import EntroPrefillParams
 
 
 # ----------------------------------------------------------------------------- helpers
+def _empty(v) -> bool:
+    return v is None or (isinstance(v, dict) and not v)
+
+
 def _same(a, b, path="") -> None:
     """Recursive equality of plotly JSON (arrays, NaN-aware floats)."""
     if isinstance(a, dict) and isinstance(b, dict):
+        # an emptied property ({} or None) is the same as an absent one
+        a = {k: v for k, v in a.items() if not _empty(v)}
+        b = {k: v for k, v in b.items() if not _empty(v)}
         assert set(a) - {"uid"} == set(b) - {"uid"}, f"{path}: keys {sorted(set(a) ^ set(b))}"
         for k in a:
             if k != "uid":
@@ -157,14 +164,10 @@ def test_priority_panel_matches_selection_and_envelope(smollm_capture):
     env = envelope(cap.observer_attn()[12], pool.mu[12], pool.omega[12], cap.spans.removal_mask(sel.removed), layer=12)
     assert p["eps_s"] == pytest.approx(0.5, rel=1e-9) and p["eps_row"] == pytest.approx(0.5, rel=1e-9)
     assert_shows(panel.figures["priorities"], plots.chunk_priorities(prio, cap.spans, 12, removed=sel.removed))
-    assert_shows(panel.figures["envelope"], figure_fn("envelope_rows")(env))
+    assert_shows(panel.figures["envelope"], plots.envelope_rows(env))
     assert sel.verdict.split(":")[0] in panel.status.value
     assert panel.figures["priorities"].layout.meta["removed"] == sel.removed
     assert panel.timings["total_ms"] > 0 and panel.n_updates >= 1
-
-
-def figure_fn(name):
-    return Wd.figure_function(name)
 
 
 def test_audit_panel_shows_the_trace(smollm_capture):
@@ -195,12 +198,14 @@ def test_shift_and_pages_panels(smollm_capture):
     cap = smollm_capture
     sp = Wd.ShiftPanel(cap)
     sp.set(k=10, ref_start=2, W=8)
-    assert_shows(sp.figures["shift"], figure_fn("shift_steps")(ShiftAnalysis(k=10, ref_start=2, W=8)(cap)))
+    assert_shows(sp.figures["shift"], plots.shift_steps(ShiftAnalysis(k=10, ref_start=2, W=8)(cap)))
+    sp.set(level="head", layer=4)
+    assert_shows(sp.figures["shift"], plots.shift_steps(ShiftAnalysis(k=10, ref_start=2, W=8)(cap), level="head", layer=4))
     pp = Wd.PagesPanel(cap)
     pp.set(page=8, K=5, zeta=0.7, layer=3)
     pool = EntroPrefillParams(zeta=0.7, tau=pp.params()["tau"]).pooling()(cap)
     pr = PageSelection(b=8, K=5).select(pool.a, pool.w, cap.head_group, 64)
-    assert_shows(pp.figures["pages"], figure_fn("pages")(pr, 3))
+    assert_shows(pp.figures["pages"], plots.pages(pr, 3, cap.spans))
     assert f"page union U = {int(pr.U[3])}" in pp.status.value
 
 
@@ -291,7 +296,7 @@ def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, coun
     assert counter.prefills == n + 1 and panel.model_calls == 3  # only the new pruned run
     assert panel.last_pruned.l_star == 1 and panel.last_pruned.mode == "fixed"
     if panel.last_stability is not None:
-        assert_shows(panel.figures["drift"], figure_fn("drift")(panel.last_stability))
+        assert_shows(panel.figures["drift"], plots.drift(panel.last_stability))
     # auto-run: a parameter change runs once, a return to a cached set does not
     panel.auto.value = True
     assert counter.prefills == n + 1  # current parameters are cached
@@ -317,9 +322,7 @@ def test_eviction_panel_preview_and_cached_runs(tiny, counter):
     kept = select_keep(pol.scores(ev), 25, pol.protected(spans.T))
     prev = panel.analysis()
     assert torch.equal(prev.kept, kept)
-    assert_shows(panel.figures["kept"], plots.kept_positions([prev], spans, highlight=panel.highlight())
-                 if hasattr(plots, "kept_positions") else figure_fn("kept_positions")([prev], spans,
-                                                                                       highlight=panel.highlight()))
+    assert_shows(panel.figures["kept"], plots.kept_positions([prev], spans, highlight=panel.highlight()))
     panel.set(policy="deferkv", budget=22, defer_lam=0.5)
     assert panel.policy() == DeferKV(n_sink=spans.n_sink, recent=8, window=16, lam=0.5)
 

@@ -48,97 +48,17 @@ def figure_function(name: str):
 
     fn = getattr(plots, name, None)
     if fn is None:
-        fn = _FALLBACK.get(name)  # TEMPORARY until plots lands these
-    if fn is None:
         raise ValueError(f"name: workbench.plots has no figure function {name!r}")
     return fn
 
 
-def _fb_meta(fig, name, **kw):
-    fig.update_layout(template="workbench", title=name, meta={"figure": name, **kw})
-    return fig
+def sync_figure(fw: go.FigureWidget, fig: go.Figure) -> bool:
+    """Make ``fw`` show ``fig`` in place (:func:`workbench.plots.update_figure`: one ``batch_update``,
+    traces overwritten when the structure is the same, else replaced; size, ``uirevision`` and template
+    kept). Returns whether the traces were updated in place."""
+    from .plots import update_figure
 
-
-def _fb_envelope_rows(env):
-    return _fb_meta(go.Figure([go.Scatter(y=env.eta.tolist(), name="eta", mode="markers"),
-                               go.Scatter(y=env.bound.tolist(), name="bound", mode="lines")]), "envelope_rows",
-                    layer=env.layer, q=env.q)
-
-
-def _fb_drift(st):
-    ls = sorted(st.drift)
-    return _fb_meta(go.Figure([go.Scatter(x=ls, y=[st.drift[l] for l in ls], name="drift")]), "drift",
-                    l_star=st.l_star)
-
-
-def _fb_pages(pr, layer):
-    return _fb_meta(go.Figure([go.Heatmap(z=pr.importance[layer].tolist())]), "pages", layer=layer, b=pr.b, K=pr.K)
-
-
-def _fb_shift_steps(sh):
-    return _fb_meta(go.Figure([go.Scatter(x=sh.r.tolist(), y=sh.recall_group.mean((0, 1)).tolist(), name="recall")]),
-                    "shift_steps", k=sh.k)
-
-
-def _fb_kept_positions(results, prompt, highlight=None):
-    return _fb_meta(go.Figure([go.Heatmap(z=(torch.zeros(r.kept.shape[0], r.T).scatter_(
-        1, r.kept_prompt[:, 0], 1.0)).tolist(), name=r.policy) for r in results]), "kept_positions",
-        policy=[r.policy for r in results], budget=[r.budget for r in results])
-
-
-_FALLBACK = {"envelope_rows": _fb_envelope_rows, "drift": _fb_drift, "pages": _fb_pages,
-             "shift_steps": _fb_shift_steps, "kept_positions": _fb_kept_positions}
-
-
-def _trace_json(tr) -> dict:
-    d = tr.to_plotly_json()
-    d.pop("uid", None)
-    return d
-
-
-def _layout_json(layout) -> dict:
-    d = layout.to_plotly_json()
-    d.pop("template", None)
-    return d
-
-
-def sync_figure(fw: go.FigureWidget, fig: go.Figure, *, uirevision: str = "panel") -> None:
-    """Make ``fw`` show ``fig``: traces and layout replaced in place, one message to the front end.
-
-    With the same number and types of traces, every trace is updated inside ``fw.batch_update()``
-    (properties absent from the new trace are reset); otherwise the traces are replaced. The
-    template is not re-sent (a panel's figures keep the template they were built with), and
-    ``layout.uirevision`` is kept constant so a user's zoom survives parameter changes.
-    """
-    from . import plots
-
-    if hasattr(plots, "update_figure"):
-        plots.update_figure(fw, fig)
-        return
-    new_layout = _layout_json(fig.layout)
-    new_layout["uirevision"] = uirevision
-    old_layout = _layout_json(fw.layout)
-    stale_layout = {k: None for k in old_layout if k not in new_layout}
-    same = len(fw.data) == len(fig.data) and all(a.type == b.type for a, b in zip(fw.data, fig.data))
-    if not same:
-        fw.data = ()
-        fw.add_traces(list(fig.data))
-        with fw.batch_update():
-            fw.layout.update(stale_layout)
-            fw.layout.update(new_layout, overwrite=True)
-        return
-    with fw.batch_update():
-        for old, new in zip(fw.data, fig.data):
-            nd = _trace_json(new)
-            nd.pop("type", None)
-            od = _trace_json(old)
-            stale = {k: None for k in od if k not in nd and k != "type"}
-            if stale:
-                old.update(stale)
-            old.update(nd, overwrite=True)
-        if stale_layout:
-            fw.layout.update(stale_layout)
-        fw.layout.update(new_layout, overwrite=True)
+    return update_figure(fw, fig)
 
 
 def _widget_figure(fig: go.Figure, uirevision: str) -> go.FigureWidget:
@@ -316,7 +236,7 @@ class Panel:
         self.error = None
         t1 = time.perf_counter()
         for name, fig in figs.items():
-            sync_figure(self.figures[name], fig, uirevision=name)
+            sync_figure(self.figures[name], fig)
         self.status.value = status
         compute = (t1 - t0) * 1e3
         self.timings = {"analysis_ms": self._analysis_ms, "figure_ms": compute - self._analysis_ms,
@@ -494,7 +414,8 @@ class AuditPanel(Panel):
 
 class ShiftPanel(Panel):
     """Prefill-vs-first-decode shift (SPEC §9): top-k, the reference's first decode row and the tail
-    window → JSD and recall per step and layer, the boundary leap. No model calls."""
+    window → JSD and recall per step and layer, the boundary leap; ``level`` (KV groups or query heads)
+    and ``layer`` (all, or one) only change the view. No model calls."""
 
     title = "Prefill → decode attention shift (SPEC §9)"
 
@@ -509,23 +430,34 @@ class ShiftPanel(Panel):
             "k": SLIDERS["k"].make(min(k, capture.T), lo=1, hi=capture.T, continuous=c),
             "ref_start": SLIDERS["ref_start"].make(1, lo=1, hi=max(n_dec, 1), continuous=c),
             "W": SLIDERS["W"].make(n_tail, lo=1, hi=n_tail, continuous=c),
+            "level": W.Dropdown(options=["group", "head"], value="group", description="level"),
+            "layer": W.Dropdown(options=[("all", None)] + [(str(l), l) for l in range(capture.L)], value=None,
+                                description="layer"),
         }
+        self._shift_key = self._shift = None
         if n_dec == 1:
             self.controls["ref_start"].disabled = True
         self._finish()
 
     def analysis(self):
+        """The :class:`~workbench.shift.ShiftResult` (kept while only the view controls change)."""
         from .shift import ShiftAnalysis
 
         c = self.controls
-        return ShiftAnalysis(k=int(c["k"].value), ref_start=int(c["ref_start"].value), W=int(c["W"].value))(self.capture)
+        key = (int(c["k"].value), int(c["ref_start"].value), int(c["W"].value))
+        if key != self._shift_key:
+            self._shift = ShiftAnalysis(k=key[0], ref_start=key[1], W=key[2])(self.capture)
+            self._shift_key = key
+        return self._shift
 
     def compute(self):
         sh = self._analyse()
+        c = self.controls
+        fig = figure_function("shift_steps")(sh, level=c["level"].value, layer=c["layer"].value)
         s = sh.summary()
         parts = [f"{r.level}: recall r=0 {r.recall_0:.3f} → r=1 {r.recall_1:.3f}, leap fraction {r.leap_fraction:.2f}"
                  for r in s.itertuples()]
-        return {"shift": figure_function("shift_steps")(sh)}, "; ".join(parts)
+        return {"shift": fig}, "; ".join(parts)
 
 
 class PagesPanel(Panel):
@@ -564,7 +496,7 @@ class PagesPanel(Panel):
         by = pr.bytes
         st = (f"layer {l}: page union U = {int(pr.U[l])} of {pr.importance.shape[-1]} pages; KV bytes: per-group pages "
               f"{by['per_group_pages']:,}, union {by['union']:,}, dense {by['dense']:,}")
-        return {"pages": figure_function("pages")(pr, l)}, st
+        return {"pages": figure_function("pages")(pr, l, self.capture.spans)}, st
 
 
 # ----------------------------------------------------------------------------- run-again panels
