@@ -278,6 +278,7 @@ def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, coun
     params = base.replace(**{k: v for k, v in panel.params().items() if k not in ("mode", "run_layer")})
     assert_shows(panel.figures["trace"], plots.trace_layers(trace(cap, params, certify=False)))
 
+    first_figures = set(panel.figures)
     panel.run_button.click()
     assert counter.prefills == 2 and panel.model_calls == 2  # full + pruned
     assert panel.progress.value == panel.progress.max
@@ -295,8 +296,9 @@ def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, coun
     panel.run()
     assert counter.prefills == n + 1 and panel.model_calls == 3  # only the new pruned run
     assert panel.last_pruned.l_star == 1 and panel.last_pruned.mode == "fixed"
-    if panel.last_stability is not None:
-        assert_shows(panel.figures["drift"], plots.drift(panel.last_stability))
+    assert "drift" not in first_figures and panel.last_stability is not None  # the drift joined on this run
+    assert_shows(panel.figures["drift"], plots.drift(panel.last_stability))
+    assert panel.figures["drift"] in panel.widget.children[-1].children
     # auto-run: a parameter change runs once, a return to a cached set does not
     panel.auto.value = True
     assert counter.prefills == n + 1  # current parameters are cached

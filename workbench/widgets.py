@@ -190,6 +190,14 @@ class Panel:
         for w in self.controls.values():
             w.observe(self._on_change, names="value")
 
+    def _add_figure(self, name: str, fig: go.Figure) -> go.FigureWidget:
+        """A figure that appears later (e.g. the drift after the first run) joins the figure row."""
+        fw = _widget_figure(fig, name)
+        self.figures[name] = fw
+        box = self.widget.children[-1]
+        box.children = tuple(box.children) + (fw,)
+        return fw
+
     def _repr_mimebundle_(self, **kw):
         return self.widget._repr_mimebundle_(**kw)
 
@@ -236,7 +244,10 @@ class Panel:
         self.error = None
         t1 = time.perf_counter()
         for name, fig in figs.items():
-            sync_figure(self.figures[name], fig)
+            if name in self.figures:
+                sync_figure(self.figures[name], fig)
+            else:
+                self._add_figure(name, fig)
         self.status.value = status
         compute = (t1 - t0) * 1e3
         self.timings = {"analysis_ms": self._analysis_ms, "figure_ms": compute - self._analysis_ms,
@@ -638,12 +649,7 @@ class PrunePanel(_RunMixin, Panel):
                              f"{stab.certified}"))
         self.answers.value = _answer_table("full context", _text(full, "generated_ids"), "pruned prefill",
                                            _text(pruned, "generated_ids"), rows)
-        if stab is not None and "drift" not in self.figures:
-            fw = _widget_figure(figure_function("drift")(stab), "drift")
-            self.figures["drift"] = fw
-            box = self.widget.children[-1]
-            box.children = tuple(box.children) + (fw,)
-        self.update()
+        self.update()  # the drift figure joins on the first run that pruned
         return pruned
 
 
