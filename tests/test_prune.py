@@ -117,6 +117,9 @@ def test_bad_input(smollm, example_prompt):
         run_pruned(smollm, example_prompt, layer=3, removed=[99], progress=False)
     with pytest.raises(ValueError, match="needs a fixed layer"):
         run_pruned(smollm, example_prompt, removed=[1], progress=False)
+    for l in (-1, 0):  # no monitored layer, so no proposal E_l: the removal set must be explicit
+        with pytest.raises(ValueError, match=r"layer: the proposal E_l exists for monitored layers l in \[1, 29\]"):
+            run_pruned(smollm, example_prompt, layer=l, progress=False)
 
 
 def test_cost_model_matches_hand_count_and_break_even(smollm):

@@ -214,7 +214,8 @@ def run_pruned(
         layer: ``None`` for the adaptive 7-step procedure; an integer ``l* ∈ [-1, L-1]`` to fix the
             layer (``-1`` = before layer 0).
         removed: with ``layer``: the removal set ``E`` as chunk indices or a bool token mask ``[T]``;
-            ``None`` takes the proposal ``E_l`` at that layer (``layer=-1`` then removes nothing).
+            ``None`` takes the proposal ``E_l`` at that layer (``layer ≥ 1``: monitored layers are
+            ``1 … L-1``; ``layer ∈ {-1, 0}`` needs an explicit ``removed``).
         max_new_tokens: greedy tokens to generate, ``≥ 1``.
         keep_hidden: keep the block inputs of layers ``> l*`` (for the stability diagnostics).
     """
@@ -226,6 +227,9 @@ def run_pruned(
         raise ValueError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
     if layer is not None and not (isinstance(layer, int) and -1 <= layer <= shape.L - 1):
         raise ValueError(f"layer: must be an integer in [-1, {shape.L - 1}] (L = {shape.L}) or None, got {layer!r}")
+    if layer is not None and layer in (-1, 0) and removed is None:
+        raise ValueError(f"layer: the proposal E_l exists for monitored layers l in [1, {shape.L - 1}]; "
+                         f"with layer={layer} pass the removal set explicitly (removed=...)")
     if removed is not None and layer is None:
         raise ValueError("removed: an explicit removal set needs a fixed layer (pass layer=...)")
     mode = "adaptive" if layer is None else ("explicit" if removed is not None else "fixed")

@@ -123,7 +123,7 @@ SLIDERS: dict[str, SliderSpec] = {
     "k": SliderSpec("top-k (recall)", "int", 1, 2, 1, 32),                                  # [1, T]
     "ref_start": SliderSpec("reference from decode row", "int", 1, 1, 1, 1),                # [1, n]
     "W": SliderSpec("tail rows W", "int", 1, 1, 1, 32),                                     # [1, tail]
-    "run_layer": SliderSpec("fixed l* (-1: before layer 0)", "int", -1, 1, 1, 4),           # [-1, L-1]
+    "run_layer": SliderSpec("fixed l*", "int", 1, 1, 1, 4),                                 # [1, L-1]: E_l exists
 }
 
 
@@ -583,7 +583,7 @@ class PrunePanel(_RunMixin, Panel):
         L = capture.L
         self.controls = _ep_controls(self.NAMES, self.base, k=capture.spans.k)
         self.controls["mode"] = W.Dropdown(options=["adaptive", "fixed layer"], value="adaptive", description="mode")
-        self.controls["run_layer"] = SLIDERS["run_layer"].make(min(4, L - 1), lo=-1, hi=L - 1)
+        self.controls["run_layer"] = SLIDERS["run_layer"].make(min(4, L - 1), lo=1, hi=L - 1)
         self._init_run("Run pruned prefill", 3)
         self.last_pruned = self.last_full = self.last_stability = None
         self._finish()
