@@ -61,7 +61,7 @@ def _frame_matches(fig):
         elif tr.type == "table":
             assert len(sub) == len(tr.cells.values[0])
         else:
-            assert len(sub) == max(len(tr.x or ()), len(tr.y or ()))
+            assert len(sub) == max(len(tr.x) if tr.x is not None else 0, len(tr.y) if tr.y is not None else 0)
     return df
 
 
