@@ -44,6 +44,9 @@ lab: setup
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+report: setup
+	$(BIN)/python -m workbench report
+
 capture: setup
 	$(BIN)/python -m workbench capture
 
