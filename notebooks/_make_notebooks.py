@@ -434,10 +434,14 @@ def nb03():
         ## Budget: saving target against the row tolerance
 
         How much the greedy scan removes (`D_l`, tokens) at this layer as the target and `ε_row` move,
-        with the LP upper bound `U_l` on the best possible removal (SPEC §5). Where `U_l` is below the
-        target the target is **provably** infeasible; where only the greedy misses, nothing is proved.
+        with the LP upper bound `U_l` on the best possible removal (SPEC §5). The scan stops at the first
+        chunk that reaches the target, so `D_l` may overshoot it. Where the dashed `U_l` lies below the dotted
+        diagonal the target is **provably** infeasible at that `ε_row`; where only the greedy misses, nothing
+        is proved.
         """),
         code("""
+        import plotly.graph_objects as go
+
         rows = []
         for eps_row in (0.05, 0.1, 0.2, 0.4):
             for target in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
@@ -445,11 +449,13 @@ def nb03():
                 rows.append(dict(eps_row=eps_row, target=r.target_tokens, D=r.D, U=r.U, reached=r.reached,
                                  infeasible_proved=r.infeasible_proved))
         budget = pd.DataFrame(rows)
-        fig = px.line(budget, x="target", y="D", color="eps_row", markers=True, template=plots.TEMPLATE,
-                      title=f"Layer {layer}: greedy removal D_l (lines) and LP bound U_l (dashed) against the target")
-        for eps_row, g in budget.groupby("eps_row"):
-            fig.add_scatter(x=g.target, y=g.U, mode="lines", line=dict(dash="dash"), name=f"U_l, ε_row={eps_row}")
-        fig.add_scatter(x=budget.target, y=budget.target, mode="lines", line=dict(color="#999", dash="dot"), name="D = target")
+        fig = go.Figure()
+        for color, (eps_row, g) in zip(plots.PALETTE, budget.groupby("eps_row")):
+            fig.add_scatter(x=g.target, y=g.D, mode="lines+markers", line=dict(color=color), name=f"D_l, ε_row = {eps_row}")
+            fig.add_scatter(x=g.target, y=g.U, mode="lines", line=dict(color=color, dash="dash"), name=f"U_l, ε_row = {eps_row}")
+        fig.add_scatter(x=budget.target, y=budget.target, mode="lines", line=dict(color=plots.NEUTRAL, dash="dot"), name="D = target")
+        fig.update_layout(template=plots.TEMPLATE, xaxis_title="saving target (tokens)", yaxis_title="tokens",
+                          title=f"Layer {layer}: greedy removal D_l (solid) and LP bound U_l (dashed) against the target")
         fig
         """),
         code("""
@@ -631,9 +637,10 @@ def nb05():
         md("""
         ## The audit at `l*`
 
-        Audit population `ν`: the user-query rows after the documents (12 positions here). In **exact**
-        mode the mean discarded mass over the population is computed exactly (`b = 0`). Every head must
-        be within `ε_audit`.
+        Audit population `ν`: the user-query rows after the documents (12 positions here, the default of
+        SPEC §6). `E_l` was fixed from the proposal observers before any audit value was computed, and the
+        audit thresholds were fixed in `params` before that. In **exact** mode the mean discarded mass over
+        the population is computed exactly (`b = 0`). Every head must be within `ε_audit`.
         """),
         code("""
         au = tr.audits[tr.l_star]
@@ -669,8 +676,9 @@ def nb05():
         md("""
         ## Sensitivity: which layer is accepted
 
-        `l*` and the removed tokens under a few settings of `ε_audit` and the streak requirement. Each
-        trace reuses the capture's cached statistics; no model call.
+        `l*` under a few settings of `ε_audit` and the streak requirement (`<NA>`: no layer passes, full
+        prefill). A looser audit accepts earlier; a longer streak later. Each trace reuses the capture's
+        cached statistics; no model call.
         """),
         code("""
         rows = []
@@ -757,7 +765,8 @@ def nb06():
         `R` and the pruned one. With the full-context first-token margin `m = z_(1) − z_(2)` and
         `Λ = ‖W_out‖_{2→∞} c_final`, the certificate `m > 2ΛΔ_L` guarantees the same greedy first token.
         The composed bound `Σ_j e_j Π_{s>j} K_s` from weight norms is reported as it is — on a real model it
-        is typically vacuous by many orders of magnitude (the point of paper §6.1, see notebook 10).
+        is vacuous by many orders of magnitude (paper §6.3: products of `K_l` amplify small defects). Why a
+        shallow audit cannot replace such premises about the later layers is notebook 10.
         """),
         code("""
         from workbench.stability import stability
@@ -1108,14 +1117,14 @@ def nb10():
         import math
         import torch
 
-        torch.set_default_dtype(torch.float64)
+        f64 = torch.float64                              # float64 throughout: the checks below are tight
         T, j_star, V, beta = 8, 3, 2.0, 0.1
         D = 2 + T + 1                                  # [c, m, position one-hot (T), 1]
         C, M, POS, ONE = 0, 1, slice(2, 2 + T), 2 + T
 
         def prompt(sign):
-            x = torch.zeros(T, D)
-            x[:, POS] = torch.eye(T)
+            x = torch.zeros(T, D, dtype=f64)
+            x[:, POS] = torch.eye(T, dtype=f64)
             x[:, ONE] = 1.0
             x[j_star, M] = 1.0
             x[j_star, C] = sign * V
@@ -1132,11 +1141,11 @@ def nb10():
                 n_other = T - 1
                 s1 = math.log(eps * n_other / (1 - eps))          # shallow: mass eps on j*
                 s2 = math.log((1 - gamma) * n_other / gamma)       # deep: mass 1 - gamma on j*
-                self.WQ1 = torch.zeros(D, 1); self.WQ1[ONE, 0] = s1
-                self.WK1 = torch.zeros(D, 1); self.WK1[2 + j_star, 0] = 1.0    # reads the position, not c
-                self.WQ2 = torch.zeros(D, 1); self.WQ2[ONE, 0] = s2
-                self.WK2 = torch.zeros(D, 1); self.WK2[M, 0] = 1.0              # separate marker coordinate
-                self.WV2 = torch.zeros(D, 1); self.WV2[C, 0] = 1.0              # reads only the signed value
+                self.WQ1 = torch.zeros(D, 1, dtype=f64); self.WQ1[ONE, 0] = s1
+                self.WK1 = torch.zeros(D, 1, dtype=f64); self.WK1[2 + j_star, 0] = 1.0    # reads the position, not c
+                self.WQ2 = torch.zeros(D, 1, dtype=f64); self.WQ2[ONE, 0] = s2
+                self.WK2 = torch.zeros(D, 1, dtype=f64); self.WK2[M, 0] = 1.0              # separate marker coordinate
+                self.WV2 = torch.zeros(D, 1, dtype=f64); self.WV2[C, 0] = 1.0              # reads only the signed value
 
             def shallow_row(self, x):
                 return attn(x @ self.WQ1, x @ self.WK1, torch.arange(T))     # [T]
@@ -1148,7 +1157,7 @@ def nb10():
                 R = torch.arange(T) if keep is None else keep
                 a2 = attn(x1[R] @ self.WQ2, x1[R] @ self.WK2, torch.arange(len(R)))
                 o = float(a2 @ (x1[R] @ self.WV2)[:, 0])
-                return torch.tensor([o, -o + beta]), a2
+                return torch.tensor([o, -o + beta], dtype=f64), a2
 
         net = Net(eps=1e-3, gamma=0.05)
         A, B = prompt(+1), prompt(-1)
@@ -1239,7 +1248,6 @@ def nb10():
         code("""
         assert (abs(sweep.shallow_mass - sweep.eps) < 1e-9 * (1 + sweep.eps)).all()     # the shallow mass is exactly ε
         assert (sweep.error >= sweep.bound - 1e-9).all()                                # the error never drops below (1−γ)V
-        torch.set_default_dtype(torch.float32)
         """),
     ]
 
