@@ -1055,8 +1055,10 @@ def nb09():
         ## Break-even of pruned prefill (SPEC §7 cost)
 
         `F_EP = Σ_{l≤l*} F_l(T) + Σ_{l>l*} F_l(T') + F_aux` with per-layer FLOPs from the model config.
-        Below the break-even curve pruning saves arithmetic; the auxiliary row capture moves it down a
-        little, the gather layer `l*` moves it a lot.
+        The table gives, per gather layer `l*`, the largest kept fraction `T'/T` at which pruning still saves
+        arithmetic: the row capture (`F_aux`) pulls it just below 1, and the deeper the gather, the more the
+        shallow layers on all `T` tokens dominate the ratio in the figure. At `l* = L − 1` nothing is left to
+        save and the capture still costs: no break-even (NaN).
         """),
         code("""
         import numpy as np
@@ -1064,18 +1066,24 @@ def nb09():
 
         cm = CostModel(lm.shape)
         T_long = 4096
-        grid = cm.grid(T_long, l_stars=list(range(-1, lm.shape.L, 2)), keep_fractions=np.linspace(0.05, 1.0, 20),
-                       rows=spans.W_p + 12)
+        rows = spans.W_p + (spans.query[1] - spans.query[0])       # observers + audit rows captured per layer
+        grid = cm.grid(T_long, l_stars=list(range(-1, lm.shape.L, 2)), keep_fractions=np.linspace(0.05, 1.0, 20), rows=rows)
         grid.to_frame().groupby("l_star").break_even_keep_fraction.first().round(3).to_frame().T
         """),
         code("plots.break_even(grid)"),
         md("""
-        For this notebook's prompt: the adaptive decision of notebook 05 (gather after layer 4, 99 of 373
-        tokens removed) predicts this ratio of prefill FLOPs, and the dense KV cache shrinks accordingly:
+        For this notebook's prompt: the adaptive decision of notebook 05 (same parameters, replayed from the
+        capture) predicts this ratio of prefill FLOPs, and the dense KV cache shrinks accordingly:
         """),
         code("""
-        T_, T_p, l_star = spans.T, spans.T - 99, 4
-        ratio = float(cm.ratio(T_, T_p / T_, l_star, rows=spans.W_p + 12, monitored_executed=l_star))
+        from workbench.audit import trace
+        from workbench.params import EntroPrefillParams
+
+        tr = trace(cap, EntroPrefillParams(target=0.25, eps_row=0.2, streak=1, eps_audit=0.2), certify=False)
+        T_, T_p, l_star = spans.T, len(tr.retained_positions()), tr.l_star
+        executed = sum(1 for l in tr.layers if l <= l_star)         # monitored layers run before the gather
+        ratio = float(cm.ratio(T_, T_p / T_, l_star, rows=rows, monitored_executed=executed))
+        print(f"{tr.decision}")
         print(f"predicted F_EP / F_full = {ratio:.3f}; dense KV: {kv_bytes_dense(lm.shape, T_, 2) / 2**20:.2f} MiB → "
               f"{kv_bytes_dense(lm.shape, T_p, 2) / 2**20:.2f} MiB (bf16)")
         assert ratio < 1 and cm.break_even_keep_fraction(T_long, -1) == 1.0
