@@ -2,8 +2,9 @@
 
 Each executed notebook must show at least one plotly figure and no error output; the committed
 notebooks must be clean (no outputs) and identical to what ``notebooks/_make_notebooks.py`` writes.
-The execution time of every notebook is printed (``pytest -s``) and collected in
-``NOTEBOOK_TIMES`` for the session summary.
+The execution time of every notebook is printed (``pytest -s``; a table after the module) and
+recorded as the test property ``seconds`` (``--junitxml``). ``WORKBENCH_NB_CELL_TIMEOUT`` sets the
+per-cell timeout (s), ``WORKBENCH_NB_THREADS`` the kernels' intra-op threads (default 1; 0 = torch's default).
 """
 from __future__ import annotations
 
@@ -27,6 +28,15 @@ KERNEL_THREADS = os.environ.get("WORKBENCH_NB_THREADS", "1")
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 NOTEBOOK_TIMES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_times():
+    """After the module: one line per executed notebook and the total (shown with ``pytest -s``)."""
+    yield
+    if NOTEBOOK_TIMES:
+        lines = [f"  {name:<45} {t:6.1f} s" for name, t in sorted(NOTEBOOK_TIMES.items())]
+        print("\nnotebook execution times:\n" + "\n".join(lines) + f"\n  {'total':<45} {sum(NOTEBOOK_TIMES.values()):6.1f} s")
 
 
 def _generator():
@@ -81,7 +91,7 @@ def test_generator_is_in_sync():
 
 @pytest.mark.model
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path, tmp_path, monkeypatch):
+def test_notebook_executes(path, tmp_path, monkeypatch, record_property):
     if KERNEL_THREADS != "0":
         monkeypatch.setenv("OMP_NUM_THREADS", KERNEL_THREADS)   # inherited by the kernel process
         monkeypatch.setenv("MKL_NUM_THREADS", KERNEL_THREADS)
@@ -94,6 +104,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
     finally:
         NOTEBOOK_TIMES[path.stem] = time.perf_counter() - t0
         nbformat.write(nb, tmp_path / path.name)  # executed copy for inspection on failure
+    record_property("seconds", round(NOTEBOOK_TIMES[path.stem], 1))
     print(f"\n{path.name}: executed in {NOTEBOOK_TIMES[path.stem]:.1f} s")
     outs = list(_outputs(nb))
     errors = [o for o in outs if o.output_type == "error"]
