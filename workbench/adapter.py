@@ -7,6 +7,8 @@ Nothing in this module is monkey-patched: capture uses the public ``AttentionInt
 """
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -484,3 +486,16 @@ def stack_cache_rows(items) -> object:
         lay.keys = torch.cat([s.keys[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
         lay.values = torch.cat([s.values[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
     return out
+
+
+@contextlib.contextmanager
+def transformers_progress(enabled: bool):
+    """Show or hide transformers' own progress bars (e.g. "Loading weights") inside the block."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()

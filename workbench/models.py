@@ -163,7 +163,8 @@ def load_model(
         kwargs = dict(dtype=dt, attn_implementation=attn_implementation, local_files_only=local_only)
         if device_map is not None:
             kwargs["device_map"] = device_map
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        with adapter.transformers_progress(progress):
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as e:
         if folder is None:
             raise ValueError(

@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from . import adapter
+from .util import single_threaded
 
 
 def max2(x: torch.Tensor) -> float:
@@ -129,6 +130,7 @@ def stability(model, full, pruned, *, composed: bool = True) -> StabilityResult:
     return res
 
 
+@single_threaded  # ~100 small eigenproblems: thread sync costs more than the arithmetic (225 s vs ~30 s when busy)
 def _composed(model, shape, full, pruned, R, res: StabilityResult) -> None:
     device = next(model.parameters()).device
     pos = R[None].to(device)
