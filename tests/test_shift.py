@@ -123,3 +123,28 @@ def test_errors():
         ShiftAnalysis()(no_dec)
     with pytest.raises(ValueError, match="W: must be an integer in"):
         shift_rows(cap, W=9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), T=st.integers(2, 40), k=st.integers(1, 40), levels=st.integers(1, 4))
+def test_topk_recall_equals_stable_sort_reference(seed, T, k, levels):
+    """With many ties (values from a few levels), the recall equals a stable-sort reference."""
+    k = min(k, T)
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, levels, (3, 5, T), generator=g).to(torch.float64)
+    ref = torch.randint(0, levels, (3, T), generator=g).to(torch.float64)
+    top_r = torch.sort(rows, dim=-1, descending=True, stable=True).indices[..., :k]
+    top_f = torch.sort(ref, dim=-1, descending=True, stable=True).indices[..., :k]
+    want = torch.tensor([[len(set(top_r[a, b].tolist()) & set(top_f[a].tolist())) / k for b in range(5)]
+                         for a in range(3)], dtype=torch.float64)
+    assert torch.equal(topk_recall(rows, ref, k), want)
+
+
+def test_adjacent_jsd_equals_pairwise():
+    from workbench.shift import adjacent_jsd
+
+    g = torch.Generator().manual_seed(1)
+    P = torch.rand(2, 3, 6, 50, generator=g, dtype=torch.float64) ** 4
+    P[..., :7] = 0  # zeros in the support
+    P = P / P.sum(-1, keepdim=True)
+    assert torch.allclose(adjacent_jsd(P), jsd(P[..., :-1, :], P[..., 1:, :]), atol=1e-13)

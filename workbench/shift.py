@@ -84,20 +84,42 @@ def group_rows(P: Tensor, head_group: Tensor) -> Tensor:
     return torch.einsum("lh...,hg->lg...", P.to(torch.float64), M)
 
 
+def _neg_entropy(p: Tensor) -> Tensor:
+    """``Σ_j p_j ln p_j`` over the last axis (``0 ln 0 = 0``), float64."""
+    return torch.special.xlogy(p, p).sum(-1)
+
+
 def jsd(p: Tensor, q: Tensor) -> Tensor:
     """Jensen–Shannon divergence over the last axis (natural log): ``½KL(p‖m) + ½KL(q‖m)``, ``m = (p+q)/2``.
 
     In ``[0, ln 2]``; ``0`` iff ``p = q``. Inputs are probability vectors; result float64 ``[...]``.
+    Computed as ``½(Σ p ln p + Σ q ln q) − Σ m ln m`` (the same identity; three ``xlogy`` passes).
     """
     p, q = p.to(torch.float64), q.to(torch.float64)
+    return _jsd_from(p, q, _neg_entropy(p), _neg_entropy(q))
+
+
+def _jsd_from(p: Tensor, q: Tensor, Ep: Tensor, Eq: Tensor) -> Tensor:
     m = 0.5 * (p + q)
+    return (0.5 * (Ep + Eq) - _neg_entropy(m)).clamp(0.0, math.log(2.0))
 
-    def kl(a):
-        t = torch.where(a > 0, a * (torch.log(torch.where(a > 0, a, 1.0)) - torch.log(torch.where(a > 0, m, 1.0))),
-                        torch.zeros_like(a))
-        return t.sum(-1)
 
-    return (0.5 * kl(p) + 0.5 * kl(q)).clamp(0.0, math.log(2.0))
+def adjacent_jsd(P: Tensor) -> Tensor:
+    """JSD between adjacent rows ``P[..., r, :]`` and ``P[..., r+1, :]``: float64 ``[..., R-1]``.
+    Each row's ``Σ p ln p`` is computed once and shared by its two pairs."""
+    P = P.to(torch.float64)
+    E = _neg_entropy(P)
+    return _jsd_from(P[..., :-1, :], P[..., 1:, :], E[..., :-1], E[..., 1:])
+
+
+def _topk_mask(x: Tensor, k: int) -> Tensor:
+    """Bool mask of the top ``k`` entries of ``x`` over the last axis, ties at the k-th value resolved
+    to the lower positions (the order a stable descending sort gives), without sorting."""
+    vk = torch.topk(x, k, dim=-1, sorted=True).values[..., -1:]  # the k-th largest value
+    gt = x > vk
+    need = k - gt.sum(-1, keepdim=True)
+    eq = x == vk
+    return gt | (eq & (torch.cumsum(eq.to(torch.int32), -1) <= need))
 
 
 def topk_recall(rows: Tensor, ref: Tensor, k: int) -> Tensor:
@@ -114,11 +136,10 @@ def topk_recall(rows: Tensor, ref: Tensor, k: int) -> Tensor:
     T = rows.shape[-1]
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= T:
         raise ValueError(f"k: must be an integer in [1, {T}], got {k!r}")
-    # ties: the lower position first (stable sort), so the result does not depend on the kernel
-    top_rows = torch.sort(rows.to(torch.float64), dim=-1, descending=True, stable=True).indices[..., :k]
-    top_ref = torch.sort(ref.to(torch.float64), dim=-1, descending=True, stable=True).indices[..., :k]
-    in_ref = torch.zeros(ref.shape, dtype=torch.bool, device=ref.device).scatter_(-1, top_ref, True)
-    hit = torch.gather(in_ref.unsqueeze(-2).expand(rows.shape), -1, top_rows)
+    # ties: the lower position first (as a stable sort would), so the result does not depend on the kernel
+    in_rows = _topk_mask(rows.to(torch.float64), k)
+    in_ref = _topk_mask(ref.to(torch.float64), k)
+    hit = in_rows & in_ref.unsqueeze(-2)
     return hit.sum(-1).to(torch.float64) / k
 
 
@@ -274,8 +295,8 @@ class ShiftAnalysis:
         refg = group_rows(ref, hg)
         return ShiftResult(
             r=r,
-            jsd_head=jsd(P[:, :, :-1], P[:, :, 1:]),
-            jsd_group=jsd(Pg[:, :, :-1], Pg[:, :, 1:]),
+            jsd_head=adjacent_jsd(P),
+            jsd_group=adjacent_jsd(Pg),
             recall_head=topk_recall(P, ref, k),
             recall_group=topk_recall(Pg, refg, k),
             k=k,
