@@ -14,13 +14,14 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@# Figure export (kaleido) and the browser test use Debian's chromium; without fonts, text vanishes
-	@# from exported figures. Installed when missing and we may (root with apt-get); otherwise say so.
-	@if command -v chromium >/dev/null 2>&1 && fc-list 2>/dev/null | grep -qi liberation; then :; \
+	@# from exported figures; pdftotext (poppler-utils) checks that PDF text renders. Installed when missing
+	@# and we may (root with apt-get); otherwise say so.
+	@if command -v chromium >/dev/null 2>&1 && command -v pdftotext >/dev/null 2>&1 && fc-list 2>/dev/null | grep -qi liberation; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			chromium fonts-liberation fonts-dejavu-core >/dev/null) || echo "warning: apt-get could not install chromium/fonts"; \
+			chromium fonts-liberation fonts-dejavu-core poppler-utils >/dev/null) || echo "warning: apt-get could not install chromium/fonts/poppler-utils"; \
 	else \
-		echo "note: install Debian's chromium, fonts-liberation and fonts-dejavu-core for figure export (sudo apt-get install ...)"; \
+		echo "note: install Debian's chromium, fonts-liberation, fonts-dejavu-core and poppler-utils for figure export (sudo apt-get install ...)"; \
 	fi
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip

@@ -10,6 +10,8 @@ import importlib.metadata as md
 import json
 import os
 import re
+import shutil
+import subprocess
 import warnings
 
 import pandas as pd
@@ -65,6 +67,10 @@ def test_single_column_files_sizes_and_text(tmp_path):
     assert TITLE in text
     assert "layerℓ" in re.sub(r"\s", "", text)  # "ℓ" is a run of its own (spaces between runs are positional)
     assert TITLE in ex._pdf_text_builtin(pdf)  # the built-in reader too (pdftotext may be installed)
+    if shutil.which("pdftotext"):  # installed by the set-up (poppler-utils): the reference reader
+        out = subprocess.run(["pdftotext", str(tmp_path / "fig1.pdf"), "-"], capture_output=True, text=True, check=True)
+        assert TITLE in ex.unligature(out.stdout)
+        assert "ℓ" in out.stdout
 
     # SVG: physical size in points, the layout's viewBox, the title as a <text> element
     svg = (tmp_path / "fig1.svg").read_text()

@@ -325,8 +325,13 @@ def pdf_text(path_or_bytes) -> str:
 
         r = subprocess.run([exe, "-q", "-", "-"], input=data, capture_output=True, timeout=60)
         if r.returncode == 0:
-            return r.stdout.decode("utf-8", "replace")
+            return unligature(r.stdout.decode("utf-8", "replace"))
     return _pdf_text_builtin(data)
+
+
+def unligature(text: str) -> str:
+    """Typographic ligatures (ﬁ, ﬂ, …) spelled out; nothing else changed (unlike NFKC, which maps ℓ to l)."""
+    return text.translate(_LIGATURES)
 
 
 def _pdf_objects(data: bytes) -> dict[int, tuple[bytes, bytes | None]]:
