@@ -53,6 +53,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     df["prefill_saved"] = 1 - df.retained_tokens / df.prompt_tokens
     g = df.groupby(["task", "setting"], sort=False)
     out = g.agg(n=("item_id", "size"), em=("em", "mean"), f1=("f1", "mean"), contains=("contains", "mean"),
+                contains_se=("contains", lambda s: s.std(ddof=1) / max(len(s), 1) ** 0.5),
                 first_token_agree=("first_token_agree", "mean"), prompt_tokens=("prompt_tokens", "mean"),
                 kept_tokens=("retained_tokens", "mean"), saved=("prefill_saved", "mean"),
                 kv_mib=("kv_bytes", lambda s: s.mean() / 2**20), wall_s=("wall_s", "mean"))
