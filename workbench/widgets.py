@@ -23,6 +23,8 @@ policy/page/shift dataclasses, so a value typed or set out of range is clamped t
 """
 from __future__ import annotations
 
+import abc
+
 import html
 import math
 import re
@@ -141,7 +143,7 @@ def _ms(t0: float) -> float:
 
 
 # ----------------------------------------------------------------------------- base panel
-class Panel:
+class Panel(abc.ABC):
     """Base class: controls on top, a status line, then the figures side by side.
 
     Subclasses fill ``self.controls`` and implement :meth:`compute` (parameters → ``{name: go.Figure}``
@@ -173,9 +175,9 @@ class Panel:
         self._analysis_ms = _ms(t0)
         return out
 
+    @abc.abstractmethod
     def analysis(self):
         """The pure analysis result(s) for the current controls (no figures)."""
-        raise NotImplementedError
 
     # ----- building -----
     def _finish(self) -> None:
@@ -224,8 +226,9 @@ class Panel:
         self.update()
 
     # ----- updating -----
+    @abc.abstractmethod
     def compute(self) -> tuple[dict[str, go.Figure], str]:
-        raise NotImplementedError
+        """Figures for the current controls, ``{name: figure}``, and a status line."""
 
     def _on_change(self, change) -> None:
         if not self._silent:
