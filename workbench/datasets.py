@@ -360,17 +360,9 @@ SAMPLE_ESSAYS = ("addiction", "aord", "apple", "copy", "founders")
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from .util import atomic_write_bytes
+
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def make_samples(out_dir: str | os.PathLike = REPO_DATA_DIR) -> dict[str, Path]:

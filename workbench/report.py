@@ -32,13 +32,14 @@ import json
 import math
 import os
 import re
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
+
+from .util import atomic_write_bytes
 
 __all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write_html", "write_table"]
 
@@ -165,18 +166,7 @@ class ReportResult:
 
 
 # ----------------------------------------------------------------------------- atomic writes
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+_atomic_bytes = atomic_write_bytes
 
 
 def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
