@@ -24,6 +24,7 @@ policy/page/shift dataclasses, so a value typed or set out of range is clamped t
 from __future__ import annotations
 
 import abc
+import contextlib
 
 import html
 import math
@@ -533,6 +534,19 @@ class _RunMixin:
         self.progress.value = i
         self.progress.description = what
 
+    @contextlib.contextmanager
+    def _busy(self):
+        """The run button is disabled while the model runs; a failure is shown in the answer box, then raised."""
+        self.run_button.disabled = True
+        try:
+            yield
+        except Exception as e:
+            self.progress.description = "failed"
+            self.answers.value = f"<span style='color:#D55E00'>run failed: {_html_escape(e)}</span>"
+            raise
+        finally:
+            self.run_button.disabled = False
+
     def _cached(self, key, fn):
         if key not in self.cache:
             self.cache[key] = fn()
@@ -620,8 +634,7 @@ class PrunePanel(_RunMixin, Panel):
         key = self.run_key()
         p = _ep_from(self.controls, self.base)
         layer = key[2]
-        self.run_button.disabled = True
-        try:
+        with self._busy():
             self._step(0, "full prefill…")
             full = self._cached(("full", self.max_new_tokens), lambda: run_full(
                 self.model, self.prompt, max_new_tokens=self.max_new_tokens, keep_hidden=True))
@@ -637,12 +650,6 @@ class PrunePanel(_RunMixin, Panel):
                     stab = stability(self.model, full, pruned, composed=self.composed)
                     self.cache[("stability", key, self.composed)] = stab
             self._step(3, "done")
-        except Exception as e:
-            self.progress.description = "failed"
-            self.answers.value = f"<span style='color:#D55E00'>run failed: {_html_escape(e)}</span>"
-            raise
-        finally:
-            self.run_button.disabled = False
         self.last_full, self.last_pruned, self.last_stability = full, pruned, stab
         rows = [("full prefill: T = " + str(full.T), f"{pruned.decision}"),
                 ("", f"T' = {pruned.T_prime}, first token agrees: "
@@ -772,20 +779,13 @@ class EvictionPanel(_RunMixin, Panel):
         from .eviction import FullCache
 
         pol, key = self.policy(), self.run_key()
-        self.run_button.disabled = True
-        try:
+        with self._busy():
             self._step(0, "prefill…" if self._session is None else "full cache…")
             sess = self.session()
             full = self._cached(("full", self.max_new_tokens), lambda: sess.run(FullCache(), self.capture.T))
             self._step(1, f"{pol.name}…")
             res = self._cached(key, lambda: sess.run(pol, int(self.controls["budget"].value)))
             self._step(2, "done")
-        except Exception as e:
-            self.progress.description = "failed"
-            self.answers.value = f"<span style='color:#D55E00'>run failed: {_html_escape(e)}</span>"
-            raise
-        finally:
-            self.run_button.disabled = False
         rows = [("KV bytes " + f"{full.kv_bytes_after:,}", f"KV bytes {res.kv_bytes_after:,} "
                  f"({res.kv_bytes_after / max(full.kv_bytes_after, 1):.0%}), evicted after step {res.evicted_at}")]
         hl = self.highlight()
