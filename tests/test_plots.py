@@ -496,3 +496,40 @@ def test_figure_frame_accepts_numpy_arrays():
     assert len(hm) == 6 and hm.z.tolist() == [0, 1, 2, 3, 4, 5] and hm.x.tolist() == [10, 20, 30] * 2
     sc = df[df.trace == 1]
     assert sc.y.tolist() == [0, 1, 4, 9]
+
+
+# ----------------------------------------------------------------------------- fast spanning shapes
+@pytest.mark.parametrize("kind,args,kw", [
+    ("vline", (3.0,), dict(line=dict(color="#000", dash="dot", width=1))),
+    ("vline", (0.5,), dict(line=dict(color="#000", width=1), row=2, col=1)),
+    ("hline", (1.0,), dict(line=dict(color="#999", dash="dash", width=1), row=2, col=1, secondary_y=False,
+                           annotation_text="d_max", annotation_font=dict(size=10))),
+    ("hline", (4.0,), dict(line=dict(color="#999", width=1), row=2, col=1, secondary_y=True)),
+    # (plotly anchors a secondary-y line's annotation on the primary y axis; _span keeps it on the line's axis)
+    ("hline", (0.2,), dict(line=dict(width=1), annotation_text="b", annotation_position="bottom right", row=3, col=1)),
+    ("vrect", (1.5, 4.5), dict(fillcolor="#0a0", opacity=0.2, line_width=0, row=3, col=1)),
+    ("vrect", (2.5, 6.5), dict(line=dict(color="#0a0", width=1.5), fillcolor="rgba(0,0,0,0)", row=2, col=1,
+                               annotation_text="answer passage", annotation_position="top left",
+                               annotation_font=dict(size=10, color="#fff"))),
+])
+def test_span_matches_plotly(kind, args, kw):
+    """``plots._span`` draws the same shape and annotation as plotly's ``add_vline/add_hline/add_vrect``."""
+    from plotly.subplots import make_subplots
+
+    def grid():
+        f = make_subplots(rows=3, cols=1, specs=[[{}], [{"secondary_y": True}], [{}]])
+        for r in (1, 2, 3):
+            f.add_trace(go.Scatter(x=[0, 9], y=[0, 1]), row=r, col=1)
+        f.add_trace(go.Scatter(x=[0, 9], y=[5, 3]), row=2, col=1, secondary_y=True)
+        return f
+
+    ours, theirs = grid(), grid()
+    plots._span(ours, kind, *args, **kw)
+    pkw = dict(kw)
+    if kind == "vrect":
+        pkw.update(x0=args[0], x1=args[1])
+    else:
+        pkw["x" if kind == "vline" else "y"] = args[0]
+    getattr(theirs, f"add_{kind}")(**pkw)
+    assert ours.layout.shapes and ours.layout.to_plotly_json()["shapes"] == theirs.layout.to_plotly_json()["shapes"]
+    assert ours.layout.to_plotly_json().get("annotations") == theirs.layout.to_plotly_json().get("annotations")

@@ -130,6 +130,49 @@ def _finish(fig: go.Figure, title: str, meta: dict, **layout) -> go.Figure:
     return fig
 
 
+def _span(fig: go.Figure, kind: str, a: float, b: float | None = None, *, row: int | None = None,
+          col: int | None = None, secondary_y: bool = False, annotation_text: str | None = None,
+          annotation_position: str | None = None, annotation_font: dict | None = None, **shape) -> None:
+    """``fig.add_vline`` / ``add_hline`` / ``add_vrect`` (``kind`` = ``"vline"``, ``"hline"``, ``"vrect"``) on ONE
+    subplot (the first when ``row``/``col`` are None), giving the same shape and annotation as plotly's.
+
+    Plotly's versions re-assign (and re-validate) the figure's whole shape tuple per call, which made a
+    figure with nine head separators cost ~100 ms; this appends one shape.
+    """
+    from plotly import shapeannotation
+
+    if row is None and fig._has_subplots():  # plotly's row="all", col="all": every non-empty subplot
+        used = {(t.xaxis or "x", t.yaxis or "y") for t in fig.data}
+        for r, cells in enumerate(fig._grid_ref, start=1):
+            for c, ref in enumerate(cells, start=1):
+                if ref is not None and tuple(ref[0].trace_kwargs.values()) in used:
+                    _span(fig, kind, a, b, row=r, col=c, annotation_text=annotation_text,
+                          annotation_position=annotation_position, annotation_font=annotation_font, **shape)
+        return
+    if row is not None and fig._has_subplots():
+        sp = fig.get_subplot(row, col, secondary_y=secondary_y)
+        xr, yr = sp.xaxis.plotly_name.replace("axis", ""), sp.yaxis.plotly_name.replace("axis", "")
+    else:
+        xr, yr = "x", "y"
+    if kind == "vline":
+        args, refs = dict(type="line", x0=a, x1=a, y0=0, y1=1), dict(xref=xr, yref=yr + " domain")
+    elif kind == "hline":
+        args, refs = dict(type="line", x0=0, x1=1, y0=a, y1=a), dict(xref=xr + " domain", yref=yr)
+    elif kind == "vrect":
+        args, refs = dict(type="rect", x0=a, x1=b, y0=0, y1=1), dict(xref=xr, yref=yr + " domain")
+    else:
+        raise ValueError(f"kind: must be 'vline', 'hline' or 'vrect', got {kind!r}")
+    fig.add_shape(**args, **refs, **shape)
+    if annotation_text is not None:
+        kw = {"annotation_text": annotation_text}
+        if annotation_position is not None:
+            kw["annotation_position"] = annotation_position
+        if annotation_font is not None:
+            kw["annotation_font"] = annotation_font
+        ann = shapeannotation.axis_spanning_shape_annotation(None, kind, args, kw)
+        fig.add_annotation(ann, **refs)
+
+
 def _np(x) -> np.ndarray:
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
@@ -387,7 +430,7 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
                 hovertemplate="chunk %{customdata[0]} (n=%{customdata[1]})<br>" + name
                 + " = %{y:.4g}<br>%{customdata[2]}<extra>" + label + "</extra>"),
                 row=row, col=1)
-    fig.add_hline(y=1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=2, col=1)
+    _span(fig, "hline", 1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=2, col=1)
     if ans is not None:
         top = S[ans] if np.isfinite(S[ans]) else 0.0
         fig.add_annotation(x=xs[ans], y=float(top), text="answer", showarrow=True, arrowhead=2, ay=-25,
@@ -463,7 +506,7 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
     fig.add_trace(go.Bar(x=layers, y=_z([np.nan if g is None else g for g in gap]), name="gap U − D",
                          marker_color=NEUTRAL, hovertemplate="layer %{x}: gap %{y:.4g}<extra></extra>"), row=2, col=1)
     if tr is not None and tr.l_star is not None:
-        fig.add_vline(x=tr.l_star, line=dict(color="#000", dash="dot", width=1))
+        _span(fig, "vline", tr.l_star, line=dict(color="#000", dash="dot", width=1))
         fig.add_annotation(x=tr.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="gap", row=2, col=1)
@@ -515,14 +558,14 @@ def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figur
     ref = dict(color=NEUTRAL, dash="dash", width=1)
     small = dict(size=10)
     if P is not None:
-        fig.add_hline(y=P.d_max, line=ref, annotation_text="d_max", annotation_font=small, row=2, col=1,
+        _span(fig, "hline", P.d_max, line=ref, annotation_text="d_max", annotation_font=small, row=2, col=1,
                       secondary_y=False)
-        fig.add_hline(y=P.eps_audit, line=ref, annotation_text="ε_audit", annotation_font=small, row=3, col=1)
+        _span(fig, "hline", P.eps_audit, line=ref, annotation_text="ε_audit", annotation_font=small, row=3, col=1)
     if trace.b > 0:
-        fig.add_hline(y=trace.b, line=dict(color=PALETTE[1], dash="dot", width=1), annotation_text="b",
+        _span(fig, "hline", trace.b, line=dict(color=PALETTE[1], dash="dot", width=1), annotation_text="b",
                       annotation_font=small, annotation_position="bottom right", row=3, col=1)
     if trace.l_star is not None:
-        fig.add_vline(x=trace.l_star, line=dict(color="#000", dash="dot", width=1))
+        _span(fig, "vline", trace.l_star, line=dict(color="#000", dash="dot", width=1))
         fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="d_l", range=[0, 1.05], row=2, col=1, secondary_y=False)
@@ -587,7 +630,7 @@ def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None,
     fig.add_trace(go.Scatter(x=[0, max(A - 1, 0)], y=[env.q, env.q], name="q = μ(E)", mode="lines",
                              line=dict(color=NEUTRAL, dash="dash", width=1), hovertemplate="q = %{y:.4g}<extra></extra>"))
     for h in range(1, A // max(env.W, 1)):
-        fig.add_vline(x=h * env.W - 0.5, line=dict(color="#ddd", width=1))
+        _span(fig, "vline", h * env.W - 0.5, line=dict(color="#ddd", width=1))
     n_bad = A - sum(holds)
     where = "" if env.layer is None else f", layer {env.layer}"
     return _finish(fig, f"Deletion envelope vs actual η per row{where}"
@@ -656,7 +699,7 @@ def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Fig
                                  mode="lines", line=dict(color=cols[i % len(cols)]), legendgroup="ratio",
                                  hovertemplate="l* = " + str(l) + ", T'/T = %{x:.3f}: F_EP/F_full = %{y:.4f}"
                                  "<extra></extra>"), 1, 1)
-    fig.add_hline(y=1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=1)
+    _span(fig, "hline", 1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=1)
     be = df.groupby("l_star")["break_even_keep_fraction"].max() if "break_even_keep_fraction" in df else None
     if be is not None:
         fig.add_trace(go.Scatter(x=be.index.tolist(), y=_z(be.to_numpy()), name="break-even T'/T",
@@ -683,7 +726,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     """Pages and GQA unions of a :class:`~workbench.pages.PageResult`.
 
     Top left: page importance ``I_{l,g}(P)`` (group × page) at ``layer`` with the kept pages boxed;
-    bottom left: the group scores ``p_{l,g}(j)`` over the prompt tokens (kept tokens as filled markers);
+    bottom left: the group scores ``p_{l,g}(j)`` over the prompt tokens (kept tokens filled, dropped ones open);
     top right: the page union ``U_l`` per layer with ``K`` and ``min{GK, N_P}``; bottom right: ``UOR_g``.
     """
     pr = page_result
@@ -710,21 +753,25 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     for g in range(G):
         fig.add_trace(go.Scatter(x=np.arange(T), y=_z(pr.p[layer, g]), name=f"p g{g}", mode="lines+markers",
                                  line=dict(color=PALETTE[g % len(PALETTE)], width=1),
-                                 marker=dict(size=4, symbol=["circle" if k else "circle-open" for k in tm[g]]),
+                                 # kept: filled; dropped: white with the group's outline (a numeric colour array:
+                                 # a per-point symbol list costs plotly ~50 ms of validation per 2k points)
+                                 marker=dict(size=5, color=tm[g].astype(np.float32), cmin=0, cmax=1,
+                                             colorscale=[[0, "white"], [1, PALETTE[g % len(PALETTE)]]],
+                                             line=dict(color=PALETTE[g % len(PALETTE)], width=1)),
                                  customdata=_cd(toks, tm[g].tolist()), meta={"customdata": ["token", "kept"]},
                                  hovertemplate="g" + str(g) + " %{x}: %{customdata[0]}<br>p = %{y:.4g}"
                                  "<extra></extra>"), 2, 1)
     L = pr.L
     fig.add_trace(go.Bar(x=np.arange(L), y=_np(pr.U).tolist(), name="U_l", marker_color=KEPT, showlegend=False,
                          hovertemplate="layer %{x}: U = %{y} pages<extra></extra>"), 1, 2)
-    fig.add_hline(y=min(pr.K, N_P), line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=2)
-    fig.add_hline(y=min(G * pr.K, N_P), line=dict(color=NEUTRAL, dash="dot", width=1), row=1, col=2)
+    _span(fig, "hline", min(pr.K, N_P), line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=2)
+    _span(fig, "hline", min(G * pr.K, N_P), line=dict(color=NEUTRAL, dash="dot", width=1), row=1, col=2)
     for g in range(G):
         fig.add_trace(go.Scatter(x=np.arange(L), y=_z(pr.uor[:, g]), name=f"UOR g{g}", mode="lines",
                                  line=dict(color=PALETTE[g % len(PALETTE)]), showlegend=False,
                                  hovertemplate="layer %{x}: UOR g" + str(g) + " = %{y:.3f}<extra></extra>"), 2, 2)
-    fig.add_vline(x=layer, line=dict(color="#000", dash="dot", width=1), row=1, col=2)
-    fig.add_vline(x=layer, line=dict(color="#000", dash="dot", width=1), row=2, col=2)
+    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=1, col=2)
+    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=2, col=2)
     fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)", row=1, col=1)
     fig.update_xaxes(title_text="prompt position", row=2, col=1)
     fig.update_yaxes(title_text="group score p", row=2, col=1)
@@ -805,7 +852,7 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
         fig.update_xaxes(title_text=level, row=3, col=1)
         where = f"layer {layer}, per {level}"
     for row in (1, 2):
-        fig.add_vline(x=0.5, line=dict(color="#000", dash="dot", width=1), row=row, col=1)
+        _span(fig, "vline", 0.5, line=dict(color="#000", dash="dot", width=1), row=row, col=1)
         fig.update_xaxes(title_text="step r (≤ 0: prompt tail, ≥ 1: decode)", row=row, col=1)
     fig.update_yaxes(title_text="recall gain", row=3, col=1)
     ref = f"decode {shift.ref_start}…{shift.ref_end}" if shift.ref_end >= 0 else "external reference"
@@ -897,11 +944,11 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
                              customdata=_rows(toks, len(results)), meta={"customdata": ["token"]},
                              hovertemplate="%{y}<br>%{x}: %{customdata}<br>kept %{z:.2f}<extra></extra>"), 2, 1)
     for p in hi:
-        fig.add_vrect(x0=p - 0.5, x1=p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
+        _span(fig, "vrect", p - 0.5, p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
     ans = _answer_chunk(sp)
     if ans is not None:
         s, e = sp.chunks[ans]
-        fig.add_vrect(x0=s - 0.5, x1=e - 0.5, line=dict(color=ANSWER, width=1.5), fillcolor="rgba(0,0,0,0)",
+        _span(fig, "vrect", s - 0.5, e - 0.5, line=dict(color=ANSWER, width=1.5), fillcolor="rgba(0,0,0,0)",
                       annotation_text="answer passage", annotation_position="top left",
                       annotation_font=dict(size=10, color="#fff"), row=2, col=1)
     fig.update_yaxes(visible=False, range=[-1, 1], row=1, col=1)
@@ -1161,36 +1208,41 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
     """Make ``target`` (a ``go.Figure`` or ``go.FigureWidget``) show ``new`` without rebuilding it.
 
     When both have the same number of traces with the same types in the same order, every trace's
-    properties are overwritten from ``new`` and the layout (titles, annotations, shapes, axes, ``meta``) is
-    copied, all inside one ``target.batch_update()`` (a FigureWidget sends one message). Otherwise the
-    traces are replaced. Layout keys named in ``keep`` (size, ``uirevision``, template) stay as they are
-    in ``target``.
+    top-level properties and the layout (titles, annotations, shapes, axes, ``meta``) are replaced by
+    ``new``'s in ONE ``plotly_update`` (a FigureWidget sends one message holding only what changed).
+    ``new`` is already a validated figure, so its JSON is written as it is: nothing is validated twice,
+    which is what makes a slider move cheap. Otherwise the traces are replaced. Layout keys named in
+    ``keep`` (size, ``uirevision``, template) stay as they are in ``target``.
 
     Returns:
         ``True`` if the traces were updated in place, ``False`` if they were replaced.
     """
     same = len(target.data) == len(new.data) and all(a.type == b.type for a, b in zip(target.data, new.data))
-    new_layout = new.layout.to_plotly_json()
-    old_layout = target.layout.to_plotly_json()
+    new_layout = {k: v for k, v in new.layout.to_plotly_json().items() if k not in keep}
+    relayout = {k: None for k in target._layout if k not in new_layout and k not in keep}
+    relayout.update(new_layout)
+    # plotly_update writes raw JSON; it only takes paths the target already knows (a new subplot axis is not)
+    fits = all(k in target.layout for k in relayout)
     if same:
-        with target.batch_update():
+        new_data = [tr.to_plotly_json() for tr in new.data]
+        keys = set().union(*(d.keys() for d in new_data), *(d.keys() for d in target._data)) - {"type", "uid"}
+        if fits and all(k in tr for tr in target.data for k in keys):
+            restyle = {k: [d.get(k) for d in new_data] for k in sorted(keys)}
+            target.plotly_update(restyle_data=restyle, relayout_data=relayout,
+                                 trace_indexes=list(range(len(new_data))))
+            return True
+    with target.batch_update():
+        if not same:
+            target.data = ()
+            target.add_traces(list(new.data))
+        else:
             for old_tr, new_tr in zip(target.data, new.data):
                 nj = new_tr.to_plotly_json()
-                nj.pop("type", None)
-                nj.pop("uid", None)
                 for key in set(old_tr.to_plotly_json()) - set(nj) - {"type", "uid"}:
                     old_tr[key] = None
+                nj.pop("type", None)
+                nj.pop("uid", None)
                 old_tr.update(nj, overwrite=True)
-            _copy_layout(target, old_layout, new_layout, keep)
-    else:
-        target.data = ()
-        target.add_traces(list(new.data))
-        with target.batch_update():
-            _copy_layout(target, old_layout, new_layout, keep)
+        for k, v in relayout.items():
+            target.layout[k] = v
     return same
-
-
-def _copy_layout(target, old_layout: dict, new_layout: dict, keep) -> None:
-    for key in set(old_layout) - set(new_layout) - set(keep):
-        target.layout[key] = None
-    target.layout.update({k: v for k, v in new_layout.items() if k not in keep}, overwrite=True)
