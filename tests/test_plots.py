@@ -513,18 +513,20 @@ def test_figure_frame_accepts_numpy_arrays():
                                annotation_font=dict(size=10, color="#fff"))),
 ])
 def test_span_matches_plotly(kind, args, kw):
-    """``plots._span`` draws the same shape and annotation as plotly's ``add_vline/add_hline/add_vrect``."""
+    """``plots._span`` on a draft draws the same shape and annotation as plotly's ``add_vline/add_hline/add_vrect``."""
     from plotly.subplots import make_subplots
 
-    def grid():
-        f = make_subplots(rows=3, cols=1, specs=[[{}], [{"secondary_y": True}], [{}]])
+    grid_kw = dict(rows=3, cols=1, specs=[[{}], [{"secondary_y": True}], [{}]])
+
+    def fill(f):
         for r in (1, 2, 3):
             f.add_trace(go.Scatter(x=[0, 9], y=[0, 1]), row=r, col=1)
         f.add_trace(go.Scatter(x=[0, 9], y=[5, 3]), row=2, col=1, secondary_y=True)
         return f
 
-    ours, theirs = grid(), grid()
+    ours, theirs = fill(plots._Draft.subplots(**grid_kw)), fill(make_subplots(**grid_kw))
     plots._span(ours, kind, *args, **kw)
+    ours = ours.figure()
     pkw = dict(kw)
     if kind == "vrect":
         pkw.update(x0=args[0], x1=args[1])
@@ -533,3 +535,40 @@ def test_span_matches_plotly(kind, args, kw):
     getattr(theirs, f"add_{kind}")(**pkw)
     assert ours.layout.shapes and ours.layout.to_plotly_json()["shapes"] == theirs.layout.to_plotly_json()["shapes"]
     assert ours.layout.to_plotly_json().get("annotations") == theirs.layout.to_plotly_json().get("annotations")
+    assert ours.to_plotly_json() == theirs.to_plotly_json()
+
+
+@pytest.mark.parametrize("kw", [
+    dict(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06),
+    dict(rows=2, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.1, vertical_spacing=0.14),
+    dict(rows=4, cols=1, shared_xaxes=True, row_heights=[0.38, 0.25, 0.25, 0.12], vertical_spacing=0.05,
+         specs=[[{}], [{"secondary_y": True}], [{}], [{}]]),
+])
+def test_draft_equals_plotly_figure(kw):
+    """A :class:`plots._Draft` (dicts, validated once) builds the figure plotly's incremental API builds,
+    and still rejects a wrong property."""
+    from plotly.subplots import make_subplots
+
+    for _ in range(2):  # the first call fills the grid cache, the second copies it
+        ours, ref = plots._Draft.subplots(**kw), make_subplots(**kw)
+        for f in (ours, ref):
+            for r in range(1, kw["rows"] + 1):
+                for c in range(1, kw["cols"] + 1):
+                    for sec in ((False, True) if "specs" in kw and r == 2 else (False,)):
+                        f.add_trace(go.Scatter(x=[r, c], y=[c, r], marker_color="red"), row=r, col=c, secondary_y=sec)
+            f.update_yaxes(title_text="first", range=[0, 1], row=1, col=1)
+            f.update_xaxes(title_text="last", row=kw["rows"], col=1)
+            f.update_xaxes(dtick=2)
+            f.add_annotation(x=1, y=0, xref="x domain", yref="y domain", text="note", showarrow=False)
+            f.add_annotation(x=1, y=1, text="in the last row", row=kw["rows"], col=1)
+            f.add_annotation(x=0.5, y=0.5, xref="x domain", yref="y domain", text="domain", row=kw["rows"], col=1)
+            f.update_layout(xaxis_title_font_size=9, legend=dict(orientation="h"))
+        ours = ours.figure()
+        assert ours.to_plotly_json() == ref.to_plotly_json()
+    d = plots._Draft.subplots(**kw)
+    with pytest.raises(ValueError):
+        d.update_layout(not_a_property=1)
+    with pytest.raises(ValueError):
+        d.update_xaxes(not_a_property=1, row=1, col=1)
+    with pytest.raises(ValueError, match="row, col"):
+        d.add_trace(go.Scatter(), row=kw["rows"], col=1, secondary_y=True)

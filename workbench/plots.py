@@ -26,6 +26,7 @@ traces otherwise. :func:`figure_frame` turns any of these figures into one tidy 
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import html
 import math
@@ -125,35 +126,148 @@ def _meta(figure: str, model_id, params=None, **kw) -> dict:
     return d
 
 
-def _finish(fig: go.Figure, title: str, meta: dict, **layout) -> go.Figure:
+def _merge(into: dict, patch: dict) -> dict:
+    """Recursive dict update, as plotly's ``update``: nested dicts merge, everything else is replaced."""
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            _merge(into[k], v)
+        else:
+            into[k] = v
+    return into
+
+
+class _Draft:
+    """A figure under construction as plain dicts, validated ONCE when :func:`_finish` makes the ``go.Figure``.
+
+    It takes the subset of ``go.Figure``'s methods the figure functions use (``add_trace`` with
+    ``row``/``col``/``secondary_y``, ``update_xaxes``/``update_yaxes``, ``add_annotation``, ``add_shape``,
+    ``update_layout``) with the same meaning. Built incrementally, a plotly figure re-validates and deep-copies
+    its parts on every call (and re-assigns its whole shape tuple per shape): a four-row trace figure took
+    ~80 ms, most of a slider move; from dicts it takes ~15 ms. Every keyword still goes through plotly's
+    validator of that object (``go.layout.XAxis(**kw)``, ...), so a wrong property raises as before.
+
+    Shapes: ``traces`` a list of trace dicts, ``layout`` a layout dict.
+    """
+
+    def __init__(self, trace=None):
+        self.traces: list[dict] = []
+        self.layout: dict = {}
+        self._grid_ref = None
+        if trace is not None:
+            self.add_trace(trace)
+
+    _GRIDS: dict[str, tuple] = {}
+
+    @classmethod
+    def subplots(cls, **kw) -> "_Draft":
+        """``make_subplots(**kw)``'s grid; plotly builds it once per argument set, later calls copy its layout."""
+        key = repr(sorted(kw.items()))
+        if key not in cls._GRIDS:
+            ref = make_subplots(**kw)
+            cls._GRIDS[key] = (ref.layout.to_plotly_json(), ref._grid_ref)
+        layout, grid_ref = cls._GRIDS[key]
+        d = cls()
+        d.layout, d._grid_ref = copy.deepcopy(layout), grid_ref
+        return d
+
+    def _has_subplots(self) -> bool:
+        return self._grid_ref is not None
+
+    def refs(self, row: int | None, col: int | None, secondary_y: bool = False) -> tuple[str, str]:
+        """Axis references (``"x2"``, ``"y3"``) of subplot ``(row, col)`` (``("x", "y")`` without a grid)."""
+        if row is None or self._grid_ref is None:
+            return "x", "y"
+        cell = self._grid_ref[row - 1][col - 1]
+        if cell is None or (secondary_y and len(cell) < 2):
+            raise ValueError(f"row, col: subplot ({row}, {col}{', secondary y' if secondary_y else ''}) "
+                             "is not in the grid")
+        kw = cell[1 if secondary_y else 0].trace_kwargs
+        return kw["xaxis"], kw["yaxis"]
+
+    def cells(self):
+        """``(row, col)`` of every subplot that holds a trace (plotly's ``exclude_empty_subplots``)."""
+        used = {(t.get("xaxis", "x"), t.get("yaxis", "y")) for t in self.traces}
+        for r, row in enumerate(self._grid_ref or (), start=1):
+            for c, cell in enumerate(row, start=1):
+                if cell is not None and tuple(cell[0].trace_kwargs.values()) in used:
+                    yield r, c
+
+    def add_trace(self, trace, row: int | None = None, col: int | None = None, secondary_y: bool = False):
+        d = trace.to_plotly_json() if hasattr(trace, "to_plotly_json") else dict(trace)
+        if row is not None and self._grid_ref is not None:
+            d["xaxis"], d["yaxis"] = self.refs(row, col, secondary_y)
+        self.traces.append(d)
+        return self
+
+    def _axes(self, letter: str, row, col, secondary_y: bool, kw: dict) -> None:
+        patch = (go.layout.XAxis if letter == "x" else go.layout.YAxis)(**kw).to_plotly_json()
+        if row is not None:
+            ref = self.refs(row, col, secondary_y)[0 if letter == "x" else 1]
+            names = [ref.replace(letter, letter + "axis", 1)]
+        else:
+            names = [k for k in self.layout if re.fullmatch(letter + r"axis\d*", k)] or [letter + "axis"]
+        for n in names:
+            _merge(self.layout.setdefault(n, {}), copy.deepcopy(patch))
+
+    def update_xaxes(self, row=None, col=None, **kw):
+        self._axes("x", row, col, False, kw)
+        return self
+
+    def update_yaxes(self, row=None, col=None, secondary_y: bool = False, **kw):
+        self._axes("y", row, col, secondary_y, kw)
+        return self
+
+    def _placed(self, kw: dict, row, col, secondary_y: bool) -> dict:
+        if row is not None and self._grid_ref is not None:  # plotly: the subplot's axes replace x/y refs
+            xr, yr = self.refs(row, col, secondary_y)
+            kw["xref"] = xr + (" domain" if "domain" in str(kw.get("xref", "")) else "")
+            kw["yref"] = yr + (" domain" if "domain" in str(kw.get("yref", "")) else "")
+        return kw
+
+    def add_annotation(self, arg=None, row=None, col=None, secondary_y: bool = False, **kw):
+        a = go.layout.Annotation(arg, **kw).to_plotly_json()
+        self.layout.setdefault("annotations", []).append(self._placed(a, row, col, secondary_y))
+        return self
+
+    def add_shape(self, row=None, col=None, secondary_y: bool = False, **kw):
+        a = go.layout.Shape(**kw).to_plotly_json()
+        self.layout.setdefault("shapes", []).append(self._placed(a, row, col, secondary_y))
+        return self
+
+    def update_layout(self, **kw):
+        _merge(self.layout, go.Layout(**kw).to_plotly_json())
+        return self
+
+    def figure(self) -> go.Figure:
+        """The validated ``go.Figure``."""
+        return go.Figure({"data": self.traces, "layout": self.layout})
+
+
+def _finish(fig, title: str, meta: dict, **layout) -> go.Figure:
+    """Title, ``meta`` and the workbench template; a :class:`_Draft` becomes its ``go.Figure`` here."""
+    if isinstance(fig, _Draft):
+        fig.update_layout(title=dict(text=title), meta=meta, **layout)
+        fig.layout["template"] = TEMPLATE
+        return fig.figure()
     fig.update_layout(template=TEMPLATE, title=dict(text=title), meta=meta, **layout)
     return fig
 
 
-def _span(fig: go.Figure, kind: str, a: float, b: float | None = None, *, row: int | None = None,
+def _span(fig: "_Draft", kind: str, a: float, b: float | None = None, *, row: int | None = None,
           col: int | None = None, secondary_y: bool = False, annotation_text: str | None = None,
           annotation_position: str | None = None, annotation_font: dict | None = None, **shape) -> None:
-    """``fig.add_vline`` / ``add_hline`` / ``add_vrect`` (``kind`` = ``"vline"``, ``"hline"``, ``"vrect"``) on ONE
-    subplot (the first when ``row``/``col`` are None), giving the same shape and annotation as plotly's.
-
-    Plotly's versions re-assign (and re-validate) the figure's whole shape tuple per call, which made a
-    figure with nine head separators cost ~100 ms; this appends one shape.
-    """
+    """``fig.add_vline`` / ``add_hline`` / ``add_vrect`` (``kind`` = ``"vline"``, ``"hline"``, ``"vrect"``) on a
+    :class:`_Draft`: the same shapes and annotations plotly draws (on every non-empty subplot when
+    ``row``/``col`` are None, as plotly's ``row="all"``), without plotly re-assigning the whole shape tuple
+    per call (nine head separators cost ~100 ms that way)."""
     from plotly import shapeannotation
 
-    if row is None and fig._has_subplots():  # plotly's row="all", col="all": every non-empty subplot
-        used = {(t.xaxis or "x", t.yaxis or "y") for t in fig.data}
-        for r, cells in enumerate(fig._grid_ref, start=1):
-            for c, ref in enumerate(cells, start=1):
-                if ref is not None and tuple(ref[0].trace_kwargs.values()) in used:
-                    _span(fig, kind, a, b, row=r, col=c, annotation_text=annotation_text,
-                          annotation_position=annotation_position, annotation_font=annotation_font, **shape)
+    if row is None and fig._has_subplots():
+        for r, c in list(fig.cells()):
+            _span(fig, kind, a, b, row=r, col=c, annotation_text=annotation_text,
+                  annotation_position=annotation_position, annotation_font=annotation_font, **shape)
         return
-    if row is not None and fig._has_subplots():
-        sp = fig.get_subplot(row, col, secondary_y=secondary_y)
-        xr, yr = sp.xaxis.plotly_name.replace("axis", ""), sp.yaxis.plotly_name.replace("axis", "")
-    else:
-        xr, yr = "x", "y"
+    xr, yr = fig.refs(row, col, secondary_y)
     if kind == "vline":
         args, refs = dict(type="line", x0=a, x1=a, y0=0, y1=1), dict(xref=xr, yref=yr + " domain")
     elif kind == "hline":
@@ -169,8 +283,7 @@ def _span(fig: go.Figure, kind: str, a: float, b: float | None = None, *, row: i
             kw["annotation_position"] = annotation_position
         if annotation_font is not None:
             kw["annotation_font"] = annotation_font
-        ann = shapeannotation.axis_spanning_shape_annotation(None, kind, args, kw)
-        fig.add_annotation(ann, **refs)
+        fig.add_annotation(shapeannotation.axis_spanning_shape_annotation(None, kind, args, kw), **refs)
 
 
 def _np(x) -> np.ndarray:
@@ -414,7 +527,7 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
     else:
         xs = [(s + e) / 2 for s, e in sp.chunks]
         widths = n.tolist()
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    fig = _Draft.subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06)
     groups = (("kept", [i for i in range(k) if i not in rset]), ("removed", sorted(rset)))
     for row, (vals, name) in enumerate(((S, "S"), (ell, "ℓ"), (kap, "κ")), start=1):
         for label, idx in groups:
@@ -492,7 +605,7 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
         raise ValueError(f"budget: must be a number of tokens >= 0, got {budget!r}")
     N = sels[layers[0]].N
     verdict = [html.escape(sels[l].verdict) for l in layers]
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
+    fig = _Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
     fig.add_trace(go.Scatter(x=layers, y=_z([np.nan if u is None else u for u in U]), name="U_l (certificate)",
                              mode="lines+markers", line=dict(color=PALETTE[1]),
                              marker=dict(symbol=["x" if f else "circle" for f in infeasible], size=8),
@@ -535,7 +648,7 @@ def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figur
         raise ValueError("trace: has no monitored layers")
     P = trace.params
     layers = df["layer"].tolist()
-    fig = make_subplots(rows=4, cols=1, shared_xaxes=True, row_heights=[0.38, 0.25, 0.25, 0.12],
+    fig = _Draft.subplots(rows=4, cols=1, shared_xaxes=True, row_heights=[0.38, 0.25, 0.25, 0.12],
                         vertical_spacing=0.04, specs=[[{}], [{"secondary_y": True}], [{}], [{}]])
     f = lambda c: _z(pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float))  # noqa: E731
     tt = [np.nan if v is None else v for v in df["target_tokens"]]
@@ -577,7 +690,7 @@ def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figur
     key = "  ".join(f'<span style="color:{c}">■</span> {k.replace("_", " ")}' for k, c in _STATUS_COLOR.items()
                     if k in status)
     fig.add_annotation(x=0, y=0, xref="x domain",
-                       yref=fig.get_subplot(4, 1).yaxis.plotly_name.replace("axis", "") + " domain", xanchor="left", yanchor="bottom", text=key,
+                       yref=fig.refs(4, 1)[1] + " domain", xanchor="left", yanchor="bottom", text=key,
                        showarrow=False, font=dict(size=9), yshift=-2)
     dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
     return _finish(fig, f"Layer trace: {html.escape(dec)}",
@@ -617,7 +730,7 @@ def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None,
     hover = ("row %{x} (h%{customdata[0]}, u%{customdata[1]}): %{y:.4g}<br>ω = %{customdata[2]:.3g}, "
              "D_χ² = %{customdata[3]:.3g} (cap %{customdata[4]:.3g})<br>q/ω = %{customdata[5]:.3g}, "
              "q + √(D_χ² q(1−q)) = %{customdata[6]:.3g}")
-    fig = go.Figure()
+    fig = _Draft()
     fig.add_trace(go.Scatter(x=a, y=_z(env.bound), name="envelope", mode="lines", line=dict(color=PALETTE[1], shape="hvh"),
                              customdata=cd, meta={"customdata": names},
                              hovertemplate=hover + "<extra>envelope</extra>"))
@@ -651,7 +764,7 @@ def drift(stability, *, model_id: str | None = None, params=None) -> go.Figure:
     if not layers:
         raise ValueError("stability: has no drift values (no layer after l*)")
     d = [stability.drift[l] for l in layers]
-    fig = go.Figure()
+    fig = _Draft()
     fig.add_trace(go.Scatter(x=layers, y=_z(d), name="drift", mode="lines+markers", line=dict(color=KEPT),
                              hovertemplate="X^%{x}: drift %{y:.4g}<extra></extra>"))
     dl = sorted(stability.defects)
@@ -690,7 +803,7 @@ def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Fig
     if df.empty:
         raise ValueError("cost_grid: is empty")
     ls = sorted(df["l_star"].unique().tolist())
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12)
+    fig = _Draft.subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12)
     cols = PALETTE if len(ls) <= len(PALETTE) else [
         c for c in _sample_scale(len(ls))]
     for i, l in enumerate(ls):
@@ -738,7 +851,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     raw = list(sp.tokens) if sp is not None else None
     ranges = [(P * pr.b, min((P + 1) * pr.b, T)) for P in range(N_P)]
     prev = [f"{s}–{e - 1}: " + (_text_preview(raw[s:e], 60) if raw else "") for s, e in ranges]
-    fig = make_subplots(rows=2, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.1, vertical_spacing=0.14)
+    fig = _Draft.subplots(rows=2, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.1, vertical_spacing=0.14)
     I = _np(pr.importance[layer])
     sel = _np(pr.selected[layer])
     fig.add_trace(go.Heatmap(z=_z(I), x=np.arange(N_P), y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
@@ -812,7 +925,7 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
     glabel = {"gain_m10": "−1→0", "gain_01": "0→1", "gain_12": "1→2", "gain_23": "2→3"}
     unit = "g" if level == "group" else "h"
     if layer is None:
-        fig = make_subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
+        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
         fig.add_trace(go.Heatmap(z=_z(rec.mean(1)), x=r, y=list(range(L)), coloraxis="coloraxis", name="recall",
                                  hovertemplate="layer %{y}, r = %{x}: recall %{z:.3f}<extra></extra>"), 1, 1)
         fig.add_trace(go.Heatmap(z=_z(js.mean(1)), x=rj, y=list(range(L)), coloraxis="coloraxis2", name="JSD",
@@ -832,7 +945,7 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
         where = f"mean over {level}s"
     else:
         _check_int_range("layer", layer, 0, L - 1)
-        fig = make_subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
+        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
         cols = PALETTE if U <= len(PALETTE) else _sample_scale(U)
         for u in range(U):
             c = cols[u % len(cols)]
@@ -935,7 +1048,7 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
             lab += f" ({np.nanmean(sub):.0%} kept)" if np.isfinite(sub).any() else ""
         labels.append(lab)
     toks = _tokens(sp, T)
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.01)
+    fig = _Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.01)
     fig.add_trace(go.Scatter(x=hi, y=[0] * len(hi), name="highlight", mode="markers", showlegend=False,
                              marker=dict(symbol="triangle-down", color=ANSWER, size=9),
                              customdata=np.array([toks[p] for p in hi], dtype=object), meta={"customdata": ["token"]},
@@ -1015,7 +1128,7 @@ def accuracy_vs_budget(df: pd.DataFrame, *, metric: str = "f1", x: str | None = 
     d[metric] = pd.to_numeric(d[metric], errors="coerce").astype(float)
     d[x] = pd.to_numeric(d[x], errors="coerce")
     d = d[d[metric].notna()]
-    fig = go.Figure()
+    fig = _Draft()
     i = 0
     refs = []
     for key, sub in d.groupby(by, sort=True, dropna=False):
