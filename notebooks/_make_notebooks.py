@@ -7,9 +7,10 @@ The cells live here as Python source so that they can be reviewed and diffed; ru
 
 and commit the regenerated ``.ipynb`` files. ``tests/test_notebooks.py`` executes all of them.
 
-Every figure comes from :mod:`workbench.plots`; each notebook ends with an interactive panel from
-:mod:`workbench.widgets` (displayed directly, never inside ``ipywidgets.Output``); notebook 04 also
-exports its figure with :mod:`workbench.export`.
+Every figure comes from :mod:`workbench.plots`; each notebook shows an interactive panel from
+:mod:`workbench.widgets` (displayed directly, never inside ``ipywidgets.Output``; notebook 04 also
+exports its figure with :mod:`workbench.export`) and ends with a ``## Checks`` cell
+(:func:`check_cells`) that prints and asserts real numbers the notebook computed.
 """
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ def panel_cells(cls: str, args: str, note: str, prelude: str = "") -> list:
         md("### Interactive panel\n\n" + note),
         code(src + f"panel = {cls}({args})\npanel.widget"),
     ]
+
+
+def check_cells(src: str, note: str = "") -> list:
+    """The closing cells of every notebook: a ``## Checks`` title and one code cell that recomputes the
+    numbers the notebook talks about from its own results, prints them and asserts them (SPEC's
+    inequalities, sums, counts). CI executes every notebook; ``tests/test_notebooks.py`` requires the last
+    code cell to assert."""
+    note = note or "The numbers this notebook talks about, recomputed from its own results, printed and asserted."
+    return [md("## Checks\n\n" + note), code(src)]
 
 
 def export_cells(figs: str) -> list:
@@ -208,20 +218,32 @@ def nb01():
         assert torch.equal(back.attn, cap.attn) and back.spans == cap.spans and back.row_kind == cap.row_kind
         print(f"{path.name}: {path.stat().st_size / 2**20:.1f} MiB, identical after load; model {back.model_id}")
         """),
-        md("Checks (CI runs this notebook):"),
-        code("""
-        import math
-
-        sums = cap.attn[:, :, prompt_rows, :spans.T].sum(-1)
-        assert torch.allclose(sums, torch.ones_like(sums), atol=1e-5)          # every prompt row is a distribution
-        H = pooling.H[pooling.valid_head]                                        # finite for valid heads
-        assert float(H.min()) >= -1e-9 and float(H.max()) <= math.log(spans.T - spans.n_sink) + 1e-9
-        assert cap.spans.k == 8 and len(cap.generated_ids) == 4
-        """),
     ]
     cells += panel_cells("HeadsPanel", 'cap, quantity="sink"',
                          "Pick the layer and the quantity (sink mass, entropy `H`, weight `w`); the heatmap and the "
                          "residual rows of the layer follow. No model call: everything comes from the capture.")
+    cells += check_cells("""
+        import math
+
+        sums = cap.attn.sum(-1)                       # [L, H_Q, rows]; a decode row's future keys hold 0
+        row_err = float((sums - 1).abs().max())
+        sink = cap.sink_mass()                        # [L, H_Q], mean over the observers
+        H = pooling.H[pooling.valid_head]             # finite for valid heads
+        H_cap = math.log(spans.T - spans.n_sink)
+        print(f"{sums.numel()} captured rows ({ {k: int(v) for k, v in kinds.items()} }): max |Σ_j A_uj − 1| = {row_err:.1e}")
+        print(f"captured vs eager output_attentions: max |Δ| = {err:.1e}")
+        print(f"layer {layer}: sink mass of head {sink_head} = {float(sink[layer, sink_head]):.3f} (most), "
+              f"head {reader_head} = {float(sink[layer, reader_head]):.3f} (least)")
+        print(f"H_h over {H.numel()} valid heads in [{float(H.min()):.3f}, {float(H.max()):.3f}] ⊂ [0, ln(T − n_sink)] = [0, {H_cap:.3f}]")
+        assert row_err < 1e-5                                               # every captured row is a distribution
+        assert err < 1e-4                                                   # ... and the model's own attention
+        assert int(kinds.sum()) == cap.attn.shape[2] and int(kinds["decode"]) == len(cap.generated_ids) == 4
+        assert float(sink.min()) >= 0 and float(sink.max()) <= 1 + 1e-5
+        assert torch.allclose(pooling.sink_mass, sink.double(), atol=1e-5)   # pooling's observer means agree
+        assert float(sink[layer, sink_head]) == float(sink[layer].max()) > float(sink[layer].min()) == float(sink[layer, reader_head])
+        assert float(H.min()) >= -1e-9 and float(H.max()) <= H_cap + 1e-9
+        assert cap.spans.k == 8 and back.attn.shape == cap.attn.shape
+        """)
     return cells
 
 
@@ -341,14 +363,32 @@ def nb02():
                           xaxis_title="prompt position", yaxis_title="μ_j")
         fig
         """),
-        code("""
-        assert torch.allclose(pooling.mu.sum(-1), torch.ones(cap.L, dtype=torch.float64), atol=1e-6)
-        assert torch.allclose(HeadPooling(zeta=1.0)(cap).w, torch.full((cap.L, cap.H_Q), 1 / cap.r, dtype=torch.float64))
-        """),
     ]
     cells += panel_cells("HeadsPanel", "cap",
                          "The `ζ` and `τ` sliders recompute the pooling from the capture (cached statistics, no model "
                          "call) and update the head weights and the residual rows in place.")
+    cells += check_cells("""
+        onehot = torch.nn.functional.one_hot(cap.head_group, cap.G).double()     # [H_Q, G]
+        group_sum = pooling.w @ onehot                                          # [L, G]: Σ_{h∈g} w_h
+        sink = pooling.sink_mass                                                # [L, H_Q]
+        mu_all = pooling.mu                                                     # [L, T]
+        mu_again = torch.einsum("lh,lht->lt", pooling.w, pooling.a) / cap.G     # (1/G) Σ_h w_h a^h
+        uniform = HeadPooling(zeta=1.0)(cap).w
+        print(f"Σ_(h∈g) w_h over {cap.L} layers × {cap.G} groups: max |· − 1| = {float((group_sum - 1).abs().max()):.1e}")
+        print(f"min w_h = {float(pooling.w.min()):.4f} ≥ floor ζ/r = {0.5 / cap.r:.4f}; at ζ = 1 every w_h = {float(uniform.mean()):.4f} = 1/r")
+        print(f"sink mass in [{float(sink.min()):.3f}, {float(sink.max()):.3f}]; max |z_h + sink mass − 1| = {float((pooling.z + sink - 1).abs().max()):.1e}")
+        print(f"μ: min {float(mu_all.min()):.2e}, max |Σ_j μ_j − 1| = {float((mu_all.sum(-1) - 1).abs().max()):.1e}, "
+              f"max |μ − (1/G) Σ_h w_h a^h| = {float((mu_all - mu_again).abs().max()):.1e}")
+        print(f"property (6): min margin w_h* − bound = {worst:.3e}; flat head {flat} at τ = 0.01: w = {float(HeadPooling(zeta=0.5, tau=0.01)(cap).w[layer, flat]):.4f}")
+        assert torch.allclose(group_sum, torch.ones_like(group_sum), atol=1e-9)    # w_h sums to 1 in every group and layer
+        assert float(pooling.w.min()) >= 0.5 / cap.r - 1e-12                        # the floor ζ/r
+        assert torch.allclose(uniform, torch.full((cap.L, cap.H_Q), 1 / cap.r, dtype=torch.float64))
+        assert float(sink.min()) >= 0 and float(sink.max()) <= 1 + 1e-6             # sink mass is a share of the row
+        assert torch.allclose(pooling.z + sink, torch.ones_like(sink), atol=1e-5)   # sink + residual = the whole row
+        assert float(mu_all.min()) >= 0 and torch.allclose(mu_all.sum(-1), torch.ones(cap.L, dtype=torch.float64), atol=1e-6)
+        assert torch.allclose(mu_all, mu_again, atol=1e-9)                         # μ is the w-weighted mixture
+        assert worst >= -1e-12
+        """)
     return cells
 
 
@@ -458,16 +498,29 @@ def nb03():
                           title=f"Layer {layer}: greedy removal D_l (solid) and LP bound U_l (dashed) against the target")
         fig
         """),
-        code("""
-        assert (budget.D <= budget.U + 1e-6).all()              # the certificate bounds every feasible removal
-        assert not (budget.reached & budget.infeasible_proved).any()
-        budget.tail(6)
-        """),
+        code("budget.tail(6)"),
     ]
     cells += panel_cells("PriorityPanel", "cap, EntroPrefillParams(target=0.25, eps_row=0.2), layer=15",
                          "Move `λ`, `ε_s`, the saving target and `ε_row`: the priority bars, the greedy removal, its "
                          "envelope and the certificate of the layer follow. No model call.",
                          prelude="from workbench.params import EntroPrefillParams")
+    cells += check_cells("""
+        row_load = m[layer][:, sel.removed].sum(-1)              # every (head, observer) row's removed mass
+        D_again = int(spans.n[sel.removed].sum())
+        print(f"layer {layer}: removed chunks {sel.removed}: D_l = {sel.D} = Σ n_i = {D_again} tokens "
+              f"(target {sel.target_tokens}), LP bound U_l = {sel.U:.2f}; max row load {float(row_load.max()):.3f} ≤ ε_row = 0.2")
+        print(f"budget grid: {len(budget)} settings; max D_l − U_l = {float((budget.D - budget.U).max()):.2f}; "
+              f"{int(budget.reached.sum())} reached the target, {int(budget.infeasible_proved.sum())} proved infeasible")
+        print(f"property (10): min slack {float(gap.min()):.2e}; null priorities max |S_i| = {float(null.S.abs().max()):.1e}")
+        assert sel.D == D_again and sel.D <= sel.U + 1e-6                              # greedy D_l ≤ LP bound U_l
+        assert sel.reached and sel.D >= sel.target_tokens                              # the target is met at this layer
+        assert float(row_load.max()) <= 0.2 + 1e-9 and len(sel.removed) <= spans.k - 1  # row constraints and m_0 = 1
+        assert (budget.D <= budget.U + 1e-6).all()                                     # the certificate bounds every removal
+        assert (budget.D[budget.reached] >= budget.target[budget.reached]).all()      # reached: removed ≥ target
+        assert (budget.U[budget.infeasible_proved] < budget.target[budget.infeasible_proved]).all()
+        assert not (budget.reached & budget.infeasible_proved).any()
+        assert float(gap.min()) >= -1e-12 and float(null.S.abs().max()) < 1e-9
+        """)
     return cells
 
 
@@ -588,6 +641,31 @@ def nb04():
                          "envelope of every observer row follows the new removal. No model call.",
                          prelude="from workbench.params import EntroPrefillParams")
     cells += export_cells('{"envelope_rows": plots.envelope_rows(env)}')
+    cells += check_cells("""
+        removed_mask = spans.removal_mask(sel.removed)                         # bool [T], E = the greedy removal
+        q_chk = float(pooling.mu[layer][removed_mask].sum())                   # q = μ(E)
+        rows_chk = A_obs[layer].reshape(-1, spans.T).double()                  # [H_Q * W_p, T], a = (h, u)
+        eta_chk = rows_chk[:, removed_mask].sum(-1)                            # η_a = A_a(E)
+        omega_chk = pooling.omega[layer].repeat_interleave(spans.W_p)
+        chi2_chk = chi2_divergence(rows_chk, pooling.mu[layer])
+        bound_chk = torch.minimum(torch.minimum(torch.ones_like(eta_chk), q_chk / omega_chk),
+                                  q_chk + torch.sqrt(chi2_chk * q_chk * (1 - q_chk)))
+        slack = bound_chk - eta_chk
+        files = sorted(p.suffix for paths in written.values() for p in paths)
+        print(f"E = chunks {sel.removed} at layer {layer}: q = {q_chk:.4f}; {len(eta_chk)} rows, η ≤ envelope everywhere, "
+              f"min slack {float(slack.min()):.4f} (row {int(slack.argmin())}: η = {float(eta_chk[slack.argmin()]):.4f})")
+        print(f"all {len(pts)} (row, E) pairs: max η − envelope = {float((pts[:, 1] - pts[:, 0]).max()):.2e}; "
+              f"max D_χ² / (1/ω − 1) = {ratio:.4f}")
+        print(f"sharpness: η = {float(e.eta[0]):.3f} = q/ω = {float(e.term_ratio[0]):.3f}; output bound attained: "
+              f"{shift:.4f} = 2Vη = {output_bound(eta_row, V):.4f}; exported {files}")
+        assert abs(q_chk - env.q) < 1e-9 and torch.allclose(eta_chk, env.eta, atol=1e-6)
+        assert torch.allclose(bound_chk, env.bound, atol=1e-9)
+        assert bool((eta_chk <= bound_chk + 1e-6).all())                      # SPEC §4: η ≤ min{1, q/ω, q + sqrt(D_χ² q(1−q))}
+        assert float((chi2_chk / (1 / omega_chk - 1)).max()) <= 1 + 1e-9       # D_χ² ≤ 1/ω − 1
+        assert (pts[:, 1] <= pts[:, 0] + 1e-6).all() and ratio <= 1 + 1e-9
+        assert abs(float(e.eta[0]) - 1) < 1e-12 and abs(shift - output_bound(eta_row, V)) < 1e-9
+        assert files == [".csv", ".json", ".pdf", ".png", ".svg"] and all(p.stat().st_size > 0 for ps in written.values() for p in ps)
+        """)
     return cells
 
 
@@ -689,16 +767,37 @@ def nb05():
                                  saved_tokens=sum(spans.n[i].item() for i in t.removed)))
         pd.DataFrame(rows).pivot(index="eps_audit", columns="streak", values="l_star").astype("Int64")   # <NA>: bypass
         """),
-        code("""
-        f = tr.to_frame()
-        assert tr.l_star is not None and tr.records[tr.layers.index(tr.l_star)]["status"] == "accept"
-        assert (f.U.dropna() >= f.D[f.U.notna()] - 1e-6).all()        # U_l bounds the greedy removal
-        assert float(au.bound.max()) <= params.eps_audit
-        """),
     ]
     cells += panel_cells("AuditPanel", "cap, params",
                          "Every parameter of the 7-step procedure; the trace, the certificates and the decision "
                          "follow. No model call (the LP certificates update when a slider is released).")
+    cells += check_cells("""
+        import math
+        import torch
+
+        f = tr.to_frame()
+        certified = f[f.U.notna()]
+        b_formula = math.sqrt(math.log(sampled.J * cap.H_Q / params.delta) / (2 * 32))      # m_a = 32
+        b_grid = [math.sqrt(math.log(J * H / d) / (2 * m)) for m, d in zip(df.m_a, df.delta)]
+        E_star = spans.removal_mask(tr.removed)
+        eta_again = cap.attn[tr.l_star][:, tr.audit_rows][..., :spans.T][..., E_star].sum(-1).double()   # [H_Q, M]
+        sens = pd.DataFrame(rows).pivot(index="eps_audit", columns="streak", values="l_star")
+        print(f"l* = {tr.l_star}, E = chunks {tr.removed}: exact audit over {eta_again.shape[1]} rows, "
+              f"max_h η_h = {float(au.eta.max()):.4f} ≤ ε_audit = {params.eps_audit}")
+        print(f"U_l − D_l over {len(certified)} certified layers: min {float((certified.U - certified.D).min()):.3f}")
+        print(f"Hoeffding radius at m_a = 32, δ = {params.delta}, J = {sampled.J}, H_Q = {cap.H_Q}: "
+              f"sqrt(ln(J H_Q/δ)/(2 m_a)) = {b_formula:.4f} = trace's b {sampled.b:.4f} > ε_audit → bypass")
+        print("l* by ε_audit (rows) × streak (columns), <NA> = bypass:\\n" + sens.astype("Int64").to_string())
+        assert tr.l_star is not None and tr.records[tr.layers.index(tr.l_star)]["status"] == "accept"
+        assert (certified.U >= certified.D - 1e-6).all()                    # U_l bounds the greedy removal
+        assert au.b == 0 and torch.allclose(au.eta_rows, eta_again, atol=1e-6)          # the audit's rows, recomputed
+        assert torch.allclose(au.eta, eta_again.mean(-1), atol=1e-6) and float(au.bound.max()) <= params.eps_audit
+        assert abs(sampled.b - b_formula) < 1e-12 and sampled.bypass and sampled.b > params.eps_audit
+        assert max(abs(a - b) for a, b in zip(df.b, b_grid)) < 1e-12
+        for streak in sens.columns:                      # a looser audit never accepts later (NaN: bypass)
+            ls = sens[streak].fillna(math.inf).tolist()
+            assert all(x >= y for x, y in zip(ls, ls[1:])), (streak, ls)
+        """)
     return cells
 
 
@@ -796,6 +895,29 @@ def nb06():
                          "calls the model: the pruned and the full prefill, the answers side by side and the drift.",
                          prelude="from workbench.capture import run_capture, RowSet\n\n"
                                  "cap = run_capture(lm, prompt, RowSet(tail=0), progress=False)")
+    cells += check_cells("""
+        from workbench.cost import kv_bytes_dense
+
+        spans = prompt.spans
+        removed_pos = {p for i in pruned.removed for p in range(*spans.chunks[i])}
+        kept = set(pruned.retained.tolist())
+        two_LD = 2 * st.Lambda * st.Delta_L
+        e = next(lm.model.parameters()).element_size()                  # bytes per cache element (fp32 on a CPU)
+        print(f"l* = {pruned.l_star}, removed chunks {pruned.removed}: T = {pruned.T} → T' = {pruned.T_prime} "
+              f"({len(removed_pos)} chunk tokens removed, {len(kept)} kept)")
+        print(f"pruned answer: {len(pruned.generated_ids)} tokens {pruned.text!r}; full: {full.text!r}")
+        print(f"pruned KV cache after the prefill: {pruned.kv_bytes} bytes = 2 e L G d T' with e = {e}, T' = {pruned.T_prime}")
+        print(f"oracles: E = ∅ {d0:.1e}, l* = −1 {d1:.1e}; drift at l*+1 {st.drift[st.l_star + 1]:.1e}; "
+              f"m = {st.margin:.3f} vs 2ΛΔ_L = {two_LD:.3f} → certified {st.certified}, first tokens agree {st.agree_first_token}")
+        assert not pruned.bypass and pruned.removed and pruned.l_star == st.l_star
+        assert len(pruned.generated_ids) == 8 and pruned.text.strip() and len(full.generated_ids) == 8
+        assert pruned.T_prime == len(pruned.retained) == len(kept) == pruned.T - len(removed_pos)   # kept-token count
+        assert not (kept & removed_pos) and kept | removed_pos == set(range(pruned.T))
+        assert pruned.kv_bytes == kv_bytes_dense(lm.shape, pruned.T_prime, e)    # a dense cache of T' entries per layer
+        assert d0 < 1e-4 and d1 < 1e-4 and st.drift[st.l_star + 1] < 1e-3
+        assert st.certified == (st.margin > two_LD) and not (st.certified and not st.agree_first_token)
+        assert st.agree_first_token == (int(pruned.first_logits.argmax()) == int(full.first_logits.argmax()))
+        """)
     return cells
 
 
@@ -877,14 +999,40 @@ def nb07():
         plots.attention_strip(cap, layer=layer, head=0, row=tail0)
         """),
         code("plots.attention_strip(cap, layer=layer, head=0, row=dec1)"),
-        code("""
-        import math
-        assert float(sh.jsd_group.min()) >= -1e-12 and float(sh.jsd_group.max()) <= math.log(2) + 1e-9
-        assert ((sh.recall_group >= 0) & (sh.recall_group <= 1)).all()
-        """),
     ]
     cells += panel_cells("ShiftPanel", "cap, k=32",
                          "Choose `k`, the first decode row of the reference and the tail window. No model call.")
+    cells += check_cells("""
+        import math
+
+        # by hand, for group 0 at the layer above: the rows r = 0 and r = 1 on the prompt keys, renormalised
+        # per head and averaged over the group's heads; JSD with natural logs, unclamped
+        T = prompt.T
+        heads = (cap.head_group == 0).nonzero().flatten()
+        def group_row(i):
+            rows = cap.attn[layer][heads, i, :T].double()
+            return (rows / rows.sum(-1, keepdim=True)).mean(0)
+        def H(p):
+            return -float(torch.special.xlogy(p, p).sum())
+        p0, p1 = group_row(tail0), group_row(dec1)
+        jsd_hand = H((p0 + p1) / 2) - (H(p0) + H(p1)) / 2
+        i01 = int((sh.r == 0).nonzero())
+        ref = torch.stack([group_row(int(i)) for i in cap.rows_of("decode")]).mean(0)        # decode rows 1..10
+        top = lambda p: set(torch.topk(p, sh.k).indices.tolist())
+        recall_hand = len(top(p1) & top(ref)) / sh.k
+        gain = g[["gain_01", "gain_12", "gain_23"]].mean()
+        print(f"layer {layer}, group 0: JSD(r=0, r=1) by hand {jsd_hand:.5f}, ShiftAnalysis {float(sh.jsd_group[layer, 0, i01]):.5f} "
+              f"(ln 2 = {math.log(2):.4f}); top-{sh.k} recall at r = 1 by hand {recall_hand:.4f}, "
+              f"ShiftAnalysis {float(sh.recall_group[layer, 0, i01 + 1]):.4f}")
+        print(f"JSD over all layers, groups, steps in [{float(sh.jsd_group.min()):.4f}, {float(sh.jsd_group.max()):.4f}]; "
+              f"recall in [{float(sh.recall_group.min()):.3f}, {float(sh.recall_group.max()):.3f}]")
+        print(f"mean recall gain over layers: 0 → 1 {gain.gain_01:.3f}, 1 → 2 {gain.gain_12:.3f}, 2 → 3 {gain.gain_23:.3f}")
+        assert 0 <= jsd_hand <= math.log(2) and abs(jsd_hand - float(sh.jsd_group[layer, 0, i01])) < 1e-6
+        assert abs(recall_hand - float(sh.recall_group[layer, 0, i01 + 1])) < 1e-9
+        assert float(sh.jsd_group.min()) >= 0 and float(sh.jsd_group.max()) <= math.log(2)
+        assert ((sh.recall_group >= 0) & (sh.recall_group <= 1)).all() and len(cap.generated_ids) == 10
+        assert gain.gain_01 > max(gain.gain_12, gain.gain_23)          # the boundary leap of the text above
+        """)
     return cells
 
 
@@ -970,15 +1118,6 @@ def nb08():
         fig.update_layout(template=plots.TEMPLATE, title="DeferKV weights α_r (W = 32)", xaxis_title="row r", yaxis_title="α_r")
         fig
         """),
-        code("""
-        full_row = table[table.policy == "full"].iloc[0]
-        assert full_row.correct and full_row.kept_mean == 1.0
-        assert (table[table.policy == "streaming"].kept_mean == 0).all()      # sinks + recent never reach mid-prompt
-        # one footing: after eviction every policy holds B prompt entries plus the tokens generated before it
-        per_entry = frame.kv_bytes_before / (prompt.T + frame.evicted_at)
-        evicting = frame.policy != "full"
-        assert (frame.kv_bytes_after[evicting] == per_entry[evicting] * (frame.budget + frame.evicted_at)[evicting]).all()
-        """),
     ]
     cells += panel_cells("EvictionPanel", "cap, lm, prompt, budget=64, max_new_tokens=20",
                          "Choose the policy, the budget and DeferKV's `λ`: the kept positions are previewed from a "
@@ -986,6 +1125,33 @@ def nb08():
                          "under the policy and shows the answer beside the full-cache answer.",
                          prelude="from workbench.capture import run_capture, RowSet\n\n"
                                  "cap = run_capture(lm, prompt, RowSet(tail=32, n_decode=1), progress=False)")
+    cells += check_cells("""
+        T, L, G = prompt.T, lm.shape.L, lm.shape.G
+        always = torch.cat([torch.arange(4), torch.arange(T - 32, T)])      # n_sink = 4 sinks and the 32 most recent
+        counts = []
+        for r in results:
+            if r.policy == "full":
+                continue
+            kp = r.kept_prompt                                               # [L, G, B] sorted prompt positions
+            assert kp.shape == (L, G, r.budget), (r.policy, r.budget, kp.shape)
+            assert bool((kp[..., 1:] > kp[..., :-1]).all()) and int(kp.min()) >= 0 and int(kp.max()) < T   # distinct
+            assert all(bool(torch.isin(always, kp[l, g]).all()) for l in range(L) for g in range(G)), r.policy  # sinks + recent kept
+            needle_kept = torch.isin(kp, torch.as_tensor(needle)).sum(-1).double().mean() / len(needle)   # mean over caches
+            counts.append(dict(policy=r.policy, budget=r.budget, needle_kept=float(needle_kept)))
+        counts = pd.DataFrame(counts)
+        full_row = table[table.policy == "full"].iloc[0]
+        per_entry = frame.kv_bytes_before / (T + frame.evicted_at)
+        evicting = frame.policy != "full"
+        print(f"T = {T}; every evicting policy keeps exactly B prompt positions per layer and KV group, the 4 sinks "
+              f"and the last 32 included; full cache answer {full_row.answer!r} (correct: {full_row.correct})")
+        print("share of the needle's tokens kept (mean over layers and KV groups):")
+        print(counts.pivot(index="policy", columns="budget", values="needle_kept").round(3).to_string())
+        assert full_row.correct and full_row.kept_mean == 1.0
+        assert (abs(counts.needle_kept.values - table[evicting.values].kept_mean.values) <= 5e-4 + 1e-12).all()   # the table, recomputed
+        assert (table[table.policy == "streaming"].kept_mean == 0).all()      # sinks + recent never reach mid-prompt
+        # one footing: after eviction every policy holds B prompt entries plus the tokens generated before it
+        assert (frame.kv_bytes_after[evicting] == per_entry[evicting] * (frame.budget + frame.evicted_at)[evicting]).all()
+        """)
     return cells
 
 
@@ -1092,6 +1258,30 @@ def nb09():
     cells += panel_cells("PagesPanel", "cap, layer=15, s=32",
                          "Page size `b`, pages per group `K`, `ζ`, `τ` and the layer; the page scores, the selection "
                          "and the byte counts follow. No model call.")
+    cells += check_cells("""
+        import math
+
+        U_again = pages.selected.any(1).sum(-1)                                 # [L] pages kept by some group
+        b_, e_, d_ = pages.b, pages.e, pages.d
+        be = grid.to_frame().groupby("l_star").break_even_keep_fraction.first()
+        inner = be.drop(lm.shape.L - 1)
+        removed_tokens = sum(int(spans.n[i]) for i in tr.removed)
+        print(f"U_l recomputed from the selection: {U_again.min().item()}–{U_again.max().item()} pages, within "
+              f"[K, min(GK, N_P)] = [{K}, {min(G * K, N_P)}]; UOR_g in [{float(pages.uor.min()):.2f}, {float(pages.uor.max()):.2f}] ⊂ [1, {min(r, T / pages.s):.0f}]")
+        print(f"{int(heavy.sum())} tokens with p > 1/(K+1) = {1 / (K + 1):.3f}, all in kept pages; bytes {pages.bytes}")
+        print(f"union against K: {u.union.round(2).tolist()} between {u.lower.tolist()} and {u.upper.tolist()}")
+        print(f"break-even T'/T by l*: {be.round(3).to_dict()}")
+        print(f"notebook 05's decision: T' = {T_p} = T − {removed_tokens}, l* = {l_star}, predicted F_EP / F_full = {ratio:.3f}")
+        assert torch.equal(U_again, pages.U) and ((pages.U >= K) & (pages.U <= min(G * K, N_P))).all()
+        assert ((pages.uor >= 1 - 1e-12) & (pages.uor <= min(r, T / pages.s) + 1e-12)).all()
+        assert bool(pages.token_mask[heavy].all())                                   # the lemma of SPEC §8
+        assert pages.bytes["per_group_pages"] == 2 * e_ * d_ * b_ * int(pages.K_lg.sum())
+        assert pages.bytes["union"] == 2 * e_ * d_ * b_ * G * int(pages.U.sum())
+        assert ((u.lower <= u.union) & (u.union <= u.upper)).all()
+        assert be[-1] == 1.0 and math.isnan(be[lm.shape.L - 1])                      # nothing to save at l* = L − 1
+        assert ((inner > 0) & (inner <= 1)).all() and (inner.diff().dropna() <= 1e-12).all()   # deeper gather: lower break-even
+        assert T_p == T_ - removed_tokens and 0 < ratio < 1
+        """)
     return cells
 
 
@@ -1253,10 +1443,19 @@ def nb10():
                           yaxis_title="mass / error", title="Shallow mass → 0, deletion error stays ≥ (1−γ)V")
         fig
         """),
-        code("""
+        *check_cells("""
+        per_gamma = sweep.groupby("gamma").agg(min_shallow_mass=("shallow_mass", "min"), min_error=("error", "min"),
+                                               max_error=("error", "max"), bound=("bound", "first"))
+        print(per_gamma.to_string(float_format=lambda x: f"{x:.3g}"))
+        print(f"ε = 1e-3: first token full A {out.first_token[0]}, reduced A {out.first_token[1]}; errors A {err[0]:.4f}, B {err[1]:.4f}")
         assert (abs(sweep.shallow_mass - sweep.eps) < 1e-9 * (1 + sweep.eps)).all()     # the shallow mass is exactly ε
+        assert float(sweep.shallow_mass.min()) < 1e-8                                   # ... and goes to 0
         assert (sweep.error >= sweep.bound - 1e-9).all()                                # the error never drops below (1−γ)V
-        """),
+        assert ((per_gamma.max_error - per_gamma.min_error) < 1e-9).all()               # nor moves as ε → 0
+        assert float(sweep[sweep.gamma == 0.001].error.min()) > 0.99 * V                # γ → 0: the error tends to V
+        assert out.first_token[0] != out.first_token[1] and min(err) >= (1 - 0.05) * V - 1e-9
+        """, "The shallow mass on the removed position per `γ` (smallest over the `ε` grid) and the deletion error "
+             "(smallest and largest over the grid), against `(1 − γ)V`."),
     ]
 
 

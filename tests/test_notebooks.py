@@ -1,7 +1,8 @@
 """Every notebook runs top to bottom headless on the default model (bounded per-cell timeout).
 
-Each executed notebook must show at least one plotly figure and no error output; the committed
-notebooks must be clean (no outputs) and identical to what ``notebooks/_make_notebooks.py`` writes.
+Each executed notebook must show at least one plotly figure and no error output, and its last code
+cell (the checks) must print what it asserted; the committed notebooks must be clean (no outputs),
+end with a code cell that asserts and prints, and be identical to what ``notebooks/_make_notebooks.py`` writes.
 The execution time of every notebook is printed (``pytest -s``; a table after the module) and
 recorded as the test property ``seconds`` (``--junitxml``). ``WORKBENCH_NB_CELL_TIMEOUT`` sets the
 per-cell timeout (s), ``WORKBENCH_NB_THREADS`` the kernels' intra-op threads (default 1; 0 = torch's default).
@@ -77,6 +78,17 @@ def test_notebook_is_clean(path):
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith(f"# {path.name[:2]}")
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_ends_with_checks(path):
+    """The last code cell checks real numbers: it asserts and prints what it checked (after any panel)."""
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    last = code[-1].source
+    assert "assert " in last, f"{path.name}: the last code cell must assert the notebook's numbers"
+    assert "print(" in last, f"{path.name}: the last code cell must print the numbers it checks"
+    assert "widgets import" not in last and "export_all(" not in last, f"{path.name}: panel/export cells come before the checks"
+
+
 def test_generator_is_in_sync():
     """The committed notebooks are what the generator writes (cells reviewable as Python source)."""
     gen = _generator()
@@ -118,6 +130,9 @@ def test_notebook_executes(path, tmp_path, monkeypatch, record_property):
         if isinstance(fig, str):
             fig = json.loads(fig)
         assert fig.get("data"), "an empty figure"
+    last = [c for c in nb.cells if c.cell_type == "code"][-1]
+    printed = "".join(o.text for o in last.get("outputs", []) if o.output_type == "stream" and o.name == "stdout")
+    assert any(ch.isdigit() for ch in printed), f"the closing checks cell printed no numbers: {printed!r}"
     widgets = [o for o in outs if WIDGET_MIME in o.get("data", {})]
     if any("from workbench.widgets import" in c.source for c in nb.cells if c.cell_type == "code"):
         assert widgets, "a panel cell shows no widget"
