@@ -572,3 +572,32 @@ def test_draft_equals_plotly_figure(kw):
         d.update_xaxes(not_a_property=1, row=1, col=1)
     with pytest.raises(ValueError, match="row, col"):
         d.add_trace(go.Scatter(), row=kw["rows"], col=1, secondary_y=True)
+
+
+@pytest.mark.parametrize("figure", ["certificate", "trace_layers", "pages"])
+def test_update_figure_one_message_equals_new(syn, figure):
+    """Mixed trace types on subplots: the widget is brought to the new figure by ONE plotly_update (one
+    front-end message), and afterwards holds exactly the new figure's traces and layout."""
+    cap, params, tr = syn
+    tr2 = trace(cap, params.replace(zeta=1.0, eps_audit=0.4))
+    if figure == "pages":
+        make = lambda t: plots.pages(PageSelection(b=4, K=2 if t is tr else 3, s=8).select(
+            t.pooling.a, t.pooling.w, cap.head_group, d=64), 1 if t is tr else 2, cap)
+    else:
+        make = lambda t: getattr(plots, figure)(t)
+    old, new = make(tr), make(tr2)
+    target = go.FigureWidget(old)
+    target.update_layout(height=333)
+    sent = []
+    orig = target._send_update_msg
+    target._send_update_msg = lambda *a, **k: (sent.append(k), orig(*a, **k))
+    assert plots.update_figure(target, new) is True
+    assert len(sent) == 1
+    strip = lambda d: {k: v for k, v in d.items() if k != "uid"}
+    got = json.loads(go.Figure(target).to_json())
+    want = json.loads(new.to_json())
+    assert [strip(t) for t in got["data"]] == [strip(t) for t in want["data"]]
+    keep = set(plots._KEEP_LAYOUT)
+    assert {k: v for k, v in got["layout"].items() if k not in keep} == \
+        {k: v for k, v in want["layout"].items() if k not in keep}
+    assert target.layout.height == 333

@@ -1336,11 +1336,14 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
     relayout.update(new_layout)
     # plotly_update writes raw JSON; it only takes paths the target already knows (a new subplot axis is not)
     fits = all(k in target.layout for k in relayout)
-    if same:
+    if same and fits:
+        from plotly.basedatatypes import Undefined  # "leave this trace's value alone"
+
         new_data = [tr.to_plotly_json() for tr in new.data]
-        keys = set().union(*(d.keys() for d in new_data), *(d.keys() for d in target._data)) - {"type", "uid"}
-        if fits and all(k in tr for tr in target.data for k in keys):
-            restyle = {k: [d.get(k) for d in new_data] for k in sorted(keys)}
+        own = [(set(n) | set(o)) - {"type", "uid"} for n, o in zip(new_data, target._data)]
+        if all(k in tr for tr, keys in zip(target.data, own) for k in keys):
+            restyle = {k: [d.get(k) if k in keys else Undefined for d, keys in zip(new_data, own)]
+                       for k in sorted(set().union(*own))}
             target.plotly_update(restyle_data=restyle, relayout_data=relayout,
                                  trace_indexes=list(range(len(new_data))))
             return True
