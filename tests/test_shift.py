@@ -45,10 +45,10 @@ def test_topk_recall_by_hand():
         topk_recall(rows, ref, 6)
 
 
-def _synthetic_capture(n_decode=4, W=6):
+def _synthetic_capture(n_decode=4, W=6, seed=3):
     spans = PromptSpans.synthetic([6, 5, 7], query_len=5)
     T = spans.T
-    return Capture.synthetic(spans, L=2, H_Q=4, G=2, seed=3, concentration=2.0,
+    return Capture.synthetic(spans, L=2, H_Q=4, G=2, seed=seed, concentration=2.0,
                              extra_rows={"tail": list(range(T - W, T)), "decode": list(range(T, T + n_decode))})
 
 
@@ -148,3 +148,45 @@ def test_adjacent_jsd_equals_pairwise():
     P[..., :7] = 0  # zeros in the support
     P = P / P.sum(-1, keepdim=True)
     assert torch.allclose(adjacent_jsd(P), jsd(P[..., :-1, :], P[..., 1:, :]), atol=1e-13)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(1, 40), levels=st.integers(1, 5), W=st.integers(1, 6),
+       ref_start=st.integers(1, 4))
+def test_memoised_analysis_equals_direct(seed, k, levels, W, ref_start):
+    """ShiftAnalysis reuses per-capture ranks and JSD across k, W and the reference (what its sliders move);
+    the result equals the direct computation from ``shift_rows(W)``, ``adjacent_jsd`` and ``topk_recall``,
+    also with many ties (attention quantised to a few levels) and a capture reused across calls."""
+    from workbench.shift import adjacent_jsd
+
+    cap = _synthetic_capture(seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(1, levels + 1, cap.attn.shape, generator=g).to(cap.attn.dtype)
+    cap.attn = q * (cap.attn > 0)   # ties everywhere, zeros (masked keys) kept
+    cap.clear_cache()
+    for kk, ww, rs in ((k, W, ref_start), (max(1, k // 2), 6, 1), (k, W, ref_start)):
+        kk = min(kk, cap.T)
+        res = ShiftAnalysis(k=kk, W=ww, ref_start=rs)(cap)
+        r, P = shift_rows(cap, ww)
+        ref = P[:, :, ww + rs - 1:].mean(2)
+        Pg, refg = group_rows(P, cap.head_group), group_rows(ref, cap.head_group)
+        assert torch.equal(res.r, r)
+        assert torch.allclose(res.jsd_head, adjacent_jsd(P), atol=1e-12)
+        assert torch.allclose(res.jsd_group, adjacent_jsd(Pg), atol=1e-12)
+        assert torch.equal(res.recall_head, topk_recall(P, ref, kk))
+        assert torch.equal(res.recall_group, topk_recall(Pg, refg, kk))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), T=st.integers(1, 30), levels=st.integers(1, 4))
+def test_hits_every_k_equals_topk_recall(seed, T, levels):
+    """The all-k intersection counts equal ``k · topk_recall`` at every k (many ties)."""
+    from workbench.shift import _hits_every_k, _order, _ranks
+
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, levels, (2, 3, 4, T), generator=g).to(torch.float64)
+    ref = torch.randint(0, levels, (2, 3, T), generator=g).to(torch.float64)
+    c = _hits_every_k(_ranks(rows), _order(ref))
+    assert c.shape == (2, 3, 4, T + 1) and int(c[..., 0].abs().sum()) == 0
+    for k in range(1, T + 1):
+        assert torch.equal(c[..., k].to(torch.float64) / k, topk_recall(rows, ref, k)), k

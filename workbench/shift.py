@@ -143,6 +143,58 @@ def topk_recall(rows: Tensor, ref: Tensor, k: int) -> Tensor:
     return hit.sum(-1).to(torch.float64) / k
 
 
+def _ranks(x: Tensor) -> Tensor:
+    """Descending rank of every entry over the last axis (0 = largest; ties: the lower position first, as a
+    stable sort). ``j`` is in ``top_k`` iff ``rank_j < k``, the set :func:`topk_recall` uses. int16 when it
+    fits (``T ≤ 32767``), else int32; same shape as ``x``."""
+    T = x.shape[-1]
+    order = torch.sort(x, dim=-1, descending=True, stable=True).indices
+    dtype = torch.int16 if T <= torch.iinfo(torch.int16).max else torch.int32
+    rank = torch.empty(x.shape, dtype=dtype)
+    rank.scatter_(-1, order, torch.arange(T, dtype=dtype).expand(x.shape).contiguous())
+    return rank
+
+
+def _order(ref: Tensor) -> Tensor:
+    """Positions of ``ref`` by descending value over the last axis (ties: the lower position first)."""
+    return torch.sort(ref.to(torch.float64), dim=-1, descending=True, stable=True).indices
+
+
+def _hits_every_k(rank_rows: Tensor, ref_order: Tensor) -> Tensor:
+    """``|top_k(row) ∩ top_k(ref)|`` for EVERY ``k`` at once (what a k slider reads), from the rows' ranks.
+
+    With ``s_i`` the row's rank of the reference's ``i``-th position, position ``i`` is in both top-``k`` sets
+    iff ``max(i, s_i) < k``; so the count at ``k`` is the number of ``m_i = max(i, s_i)`` below ``k``, a
+    histogram's cumulative sum. ``O(T)`` per row for all ``k``; ties as :func:`topk_recall`.
+
+    Args:
+        rank_rows: ``[..., R, T]`` from :func:`_ranks`.
+        ref_order: ``[..., T]`` from :func:`_order`.
+
+    Returns:
+        ``c`` int32 ``[..., R, T + 1]`` with ``c[..., k]`` the intersection size (``c[..., 0] = 0``).
+    """
+    T = rank_rows.shape[-1]
+    s = rank_rows.gather(-1, ref_order.unsqueeze(-2).expand_as(rank_rows))
+    m = torch.maximum(s, torch.arange(T, dtype=s.dtype))
+    c = torch.zeros(*m.shape[:-1], T + 1, dtype=torch.int32)
+    c.scatter_add_(-1, m.to(torch.int64) + 1, torch.ones(m.shape, dtype=torch.int32))
+    return c.cumsum(-1, dtype=torch.int32)
+
+
+def _prepared(capture) -> dict:
+    """The parameter-free part of the shift analysis, memoised on the capture (what the sliders reuse):
+    ``r`` over every tail row, the adjacent JSD (head and group level) and the rows' key ranks.
+    ``k``, the reference and ``W`` then cost a gather and a slice instead of seconds at T = 2k."""
+    def build():
+        r, P = shift_rows(capture)
+        Pg = group_rows(P, capture.head_group)
+        return {"r": r, "jsd_head": adjacent_jsd(P), "jsd_group": adjacent_jsd(Pg),
+                "rank_head": _ranks(P), "rank_group": _ranks(Pg), "hits": {}}
+
+    return capture.cached("shift_prepared", build)
+
+
 @dataclass
 class ShiftResult:
     """Shift metrics of one capture (SPEC §9).
@@ -270,9 +322,16 @@ class ShiftAnalysis:
                 same prompt with more decode rows (the whole answer), or a float tensor ``[L, H_Q, T]``
                 of per-head reference attention over the prompt keys.
         """
-        r, P = shift_rows(capture, self.W)
+        prep = _prepared(capture)
+        n_tail = int((prep["r"] <= 0).sum())
+        W = n_tail if self.W is None else self.W
+        if not 1 <= W <= n_tail:
+            raise ValueError(f"W: must be an integer in [1, {n_tail}], got {W!r}")
+        off = n_tail - W  # the last W tail rows: a slice of the rows (and adjacent pairs) over every tail row
+        r = prep["r"][off:]
         T = capture.T
         hg = capture.head_group
+        L, H = capture.L, capture.H_Q
         if reference is None or hasattr(reference, "rows_of"):
             src = capture if reference is None else reference
             if src.T != T or tuple(src.spans.input_ids) != tuple(capture.spans.input_ids):
@@ -284,21 +343,28 @@ class ShiftAnalysis:
             ref_end = n if self.ref_end is None else self.ref_end
             if ref_end > n:
                 raise ValueError(f"ref_end: must be in [{self.ref_start}, {n}] (decode rows of the reference), got {ref_end}")
-            ref = _renorm(src.attn[:, :, dec[self.ref_start - 1: ref_end], :T].to(torch.float64)).mean(2)  # [L, H, T]
+            ref = None
+            if reference is None:
+                hits = prep["hits"].get((self.ref_start, ref_end))
+            if reference is not None or hits is None:
+                ref = _renorm(src.attn[:, :, dec[self.ref_start - 1: ref_end], :T].to(torch.float64)).mean(2)  # [L, H, T]
         else:
             ref = torch.as_tensor(reference).to(torch.float64)
-            if ref.shape != P.shape[:2] + (T,):
-                raise ValueError(f"reference: must have shape {[*P.shape[:2], T]}, got {list(ref.shape)}")
+            if ref.shape != (L, H, T):
+                raise ValueError(f"reference: must have shape {[L, H, T]}, got {list(ref.shape)}")
             ref_end = -1
         k = min(self.k, T)
-        Pg = group_rows(P, hg)
-        refg = group_rows(ref, hg)
+        if ref is not None:  # intersections for every k over every tail row: k and W then only index
+            hits = (_hits_every_k(prep["rank_head"], _order(ref)),
+                    _hits_every_k(prep["rank_group"], _order(group_rows(ref, hg))))
+            if reference is None:
+                prep["hits"][(self.ref_start, ref_end)] = hits
         return ShiftResult(
             r=r,
-            jsd_head=adjacent_jsd(P),
-            jsd_group=adjacent_jsd(Pg),
-            recall_head=topk_recall(P, ref, k),
-            recall_group=topk_recall(Pg, refg, k),
+            jsd_head=prep["jsd_head"][..., off:].clone(),
+            jsd_group=prep["jsd_group"][..., off:].clone(),
+            recall_head=hits[0][..., off:, k].to(torch.float64) / k,
+            recall_group=hits[1][..., off:, k].to(torch.float64) / k,
             k=k,
             ref_start=self.ref_start,
             ref_end=ref_end,

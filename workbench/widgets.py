@@ -440,11 +440,12 @@ class ShiftPanel(Panel):
         n_tail, n_dec = capture.rows_of("tail").numel(), capture.rows_of("decode").numel()
         if n_tail == 0 or n_dec == 0:
             raise ValueError("capture: needs tail and decode rows (capture with RowSet(tail >= 1, n_decode >= 1))")
-        c = False  # the JSD over every tail row costs ~0.1–1 s at T ≈ 2k: update on release
+        # k and W only index what the analysis keeps per capture (~1 ms); a new reference costs ~1 s at
+        # T ≈ 2k the first time (ranks looked up for every k), so ref_start updates on release
         self.controls = {
-            "k": SLIDERS["k"].make(min(k, capture.T), lo=1, hi=capture.T, continuous=c),
-            "ref_start": SLIDERS["ref_start"].make(1, lo=1, hi=max(n_dec, 1), continuous=c),
-            "W": SLIDERS["W"].make(n_tail, lo=1, hi=n_tail, continuous=c),
+            "k": SLIDERS["k"].make(min(k, capture.T), lo=1, hi=capture.T),
+            "ref_start": SLIDERS["ref_start"].make(1, lo=1, hi=max(n_dec, 1), continuous=False),
+            "W": SLIDERS["W"].make(n_tail, lo=1, hi=n_tail),
             "level": W.Dropdown(options=["group", "head"], value="group", description="level"),
             "layer": W.Dropdown(options=[("all", None)] + [(str(l), l) for l in range(capture.L)], value=None,
                                 description="layer"),
