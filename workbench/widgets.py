@@ -701,6 +701,7 @@ class EvictionPanel(_RunMixin, Panel):
             "page": SLIDERS["page"].make(),
         }
         self._session = None
+        self._scores: dict = {}  # policy (frozen dataclass) → scores [L, G, T]
         self._init_run("Run eviction", 2)
         self._finish()
 
@@ -736,11 +737,14 @@ class EvictionPanel(_RunMixin, Panel):
         if pol.keeps_all:
             kept = torch.arange(T).expand(L, G, T).clone()
         else:
-            try:
-                scores = pol.scores(ev)
-            except ValueError:
-                return None
-            kept = select_keep(scores, B, pol.protected(T), pol.tiebreak(ev))
+            if pol not in self._scores:  # a budget move re-selects from the same scores
+                try:
+                    self._scores[pol] = pol.scores(ev)
+                except ValueError:
+                    return None
+                while len(self._scores) > 8:
+                    self._scores.pop(next(iter(self._scores)))
+            kept = select_keep(self._scores[pol], B, pol.protected(T), pol.tiebreak(ev))
         return GenerationResult(policy=pol.name, params=pol.params(), budget=B, T=T, ids=[], text=None, kept=kept,
                                 evicted_at=pol.defer, compacted_layers=tuple(range(L)), kv_bytes_before=0,
                                 kv_bytes_after=0, timings={})
