@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from .pooling import group_onehot
+from .ranking import topk_mask
 
 __all__ = [
     "keep_sets",
@@ -62,10 +63,7 @@ def keep_sets(scores: Tensor, s: int) -> Tensor:
     """
     T = scores.shape[-1]
     s = _int_in("s", s, 1, T)
-    order = torch.sort(scores.to(torch.float64), dim=-1, descending=True, stable=True).indices
-    mask = torch.zeros(scores.shape, dtype=torch.bool)
-    mask.scatter_(-1, order[..., :s].cpu(), True)
-    return mask
+    return topk_mask(scores.to(torch.float64).cpu(), s)
 
 
 def union_over_retained(scores: Tensor, head_group: Tensor, s: int) -> Tensor:

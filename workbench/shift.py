@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .pooling import group_onehot
+from .ranking import topk_mask
 
 __all__ = ["shift_rows", "group_rows", "jsd", "topk_recall", "ShiftAnalysis", "ShiftResult"]
 
@@ -112,16 +113,6 @@ def adjacent_jsd(P: Tensor) -> Tensor:
     return _jsd_from(P[..., :-1, :], P[..., 1:, :], E[..., :-1], E[..., 1:])
 
 
-def _topk_mask(x: Tensor, k: int) -> Tensor:
-    """Bool mask of the top ``k`` entries of ``x`` over the last axis, ties at the k-th value resolved
-    to the lower positions (the order a stable descending sort gives), without sorting."""
-    vk = torch.topk(x, k, dim=-1, sorted=True).values[..., -1:]  # the k-th largest value
-    gt = x > vk
-    need = k - gt.sum(-1, keepdim=True)
-    eq = x == vk
-    return gt | (eq & (torch.cumsum(eq.to(torch.int32), -1) <= need))
-
-
 def topk_recall(rows: Tensor, ref: Tensor, k: int) -> Tensor:
     """``|top_k(row) ∩ top_k(ref)| / k`` for every row (ties in a top-``k``: lower position first).
 
@@ -137,8 +128,8 @@ def topk_recall(rows: Tensor, ref: Tensor, k: int) -> Tensor:
     if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= T:
         raise ValueError(f"k: must be an integer in [1, {T}], got {k!r}")
     # ties: the lower position first (as a stable sort would), so the result does not depend on the kernel
-    in_rows = _topk_mask(rows.to(torch.float64), k)
-    in_ref = _topk_mask(ref.to(torch.float64), k)
+    in_rows = topk_mask(rows.to(torch.float64), k)
+    in_ref = topk_mask(ref.to(torch.float64), k)
     hit = in_rows & in_ref.unsqueeze(-2)
     return hit.sum(-1).to(torch.float64) / k
 
