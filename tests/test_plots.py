@@ -601,3 +601,9 @@ def test_update_figure_one_message_equals_new(syn, figure):
     assert {k: v for k, v in got["layout"].items() if k not in keep} == \
         {k: v for k, v in want["layout"].items() if k not in keep}
     assert target.layout.height == 333
+    # the target shares nothing mutable with ``new``: editing ``new`` afterwards leaves the widget alone
+    before = go.Figure(target).to_json()
+    new.data[0].name = "edited"
+    new.data[0].update(marker=dict(opacity=0.123))
+    new.update_layout(title_text="edited", xaxis=dict(title=dict(text="edited")))
+    assert go.Figure(target).to_json() == before

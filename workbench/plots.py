@@ -1317,6 +1317,19 @@ def figure_frame(fig) -> pd.DataFrame:
 _KEEP_LAYOUT = ("width", "height", "autosize", "uirevision", "dragmode", "template")
 
 
+def _share_arrays(x):
+    """A copy of plotly JSON whose dicts and lists are new but whose read-only numpy arrays are shared
+    (plotly stores validated arrays read-only): ``to_plotly_json`` deep-copies every element of an object
+    array, ~10 ms per 18k token labels on each slider move."""
+    if isinstance(x, dict):
+        return {k: _share_arrays(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_share_arrays(v) for v in x]
+    if isinstance(x, np.ndarray) and x.flags.writeable:
+        return x.copy()
+    return x
+
+
 def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
     """Make ``target`` (a ``go.Figure`` or ``go.FigureWidget``) show ``new`` without rebuilding it.
 
@@ -1331,7 +1344,7 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
         ``True`` if the traces were updated in place, ``False`` if they were replaced.
     """
     same = len(target.data) == len(new.data) and all(a.type == b.type for a, b in zip(target.data, new.data))
-    new_layout = {k: v for k, v in new.layout.to_plotly_json().items() if k not in keep}
+    new_layout = {k: v for k, v in _share_arrays(new._layout).items() if k not in keep}
     relayout = {k: None for k in target._layout if k not in new_layout and k not in keep}
     relayout.update(new_layout)
     # plotly_update writes raw JSON; it only takes paths the target already knows (a new subplot axis is not)
@@ -1339,7 +1352,7 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
     if same and fits:
         from plotly.basedatatypes import Undefined  # "leave this trace's value alone"
 
-        new_data = [tr.to_plotly_json() for tr in new.data]
+        new_data = [_share_arrays(tr._props) for tr in new.data]
         own = [(set(n) | set(o)) - {"type", "uid"} for n, o in zip(new_data, target._data)]
         if all(k in tr for tr, keys in zip(target.data, own) for k in keys):
             restyle = {k: [d.get(k) if k in keys else Undefined for d, keys in zip(new_data, own)]
