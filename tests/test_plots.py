@@ -604,6 +604,6 @@ def test_update_figure_one_message_equals_new(syn, figure):
     # the target shares nothing mutable with ``new``: editing ``new`` afterwards leaves the widget alone
     before = go.Figure(target).to_json()
     new.data[0].name = "edited"
-    new.data[0].update(marker=dict(opacity=0.123))
+    new.data[-1].update(hoverlabel=dict(bgcolor="red"))
     new.update_layout(title_text="edited", xaxis=dict(title=dict(text="edited")))
     assert go.Figure(target).to_json() == before
