@@ -363,3 +363,39 @@ def test_export_all_delegates(smollm_capture, monkeypatch, tmp_path):
     for name, fig in seen["figures"].items():
         assert type(fig) is go.Figure
         assert_shows(panel.figures[name], fig)
+
+
+def test_front_end_messages_are_strict_json(tiny, monkeypatch):
+    """What reaches the browser is strict JSON (no NaN/Infinity, which jupyter_client rejects with a
+    warning): every figure's state and every update message of every panel, over slider moves and runs."""
+    import json as _json
+
+    import plotly.basewidget as bw
+    from plotly.serializers import _py_to_js
+
+    lm, spans, cap = tiny
+    sent = []
+    orig = bw.BaseFigureWidget._send_update_msg
+
+    def spy(self, restyle_data, relayout_data, trace_indexes=None, source_view_id=None):
+        sent.append({"restyle": restyle_data, "relayout": relayout_data})
+        return orig(self, restyle_data, relayout_data, trace_indexes, source_view_id)
+
+    monkeypatch.setattr(bw.BaseFigureWidget, "_send_update_msg", spy)
+    base = EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
+    panels = [Wd.HeadsPanel(cap, base), Wd.PriorityPanel(cap, base), Wd.AuditPanel(cap, base, certify=True),
+              Wd.ShiftPanel(cap, k=4), Wd.PagesPanel(cap, base, s=4),
+              Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=2), Wd.EvictionPanel(cap, lm, spans, budget=20, max_new_tokens=2)]
+    panels[5].set(mode="fixed layer", run_layer=1, target=0.5, m0=0)
+    panels[5].run()
+    panels[6].run()
+    for p in panels:
+        for _ in range(2):
+            assert _move_everything(p, skip=("certify",)) >= 1
+    assert len(sent) > 20
+    for p in panels:
+        for name, fw in p.figures.items():
+            state = _py_to_js({"data": fw._widget_data, "layout": fw._widget_layout}, None)
+            _json.dumps(state, allow_nan=False, default=lambda o: "<buffer>")
+    for msg in sent:
+        _json.dumps(_py_to_js(msg, None), allow_nan=False, default=lambda o: "<buffer>")
