@@ -363,3 +363,22 @@ def test_selection_on_synthetic_capture_and_frame():
     assert df["removed"].sum() == len(res.removed)
     assert df.loc[df["removed"], "n"].sum() == res.D
     assert df.attrs["U"] == res.U
+
+
+def test_lp_certificate_memo_is_exact_and_not_shared():
+    """The memoised certificate equals a fresh solve, and its prices are a copy (editing them does not
+    change what the next call returns)."""
+    from workbench import selection as Sel
+
+    rng = np.random.default_rng(4)
+    n = rng.integers(1, 20, 12)
+    m = rng.dirichlet(np.ones(12), size=9) * 0.5
+    Sel._LP_MEMO.clear()
+    U1, y1, t1 = Sel.lp_certificate(n, m, 0.1, 2)
+    U0, y0, t0 = Sel._lp_solve(n.astype(np.float64), m, np.full(9, 0.1), 2)
+    assert (U1, t1) == (U0, t0) and np.array_equal(y1.numpy(), y0)
+    y1 += 5.0
+    U2, y2, t2 = Sel.lp_certificate(n, m, 0.1, 2)
+    assert U2 == U1 and np.array_equal(y2.numpy(), y0) and len(Sel._LP_MEMO) == 1
+    U3, _, _ = Sel.lp_certificate(n, m, 0.2, 2)  # another tolerance: another LP
+    assert len(Sel._LP_MEMO) == 2 and U3 >= U1 - 1e-9   # a looser row constraint cannot lower the bound

@@ -147,17 +147,37 @@ def lp_certificate(n, m, eps, m0: int) -> tuple[float, torch.Tensor, float]:
         n: ``[k]``; m: ``[A, k]``; eps: scalar or ``[A]``; m0: int in ``[0, k]``.
 
     Returns:
-        ``(U, y [A] float64 tensor, t)``.
+        ``(U, y [A] float64 tensor, t)``. Solutions are memoised by the inputs' bytes (last 512).
     """
-    from scipy.optimize import linprog
-
     n, m, m0 = _check_problem(n, m, m0)
     A, k = m.shape
     e = _eps_vector(eps, A)
-    y = np.zeros(A)
-    t = 0.0
     if k == 0:
         return 0.0, torch.zeros(A, dtype=torch.float64), 0.0
+    # The LP depends on (n, m, ε, m0) only, not on the priorities: a ζ/τ/λ/target slider re-uses it.
+    key = (m.shape, np.ascontiguousarray(n, dtype=np.float64).tobytes(), np.ascontiguousarray(m).tobytes(),
+           np.ascontiguousarray(e).tobytes(), int(m0))
+    hit = _LP_MEMO.get(key)
+    if hit is None:
+        hit = _lp_solve(n, m, e, m0)
+        _LP_MEMO[key] = hit
+        while len(_LP_MEMO) > _LP_MEMO_SIZE:
+            _LP_MEMO.pop(next(iter(_LP_MEMO)))
+    U, y, t = hit
+    return U, torch.from_numpy(y.copy()), t
+
+
+_LP_MEMO: dict = {}
+_LP_MEMO_SIZE = 512
+
+
+def _lp_solve(n: np.ndarray, m: np.ndarray, e: np.ndarray, m0: int) -> tuple[float, np.ndarray, float]:
+    """The LP of :func:`lp_certificate` (uncached): ``(U, y [A], t)``."""
+    from scipy.optimize import linprog
+
+    A, k = m.shape
+    y = np.zeros(A)
+    t = 0.0
     active = m.sum(axis=1) > e
     A_ub = np.vstack([m[active], np.ones((1, k))])
     b_ub = np.concatenate([e[active], [float(k - m0)]])
@@ -170,7 +190,7 @@ def lp_certificate(n, m, eps, m0: int) -> tuple[float, torch.Tensor, float]:
     U0 = float(n.sum())  # U(0, 0): never worse than the trivial bound
     if U0 < U:
         y, t, U = np.zeros(A), 0.0, U0
-    return U, torch.from_numpy(y), t
+    return U, y, t
 
 
 @dataclass
