@@ -20,9 +20,15 @@ function and copies it over::
     ...                                   # slider moved: recompute the analysis (cheap), then
     update_figure(fw, head_heatmap(new_pool, "w"))
 
-:func:`update_figure` copies trace data and the layout (titles, annotations, shapes, meta) inside one
-``batch_update()`` when the trace structure matches (one message to the front end), and replaces the
-traces otherwise. :func:`figure_frame` turns any of these figures into one tidy ``DataFrame`` (CSV export).
+:func:`update_figure` writes the new traces and layout (titles, annotations, shapes, meta) with one
+``plotly_update`` when the trace structure matches (one message to the front end, holding only what
+changed, nothing validated twice), and replaces the traces otherwise. :func:`figure_frame` turns any of
+these figures into one tidy ``DataFrame`` (CSV export).
+
+Speed: a slider move rebuilds its figures, so building must be cheap. Multi-panel figures are drafted as
+plain dicts (:class:`_Draft`, the same calls as ``go.Figure``) and validated once at the end; numeric data
+go in as numpy arrays (plotly validates lists element by element); per-point styles are numeric arrays,
+not lists of strings. At T = 2048 a figure takes 10–35 ms (``benchmarks/widgets.py``).
 """
 from __future__ import annotations
 
