@@ -138,6 +138,12 @@ def test_topk_recall_equals_stable_sort_reference(seed, T, k, levels):
     want = torch.tensor([[len(set(top_r[a, b].tolist()) & set(top_f[a].tolist())) / k for b in range(5)]
                          for a in range(3)], dtype=torch.float64)
     assert torch.equal(topk_recall(rows, ref, k), want)
+    # the shared membership rule itself (also SPEC §8's keep sets): exactly the stable sort's first k
+    from workbench.pages import keep_sets
+    from workbench.ranking import topk_mask
+
+    first_k = torch.zeros(rows.shape, dtype=torch.bool).scatter_(-1, top_r, True)
+    assert torch.equal(topk_mask(rows, k), first_k) and torch.equal(keep_sets(rows, k), first_k)
 
 
 def test_adjacent_jsd_equals_pairwise():
