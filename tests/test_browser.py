@@ -1,17 +1,30 @@
-"""A widget panel in a real JupyterLab, driven from a real browser (Debian chromium via Playwright).
+"""Widget panels in a real JupyterLab, driven from a real browser (Debian chromium via Playwright).
 
-A JupyterLab server (random free port, token auth, a temporary root folder holding one small notebook)
-runs a notebook that builds a :class:`~workbench.widgets.HeadsPanel` on a synthetic capture. The test
-opens it in headless chromium, runs all cells, waits for the widget and the plotly figure to render,
-moves the layer slider with the keyboard and checks that the figure's title in the DOM follows, then
-moves ζ and checks that the heatmap image changed. A screenshot goes to the test's tmp folder.
-Every wait is bounded; the server is shut down in the fixture's teardown.
+One JupyterLab server per module (random free port, token auth, a temporary root folder, its own
+config/settings/runtime folders, kernels on one intra-op thread) serves two notebooks:
+
+- ``02_sinks_and_pooling.ipynb`` from ``notebooks/`` (the real default model, loaded from the local
+  cache): the test opens it, runs every cell from the **Run** menu, waits for the closing
+  :class:`~workbench.widgets.HeadsPanel` and its plotly figures, reads the head-weight heatmap back from
+  the browser (the numbers plotly drew: every KV group's weights sum to 1, none below the floor ``ζ/r``),
+  moves the **ζ** slider with the keyboard (``Home``: ζ = 0.01) and checks that the figure followed:
+  the heatmap's data, its ``meta.zeta``, its image, the residual rows' labels (``w=…``) and the pixels;
+- a small panel notebook on a synthetic capture (fast): the layer slider moves the residual figure's title.
+
+Both notebooks are opened in a fresh workspace and run only once their own kernel is connected and
+idle. Screenshots of the panel before and after each move are test artefacts: they go to
+``$WORKBENCH_ARTIFACTS/browser/`` if that variable is set, else ``tests/artifacts/browser/``, else (not
+writable) the test's tmp folder; a full-page screenshot is added when a panel does not render. Every
+wait is bounded (``WORKBENCH_BROWSER_RUN_TIMEOUT``, default 420 s, for running the pooling notebook;
+it takes about 30 s on a quiet CPU); each test shuts its kernels down, the server goes in the fixture's
+teardown. Never downloads a browser: ``/usr/bin/chromium`` or skip.
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,28 +37,36 @@ from pathlib import Path
 
 import pytest
 
+_sync_api = pytest.importorskip("playwright.sync_api")
+PlaywrightTimeout = _sync_api.TimeoutError
+sync_playwright = _sync_api.sync_playwright
+
 CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
+POOLING_NB = ROOT / "notebooks" / "02_sinks_and_pooling.ipynb"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
+# The notebook runs the real model on a CPU shared with other jobs: 20 s alone, minutes under load.
+RUN_ALL_TIMEOUT_S = float(os.environ.get("WORKBENCH_BROWSER_RUN_TIMEOUT", "420"))
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Debian chromium at {CHROMIUM}")
 
-CELLS = [
+SYNTHETIC_CELLS = [
     "import os\nos.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')\n"
     "from workbench.spans import PromptSpans\nfrom workbench.capture_data import Capture\n"
     "from workbench.widgets import HeadsPanel",
     "spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)\n"
     "cap = Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0)\n"
     "panel = HeadsPanel(cap, layer=1)",
-    "panel",
+    "panel.widget",
 ]
 
 
-def _notebook(path: Path) -> None:
+# ----------------------------------------------------------------------------- server
+def _synthetic_notebook(path: Path) -> None:
     nb = {
         "cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
-                   "source": src} for i, src in enumerate(CELLS)],
+                   "source": src} for i, src in enumerate(SYNTHETIC_CELLS)],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
                      "language_info": {"name": "python"}},
         "nbformat": 4, "nbformat_minor": 5,
@@ -64,20 +85,38 @@ def _get(url: str, timeout: float = 5.0) -> int:
         return r.status
 
 
+def _lab_settings(settings: Path) -> None:
+    """User settings of the test's JupyterLab: attach every notebook cell to the DOM (windowing off, so
+    offscreen plotly figures and widgets render like visible ones and the panel at the end of a long
+    notebook is in the DOM), and no news pop-up."""
+    for ext, values in (("notebook-extension/tracker", {"windowingMode": "none"}),
+                        ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False})):
+        path = settings / "@jupyterlab" / f"{ext}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+
+
 @contextlib.contextmanager
 def lab_server(tmp_path: Path):
-    """A JupyterLab server on a free port with token auth; yields ``(base_url, token, root)``."""
+    """A JupyterLab server on a free port with token auth; yields ``(base_url, token, root)``.
+
+    The root holds ``panel.ipynb`` (synthetic capture) and a copy of the pooling notebook."""
     root = tmp_path / "root"
     root.mkdir()
-    _notebook(root / "panel.ipynb")
+    _synthetic_notebook(root / "panel.ipynb")
+    shutil.copy(POOLING_NB, root / POOLING_NB.name)
     port, token = _free_port(), uuid.uuid4().hex
     env = dict(os.environ)
     for k, sub in (("JUPYTER_CONFIG_DIR", "cfg"), ("JUPYTER_RUNTIME_DIR", "runtime"),
                    ("JUPYTERLAB_SETTINGS_DIR", "settings"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
                    ("IPYTHONDIR", "ipython")):
         env[k] = str(tmp_path / sub)
+    _lab_settings(tmp_path / "settings")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["TOKENIZERS_PARALLELISM"] = "false"
+    # kernels inherit this: one intra-op thread (a shared CPU oversubscribed by torch's default spin-waits)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
            "--LabApp.expose_app_in_browser=True", "--ServerApp.port_retries=0", "--LabApp.extension_manager=readonly",
@@ -119,86 +158,243 @@ def lab_server(tmp_path: Path):
         log.close()
 
 
-@pytest.fixture()
-def lab(tmp_path):
-    with lab_server(tmp_path) as v:
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    with lab_server(tmp_path_factory.mktemp("lab")) as v:
         yield v
 
 
-def _title(page, which: int) -> str:
-    return page.evaluate(
-        "(i) => { const t = document.querySelectorAll('.js-plotly-plot .gtitle'); return t[i] ? t[i].textContent : ''; }",
-        which)
+@pytest.fixture()
+def artifacts(request, tmp_path) -> Path:
+    """Folder for this test's screenshots: ``$WORKBENCH_ARTIFACTS/browser`` or ``tests/artifacts/browser``
+    (kept after the run), else the test's tmp folder."""
+    env = os.environ.get("WORKBENCH_ARTIFACTS")
+    folder = (Path(env) if env else ROOT / "tests" / "artifacts") / "browser"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".probe-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError:
+        folder = tmp_path
+    prefix = {"test_pooling_notebook_zeta_slider": "02-", "test_synthetic_panel_layer_slider": "synthetic-"}.get(
+        request.node.name, request.node.name + "-")
+    for old in folder.glob(prefix + "*.png"):   # this test's screenshots from an earlier run
+        old.unlink()
+    return folder
 
 
-def _heatmap_href(page) -> str:
-    return page.evaluate("() => { const im = document.querySelector('.js-plotly-plot .hm image'); "
-                         "return im ? (im.getAttribute('href') || im.getAttribute('xlink:href') || '') : ''; }")
+# ----------------------------------------------------------------------------- browser helpers
+# The output area (one cell's outputs) holding the panel: the one with a slider labelled like `label`.
+_PANEL_JS = """(label) => {
+  for (const s of document.querySelectorAll('.jp-OutputArea .widget-hslider')) {
+    const l = s.querySelector('.widget-label');
+    if (l && l.textContent.includes(label)) return s.closest('.jp-OutputArea');
+  }
+  return null;
+}"""
+
+# Plotly figures inside the panel: title, meta, the heatmap's z (as plotly drew it), its image href,
+# and the y tick labels. `gd.calcdata` holds the numbers after plotly decoded typed arrays.
+_FIGURES_JS = """([label, findPanel]) => {
+  const area = eval(findPanel)(label);
+  if (!area) return null;
+  return Array.from(area.querySelectorAll('.js-plotly-plot')).map(gd => {
+    const t = gd.querySelector('.gtitle');
+    const im = gd.querySelector('.hm image');
+    const cd = gd.calcdata && gd.calcdata[0] && gd.calcdata[0][0];
+    return {
+      title: t ? t.textContent : '',
+      meta: (gd.layout && gd.layout.meta) || null,
+      z: cd && cd.z ? Array.from(cd.z, row => Array.from(row)) : null,
+      href: im ? (im.getAttribute('href') || im.getAttribute('xlink:href') || '') : '',
+      yticks: Array.from(gd.querySelectorAll('.ytick text')).map(e => e.textContent),
+    };
+  });
+}"""
 
 
-def _wait(page, js: str, arg=None, timeout_s: float = 60.0) -> None:
-    page.wait_for_function(js, arg=arg, timeout=timeout_s * 1000)
+def _figures(page, label: str) -> list[dict] | None:
+    return page.evaluate(_FIGURES_JS, [label, _PANEL_JS])
 
 
-def test_slider_moves_figure_in_jupyterlab(lab, tmp_path):
-    drive(*lab[:2], tmp_path, log=print)
+_ERROR_SEL = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']"
 
 
-def drive(base: str, token: str, tmp_path: Path, log=lambda *a: None) -> None:
-    """Open the notebook, run it, move the sliders and check the figure (bounded waits)."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import sync_playwright
+def _wait_figures(page, label: str, ok_js: str, timeout_s: float) -> None:
+    """Wait until the panel's figures satisfy ``ok_js`` (a JS expression over ``figs``; bounded).
+    Stops early when a cell shows a traceback (then the caller's check of the figures fails)."""
+    js = ("([label, findPanel, errSel]) => { const figs = (" + _FIGURES_JS + ")([label, findPanel]); "
+          "return (!!figs && (" + ok_js + ")) || Array.from(document.querySelectorAll(errSel))"
+          ".some(e => e.textContent.includes('Traceback')); }")
+    page.wait_for_function(js, arg=[label, _PANEL_JS, _ERROR_SEL], timeout=timeout_s * 1000, polling=500)
+
+
+def _wait_panel(page, label: str, ok_js: str, timeout_s: float, shot: Path) -> None:
+    """:func:`_wait_figures` after running a notebook; on a timeout or a traceback: a full-page
+    screenshot ``shot`` and an AssertionError with the notebook's error outputs."""
+    try:
+        _wait_figures(page, label, ok_js, timeout_s)
+        errors = _kernel_errors(page)
+    except PlaywrightTimeout:
+        errors = _kernel_errors(page) or [f"no panel with a '{label}' slider after {timeout_s:.0f} s"]
+    if errors:
+        page.screenshot(path=str(shot), full_page=True)
+        raise AssertionError(f"the panel did not render (screenshot {shot}): " + "\n".join(e[-2000:] for e in errors))
+
+
+def _open(page, base: str, token: str, name: str) -> None:
+    """Open notebook ``name`` in a fresh workspace (``reset``: no tabs restored from an earlier test) and
+    wait until its own kernel is started, idle and connected (cells run before that are lost)."""
+    page.goto(f"{base}/lab/tree/{name}?token={token}&reset", wait_until="domcontentloaded")
+    page.wait_for_function("(name) => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+                           " const s = w && w.sessionContext && w.sessionContext.session;"
+                           " const k = s && s.kernel;"
+                           " return !!k && w.context.path === name && !!document.querySelector('.jp-Notebook .jp-Cell')"
+                           " && k.connectionStatus === 'connected' && k.status === 'idle'; }",
+                           arg=name, timeout=120_000, polling=250)
+
+
+def _shutdown_kernels(base: str, token: str) -> None:
+    """Shut down every kernel of the server (the model's kernel holds memory; the next test starts its own).
+    Best effort: the server's own shutdown in the fixture's teardown ends whatever is left."""
+    with contextlib.suppress(OSError):          # URLError/HTTPError: server gone, kernel gone with its session
+        for kind in ("sessions", "kernels"):
+            with urllib.request.urlopen(f"{base}/api/{kind}?token={token}", timeout=10) as r:
+                ids = [x["id"] for x in json.load(r)]
+            for i in ids:
+                req = urllib.request.Request(f"{base}/api/{kind}/{i}?token={token}", method="DELETE")
+                with contextlib.suppress(urllib.error.HTTPError):
+                    urllib.request.urlopen(req, timeout=30).close()
+
+
+def _run_all_from_menu(page) -> None:
+    """Run ▸ Run All Cells, clicked in JupyterLab's menu bar."""
+    page.locator("#jp-menu-panel .lm-MenuBar-item", has_text="Run").first.click()
+    item = page.locator(".lm-Menu .lm-Menu-item[data-command='runmenu:run-all']").first
+    item.wait_for(state="visible", timeout=10_000)
+    item.click()
+    # without a running kernel JupyterLab asks for one: accept the notebook's own (python3)
+    dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
+    try:
+        dialog.wait_for(state="visible", timeout=3_000)
+    except PlaywrightTimeout:
+        return
+    dialog.locator(".jp-mod-accept").first.click()
+
+
+def _panel(page, label: str):
+    return page.locator(".jp-OutputArea", has=page.locator(".widget-hslider .widget-label", has_text=label)).last
+
+
+def _slider_handle(page, label: str):
+    slider = page.locator(".widget-hslider", has=page.locator(".widget-label", has_text=label)).last
+    return slider, slider.locator(".noUi-handle").first
+
+
+def _kernel_errors(page) -> list[str]:
+    """Text of the notebook's error outputs (tracebacks)."""
+    return page.evaluate("(sel) => Array.from(document.querySelectorAll(sel)).map(e => e.textContent)"
+                         ".filter(t => t.includes('Traceback'))", _ERROR_SEL)
+
+
+def _launch(p):
+    return p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True, timeout=60_000)
+
+
+# ----------------------------------------------------------------------------- tests
+def _head_weights_ok(z: list[list[float]], zeta: float, r: int) -> tuple[float, float]:
+    """Check the drawn ``w`` heatmap (``[L, H_Q]``): per layer and KV group the weights sum to 1 and none is
+    below the floor ``ζ/r``. Returns ``(max |Σ_g w − 1|, min w)``."""
+    worst = max(abs(sum(row[g * r:(g + 1) * r]) - 1.0) for row in z for g in range(len(row) // r))
+    low = min(min(row) for row in z)
+    assert worst < 1e-6, f"a KV group's weights sum to 1 ± {worst:.2e} in the drawn heatmap"
+    assert low >= zeta / r - 1e-9, f"a drawn weight {low} lies below the floor ζ/r = {zeta / r}"
+    return worst, low
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_pooling_notebook_zeta_slider(lab, artifacts):
+    """The pooling notebook (02) run from the Run menu; its HeadsPanel follows the ζ slider."""
+    base, token, _ = lab
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True, timeout=60_000)
+        browser = _launch(p)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.set_default_timeout(60_000)
-            page.goto(f"{base}/lab/tree/panel.ipynb?token={token}", wait_until="domcontentloaded")
-            _wait(page, "() => window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')", timeout_s=120)
-            _wait(page, "() => { const k = document.querySelector('.jp-Notebook-ExecutionIndicator');"
-                        " return k && k.getAttribute('data-status') === 'idle'; }", timeout_s=90)
-            # the kernel needs a moment after the page opens; then run all cells through the app's commands
-            time.sleep(3)
-            rendered = False
-            for attempt in range(2):
-                page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-                try:
-                    _wait(page, "() => Array.from(document.querySelectorAll('.js-plotly-plot .gtitle'))"
-                                ".some(t => t.textContent.includes('layer 1'))", timeout_s=150 if attempt == 0 else 90)
-                    rendered = True
-                    break
-                except PlaywrightTimeout:
-                    # plotly's FigureWidget front end (anywidget) sometimes draws the first figures of a fresh
-                    # page empty; re-running the cell redraws them
-                    log("figures not drawn; re-running the notebook")
-                    page.screenshot(path=str(tmp_path / f"not-rendered-{attempt}.png"), full_page=True)
-            assert rendered, "the panel's figures did not render"
-            titles = [_title(page, i) for i in range(2)]
-            res_i = next(i for i, t in enumerate(titles) if "layer 1" in t)
-            href0 = _heatmap_href(page)
-            assert href0, "the heatmap image did not render"
-            page.screenshot(path=str(tmp_path / "panel-before.png"), full_page=True)
+            _open(page, base, token, POOLING_NB.name)
+            _run_all_from_menu(page)
+            # the panel: two figures with data (the w heatmap of 30 layers x 9 heads, the residual rows)
+            _wait_panel(page, "ζ", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.href) "
+                                   "&& figs.some(f => f.title.includes('per layer and head'))",
+                        RUN_ALL_TIMEOUT_S, artifacts / "02-not-rendered.png")
+            panel = _panel(page, "ζ")
+            panel.scroll_into_view_if_needed()
+            figs = _figures(page, "ζ")
+            heads = next(f for f in figs if "per layer and head" in f["title"])
+            residual = next(f for f in figs if f is not heads)
+            assert heads["meta"]["figure"] == "head_heatmap" and heads["meta"]["zeta"] == pytest.approx(0.5)
+            assert len(heads["z"]) == 30 and all(len(row) == 9 for row in heads["z"])   # SmolLM2: 30 layers, 9 heads
+            _head_weights_ok(heads["z"], zeta=0.5, r=3)
+            assert "layer 15" in residual["title"] and any("w=" in t for t in residual["yticks"])
+            before = artifacts / "02-pooling-panel-before.png"
+            panel.screenshot(path=str(before))
 
-            # layer slider: keyboard on its handle (noUiSlider), one step right
-            layer = page.locator(".widget-hslider", has=page.locator("label", has_text="layer")).first
-            handle = layer.locator(".noUi-handle").first
+            # ζ: Home on the slider's handle (keyboard) → the lowest value 0.01; the panel recomputes the pooling
+            zeta, handle = _slider_handle(page, "ζ")
             handle.focus()
-            handle.press("ArrowRight")
-            _wait(page, "(i) => { const t = document.querySelectorAll('.js-plotly-plot .gtitle')[i]; "
-                        "return t && t.textContent.includes('layer 2'); }", arg=res_i, timeout_s=30)
-            assert "layer 2" in _title(page, res_i)
-
-            # ζ slider: Home key to its lowest value (0.01); the heatmap of the weights w is redrawn
-            zeta = page.locator(".widget-hslider", has=page.locator("label", has_text="ζ")).first
-            zh = zeta.locator(".noUi-handle").first
-            zh.focus()
-            zh.press("Home")
-            _wait(page, "(h) => { const im = document.querySelector('.js-plotly-plot .hm image'); "
-                        "const v = im && (im.getAttribute('href') || im.getAttribute('xlink:href')); "
-                        "return v && v !== h; }", arg=href0, timeout_s=30)
-            readout = zeta.locator(".widget-readout").first.inner_text(timeout=10_000)
-            assert float(readout) == pytest.approx(0.01)
-            page.screenshot(path=str(tmp_path / "panel-after.png"), full_page=True)
-            assert (tmp_path / "panel-after.png").stat().st_size > 10_000
+            handle.press("Home")
+            _wait_figures(page, "ζ", "figs.some(f => f.meta && f.meta.figure === 'head_heatmap' "
+                                     "&& Math.abs(f.meta.zeta - 0.01) < 1e-9 && f.href !== " + json.dumps(heads["href"]) + ")",
+                          timeout_s=60)
+            assert float(zeta.locator(".widget-readout").first.inner_text(timeout=10_000)) == pytest.approx(0.01)
+            figs2 = _figures(page, "ζ")
+            heads2 = next(f for f in figs2 if f["meta"] and f["meta"]["figure"] == "head_heatmap")
+            residual2 = next(f for f in figs2 if f is not heads2)
+            assert heads2["meta"]["zeta"] == pytest.approx(0.01) and heads2["href"] != heads["href"], _kernel_errors(page)
+            _, low = _head_weights_ok(heads2["z"], zeta=0.01, r=3)
+            change = max(abs(a - b) for r1, r2 in zip(heads["z"], heads2["z"]) for a, b in zip(r1, r2))
+            assert change > 0.05, f"the drawn weights moved by at most {change}"
+            assert low < 0.5 / 3, "with ζ = 0.01 some head must fall below the old floor ζ/r = 1/6"
+            # the residual rows' labels carry w_h; the layer (and hence the title) stays
+            _wait_figures(page, "ζ", "figs.some(f => f.yticks.length && f.yticks.join('|') !== "
+                                     + json.dumps("|".join(residual["yticks"])) + ")", timeout_s=30)
+            assert residual2["title"] == residual["title"]
+            after = artifacts / "02-pooling-panel-after.png"
+            panel.screenshot(path=str(after))
+            assert before.read_bytes() != after.read_bytes(), "the panel's pixels did not change"
+            assert after.stat().st_size > 10_000
         finally:
             browser.close()
+            _shutdown_kernels(base, token)
+
+
+def test_synthetic_panel_layer_slider(lab, artifacts):
+    """A small HeadsPanel on a synthetic capture: the layer slider moves the residual figure's title."""
+    base, token, _ = lab
+    with sync_playwright() as p:
+        browser = _launch(p)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.set_default_timeout(60_000)
+            _open(page, base, token, "panel.ipynb")
+            _run_all_from_menu(page)
+            _wait_panel(page, "layer", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.href) "
+                                       "&& figs.some(f => f.title.includes('layer 1'))",
+                        150, artifacts / "synthetic-not-rendered.png")
+            panel = _panel(page, "layer")
+            panel.screenshot(path=str(artifacts / "synthetic-panel-before.png"))
+            heads = next(f for f in _figures(page, "layer") if f["meta"]["figure"] == "head_heatmap")
+            assert len(heads["z"]) == 4 and all(len(row) == 6 for row in heads["z"])
+            _head_weights_ok(heads["z"], zeta=0.5, r=3)
+
+            layer, handle = _slider_handle(page, "layer")
+            handle.focus()
+            handle.press("ArrowRight")
+            _wait_figures(page, "layer", "figs.some(f => f.title.includes('layer 2'))", timeout_s=30)
+            assert layer.locator(".widget-readout").first.inner_text(timeout=10_000).strip() == "2"
+            panel.screenshot(path=str(artifacts / "synthetic-panel-after.png"))
+        finally:
+            browser.close()
+            _shutdown_kernels(base, token)
