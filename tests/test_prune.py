@@ -50,6 +50,8 @@ def test_last_layer_pruning_only_shrinks_cache(smollm, example_prompt, full_ref)
     assert r.generated_ids[0] == full_ref.generated_ids[0]
     # the cache after the prefill holds exactly the T' retained entries in every layer (fp32: e = 4)
     assert r.kv_bytes == kv_bytes_dense(smollm.shape, r.T_prime, 4) < kv_bytes_dense(smollm.shape, example_prompt.T, 4)
+    # the full run is measured at the same moment (after the prefill; it decoded 6 tokens since)
+    assert full_ref.kv_bytes == kv_bytes_dense(smollm.shape, example_prompt.T, 4)
 
 
 def test_mid_layer_pruning_changes_computation_but_keeps_positions(smollm, example_prompt, full_ref):

@@ -319,6 +319,7 @@ def run_full(model, prompt, *, max_new_tokens: int = 16, keep_hidden: bool = Fal
             h.remove()
     prefill_s = time.perf_counter() - t0
     cache = adapter.output_cache(out) or cache
+    kv_bytes = adapter.cache_bytes(cache)  # after the prefill, as run_pruned reports it
     first_logits = out.logits[0, -1].float().cpu()
     generated = [int(first_logits.argmax())]
     t1 = time.perf_counter()
@@ -331,7 +332,7 @@ def run_full(model, prompt, *, max_new_tokens: int = 16, keep_hidden: bool = Fal
                        decision="full prefill" if positions is None else "shortened sequence, original positions",
                        trace=None, generated_ids=generated, text=tok.decode(generated) if tok is not None else "",
                        first_logits=first_logits, prefill_s=prefill_s, decode_s=time.perf_counter() - t1,
-                       kv_bytes=adapter.cache_bytes(cache), hidden=hidden)
+                       kv_bytes=kv_bytes, hidden=hidden)
 
 
 # ----------------------------------------------------------------------------- sweep method
