@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -207,6 +207,7 @@ class ShiftResult:
     k: int
     ref_start: int
     ref_end: int
+    _leap: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
 
     def _levels(self):
         return (("head", self.recall_head, self.jsd_head), ("group", self.recall_group, self.jsd_group))
@@ -239,8 +240,14 @@ class ShiftResult:
 
         Columns: ``gain_m10, gain_01, gain_12, gain_23`` (recall gains ``-1→0`` (the last step inside the
         prompt, for comparison), ``0→1, 1→2, 2→3``), ``jsd_m10, jsd_01, jsd_12, jsd_23`` and ``leap``
-        (``gain_01 > max(gain_12, gain_23)``). Missing rows give NaN.
+        (``gain_01 > max(gain_12, gain_23)``). Missing rows give NaN. Built once per result (the figure and
+        :meth:`summary` both read it on every slider move); each call returns a copy.
         """
+        if self._leap is None:
+            self._leap = self._leap_frame()
+        return self._leap.copy()
+
+    def _leap_frame(self) -> pd.DataFrame:
         parts = []
         for level, rec, js in self._levels():
             L, U, _ = rec.shape
