@@ -32,6 +32,8 @@ not lists of strings. At T = 2048 a figure takes 10–35 ms (``benchmarks/widget
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import html
@@ -50,7 +52,7 @@ __all__ = [
     "PALETTE", "SEQUENTIAL", "FONT", "TEMPLATE", "KEPT", "REMOVED", "NEUTRAL", "ANSWER",
     "sink_mass_heatmap", "attention_strip", "head_heatmap", "residual_distribution", "chunk_priorities",
     "envelope_rows", "certificate", "trace_layers", "drift", "break_even", "pages", "shift_steps",
-    "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "figure_frame", "update_figure",
+    "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "figure_frame", "update_figure", "drafts", "as_figure",
 ]
 
 # Okabe–Ito colour-blind-safe palette
@@ -199,7 +201,7 @@ class _Draft:
                     yield r, c
 
     def add_trace(self, trace, row: int | None = None, col: int | None = None, secondary_y: bool = False):
-        d = trace.to_plotly_json() if hasattr(trace, "to_plotly_json") else dict(trace)
+        d = _share_arrays(trace._props) if hasattr(trace, "to_plotly_json") else dict(trace)
         if row is not None and self._grid_ref is not None:
             d["xaxis"], d["yaxis"] = self.refs(row, col, secondary_y)
         self.traces.append(d)
@@ -249,12 +251,35 @@ class _Draft:
         return go.Figure({"data": self.traces, "layout": self.layout})
 
 
+_AS_DRAFT = contextvars.ContextVar("workbench_plots_as_draft", default=False)
+
+
+@contextlib.contextmanager
+def drafts():
+    """Inside this context, figure functions built on a :class:`_Draft` return the draft itself (plain dicts
+    made of validated pieces) instead of a ``go.Figure``. :func:`update_figure` takes a draft and writes
+    it into a widget without building, validating and deep-copying a whole ``go.Figure`` first (~15 ms per
+    figure at T = 2048). The widget panels wrap their slider updates in it; tests build every figure
+    outside it, validated as usual."""
+    token = _AS_DRAFT.set(True)
+    try:
+        yield
+    finally:
+        _AS_DRAFT.reset(token)
+
+
+def as_figure(fig) -> go.Figure:
+    """``fig`` as a ``go.Figure`` (a draft from :func:`drafts` is validated here)."""
+    return fig.figure() if isinstance(fig, _Draft) else fig
+
+
 def _finish(fig, title: str, meta: dict, **layout) -> go.Figure:
-    """Title, ``meta`` and the workbench template; a :class:`_Draft` becomes its ``go.Figure`` here."""
+    """Title, ``meta`` and the workbench template; a :class:`_Draft` becomes its ``go.Figure`` here (or
+    stays a draft inside :func:`drafts`)."""
     if isinstance(fig, _Draft):
         fig.update_layout(title=dict(text=title), meta=meta, **layout)
         fig.layout["template"] = TEMPLATE
-        return fig.figure()
+        return fig if _AS_DRAFT.get() else fig.figure()
     fig.update_layout(template=TEMPLATE, title=dict(text=title), meta=meta, **layout)
     return fig
 
@@ -392,7 +417,7 @@ def _rows(row, n: int) -> np.ndarray:
 def sink_mass_heatmap(capture, kind: str = "observer", *, params=None) -> go.Figure:
     """Layer × head heatmap of the attention mass the ``kind`` rows put on the sinks (``capture.sink_mass``)."""
     m = capture.sink_mass(kind).numpy()
-    fig = go.Figure(go.Heatmap(z=_z(m), x=_head_labels(capture.head_group), y=list(range(capture.L)),
+    fig = _Draft(go.Heatmap(z=_z(m), x=_head_labels(capture.head_group), y=list(range(capture.L)),
                                coloraxis="coloraxis", name="sink mass",
                                hovertemplate="layer %{y}, %{x}<br>sink mass %{z:.3f}<extra></extra>"))
     return _finish(fig, f"Sink mass (first {capture.spans.n_sink} tokens), {kind} rows",
@@ -419,7 +444,7 @@ def attention_strip(capture, layer: int, head: int, row: int | None = None, *, p
     colors = [NEUTRAL if c < 0 else (ANSWER if spans.chunk_doc[c] == spans.answer_doc else PALETTE[1])
               for c in chunk_of]
     toks = _tokens(spans, spans.T)
-    fig = go.Figure(go.Bar(x=np.arange(spans.T), y=_z(a), marker_color=colors, name="attention",
+    fig = _Draft(go.Bar(x=np.arange(spans.T), y=_z(a), marker_color=colors, name="attention",
                            customdata=_cd(toks, chunk_of), meta={"customdata": ["token", "chunk"]},
                            hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4f}<extra></extra>"))
     return _finish(fig, f"Attention, layer {layer}, head {head} ({label})",
@@ -456,7 +481,7 @@ def head_heatmap(pooling, quantity: str = "w", *, model_id: str | None = None, p
     hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
     valid = _np(pooling.valid_head)
     text = [["" if valid[l, h] else "invalid" for h in range(H)] for l in range(L)]
-    fig = go.Figure(go.Heatmap(z=_z(m), x=_head_labels(hg), y=list(range(L)), coloraxis="coloraxis",
+    fig = _Draft(go.Heatmap(z=_z(m), x=_head_labels(hg), y=list(range(L)), coloraxis="coloraxis",
                                name=quantity, text=text,
                                hovertemplate="layer %{y}, %{x}<br>" + quantity + " = %{z:.4g} %{text}<extra></extra>"))
     cax = dict(cmin=0, cmax=1) if quantity in ("w", "v", "sink", "z") else {}
@@ -489,7 +514,7 @@ def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | No
     Hh, w = _np(pooling.H[layer]), _np(pooling.w[layer])
     ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
             for h, lab in enumerate(_head_labels(hg))]
-    fig = go.Figure(go.Heatmap(z=_z(res), x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
+    fig = _Draft(go.Heatmap(z=_z(res), x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
                                customdata=_rows(toks, H),
                                hovertemplate="%{y}<br>key %{x}: %{customdata}<br>a/z = %{z:.4g}<extra></extra>"))
     return _finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}",
@@ -877,9 +902,10 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
                                  marker=dict(size=5, color=tm[g].astype(np.float32), cmin=0, cmax=1,
                                              colorscale=[[0, "white"], [1, PALETTE[g % len(PALETTE)]]],
                                              line=dict(color=PALETTE[g % len(PALETTE)], width=1)),
-                                 customdata=_cd(toks, tm[g].tolist()), meta={"customdata": ["token", "kept"]},
+                                 # the tokens alone (the same on every slider move: not re-sent); kept = colour
+                                 customdata=_cd(toks), meta={"customdata": ["token"]},
                                  hovertemplate="g" + str(g) + " %{x}: %{customdata[0]}<br>p = %{y:.4g}"
-                                 "<extra></extra>"), 2, 1)
+                                 "<br>kept: %{marker.color}<extra></extra>"), 2, 1)
     L = pr.L
     fig.add_trace(go.Bar(x=np.arange(L), y=_np(pr.U).tolist(), name="U_l", marker_color=KEPT, showlegend=False,
                          hovertemplate="layer %{x}: U = %{y} pages<extra></extra>"), 1, 2)
@@ -1342,15 +1368,24 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
     When both have the same number of traces with the same types in the same order, every trace's
     top-level properties and the layout (titles, annotations, shapes, axes, ``meta``) are replaced by
     ``new``'s in ONE ``plotly_update`` (a FigureWidget sends one message holding only what changed).
-    ``new`` is already a validated figure, so its JSON is written as it is: nothing is validated twice,
-    which is what makes a slider move cheap. Otherwise the traces are replaced. Layout keys named in
-    ``keep`` (size, ``uirevision``, template) stay as they are in ``target``.
+    ``new`` is a validated figure, or a draft from inside :func:`drafts` (made of validated pieces), so
+    its JSON is written as it is: nothing is validated twice, which is what makes a slider move cheap.
+    Otherwise the traces are replaced. Layout keys named in ``keep`` (size, ``uirevision``, template)
+    stay as they are in ``target``.
 
     Returns:
         ``True`` if the traces were updated in place, ``False`` if they were replaced.
     """
-    same = len(target.data) == len(new.data) and all(a.type == b.type for a, b in zip(target.data, new.data))
-    new_layout = {k: v for k, v in _share_arrays(new._layout).items() if k not in keep}
+    if isinstance(new, _Draft):
+        same = len(target.data) == len(new.traces) and all(
+            a.type == b.get("type", "scatter") for a, b in zip(target.data, new.traces))
+        if not same:
+            return update_figure(target, new.figure(), keep=keep)
+        new_traces, new_layout_src = new.traces, new.layout
+    else:
+        same = len(target.data) == len(new.data) and all(a.type == b.type for a, b in zip(target.data, new.data))
+        new_traces, new_layout_src = [tr._props for tr in new.data], new._layout
+    new_layout = {k: v for k, v in _share_arrays(new_layout_src).items() if k not in keep}
     relayout = {k: None for k in target._layout if k not in new_layout and k not in keep}
     relayout.update(new_layout)
     # plotly_update writes raw JSON; it only takes paths the target already knows (a new subplot axis is not)
@@ -1358,7 +1393,7 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
     if same and fits:
         from plotly.basedatatypes import Undefined  # "leave this trace's value alone"
 
-        new_data = [_share_arrays(tr._props) for tr in new.data]
+        new_data = [_share_arrays(tr) for tr in new_traces]
         own = [(set(n) | set(o)) - {"type", "uid"} for n, o in zip(new_data, target._data)]
         if all(k in tr for tr, keys in zip(target.data, own) for k in keys):
             restyle = {k: [d.get(k) if k in keys else Undefined for d, keys in zip(new_data, own)]
@@ -1366,6 +1401,8 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
             target.plotly_update(restyle_data=restyle, relayout_data=relayout,
                                  trace_indexes=list(range(len(new_data))))
             return True
+    if isinstance(new, _Draft):
+        return update_figure(target, new.figure(), keep=keep)
     with target.batch_update():
         if not same:
             target.data = ()

@@ -195,7 +195,9 @@ class Panel(abc.ABC):
 
     def _add_figure(self, name: str, fig: go.Figure) -> go.FigureWidget:
         """A figure that appears later (e.g. the drift after the first run) joins the figure row."""
-        fw = _widget_figure(fig, name)
+        from .plots import as_figure
+
+        fw = _widget_figure(as_figure(fig), name)
         self.figures[name] = fw
         box = self.widget.children[-1]
         box.children = tuple(box.children) + (fw,)
@@ -237,9 +239,12 @@ class Panel(abc.ABC):
 
     def update(self) -> None:
         """Recompute from the current controls and update every figure in place."""
+        from .plots import drafts
+
         t0 = time.perf_counter()
         try:
-            figs, status = self.compute()
+            with drafts():  # figures stay dicts of validated pieces until written into the widgets
+                figs, status = self.compute()
         except ValueError as e:  # a parameter combination the analysis rejects: say so, keep the figures
             self.error = str(e)
             self.status.value = f"<span style='color:#D55E00'>{_html_escape(e)}</span>"
