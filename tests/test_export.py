@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -223,29 +224,36 @@ def test_bad_fig_path_and_export_all_names(tmp_path):
 
 
 def test_renderer_error_midway_leaves_nothing(tmp_path, monkeypatch):
-    real = ex._render
+    """The renderer dies after the first of two widths was rendered: nothing is written, an earlier export
+    stays as it was, and kaleido's private temporary folders are gone."""
+    import tempfile
+
+    real = ex._render_all
     calls = []
 
-    def flaky(fig_dict, fmt, size):
-        calls.append(fmt)
-        if fmt == "png":
+    def flaky(fig_dict, fmts, size):
+        calls.append(size.tag)
+        if len(calls) % 2 == 0:
             raise RuntimeError("renderer died")
-        return real(fig_dict, fmt, size)
+        return real(fig_dict, fmts, size)
 
-    monkeypatch.setattr(ex, "_render", flaky)
+    tmp_before = set(Path(tempfile.gettempdir()).glob("workbench-export-*"))
+    monkeypatch.setattr(ex, "_render_all", flaky)
     with pytest.raises(RuntimeError, match="renderer died"):
-        ex.export(scatter(), tmp_path / "fig")
-    assert calls == ["pdf", "svg", "png"]  # two formats had been rendered
+        ex.export(scatter(), tmp_path / "fig", width=["single", "double"])
+    assert calls == ["single", "double"]  # the single-column files had been rendered
     assert list(tmp_path.iterdir()) == []
 
     # an earlier export stays as it was
-    monkeypatch.setattr(ex, "_render", real)
-    ex.export(scatter(title="first"), tmp_path / "fig")
+    monkeypatch.setattr(ex, "_render_all", real)
+    ex.export(scatter(title="first"), tmp_path / "fig", width=["single", "double"])
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    monkeypatch.setattr(ex, "_render", flaky)
+    assert len(before) == 8  # 2 widths x pdf/svg/png + json + csv
+    monkeypatch.setattr(ex, "_render_all", flaky)
     with pytest.raises(RuntimeError):
-        ex.export(scatter(title="second"), tmp_path / "fig")
+        ex.export(scatter(title="second"), tmp_path / "fig", width=["single", "double"])
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert set(Path(tempfile.gettempdir()).glob("workbench-export-*")) == tmp_before
 
 
 def test_write_error_midway_removes_temps_and_new_files(tmp_path, monkeypatch):
