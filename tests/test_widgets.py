@@ -176,6 +176,9 @@ def test_audit_panel_shows_the_trace(smollm_capture):
 
     cap = smollm_capture
     panel = Wd.AuditPanel(cap, certify=True)
+    # with the LP on, only its inputs wait for the release; everything else follows the drag
+    assert not panel.controls["eps_row"].continuous_update and not panel.controls["m0"].continuous_update
+    assert panel.controls["zeta"].continuous_update and panel.controls["eps_audit"].continuous_update
     panel.set(target=0.1, eps_row=0.6, eps_audit=0.9, streak=0, audit_mode="sampled", m_a=300, delta=0.2,
               d_max=0.8, priority="mass", seed=3)
     params = EntroPrefillParams(**{k: v for k, v in panel.params().items() if k != "certify"})
@@ -184,9 +187,9 @@ def test_audit_panel_shows_the_trace(smollm_capture):
     assert_shows(panel.figures["trace"], plots.trace_layers(tr))
     assert_shows(panel.figures["certificate"], plots.certificate(tr, target_tokens(0.1, cap.spans.N)))
     assert tr.decision.split(":")[0] in panel.status.value
-    # certificates off: U is NaN everywhere in the trace figure, and sliders become continuous
+    # certificates off: U is NaN everywhere in the trace figure, and every slider follows the drag
     panel.controls["certify"].value = False
-    assert panel.controls["zeta"].continuous_update
+    assert panel.controls["zeta"].continuous_update and panel.controls["eps_row"].continuous_update
     tr2 = trace(cap, params, certify=False)
     assert_shows(panel.figures["trace"], plots.trace_layers(tr2))
 

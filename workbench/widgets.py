@@ -391,8 +391,9 @@ class AuditPanel(Panel):
     """The adaptive procedure (paper §5 steps 1–7, SPEC §6) from every ``EntroPrefillParams`` →
     the per-layer trace, the certificate per layer and the decision. No model calls.
 
-    The LP certificate of all monitored layers costs a few ms per layer; with ``certify`` on, the
-    sliders update on release (``continuous_update=False``).
+    The LP certificate of all monitored layers costs a few ms per layer; it depends on the row tolerance
+    and ``m₀`` only (not on the priorities) and is memoised, so with ``certify`` on only the ``ε_row`` and
+    ``m₀`` sliders update on release (``continuous_update=False``).
     """
 
     title = "Adaptive layer selection and audit (SPEC §5–§6)"
@@ -403,15 +404,17 @@ class AuditPanel(Panel):
         super().__init__()
         self.capture = capture
         self.base = params or EntroPrefillParams()
-        self.controls = _ep_controls(self.NAMES, self.base, continuous=not certify, k=capture.spans.k)
+        self.controls = _ep_controls(self.NAMES, self.base, k=capture.spans.k)
         self.controls["certify"] = W.Checkbox(value=certify, description="LP certificates U_l")
+        self._continuous({"new": certify})
         self._finish()
         self.controls["certify"].observe(self._continuous, names="value")
 
+    LP_INPUTS = ("eps_row", "m0")  # a new LP on every layer when these move
+
     def _continuous(self, change) -> None:
-        for w in self.controls.values():
-            if hasattr(w, "continuous_update"):
-                w.continuous_update = not change["new"]
+        for name in self.LP_INPUTS:
+            self.controls[name].continuous_update = not change["new"]
 
     def analysis(self):
         from .audit import trace
