@@ -313,88 +313,86 @@ def _head_weights_ok(z: list[list[float]], zeta: float, r: int) -> tuple[float, 
     return worst, low
 
 
+@contextlib.contextmanager
+def _notebook_page(lab, name: str):
+    """A chromium page showing notebook ``name`` after Run ▸ Run All Cells; closes the browser and shuts
+    the kernels down afterwards."""
+    base, token, _ = lab
+    with sync_playwright() as p:
+        browser = _launch(p)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.set_default_timeout(60_000)
+            _open(page, base, token, name)
+            _run_all_from_menu(page)
+            yield page
+        finally:
+            browser.close()
+            _shutdown_kernels(base, token)
+
+
 @pytest.mark.model
 @pytest.mark.slow
 def test_pooling_notebook_zeta_slider(lab, artifacts):
     """The pooling notebook (02) run from the Run menu; its HeadsPanel follows the ζ slider."""
-    base, token, _ = lab
-    with sync_playwright() as p:
-        browser = _launch(p)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.set_default_timeout(60_000)
-            _open(page, base, token, POOLING_NB.name)
-            _run_all_from_menu(page)
-            # the panel: two figures with data (the w heatmap of 30 layers x 9 heads, the residual rows)
-            _wait_panel(page, "ζ", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.href) "
-                                   "&& figs.some(f => f.title.includes('per layer and head'))",
-                        RUN_ALL_TIMEOUT_S, artifacts / "02-not-rendered.png")
-            panel = _panel(page, "ζ")
-            panel.scroll_into_view_if_needed()
-            figs = _figures(page, "ζ")
-            heads = next(f for f in figs if "per layer and head" in f["title"])
-            residual = next(f for f in figs if f is not heads)
-            assert heads["meta"]["figure"] == "head_heatmap" and heads["meta"]["zeta"] == pytest.approx(0.5)
-            assert len(heads["z"]) == 30 and all(len(row) == 9 for row in heads["z"])   # SmolLM2: 30 layers, 9 heads
-            _head_weights_ok(heads["z"], zeta=0.5, r=3)
-            assert "layer 15" in residual["title"] and any("w=" in t for t in residual["yticks"])
-            before = artifacts / "02-pooling-panel-before.png"
-            panel.screenshot(path=str(before))
+    with _notebook_page(lab, POOLING_NB.name) as page:
+        # the panel: two figures with data (the w heatmap of 30 layers x 9 heads, the residual rows)
+        _wait_panel(page, "ζ", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.href) "
+                               "&& figs.some(f => f.title.includes('per layer and head'))",
+                    RUN_ALL_TIMEOUT_S, artifacts / "02-not-rendered.png")
+        panel = _panel(page, "ζ")
+        panel.scroll_into_view_if_needed()
+        figs = _figures(page, "ζ")
+        heads = next(f for f in figs if "per layer and head" in f["title"])
+        residual = next(f for f in figs if f is not heads)
+        assert heads["meta"]["figure"] == "head_heatmap" and heads["meta"]["zeta"] == pytest.approx(0.5)
+        assert len(heads["z"]) == 30 and all(len(row) == 9 for row in heads["z"])   # SmolLM2: 30 layers, 9 heads
+        _head_weights_ok(heads["z"], zeta=0.5, r=3)
+        assert "layer 15" in residual["title"] and any("w=" in t for t in residual["yticks"])
+        before = artifacts / "02-pooling-panel-before.png"
+        panel.screenshot(path=str(before))
 
-            # ζ: Home on the slider's handle (keyboard) → the lowest value 0.01; the panel recomputes the pooling
-            zeta, handle = _slider_handle(page, "ζ")
-            handle.focus()
-            handle.press("Home")
-            _wait_figures(page, "ζ", "figs.some(f => f.meta && f.meta.figure === 'head_heatmap' "
-                                     "&& Math.abs(f.meta.zeta - 0.01) < 1e-9 && f.href !== " + json.dumps(heads["href"]) + ")",
-                          timeout_s=60)
-            assert float(zeta.locator(".widget-readout").first.inner_text(timeout=10_000)) == pytest.approx(0.01)
-            figs2 = _figures(page, "ζ")
-            heads2 = next(f for f in figs2 if f["meta"] and f["meta"]["figure"] == "head_heatmap")
-            residual2 = next(f for f in figs2 if f is not heads2)
-            assert heads2["meta"]["zeta"] == pytest.approx(0.01) and heads2["href"] != heads["href"], _kernel_errors(page)
-            _, low = _head_weights_ok(heads2["z"], zeta=0.01, r=3)
-            change = max(abs(a - b) for r1, r2 in zip(heads["z"], heads2["z"]) for a, b in zip(r1, r2))
-            assert change > 0.05, f"the drawn weights moved by at most {change}"
-            assert low < 0.5 / 3, "with ζ = 0.01 some head must fall below the old floor ζ/r = 1/6"
-            # the residual rows' labels carry w_h; the layer (and hence the title) stays
-            _wait_figures(page, "ζ", "figs.some(f => f.yticks.length && f.yticks.join('|') !== "
-                                     + json.dumps("|".join(residual["yticks"])) + ")", timeout_s=30)
-            assert residual2["title"] == residual["title"]
-            after = artifacts / "02-pooling-panel-after.png"
-            panel.screenshot(path=str(after))
-            assert before.read_bytes() != after.read_bytes(), "the panel's pixels did not change"
-            assert after.stat().st_size > 10_000
-        finally:
-            browser.close()
-            _shutdown_kernels(base, token)
+        # ζ: Home on the slider's handle (keyboard) → the lowest value 0.01; the panel recomputes the pooling
+        zeta, handle = _slider_handle(page, "ζ")
+        handle.focus()
+        handle.press("Home")
+        _wait_figures(page, "ζ", "figs.some(f => f.meta && f.meta.figure === 'head_heatmap' "
+                                 "&& Math.abs(f.meta.zeta - 0.01) < 1e-9 && f.href !== " + json.dumps(heads["href"]) + ")",
+                      timeout_s=60)
+        assert float(zeta.locator(".widget-readout").first.inner_text(timeout=10_000)) == pytest.approx(0.01)
+        figs2 = _figures(page, "ζ")
+        heads2 = next(f for f in figs2 if f["meta"] and f["meta"]["figure"] == "head_heatmap")
+        residual2 = next(f for f in figs2 if f is not heads2)
+        assert heads2["meta"]["zeta"] == pytest.approx(0.01) and heads2["href"] != heads["href"], _kernel_errors(page)
+        _, low = _head_weights_ok(heads2["z"], zeta=0.01, r=3)
+        change = max(abs(a - b) for r1, r2 in zip(heads["z"], heads2["z"]) for a, b in zip(r1, r2))
+        assert change > 0.05, f"the drawn weights moved by at most {change}"
+        assert low < 0.5 / 3, "with ζ = 0.01 some head must fall below the old floor ζ/r = 1/6"
+        # the residual rows' labels carry w_h; the layer (and hence the title) stays
+        _wait_figures(page, "ζ", "figs.some(f => f.yticks.length && f.yticks.join('|') !== "
+                                 + json.dumps("|".join(residual["yticks"])) + ")", timeout_s=30)
+        assert residual2["title"] == residual["title"]
+        after = artifacts / "02-pooling-panel-after.png"
+        panel.screenshot(path=str(after))
+        assert before.read_bytes() != after.read_bytes(), "the panel's pixels did not change"
+        assert after.stat().st_size > 10_000
 
 
 def test_synthetic_panel_layer_slider(lab, artifacts):
     """A small HeadsPanel on a synthetic capture: the layer slider moves the residual figure's title."""
-    base, token, _ = lab
-    with sync_playwright() as p:
-        browser = _launch(p)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.set_default_timeout(60_000)
-            _open(page, base, token, "panel.ipynb")
-            _run_all_from_menu(page)
-            _wait_panel(page, "layer", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.href) "
-                                       "&& figs.some(f => f.title.includes('layer 1'))",
-                        150, artifacts / "synthetic-not-rendered.png")
-            panel = _panel(page, "layer")
-            panel.screenshot(path=str(artifacts / "synthetic-panel-before.png"))
-            heads = next(f for f in _figures(page, "layer") if f["meta"]["figure"] == "head_heatmap")
-            assert len(heads["z"]) == 4 and all(len(row) == 6 for row in heads["z"])
-            _head_weights_ok(heads["z"], zeta=0.5, r=3)
+    with _notebook_page(lab, "panel.ipynb") as page:
+        _wait_panel(page, "layer", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.href) "
+                                   "&& figs.some(f => f.title.includes('layer 1'))",
+                    150, artifacts / "synthetic-not-rendered.png")
+        panel = _panel(page, "layer")
+        panel.screenshot(path=str(artifacts / "synthetic-panel-before.png"))
+        heads = next(f for f in _figures(page, "layer") if f["meta"]["figure"] == "head_heatmap")
+        assert len(heads["z"]) == 4 and all(len(row) == 6 for row in heads["z"])
+        _head_weights_ok(heads["z"], zeta=0.5, r=3)
 
-            layer, handle = _slider_handle(page, "layer")
-            handle.focus()
-            handle.press("ArrowRight")
-            _wait_figures(page, "layer", "figs.some(f => f.title.includes('layer 2'))", timeout_s=30)
-            assert layer.locator(".widget-readout").first.inner_text(timeout=10_000).strip() == "2"
-            panel.screenshot(path=str(artifacts / "synthetic-panel-after.png"))
-        finally:
-            browser.close()
-            _shutdown_kernels(base, token)
+        layer, handle = _slider_handle(page, "layer")
+        handle.focus()
+        handle.press("ArrowRight")
+        _wait_figures(page, "layer", "figs.some(f => f.title.includes('layer 2'))", timeout_s=30)
+        assert layer.locator(".widget-readout").first.inner_text(timeout=10_000).strip() == "2"
+        panel.screenshot(path=str(artifacts / "synthetic-panel-after.png"))
