@@ -193,7 +193,7 @@ def ensure_server(*, timeout_s: float = RENDER_TIMEOUT_S) -> None:
             atexit.register(shutdown_server)
             _STATE["atexit"] = True
         try:  # the first render starts Chromium; a dead server thread would block forever, so wait with a limit
-            _call(_probe_figure(), "svg", 16, 16, 1.0, timeout_s=timeout_s)
+            _call(_probe_figure(), dict(format="svg", width=16, height=16, scale=1.0), timeout_s=timeout_s)
         except BaseException:
             shutdown_server()
             raise
@@ -240,12 +240,11 @@ def _bounded(fn, what: str, timeout_s: float):
     return res
 
 
-def _call(fig_dict: dict, fmt: str, width: int, height: int, scale: float, *, timeout_s: float) -> bytes:
-    """One render on the persistent server."""
+def _call(fig_dict: dict, opts: dict, *, timeout_s: float) -> bytes:
+    """One render on the persistent server (``opts``: kaleido's format, width, height, scale)."""
     import kaleido
 
-    return _bounded(lambda: kaleido.calc_fig_sync(fig_dict, opts=dict(format=fmt, width=width, height=height,
-                                                                      scale=scale)), fmt, timeout_s)
+    return _bounded(lambda: kaleido.calc_fig_sync(fig_dict, opts=opts), opts["format"], timeout_s)
 
 
 def _opts(fmt: str, size: ExportSize) -> dict:
@@ -267,9 +266,6 @@ def _render_all(fig_dict: dict, fmts: Sequence[str], size: ExportSize) -> dict[s
     (kaleido writes them into a private temporary folder, read back and removed here)."""
     import kaleido
 
-    for fmt in fmts:
-        if fmt not in FORMATS:
-            raise ValueError(f"formats: must be among {FORMATS}, got {fmt!r}")  # pragma: no cover - checked before
     if len(fmts) == 1:
         return {fmts[0]: _render(fig_dict, fmts[0], size)}
     ensure_server()
@@ -287,9 +283,7 @@ def _render(fig_dict: dict, fmt: str, size: ExportSize) -> bytes:
         raise ValueError(f"formats: must be among {FORMATS}, got {fmt!r}")  # pragma: no cover - checked before
     ensure_server()
     with _LOCK:
-        o = _opts(fmt, size)
-        return _finish_format(fmt, _call(fig_dict, fmt, o["width"], o["height"], o["scale"],
-                                         timeout_s=RENDER_TIMEOUT_S), size)
+        return _finish_format(fmt, _call(fig_dict, _opts(fmt, size), timeout_s=RENDER_TIMEOUT_S), size)
 
 
 # ----------------------------------------------------------------------------- format details

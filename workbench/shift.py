@@ -341,22 +341,27 @@ class ShiftAnalysis:
             ref_end = n if self.ref_end is None else self.ref_end
             if ref_end > n:
                 raise ValueError(f"ref_end: must be in [{self.ref_start}, {n}] (decode rows of the reference), got {ref_end}")
-            ref = None
-            if reference is None:
-                hits = prep["hits"].get((self.ref_start, ref_end))
-            if reference is not None or hits is None:
-                ref = _renorm(src.attn[:, :, dec[self.ref_start - 1: ref_end], :T].to(torch.float64)).mean(2)  # [L, H, T]
+            ref = lambda: _renorm(src.attn[:, :, dec[self.ref_start - 1: ref_end], :T].to(torch.float64)).mean(2)
         else:
-            ref = torch.as_tensor(reference).to(torch.float64)
-            if ref.shape != (L, H, T):
-                raise ValueError(f"reference: must have shape {[L, H, T]}, got {list(ref.shape)}")
-            ref_end = -1
+            fixed = torch.as_tensor(reference).to(torch.float64)
+            if fixed.shape != (L, H, T):
+                raise ValueError(f"reference: must have shape {[L, H, T]}, got {list(fixed.shape)}")
+            ref, ref_end = (lambda: fixed), -1
+
+        def every_k():  # intersections for every k over every tail row: k and W then only index
+            F = ref()  # [L, H, T]
+            return (_hits_every_k(prep["rank_head"], _order(F)),
+                    _hits_every_k(prep["rank_group"], _order(group_rows(F, hg))))
+
+        # kept per reference from this capture's own decode rows; another reference is computed each call
+        key = (self.ref_start, ref_end)
+        if reference is not None:
+            hits = every_k()
+        elif key in prep["hits"]:
+            hits = prep["hits"][key]
+        else:
+            hits = prep["hits"][key] = every_k()
         k = min(self.k, T)
-        if ref is not None:  # intersections for every k over every tail row: k and W then only index
-            hits = (_hits_every_k(prep["rank_head"], _order(ref)),
-                    _hits_every_k(prep["rank_group"], _order(group_rows(ref, hg))))
-            if reference is None:
-                prep["hits"][(self.ref_start, ref_end)] = hits
         return ShiftResult(
             r=r,
             jsd_head=prep["jsd_head"][..., off:].clone(),

@@ -56,9 +56,9 @@ def figure_function(name: str):
 
 
 def sync_figure(fw: go.FigureWidget, fig: go.Figure) -> bool:
-    """Make ``fw`` show ``fig`` in place (:func:`workbench.plots.update_figure`: one ``batch_update``,
-    traces overwritten when the structure is the same, else replaced; size, ``uirevision`` and template
-    kept). Returns whether the traces were updated in place."""
+    """Make ``fw`` show ``fig`` (a figure or a draft) in place with :func:`workbench.plots.update_figure`: one
+    ``plotly_update`` when the trace structure is the same, else the traces replaced; size, ``uirevision``
+    and template kept. Returns whether the traces were updated in place."""
     from .plots import update_figure
 
     return update_figure(fw, fig)
