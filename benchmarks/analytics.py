@@ -28,8 +28,8 @@ from prune import layout  # noqa: E402  (same T-token layout as the prune benchm
 
 
 def recompute(cap, params):
-    from workbench.audit import trace
-    from workbench.envelope import envelope
+    from workbench.analyse.audit import trace
+    from workbench.analyse.envelope import envelope
 
     tr = trace(cap, params, certify=False)
     l = tr.l_star if tr.l_star is not None else tr.layers[-1]
@@ -44,10 +44,10 @@ def main():
     ap.add_argument("--n", type=int, default=60)
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "analytics.json"))
     a = ap.parse_args()
+    from workbench.analyse.params import EntroPrefillParams
+    from workbench.analyse.selection import lp_certificate, mass_table
     from workbench.capture import RowSet, run_capture
-    from workbench.models import load_model
-    from workbench.params import EntroPrefillParams
-    from workbench.selection import lp_certificate, mass_table
+    from workbench.run.models import load_model
 
     lm = load_model(device="cpu", progress=False)
     spans = layout(lm.tokenizer, a.T)

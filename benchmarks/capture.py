@@ -25,7 +25,7 @@ ROWS = dict(observer=8, audit=16, tail=32)
 
 
 def _ids_of_length(tok, T: int) -> list[int]:
-    from workbench.examples import load_example
+    from workbench.run.examples import load_example
 
     ex = load_example()
     text = " ".join(ex.documents) + " "
@@ -34,7 +34,7 @@ def _ids_of_length(tok, T: int) -> list[int]:
 
 
 def _spans(ids):
-    from workbench.spans import PromptSpans
+    from workbench.run.spans import PromptSpans
 
     T = len(ids)
     return PromptSpans(T=T, input_ids=tuple(ids), tokens=tuple("" for _ in ids), chunks=(), chunk_doc=(),
@@ -50,9 +50,9 @@ def _rowset(T):
 
 
 def time_one(T: int, reps: int) -> dict:
-    from workbench import adapter
     from workbench.capture import run_capture
-    from workbench.models import load_model
+    from workbench.run import adapter
+    from workbench.run.models import load_model
 
     lm = load_model(device="cpu", progress=False)
     ids = _ids_of_length(lm.tokenizer, T)
@@ -81,9 +81,9 @@ def time_one(T: int, reps: int) -> dict:
 
 def memory_child(T: int, mode: str) -> None:
     """Run in a subprocess: peak-RSS increase of ``mode`` over a plain prefill, in MiB."""
-    from workbench import adapter
     from workbench.capture import run_capture
-    from workbench.models import load_model
+    from workbench.run import adapter
+    from workbench.run.models import load_model
 
     lm = load_model(device="cpu", progress=False)
     ids = _ids_of_length(lm.tokenizer, T)

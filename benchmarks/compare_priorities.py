@@ -17,8 +17,8 @@ PRIORITIES = ("renyi", "mass", "uniform", "random", "headmax")
 
 
 def compare(cap, target: float, eps_row: float, m0: int = 1, **params):
-    from workbench.audit import trace
-    from workbench.params import EntroPrefillParams
+    from workbench.analyse.audit import trace
+    from workbench.analyse.params import EntroPrefillParams
 
     spans = cap.spans
     ans_chunk = spans.chunk_doc.index(spans.answer_doc) if spans.answer_doc in spans.chunk_doc else None
@@ -56,8 +56,8 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "compare_priorities.json"))
     a = ap.parse_args()
     from workbench.capture import RowSet, run_capture
-    from workbench.examples import load_example
-    from workbench.models import load_model
+    from workbench.run.examples import load_example
+    from workbench.run.models import load_model
 
     lm = load_model(device="cpu", progress=False)
     prompt = load_example().build(lm.tokenizer)

@@ -71,7 +71,7 @@ def _ids_of_length(tok, T: int) -> list[int]:
 
 # ----------------------------------------------------------------------------- parts
 def part_speed(lm, T: int, reps: int, steps: int) -> tuple[pd.DataFrame, list]:
-    from workbench.eviction import EvictionSession, FullCache, Needs, SnapKV
+    from workbench.rerun.eviction import EvictionSession, FullCache, Needs, SnapKV
 
     ids = _ids_of_length(lm.tokenizer, T)
     B = T // 4
@@ -97,7 +97,7 @@ def part_speed(lm, T: int, reps: int, steps: int) -> tuple[pd.DataFrame, list]:
 
 
 def part_overhead(lm, T: int, reps: int, steps: int) -> tuple[pd.DataFrame, list]:
-    from workbench.eviction import FullCache, default_policies, generate_with_policy
+    from workbench.rerun.eviction import FullCache, default_policies, generate_with_policy
 
     ids = _ids_of_length(lm.tokenizer, T)
     B = T // 4
@@ -124,8 +124,8 @@ def part_overhead(lm, T: int, reps: int, steps: int) -> tuple[pd.DataFrame, list
 
 
 def part_needle(lm, budgets, n_new: int) -> tuple[pd.DataFrame, list, dict]:
-    from workbench.eviction import default_policies, run_policies, survival_table, token_positions
-    from workbench.examples import load_example
+    from workbench.rerun.eviction import default_policies, run_policies, survival_table, token_positions
+    from workbench.run.examples import load_example
 
     ex = load_example("needle_haystack")
     prompt = ex.build(lm.tokenizer, max_context=lm.shape.max_context)
@@ -139,15 +139,15 @@ def part_needle(lm, budgets, n_new: int) -> tuple[pd.DataFrame, list, dict]:
 
 
 def _shift_prompts(tok):
-    from workbench.examples import load_example
-    from workbench.prompt import build_prompt
+    from workbench.run.examples import load_example
+    from workbench.run.prompt import build_prompt
 
     out = []
     for name in ("example_prompt", "needle_haystack"):
         ex = load_example(name)
         out.append((ex.name, ex.build(tok)))
     try:
-        from workbench.datasets import load_squad
+        from workbench.study.datasets import load_squad
 
         for art in load_squad("sample")[:3]:
             paras = [p["context"] for p in art["paragraphs"]]
@@ -161,8 +161,8 @@ def _shift_prompts(tok):
 def part_shift(lm, n_decode: int, k: int) -> tuple[pd.DataFrame, list]:
     from tqdm.auto import tqdm
 
+    from workbench.analyse.shift import ShiftAnalysis
     from workbench.capture import RowSet, run_capture
-    from workbench.shift import ShiftAnalysis
 
     eos = lm.model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
@@ -197,7 +197,7 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--out-dir", default=str(OUT))
     a = ap.parse_args(argv)
-    from workbench.models import load_model
+    from workbench.run.models import load_model
 
     lm = load_model(progress=False)
     out_dir = Path(a.out_dir)

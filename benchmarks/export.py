@@ -25,8 +25,8 @@ import plotly.graph_objects as go
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workbench import export as ex  # noqa: E402
-from workbench.plots import TEMPLATE  # noqa: E402
+from workbench.show import export as ex  # noqa: E402
+from workbench.show.plots import TEMPLATE  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
 

@@ -16,7 +16,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,8 +25,8 @@ CHUNK = 64
 
 def layout(tok, T: int):
     """Real tokens, protected prefix 16, chunks of 64 tokens, a 32-token query at the end."""
-    from workbench.examples import load_example
-    from workbench.spans import PromptSpans
+    from workbench.run.examples import load_example
+    from workbench.run.spans import PromptSpans
 
     ex = load_example()
     base = tok(" ".join(ex.documents) + " ", add_special_tokens=False)["input_ids"]
@@ -53,9 +52,9 @@ def removal_for(spans, keep: float) -> list[int]:
 
 
 def main_timing(T: int, reps: int, l_stars, keeps):
-    from workbench.cost import CostModel
-    from workbench.models import load_model
-    from workbench.prune import run_full, run_pruned
+    from workbench.analyse.cost import CostModel
+    from workbench.rerun.prune import run_full, run_pruned
+    from workbench.run.models import load_model
 
     lm = load_model(device="cpu", progress=False)
     spans = layout(lm.tokenizer, T)
@@ -88,8 +87,9 @@ def main_timing(T: int, reps: int, l_stars, keeps):
 def memory_child(T: int, mode: str, l: int, keep: float):
     """One prefill in a fresh process; peak RSS above the level just before it (sampled, see _memory)."""
     from _memory import PeakRSS
-    from workbench.models import load_model
-    from workbench.prune import run_full, run_pruned
+
+    from workbench.rerun.prune import run_full, run_pruned
+    from workbench.run.models import load_model
 
     lm = load_model(device="cpu", progress=False)
     spans = layout(lm.tokenizer, T)

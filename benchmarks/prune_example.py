@@ -19,11 +19,11 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "prune_example.json"))
     ap.add_argument("--new-tokens", type=int, default=12)
     a = ap.parse_args()
-    from workbench.examples import load_example
-    from workbench.models import load_model
-    from workbench.params import EntroPrefillParams
-    from workbench.prune import run_full, run_pruned
-    from workbench.stability import stability
+    from workbench.analyse.params import EntroPrefillParams
+    from workbench.rerun.prune import run_full, run_pruned
+    from workbench.rerun.stability import stability
+    from workbench.run.examples import load_example
+    from workbench.run.models import load_model
 
     lm = load_model(device="cpu", progress=False)
     ex = load_example()

@@ -3,7 +3,7 @@ single-hop RAG prompts and a needle-in-a-haystack grid, on the embedded default 
 
 Resumable (finished cells in the parquet are skipped), so it can be stopped and continued:
 
-    python -m workbench.datasets fetch          # once: SQuAD dev and the essays, checksummed
+    python -m workbench.study.datasets fetch          # once: SQuAD dev and the essays, checksummed
     python benchmarks/study.py [--n-squad 50] [--out benchmarks/out/study.parquet] [--threads 1]
 
 Prints the summary tables (markdown) and writes them beside the parquet (``study_summary.md``).
@@ -30,7 +30,7 @@ METHODS = [
 
 
 def items(n_squad: int, lengths, depths, tokenizer):
-    from workbench import datasets, tasks
+    from workbench.study import datasets, tasks
 
     out = {"squad": tasks.squad_single(datasets.load_squad(), n=n_squad, n_distractors=3, seed=0)}
     if lengths:
@@ -83,8 +83,8 @@ def main():
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    from workbench.models import load_model
-    from workbench.sweep import read_sweep, sweep
+    from workbench.run.models import load_model
+    from workbench.study.sweep import read_sweep, sweep
 
     out = Path(a.out)
     if not a.summary_only:

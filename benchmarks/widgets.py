@@ -77,14 +77,14 @@ def main():
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
-    from workbench import widgets as Wd
+    from workbench.analyse.params import EntroPrefillParams
     from workbench.capture import RowSet, run_capture
-    from workbench.models import load_model
-    from workbench.params import EntroPrefillParams
+    from workbench.run.models import load_model
+    from workbench.show import widgets as Wd
 
     lm = load_model(device="cpu", progress=False)
     if a.example:
-        from workbench.examples import load_example
+        from workbench.run.examples import load_example
 
         prompt = load_example().build(lm.tokenizer, max_context=lm.shape.max_context)
     else:
@@ -125,7 +125,7 @@ def main():
     assert calls["n"] == 0, f"an analytic slider called the model ({calls['n']} forwards)"
 
     print(f"\nT = {spans.T}, k = {spans.k}, L = {cap.L}, capture {capture_s:.1f} s, model calls from sliders: 0\n")
-    print(f"| panel | slider | analysis ms | figure ms | sync ms | total ms (median) | max ms |")
+    print("| panel | slider | analysis ms | figure ms | sync ms | total ms (median) | max ms |")
     print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
         for s, v in r["sliders"].items():

@@ -13,14 +13,14 @@ torch.manual_seed(0)
 @pytest.fixture(scope="session")
 def smollm():
     """The embedded SmolLM2-135M-Instruct (``LoadedModel``), on CPU in fp32."""
-    from workbench.models import load_model
+    from workbench.run.models import load_model
 
     return load_model(device="cpu", progress=False)
 
 
 @pytest.fixture(scope="session")
 def example():
-    from workbench.examples import load_example
+    from workbench.run.examples import load_example
 
     return load_example()
 

@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from workbench.audit import audit_bounds, trace
-from workbench.envelope import envelope, output_bound, output_shift
-from workbench.params import EntroPrefillParams
-from workbench.pooling import HeadPooling
-from workbench.priorities import ChunkPriorities
-from workbench.selection import GreedySelection, mass_table
+from workbench.analyse.audit import audit_bounds, trace
+from workbench.analyse.envelope import envelope, output_bound, output_shift
+from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.pooling import HeadPooling
+from workbench.analyse.priorities import ChunkPriorities
+from workbench.analyse.selection import GreedySelection, mass_table
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests of workbench.audit (SPEC §6): audit bounds, candidate stability, the layer-selection trace."""
+"""Tests of workbench.analyse.audit (SPEC §6): audit bounds, candidate stability, the layer-selection trace."""
 from __future__ import annotations
 
 import math
@@ -9,11 +9,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.audit import NO_LAYER_CAN_PASS, audit_bounds, hoeffding_b, stability, trace
-from workbench.capture_data import Capture
-from workbench.params import EntroPrefillParams
-from workbench.selection import VERDICT_INFEASIBLE, mass_table
-from workbench.spans import PromptSpans
+from workbench.analyse.audit import NO_LAYER_CAN_PASS, audit_bounds, hoeffding_b, stability, trace
+from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.selection import VERDICT_INFEASIBLE, mass_table
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
 
 PROPS = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

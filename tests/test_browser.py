@@ -5,7 +5,7 @@ config/settings/runtime folders, kernels on one intra-op thread) serves two note
 
 - ``02_sinks_and_pooling.ipynb`` from ``notebooks/`` (the real default model, loaded from the local
   cache): the test opens it, runs every cell from the **Run** menu, waits for the closing
-  :class:`~workbench.widgets.HeadsPanel` and its plotly figures, reads the head-weight heatmap back from
+  :class:`~workbench.show.widgets.HeadsPanel` and its plotly figures, reads the head-weight heatmap back from
   the browser (the numbers plotly drew: every KV group's weights sum to 1, none below the floor ``ζ/r``),
   moves the **ζ** slider with the keyboard (``Home``: ζ = 0.01) and checks that the figure followed:
   the heatmap's data, its ``meta.zeta``, its image, the residual rows' labels (``w=…``) and the pixels;
@@ -53,8 +53,8 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Debian 
 
 SYNTHETIC_CELLS = [
     "import os\nos.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')\n"
-    "from workbench.spans import PromptSpans\nfrom workbench.capture_data import Capture\n"
-    "from workbench.widgets import HeadsPanel",
+    "from workbench.run.spans import PromptSpans\nfrom workbench.capture.data import Capture\n"
+    "from workbench.show.widgets import HeadsPanel",
     "spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)\n"
     "cap = Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0)\n"
     "panel = HeadsPanel(cap, layer=1)",
@@ -105,13 +105,20 @@ def lab_server(tmp_path: Path):
     root.mkdir()
     _synthetic_notebook(root / "panel.ipynb")
     shutil.copy(POOLING_NB, root / POOLING_NB.name)
+    shutil.copy(POOLING_NB.parent / "lab_setup.py", root / "lab_setup.py")  # the notebooks' shared set-up
     port, token = _free_port(), uuid.uuid4().hex
     env = dict(os.environ)
     for k, sub in (("JUPYTER_CONFIG_DIR", "cfg"), ("JUPYTER_RUNTIME_DIR", "runtime"),
                    ("JUPYTERLAB_SETTINGS_DIR", "settings"), ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
-                   ("IPYTHONDIR", "ipython")):
+                   ("IPYTHONDIR", "ipython"), ("JUPYTER_DATA_DIR", "data")):
         env[k] = str(tmp_path / sub)
     _lab_settings(tmp_path / "settings")
+    # the kernel the notebooks name (``make lab`` installs it for the venv; here into the test's data dir)
+    kdir = tmp_path / "data" / "kernels" / "attn-workbench"
+    kdir.mkdir(parents=True)
+    (kdir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python (attn-workbench)", "language": "python"}))
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["TOKENIZERS_PARALLELISM"] = "false"
     # kernels inherit this: one intra-op thread (a shared CPU oversubscribed by torch's default spin-waits)

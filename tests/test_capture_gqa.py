@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from workbench import adapter
 from workbench.capture import RowSet, run_capture
-from workbench.models import tiny_model
-from workbench.spans import PromptSpans
+from workbench.run import adapter
+from workbench.run.models import tiny_model
+from workbench.run.spans import PromptSpans
 
 CASES = [(mt, G) for mt in ("llama", "qwen2", "qwen3", "mistral", "gemma3") for G in (2, 4)]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import workbench.capture_data as cd
-from workbench.capture_data import Capture
-from workbench.spans import PromptSpans
+import workbench.capture.data as cd
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
 
 
 def _same(a: Capture, b: Capture):
@@ -38,12 +38,10 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     cap = Capture.synthetic(spans)
     target = tmp_path / "c.safetensors"
 
-    def broken(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
-            f.write(b"half")
+    def broken(tensors, metadata=None):
         raise OSError("disk full")
 
-    monkeypatch.setattr(cd, "save_file", broken)
+    monkeypatch.setattr(cd, "safetensors_save", broken)
     with pytest.raises(OSError, match="disk full"):
         cap.save(target)
     assert list(tmp_path.iterdir()) == []
@@ -53,7 +51,7 @@ def test_failed_overwrite_keeps_old_file(tmp_path, monkeypatch):
     spans = PromptSpans.synthetic([3, 4])
     old = Capture.synthetic(spans, seed=1)
     target = old.save(tmp_path / "c.safetensors")
-    monkeypatch.setattr(cd, "save_file", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
+    monkeypatch.setattr(cd, "safetensors_save", lambda *a, **k: (_ for _ in ()).throw(OSError("boom")))
     with pytest.raises(OSError):
         Capture.synthetic(spans, seed=2).save(target)
     _same(old, Capture.load(target))

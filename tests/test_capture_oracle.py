@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from workbench import adapter
 from workbench.capture import RowSet, capture_attention, run_capture
+from workbench.run import adapter
 
 TOL = 1e-5
 

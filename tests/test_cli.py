@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from workbench.capture_data import Capture
+from workbench.capture.data import Capture
 
 
 def test_capture_command_writes_a_loadable_file(tmp_path):

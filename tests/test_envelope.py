@@ -9,8 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.capture_data import Capture
-from workbench.envelope import (
+from workbench.analyse.envelope import (
     EnvelopeResult,
     chi2_divergence,
     envelope,
@@ -18,8 +17,9 @@ from workbench.envelope import (
     output_bound,
     output_shift,
 )
-from workbench.pooling import HeadPooling
-from workbench.spans import PromptSpans
+from workbench.analyse.pooling import HeadPooling
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
 
 PROP = settings(max_examples=2000, deadline=None, database=None)
 PROP_CAPTURE = settings(max_examples=600, deadline=None, database=None,

@@ -10,18 +10,37 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from workbench import adapter
 from workbench.capture import capture_attention
-from workbench.eviction import (
-    ALL_POLICIES, H2O, DeferKV, EvictionPolicy, EvictionSession, Evidence, FullCache, Needs, OracleKV,
-    PageEntroKV, RandomKV, SnapKV, StreamingLLM, default_policies, deferkv_alpha, generate_with_policy,
-    protected_mask, run_policies, select_keep, survival_table, token_positions,
+from workbench.rerun.eviction import (
+    ALL_POLICIES,
+    H2O,
+    DeferKV,
+    EvictionPolicy,
+    EvictionSession,
+    Evidence,
+    FullCache,
+    Needs,
+    OracleKV,
+    PageEntroKV,
+    RandomKV,
+    SnapKV,
+    StreamingLLM,
+    default_policies,
+    deferkv_alpha,
+    generate_with_policy,
+    protected_mask,
+    run_policies,
+    select_keep,
+    survival_table,
+    token_positions,
 )
-from workbench.examples import DATA_DIR, load_example
-from workbench.models import tiny_model
-from workbench.spans import PromptSpans
+from workbench.run import adapter
+from workbench.run.examples import DATA_DIR, load_example
+from workbench.run.models import tiny_model
+from workbench.run.spans import PromptSpans
 
 SMALL = dict(n_sink=2, recent=4)
 

@@ -15,12 +15,13 @@ import subprocess
 import warnings
 from pathlib import Path
 
+import _figure_files as ff
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from workbench import export as ex
-from workbench.plots import TEMPLATE
+from workbench.show import export as ex
+from workbench.show.plots import TEMPLATE
 
 TITLE = "Sink mass ζ τ η Δ of the certificate"  # "fi": a ligature glyph in the PDF
 
@@ -64,13 +65,13 @@ def test_single_column_files_sizes_and_text(tmp_path):
     assert media_box(pdf) == pytest.approx([0, 0, 240, 180], abs=0.05)
     assert re.search(rb"/BaseFont /[A-Z]{6}\+(DejaVuSans|LiberationSans)", pdf)
     assert b"/FontFile2" in pdf  # embedded (subset) TrueType
-    text = ex.pdf_text(pdf)
+    text = ff.pdf_text(pdf)
     assert TITLE in text
     assert "layerℓ" in re.sub(r"\s", "", text)  # "ℓ" is a run of its own (spaces between runs are positional)
-    assert TITLE in ex._pdf_text_builtin(pdf)  # the built-in reader too (pdftotext may be installed)
+    assert TITLE in ff._pdf_text_builtin(pdf)  # the built-in reader too (pdftotext may be installed)
     if shutil.which("pdftotext"):  # installed by the set-up (poppler-utils): the reference reader
         out = subprocess.run(["pdftotext", str(tmp_path / "fig1.pdf"), "-"], capture_output=True, text=True, check=True)
-        assert TITLE in ex.unligature(out.stdout)
+        assert TITLE in ff.unligature(out.stdout)
         assert "ℓ" in out.stdout
 
     # SVG: physical size in points, the layout's viewBox, the title as a <text> element
@@ -81,7 +82,7 @@ def test_single_column_files_sizes_and_text(tmp_path):
     assert ">ratio</text>" in svg  # the axis title
 
     # PNG: width * scale pixels, 300 dpi by default
-    w, h, dpi = ex.png_size(tmp_path / "fig1.png")
+    w, h, dpi = ff.png_size(tmp_path / "fig1.png")
     assert (w, h) == (1000, 750)
     assert dpi == pytest.approx(300, abs=0.01)
 
@@ -113,8 +114,8 @@ def test_double_column_and_pixel_widths_with_scale(tmp_path):
                                              "f.csv", "f.json"]
     assert media_box((tmp_path / "f-double.pdf").read_bytes()) == pytest.approx([0, 0, 504, 252], abs=0.05)
     assert media_box((tmp_path / "f-300px.pdf").read_bytes()) == pytest.approx([0, 0, 300, 150], abs=0.05)
-    assert ex.png_size(tmp_path / "f-double.png")[:2] == (1008, 504)
-    assert ex.png_size(tmp_path / "f-300px.png") == pytest.approx((600, 300, 144.0), abs=0.01)
+    assert ff.png_size(tmp_path / "f-double.png")[:2] == (1008, 504)
+    assert ff.png_size(tmp_path / "f-300px.png") == pytest.approx((600, 300, 144.0), abs=0.01)
     side = json.loads((tmp_path / "f.json").read_text())
     assert [s["preset"] for s in side["sizes"]] == ["double", None]
     assert side["sizes"][0]["width_in"] == 7.0
@@ -161,13 +162,13 @@ def test_data_argument_is_the_csv(tmp_path):
     pd.testing.assert_frame_equal(back, data)
 
 
-def test_fallback_frame_flattens_heatmaps_and_tables():
-    df = ex._fallback_frame(heatmap())
+def test_figure_data_flattens_heatmaps_and_tables():
+    df = ex.figure_data(heatmap())
     assert len(df) == 6
     assert df["z"].tolist() == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
     assert df["x"].tolist() == ["h0", "h1", "h2"] * 2 and df["y"].tolist() == [0, 0, 0, 1, 1, 1]
     t = go.Figure(go.Table(header=dict(values=["method", "em"]), cells=dict(values=[["a", "b"], [0.5, 1.0]])))
-    tf = ex._fallback_frame(t)
+    tf = ex.figure_data(t)
     assert tf["method"].tolist() == ["a", "b"] and tf["em"].tolist() == [0.5, 1.0]
 
 
@@ -228,7 +229,7 @@ def test_renderer_error_midway_leaves_nothing(tmp_path, monkeypatch):
     stays as it was, and kaleido's private temporary folders are gone."""
     import tempfile
 
-    real = ex._render_all
+    real = ex.render_all
     calls = []
 
     def flaky(fig_dict, fmts, size):
@@ -266,7 +267,7 @@ def test_write_error_midway_removes_temps_and_new_files(tmp_path, monkeypatch):
             raise OSError("disk full")
         return real_replace(a, b)
 
-    monkeypatch.setattr(ex.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         ex.export(scatter(), tmp_path / "fig")
     assert n[0] == 3
@@ -327,5 +328,5 @@ def test_resolve_size_presets():
 
 def test_png_pixels_are_floored_like_chromium(tmp_path):
     ex.export(scatter(), tmp_path / "p", width=101, height=101, scale=1.5, formats=("png",), csv=False)
-    assert ex.png_size(tmp_path / "p.png")[:2] == (151, 151)
+    assert ff.png_size(tmp_path / "p.png")[:2] == (151, 151)
     assert json.loads((tmp_path / "p.json").read_text())["sizes"][0]["png_px"] == [151, 151]

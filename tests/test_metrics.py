@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from workbench import metrics
+from workbench.study import metrics
 
 
 @pytest.mark.parametrize("pred, golds, em, f1", [

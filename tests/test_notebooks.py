@@ -2,10 +2,15 @@
 
 Each executed notebook must show at least one plotly figure and no error output, and its last code
 cell (the checks) must print what it asserted; the committed notebooks must be clean (no outputs),
-end with a code cell that asserts and prints, and be identical to what ``notebooks/_make_notebooks.py`` writes.
-The execution time of every notebook is printed (``pytest -s``; a table after the module) and
-recorded as the test property ``seconds`` (``--junitxml``). ``WORKBENCH_NB_CELL_TIMEOUT`` sets the
-per-cell timeout (s), ``WORKBENCH_NB_THREADS`` the kernels' intra-op threads (default 1; 0 = torch's default).
+end with a code cell that asserts and prints, name the ``attn-workbench`` kernel, and be identical to
+what ``notebooks/build.py`` writes from their jupytext sources ``notebooks/src/NN_*.py`` (one source per
+notebook and one notebook per source). The execution time of every notebook is printed (``pytest -s``;
+a table after the module) and recorded as the test property ``seconds`` (``--junitxml``).
+``WORKBENCH_NB_CELL_TIMEOUT`` sets the per-cell timeout (s), ``WORKBENCH_NB_THREADS`` the kernels'
+intra-op threads (default 1; 0 = torch's default). ``WORKBENCH_MODEL`` and ``WORKBENCH_DEVICE`` are
+passed to the kernels, where ``notebooks/lab_setup.py`` loads that model on that device (default: the
+embedded model, ``auto``). The kernels run this interpreter's ``python3`` kernel, whatever kernel the
+notebooks name (``attn-workbench`` is installed by ``make lab``, not needed here).
 """
 from __future__ import annotations
 
@@ -21,11 +26,15 @@ from nbclient import NotebookClient
 
 NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NB_DIR.glob("[0-9][0-9]_*.ipynb"))
+SOURCES = sorted((NB_DIR / "src").glob("[0-9][0-9]_*.py"))
+KERNEL_NAME = "attn-workbench"
 CELL_TIMEOUT_S = int(os.environ.get("WORKBENCH_NB_CELL_TIMEOUT", "300"))
 # Intra-op threads of the notebook kernels. On a shared, busy CPU, torch's default (one thread per core)
 # oversubscribes the cores and spin-waits: the eviction notebook took 8x longer than with one thread.
 # "0" leaves the kernels at torch's default.
 KERNEL_THREADS = os.environ.get("WORKBENCH_NB_THREADS", "1")
+# Environment variables the notebooks read (notebooks/lab_setup.py), passed on to every kernel.
+KERNEL_ENV_PASSTHROUGH = ("WORKBENCH_MODEL", "WORKBENCH_DEVICE")
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 NOTEBOOK_TIMES: dict[str, float] = {}
@@ -40,11 +49,26 @@ def _print_times():
         print("\nnotebook execution times:\n" + "\n".join(lines) + f"\n  {'total':<45} {sum(NOTEBOOK_TIMES.values()):6.1f} s")
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("_make_notebooks", NB_DIR / "_make_notebooks.py")
+def _builder():
+    spec = importlib.util.spec_from_file_location("notebooks_build", NB_DIR / "build.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _kernel_env() -> dict[str, str]:
+    """The kernels' environment: this process's, the intra-op threads and the notebooks' own variables."""
+    env = dict(os.environ)
+    if KERNEL_THREADS != "0":
+        env["OMP_NUM_THREADS"] = KERNEL_THREADS
+        env["MKL_NUM_THREADS"] = KERNEL_THREADS
+    env.update({k: os.environ[k] for k in KERNEL_ENV_PASSTHROUGH if os.environ.get(k)})
+    return env
+
+
+def _uses_panel(nb) -> bool:
+    """A notebook with a panel: one from workbench.show.widgets, or its own ipywidgets panel."""
+    return any("widgets import" in c.source or "import ipywidgets" in c.source for c in nb.cells if c.cell_type == "code")
 
 
 def _outputs(nb):
@@ -76,6 +100,15 @@ def test_notebook_is_clean(path):
     assert code, "a notebook without code"
     assert not any(c.get("outputs") or c.get("execution_count") for c in code), "commit notebooks clean"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith(f"# {path.name[:2]}")
+    kernelspec = nb.metadata.get("kernelspec", {})
+    assert kernelspec.get("name") == KERNEL_NAME and kernelspec.get("language") == "python", kernelspec
+    assert nb.metadata.get("language_info", {}).get("name") == "python"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_has_a_panel(path):
+    """notebooks/README.md promises an interactive panel in every notebook."""
+    assert _uses_panel(nbformat.read(path, as_version=4)), f"{path.name}: no interactive panel"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -89,30 +122,45 @@ def test_notebook_ends_with_checks(path):
     assert "widgets import" not in last and "export_all(" not in last, f"{path.name}: panel/export cells come before the checks"
 
 
-def test_generator_is_in_sync():
-    """The committed notebooks are what the generator writes (cells reviewable as Python source)."""
-    gen = _generator()
-    for name in gen.NOTEBOOKS:
+def test_every_source_has_a_notebook():
+    """One jupytext source per notebook and one notebook per source."""
+    assert SOURCES, "no notebook sources in notebooks/src/"
+    assert [p.stem for p in SOURCES] == [p.stem for p in NOTEBOOKS], (
+        f"sources without a notebook: {sorted({p.stem for p in SOURCES} - {p.stem for p in NOTEBOOKS})}; "
+        f"notebooks without a source: {sorted({p.stem for p in NOTEBOOKS} - {p.stem for p in SOURCES})}")
+    assert not (NB_DIR / "_make_notebooks.py").exists(), "the old generator is back: one source of truth"
+
+
+def test_notebooks_are_in_sync():
+    """The committed notebooks are what notebooks/build.py writes from notebooks/src/ (byte for byte)."""
+    build = _builder()
+    assert list(build.sources()) == [p.stem for p in SOURCES]
+    for name in build.sources():
         path = NB_DIR / f"{name}.ipynb"
-        assert path.exists(), f"{path.name}: run notebooks/_make_notebooks.py"
+        assert path.exists(), f"{path.name}: run notebooks/build.py"
         committed = nbformat.read(path, as_version=4)
-        built = gen.build(name)
+        built = build.build(name)
         assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in built.cells], (
-            f"{path.name} differs from notebooks/_make_notebooks.py; regenerate it")
+            f"{path.name} differs from notebooks/src/{name}.py; run notebooks/build.py")
+        assert path.read_text(encoding="utf-8") == build.render(built), (
+            f"{path.name}: same cells as notebooks/src/{name}.py, other ids, metadata or outputs; run notebooks/build.py")
+        assert built.metadata.kernelspec.name == KERNEL_NAME
+    assert build.out_of_sync() == []
 
 
 @pytest.mark.model
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path, tmp_path, monkeypatch, record_property):
-    if KERNEL_THREADS != "0":
-        monkeypatch.setenv("OMP_NUM_THREADS", KERNEL_THREADS)   # inherited by the kernel process
-        monkeypatch.setenv("MKL_NUM_THREADS", KERNEL_THREADS)
+def test_notebook_executes(path, tmp_path, record_property):
     nb = nbformat.read(path, as_version=4)
+    # kernel_name: this interpreter's python3 kernel, not the notebooks' attn-workbench (``make lab`` installs
+    # that one); cwd notebooks/, where the notebooks import lab_setup from
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(NB_DIR)}})
+    env = _kernel_env()
+    record_property("model", env.get("WORKBENCH_MODEL") or "default")
     t0 = time.perf_counter()
     try:
-        client.execute()
+        client.execute(env=env)
     finally:
         NOTEBOOK_TIMES[path.stem] = time.perf_counter() - t0
         nbformat.write(nb, tmp_path / path.name)  # executed copy for inspection on failure
@@ -134,5 +182,5 @@ def test_notebook_executes(path, tmp_path, monkeypatch, record_property):
     printed = "".join(o.text for o in last.get("outputs", []) if o.output_type == "stream" and o.name == "stdout")
     assert any(ch.isdigit() for ch in printed), f"the closing checks cell printed no numbers: {printed!r}"
     widgets = [o for o in outs if WIDGET_MIME in o.get("data", {})]
-    if any("from workbench.widgets import" in c.source for c in nb.cells if c.cell_type == "code"):
+    if _uses_panel(nb):
         assert widgets, "a panel cell shows no widget"

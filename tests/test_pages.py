@@ -5,13 +5,20 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from workbench.pages import (
-    PageSelection, group_scores, keep_sets, page_importance, page_union, payload_bytes, top_pages,
+from workbench.analyse.pages import (
+    PageSelection,
+    group_scores,
+    keep_sets,
+    page_importance,
+    page_union,
+    payload_bytes,
+    top_pages,
     union_over_retained,
 )
-from workbench.pooling import HeadPooling
+from workbench.analyse.pooling import HeadPooling
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

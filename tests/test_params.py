@@ -1,11 +1,11 @@
-"""Tests of workbench.params.EntroPrefillParams: validation of every field and derived objects."""
+"""Tests of workbench.analyse.params.EntroPrefillParams: validation of every field and derived objects."""
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 
-from workbench.params import EntroPrefillParams
+from workbench.analyse.params import EntroPrefillParams
 
 INVALID = [
     ("zeta", 0.0), ("zeta", -0.1), ("zeta", 1.0001), ("zeta", float("nan")), ("zeta", "0.5"),

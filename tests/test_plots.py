@@ -1,4 +1,4 @@
-"""Tests of workbench.plots: figure contents equal the analysis results, meta, tidy frames, in-place updates."""
+"""Tests of workbench.show.plots: figure contents equal the analysis results, meta, tidy frames, in-place updates."""
 from __future__ import annotations
 
 import html
@@ -10,18 +10,18 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from workbench import plots
-from workbench.audit import trace
-from workbench.capture_data import Capture
-from workbench.params import EntroPrefillParams
-from workbench.spans import PromptSpans
-from workbench.adapter import ModelShape
-from workbench.cost import CostModel
-from workbench.envelope import envelope_all_layers
-from workbench.eviction import GenerationResult
-from workbench.pages import PageSelection
-from workbench.shift import ShiftAnalysis
-from workbench.stability import StabilityResult
+from workbench.analyse.audit import trace
+from workbench.analyse.cost import CostModel
+from workbench.analyse.envelope import envelope_all_layers
+from workbench.analyse.pages import PageSelection
+from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.shift import ShiftAnalysis
+from workbench.capture.data import Capture
+from workbench.rerun.eviction import GenerationResult
+from workbench.rerun.stability import StabilityResult
+from workbench.run.adapter import ModelShape
+from workbench.run.spans import PromptSpans
+from workbench.show import plots
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -486,7 +486,7 @@ def test_figure_frame_accepts_numpy_arrays():
     import numpy as np
     import plotly.graph_objects as go
 
-    from workbench.plots import figure_frame
+    from workbench.show.plots import figure_frame
 
     z = np.arange(6, dtype=float).reshape(2, 3)
     fig = go.Figure([go.Heatmap(z=z, x=np.array([10, 20, 30]), y=np.array([1, 2])),

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.capture_data import Capture
-from workbench.pooling import HeadPooling, PoolingResult
-from workbench.spans import PromptSpans
+from workbench.analyse.pooling import HeadPooling, PoolingResult
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
 
 # Each example draws only a seed (and at most two shape parameters) from hypothesis and builds the
 # rest with numpy: hypothesis' per-draw overhead, not the code under test, dominates otherwise.

@@ -10,14 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.priorities import (
+from workbench.analyse.priorities import (
     ChunkPriorities,
     PriorityResult,
     mass_only_priorities,
     per_head_max_priorities,
     uniform_priorities,
 )
-from workbench.spans import PromptSpans
+from workbench.run.spans import PromptSpans
 
 PROP = settings(max_examples=2000, deadline=None, database=None)
 # Each example draws a layout (k, seed) and a seed from hypothesis and builds the rest with numpy

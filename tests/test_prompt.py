@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.prompt import build_prompt
+from workbench.run.prompt import build_prompt
 
 DOCS = ["The capital of France is Paris. It is large.", "Bananas are yellow fruit, rich in potassium.",
         "Ünïcode tëxt — with dashes, ‘quotes’ and 数字 123."]

@@ -4,13 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench import adapter
-from workbench.cost import CostModel, kv_bytes_dense
-from workbench.models import tiny_model
-from workbench.params import EntroPrefillParams
-from workbench.prune import run_full, run_pruned
-from workbench.spans import PromptSpans
-from workbench.stability import stability
+from workbench.analyse.cost import CostModel, kv_bytes_dense
+from workbench.analyse.params import EntroPrefillParams
+from workbench.rerun.prune import run_full, run_pruned
+from workbench.rerun.stability import stability
+from workbench.run.models import tiny_model
+from workbench.run.spans import PromptSpans
 
 TOL = 1e-4
 
@@ -36,7 +35,7 @@ def test_pruning_before_layer0_equals_shortened_sequence(smollm, example_prompt)
     assert (a.first_logits - b.first_logits).abs().max().item() <= TOL
     assert a.generated_ids == b.generated_ids
     # original position ids matter: renumbered positions give different logits
-    from workbench.prompt import Prompt  # noqa: F401
+    from workbench.run.prompt import Prompt  # noqa: F401
     ids = torch.tensor([example_prompt.spans.input_ids])[:, R]
     with torch.no_grad():
         renum = smollm.model(ids, logits_to_keep=1).logits[0, -1]

@@ -11,12 +11,12 @@ import subprocess
 import sys
 import time
 
+import _figure_files as ff
 import pandas as pd
 import pytest
 
-from workbench import export as ex
-from workbench.report import SINGLE_TITLE_CHARS, WIDE, ReportConfig, summary_table
-from workbench.sweep import COLUMNS
+from workbench.study.report import SINGLE_TITLE_CHARS, WIDE, ReportConfig, summary_table
+from workbench.study.sweep import COLUMNS
 
 FIGURES = {"sink_mass", "attention_strip", "head_weights", "chunk_priorities", "trace_layers", "certificate",
            "accuracy_vs_budget", "kv_bytes_table", "kept_positions"}
@@ -63,13 +63,13 @@ def test_every_figure_has_all_files_at_its_width(report):
         pdf = (out / "figures" / f"{name}.pdf").read_bytes()
         box = [float(v) for v in re.search(rb"/MediaBox \[([^\]]*)\]", pdf).group(1).split()]
         assert box[2] == pytest.approx(expected_pt, abs=0.05), name
-        assert ex.png_size(out / "figures" / f"{name}.png")[:2] == tuple(size["png_px"]), name
+        assert ff.png_size(out / "figures" / f"{name}.png")[:2] == tuple(size["png_px"]), name
         svg = (out / "figures" / f"{name}.svg").read_text()
         title = side["title"]
         if title:  # the title is real text in the SVG and the PDF (first 20 characters, tags and spaces dropped)
             head = plain(title)[:20]
             assert head in plain(svg), (name, head)
-            assert head in plain(ex.pdf_text(pdf)), (name, head)
+            assert head in plain(ff.pdf_text(pdf)), (name, head)
         assert len(pd.read_csv(out / "figures" / f"{name}.csv")) > 0, name
     assert json.loads((out / "figures" / "kv_bytes_table.json").read_text())["sizes"][0]["preset"] == "double"
     presets = {n: json.loads((out / "figures" / f"{n}.json").read_text())["sizes"][0]["preset"] for n in FIGURES}

@@ -1,4 +1,4 @@
-"""Tests of workbench.selection (SPEC §5): mass table, greedy proposer, dual certificate."""
+"""Tests of workbench.analyse.selection (SPEC §5): mass table, greedy proposer, dual certificate."""
 from __future__ import annotations
 
 import functools
@@ -10,8 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from workbench.capture_data import Capture
-from workbench.selection import (
+from workbench.analyse.selection import (
     VERDICT_INFEASIBLE,
     GreedySelection,
     certificate,
@@ -20,7 +19,8 @@ from workbench.selection import (
     scan_order,
     target_tokens,
 )
-from workbench.spans import PromptSpans
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
 
 PROPS = settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -368,7 +368,7 @@ def test_selection_on_synthetic_capture_and_frame():
 def test_lp_certificate_memo_is_exact_and_not_shared():
     """The memoised certificate equals a fresh solve, and its prices are a copy (editing them does not
     change what the next call returns)."""
-    from workbench import selection as Sel
+    from workbench.analyse import selection as Sel
 
     rng = np.random.default_rng(4)
     n = rng.integers(1, 20, 12)

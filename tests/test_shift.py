@@ -6,12 +6,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.spatial.distance import jensenshannon
 
-from workbench.capture_data import Capture
-from workbench.shift import ShiftAnalysis, group_rows, jsd, shift_rows, topk_recall
-from workbench.spans import PromptSpans
+from workbench.analyse.shift import ShiftAnalysis, group_rows, jsd, shift_rows, topk_recall
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
 
 
 @settings(max_examples=80, deadline=None)
@@ -139,15 +140,15 @@ def test_topk_recall_equals_stable_sort_reference(seed, T, k, levels):
                          for a in range(3)], dtype=torch.float64)
     assert torch.equal(topk_recall(rows, ref, k), want)
     # the shared membership rule itself (also SPEC §8's keep sets): exactly the stable sort's first k
-    from workbench.pages import keep_sets
-    from workbench.ranking import topk_mask
+    from workbench.analyse.pages import keep_sets
+    from workbench.analyse.ranking import topk_mask
 
     first_k = torch.zeros(rows.shape, dtype=torch.bool).scatter_(-1, top_r, True)
     assert torch.equal(topk_mask(rows, k), first_k) and torch.equal(keep_sets(rows, k), first_k)
 
 
 def test_adjacent_jsd_equals_pairwise():
-    from workbench.shift import adjacent_jsd
+    from workbench.analyse.shift import adjacent_jsd
 
     g = torch.Generator().manual_seed(1)
     P = torch.rand(2, 3, 6, 50, generator=g, dtype=torch.float64) ** 4
@@ -163,7 +164,7 @@ def test_memoised_analysis_equals_direct(seed, k, levels, W, ref_start):
     """ShiftAnalysis reuses per-capture ranks and JSD across k, W and the reference (what its sliders move);
     the result equals the direct computation from ``shift_rows(W)``, ``adjacent_jsd`` and ``topk_recall``,
     also with many ties (attention quantised to a few levels) and a capture reused across calls."""
-    from workbench.shift import adjacent_jsd
+    from workbench.analyse.shift import adjacent_jsd
 
     cap = _synthetic_capture(seed=seed)
     g = torch.Generator().manual_seed(seed)
@@ -187,7 +188,7 @@ def test_memoised_analysis_equals_direct(seed, k, levels, W, ref_start):
 @given(seed=st.integers(0, 10_000), T=st.integers(1, 30), levels=st.integers(1, 4))
 def test_hits_every_k_equals_topk_recall(seed, T, levels):
     """The all-k intersection counts equal ``k · topk_recall`` at every k (many ties)."""
-    from workbench.shift import _hits_every_k, _order, _ranks
+    from workbench.analyse.shift import _hits_every_k, _order, _ranks
 
     g = torch.Generator().manual_seed(seed)
     rows = torch.randint(0, levels, (2, 3, 4, T), generator=g).to(torch.float64)

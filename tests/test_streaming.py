@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from workbench.pooling import HeadPooling
-from workbench.streaming import collision_direct, collision_streaming
+from workbench.analyse.pooling import HeadPooling
+from workbench.analyse.streaming import collision_direct, collision_streaming
 
 PROP = settings(max_examples=2000, deadline=None, database=None)
 seeds = st.integers(0, 2**32 - 1)

@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench import datasets, sweep as sw, tasks
-from workbench.models import LoadedModel, tiny_model
+from workbench.run.models import LoadedModel, tiny_model
+from workbench.study import datasets, tasks
+from workbench.study import sweep as sw
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +213,7 @@ def _tiny_factory():
     def make():
         from transformers import AutoTokenizer
 
-        from workbench.models import default_model_folder
+        from workbench.run.models import default_model_folder
 
         tok = AutoTokenizer.from_pretrained(str(default_model_folder(progress=False)))
         model = tiny_model("llama", vocab=len(tok), L=2, H_Q=4, G=2, d=16, seed=0)
@@ -258,7 +259,7 @@ def test_ray_executor_matches_local(tmp_path, items):
 def test_evict_method_in_a_sweep(tiny_lm, items):
     """The registered ``evict`` method: B ≥ T reproduces the full-context tokens; a fractional budget
     keeps ⌈f·T⌉ positions and fewer KV bytes; the random policy follows the sweep's seed."""
-    from workbench.eviction import resolve_budget
+    from workbench.rerun.eviction import resolve_budget
 
     pols = ["snapkv", "deferkv", "random"]
     grid = [("full", {}), ("evict", {"policy": pols, "budget_frac": [1.0, 0.5]}), ("evict", {"policy": pols, "budget": 64})]
@@ -279,7 +280,7 @@ def test_evict_method_in_a_sweep(tiny_lm, items):
     assert (ev[ev.p_budget_frac == 0.5].retained_tokens == math.ceil(0.5 * T)).all()
     assert (ev[ev.p_budget == 64].retained_tokens == 64).all()
     # cells share one prefill per prompt: each equals an independent run of the policy
-    from workbench.eviction import SnapKV, RandomKV, generate_with_policy
+    from workbench.rerun.eviction import RandomKV, SnapKV, generate_with_policy
     prompt = items[0].build(tiny_lm.tokenizer)
     for pol, row in [(SnapKV(), ev[(ev.p_policy == "snapkv") & (ev.p_budget == 64)].iloc[0]),
                      (RandomKV(seed=0), ev[(ev.p_policy == "random") & (ev.p_budget_frac == 0.5)].iloc[0])]:

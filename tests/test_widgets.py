@@ -10,9 +10,9 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from workbench import plots
-from workbench import widgets as Wd
-from workbench.params import EntroPrefillParams
+from workbench.analyse.params import EntroPrefillParams
+from workbench.show import plots
+from workbench.show import widgets as Wd
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -106,8 +106,8 @@ def _move_everything(panel, skip=()):
 @pytest.fixture(scope="module")
 def tiny():
     from workbench.capture import RowSet, run_capture
-    from workbench.models import LoadedModel, tiny_model
-    from workbench.spans import PromptSpans
+    from workbench.run.models import LoadedModel, tiny_model
+    from workbench.run.spans import PromptSpans
 
     model = tiny_model("llama", L=3, H_Q=4, G=2, seed=1)
     lm = LoadedModel(model=model, tokenizer=None, model_id="tiny-llama (llama, L=3, H_Q=4, G=2, d=16)",
@@ -147,10 +147,10 @@ def test_heads_panel_follows_sliders(smollm_capture):
 
 
 def test_priority_panel_matches_selection_and_envelope(smollm_capture):
-    from workbench.envelope import envelope
-    from workbench.priorities import ChunkPriorities
-    from workbench.pooling import HeadPooling
-    from workbench.selection import GreedySelection, mass_table
+    from workbench.analyse.envelope import envelope
+    from workbench.analyse.pooling import HeadPooling
+    from workbench.analyse.priorities import ChunkPriorities
+    from workbench.analyse.selection import GreedySelection, mass_table
 
     cap = smollm_capture
     panel = Wd.PriorityPanel(cap, layer=5)
@@ -171,8 +171,8 @@ def test_priority_panel_matches_selection_and_envelope(smollm_capture):
 
 
 def test_audit_panel_shows_the_trace(smollm_capture):
-    from workbench.audit import trace
-    from workbench.selection import target_tokens
+    from workbench.analyse.audit import trace
+    from workbench.analyse.selection import target_tokens
 
     cap = smollm_capture
     panel = Wd.AuditPanel(cap, certify=True)
@@ -195,8 +195,8 @@ def test_audit_panel_shows_the_trace(smollm_capture):
 
 
 def test_shift_and_pages_panels(smollm_capture):
-    from workbench.pages import PageSelection
-    from workbench.shift import ShiftAnalysis
+    from workbench.analyse.pages import PageSelection
+    from workbench.analyse.shift import ShiftAnalysis
 
     cap = smollm_capture
     sp = Wd.ShiftPanel(cap)
@@ -245,8 +245,8 @@ def test_panel_clamps_bad_values(smollm_capture):
 
 
 def test_other_slider_ranges_are_valid(tiny):
-    from workbench.eviction import DeferKV, PageEntroKV
-    from workbench.pages import PageSelection
+    from workbench.analyse.pages import PageSelection
+    from workbench.rerun.eviction import DeferKV, PageEntroKV
 
     for v in (-100.0, 100.0):
         w = Wd.SLIDERS["defer_lam"].make()
@@ -267,8 +267,8 @@ def test_other_slider_ranges_are_valid(tiny):
 
 # ----------------------------------------------------------------------------- run-again panels (tiny model)
 def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, counter):
-    from workbench.audit import trace
-    from workbench.prune import run_full, run_pruned
+    from workbench.analyse.audit import trace
+    from workbench.rerun.prune import run_full, run_pruned
 
     lm, spans, cap = tiny
     base = EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
@@ -312,7 +312,7 @@ def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, coun
 
 
 def test_eviction_panel_preview_and_cached_runs(tiny, counter):
-    from workbench.eviction import DeferKV, Evidence, SnapKV, generate_with_policy, select_keep
+    from workbench.rerun.eviction import DeferKV, Evidence, SnapKV, generate_with_policy, select_keep
 
     lm, spans, cap = tiny
     panel = Wd.EvictionPanel(cap, lm, spans, policy="deferkv", recent=8, max_new_tokens=4)
@@ -348,7 +348,7 @@ def test_eviction_panel_preview_and_cached_runs(tiny, counter):
 
 
 def test_export_all_delegates(smollm_capture, monkeypatch, tmp_path):
-    import workbench.export as E
+    import workbench.show.export as E
 
     seen = {}
 

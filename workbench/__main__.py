@@ -6,9 +6,13 @@ import sys
 import time
 from pathlib import Path
 
+from workbench.capture import RowSet, run_capture
+from workbench.run.examples import load_example
+from workbench.run.models import default_model_folder, load_model
+from workbench.study.report import ReportConfig, run_report
+
 
 def _prepare(args) -> int:
-    from .models import default_model_folder
 
     folder = default_model_folder(progress=True)
     print(f"default model ready: {folder}")
@@ -16,9 +20,6 @@ def _prepare(args) -> int:
 
 
 def _capture(args) -> int:
-    from .capture import RowSet, run_capture
-    from .examples import load_example
-    from .models import load_model
 
     t0 = time.perf_counter()
     lm = load_model(args.model, device=args.device)
@@ -35,7 +36,6 @@ def _capture(args) -> int:
 
 
 def _report(args) -> int:
-    from .report import ReportConfig, run_report
 
     kw = dict(out=args.out, n_squad=args.n_squad, n_needle=args.n_needle, max_new_tokens=args.max_new_tokens,
               needle_length=args.needle_length, model=args.model, device=args.device,

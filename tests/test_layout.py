@@ -1,0 +1,162 @@
+"""The package layout: one way through the layers, no cycles, imports at module level, lint-clean.
+
+Layers, lowest first: base (``checks``, ``choices``, ``util``) → run → capture → analyse → rerun (run again)
+→ show → study. A module may import its own layer and the layers below it, never above. ``__init__`` and
+``__main__`` of the package (the flat API and the CLI) sit on top.
+"""
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "workbench"
+LAYERS = ["base", "run", "capture", "analyse", "rerun", "show", "study"]
+# optional heavy dependencies that may be imported inside the functions that need them
+LAZY_OK = {"ray", "kaleido", "playwright"}
+MAX_LINES = 600
+# modules allowed past MAX_LINES because they hold one concept (and never past HARD_MAX)
+ONE_CONCEPT = {"workbench/study/sweep.py": "the sweep grid: expand, run (local or Ray), resume, write",
+               "workbench/study/tasks.py": "the prompt families of SPEC §10 and their TaskItem"}
+HARD_MAX = 800
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for f in PKG.rglob("*.py"):
+        parts = f.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        mods[name] = f
+    return mods
+
+
+MODULES = _modules()
+
+
+def _layer(mod: str) -> str | None:
+    parts = mod.split(".")
+    if len(parts) == 1 or parts[1] in ("__main__",):
+        return None  # the package's flat API and CLI: on top
+    return parts[1] if parts[1] in LAYERS else "base"
+
+
+def _imports(mod: str, path: Path) -> list[tuple[str, int, bool]]:
+    """``(imported workbench module, line, inside a function)`` for every import of ``mod``."""
+    tree = ast.parse(path.read_text())
+    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out = []
+    func_lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    func_lines.add(sub.lineno)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            subs = [f"{target}.{a.name}" for a in node.names]
+            # ``from pkg import sub``: an edge to the submodule (the package itself only for its own names)
+            names = subs if all(n in MODULES for n in subs) else [target] + subs
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for n in names:
+            out.append((n, node.lineno, node.lineno in func_lines))
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    g = {m: set() for m in MODULES}
+    for m, f in MODULES.items():
+        for n, _, _ in _imports(m, f):
+            if n in MODULES and n != m:
+                g[m].add(n)
+    return g
+
+
+def test_every_module_is_in_a_layer():
+    assert {_layer(m) for m in MODULES} - {None} <= set(LAYERS)
+    for step in LAYERS[1:]:
+        assert (PKG / step / "__init__.py").exists(), f"the {step} step has no folder"
+
+
+def test_no_import_cycles():
+    g = _graph()
+    color: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m):
+        color[m] = 1
+        stack.append(m)
+        for n in sorted(g[m]):
+            if color.get(n) == 1:
+                cyc = stack[stack.index(n):] + [n]
+                pytest.fail("import cycle: " + " -> ".join(cyc))
+            if n not in color:
+                visit(n)
+        stack.pop()
+        color[m] = 2
+
+    for m in sorted(g):
+        if m not in color:
+            visit(m)
+
+
+def test_imports_follow_the_layer_order():
+    bad = []
+    for m, f in MODULES.items():
+        lm = _layer(m)
+        if lm is None:
+            continue
+        for n, line, _ in _imports(m, f):
+            if n not in MODULES:
+                continue
+            ln = _layer(n)
+            if ln is None or LAYERS.index(ln) > LAYERS.index(lm):
+                bad.append(f"{f.relative_to(ROOT)}:{line} ({lm}) imports {n} ({ln or 'the top-level API'})")
+    assert not bad, "imports against the layer order:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_no_imports_inside_functions():
+    bad = []
+    for m, f in MODULES.items():
+        for n, line, inside in _imports(m, f):
+            if inside and n.split(".")[0] not in LAZY_OK:
+                bad.append(f"{f.relative_to(ROOT)}:{line} imports {n} inside a function")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_files_stay_small():
+    sizes = {str(f.relative_to(ROOT)): len(f.read_text().splitlines()) for f in MODULES.values()}
+    big = {f: n for f, n in sizes.items() if n > MAX_LINES and f not in ONE_CONCEPT}
+    assert not big, f"modules over {MAX_LINES} lines (split by concept): {big}"
+    huge = {f: n for f, n in sizes.items() if n > HARD_MAX}
+    assert not huge, f"modules over {HARD_MAX} lines: {huge}"
+
+
+def test_ruff_is_clean():
+    ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
+    if not Path(ruff).exists():
+        pytest.fail("ruff is not installed (it is in the test extra: pip install -e .[test])")
+    r = subprocess.run([ruff, "check", "workbench", "tests", "benchmarks", "notebooks"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_flat_api_resolves():
+    import workbench
+
+    for name in workbench.__all__:
+        assert getattr(workbench, name) is not None, name
+    with pytest.raises(AttributeError, match="no attribute"):
+        workbench.no_such_name  # noqa: B018

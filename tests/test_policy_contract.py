@@ -1,0 +1,115 @@
+"""The contract every eviction policy keeps (kvpress style: a new policy joins with one line in POLICIES).
+
+For each policy, on a tiny random-weight model with a real prefill and real evidence:
+- ``needs()`` is honoured: scoring with the evidence it asked for works, and without it fails clearly;
+- ``scores`` has shape ``[L, G, T]`` and no NaN;
+- protected positions (sinks, recent window) are always kept;
+- exactly ``B`` sorted prompt positions are kept per layer and KV group at ``B < T``;
+- ``B ≥ T`` gives the full cache (same kept set and same tokens as :class:`FullCache`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from workbench.choices import POLICY_NAMES
+from workbench.rerun.eviction import (
+    ALL_POLICIES,
+    H2O,
+    POLICY_BY_NAME,
+    DeferKV,
+    EvictionSession,
+    Evidence,
+    FullCache,
+    Needs,
+    OracleKV,
+    PageEntroKV,
+    RandomKV,
+    SnapKV,
+    StreamingLLM,
+    preview,
+)
+from workbench.run import adapter
+from workbench.run.models import tiny_model
+from workbench.run.spans import PromptSpans
+
+SMALL = dict(n_sink=2, recent=4)
+POLICIES = [  # one line per policy
+    FullCache(),
+    StreamingLLM(**SMALL),
+    H2O(**SMALL),
+    SnapKV(**SMALL, window=8, kernel=3),
+    DeferKV(**SMALL, window=8, kernel=3),
+    PageEntroKV(**SMALL, page=4),
+    RandomKV(**SMALL, seed=3),
+    OracleKV(**SMALL),
+]
+N_NEW = 4
+
+
+def test_every_policy_is_in_the_contract():
+    assert {type(p) for p in POLICIES} == set(ALL_POLICIES), "a policy in ALL_POLICIES has no contract line"
+    assert set(POLICY_NAMES) == set(POLICY_BY_NAME), "choices.PolicyName and the policies disagree"
+
+
+@pytest.fixture(scope="module")
+def session():
+    model = tiny_model("llama", G=2, H_Q=4, L=3, seed=5)
+    spans = PromptSpans.synthetic([10, 12, 9], query_len=8)  # T = 51
+    needs = Needs()
+    for p in POLICIES:
+        needs = needs.merge(p.needs())
+    return EvictionSession.prepare(model, spans, needs, N_NEW, reusable=True, progress=False)
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=[p.name for p in POLICIES])
+def test_policy_contract(policy, session):
+    ev = session.evidence
+    T, L, G = ev.T, ev.L, ev.G
+    shape = adapter.model_shape(session.model)
+    assert (L, G) == (shape.L, shape.G)
+    # needs() is honoured: the evidence it declared is enough, and each declared piece is necessary
+    s = policy.scores(ev)
+    assert s.shape == (L, G, T) and not torch.isnan(torch.as_tensor(s, dtype=torch.float64)).any()
+    need = policy.needs()
+    for name, field in (("tail", "tail"), ("observers", "observers"), ("colsum", "colsum"),
+                        ("decode1", "decode"), ("answer", "decode")):
+        if getattr(need, name):
+            bare = dataclasses.replace(ev, **{field: None}, _scores={})
+            with pytest.raises(ValueError, match="needs|rows"):
+                policy.scores(bare)
+    prot = policy.protected(T)
+    assert prot.shape == (T,) and prot.dtype == torch.bool
+    full = session.run(FullCache(), T)
+    for B in (int(prot.sum()) + 3, T // 2, T - 1):
+        if policy.keeps_all:
+            break
+        kept = preview(policy, ev, B)
+        assert kept.shape == (L, G, B)
+        assert (kept[..., 1:] > kept[..., :-1]).all(), "kept positions are sorted and distinct"
+        assert bool(((kept >= 0) & (kept < T)).all())
+        for row in kept.reshape(-1, B).tolist():
+            assert set(torch.nonzero(prot).flatten().tolist()) <= set(row), "a protected position was evicted"
+        r = session.run(policy, B)
+        assert torch.equal(r.kept_prompt, kept), "the session keeps what preview() says"
+        assert r.kv_bytes_after < r.kv_bytes_before
+    # B >= T: the full cache, exactly
+    for B in (T, T + 7):
+        kept = preview(policy, ev, B)
+        assert torch.equal(kept, torch.arange(T).expand(L, G, T))
+        r = session.run(policy, B)
+        assert r.ids == full.ids
+        assert r.kv_bytes_after == r.kv_bytes_before
+
+
+def test_preview_refuses_bad_input(session):
+    ev = session.evidence
+    with pytest.raises(ValueError, match="policy"):
+        preview("snapkv", ev, 10)
+    with pytest.raises(ValueError, match="budget"):
+        preview(SnapKV(**SMALL, window=8, kernel=3), ev, 0)
+    with pytest.raises(ValueError, match="budget"):
+        preview(SnapKV(**SMALL, window=8, kernel=3), ev, True)
+    assert isinstance(ev, Evidence)

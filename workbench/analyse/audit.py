@@ -1,0 +1,475 @@
+"""Independent audit, candidate stability and adaptive layer selection (paper §5, SPEC §6).
+
+- ``audit_bounds``: per-head bound on the expected discarded mass ``η_{l,h} = E_{u~ν} A^{l,h}_u(E_l)``
+  under the audit distribution ``ν`` (uniform over the capture's audit rows): either Hoeffding on an
+  i.i.d. sample of ``m_a`` rows drawn with a seed fixed in advance (``b = sqrt(ln(J H_Q/δ)/(2 m_a))``,
+  bound ``min{1, η̂ + b}``), or exact over the finite population (``b = 0``).
+- ``stability``: ``d_l = |R_l △ R_{l⁻}| / max{1, |R_l ∪ R_{l⁻}|}`` for removed chunk sets.
+- ``trace``: the paper's steps 1–7 over the monitored layers of a capture, without running a model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from workbench.analyse import priorities as P
+from workbench.analyse.params import AUDIT_MODES, EntroPrefillParams
+from workbench.analyse.selection import SelectionResult, mass_table
+from workbench.checks import check_int, check_real
+from workbench.util import single_threaded
+
+NO_LAYER_CAN_PASS = "no layer can pass"
+
+
+def hoeffding_b(m_a: int, delta: float, J: int, H_Q: int) -> float:
+    """Hoeffding radius ``b = sqrt(ln(J H_Q / δ) / (2 m_a))`` (paper eq. after (17))."""
+    check_int("m_a", m_a, 1, rng=">= 1")
+    check_int("J", J, 1, rng=">= 1")
+    check_int("H_Q", H_Q, 1, rng=">= 1")
+    check_real("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True, rng="(0, 1)")
+    return math.sqrt(math.log(J * H_Q / delta) / (2.0 * m_a))
+
+
+@dataclass
+class AuditResult:
+    """Audit of one candidate ``E_l`` at one layer (SPEC §6).
+
+    Attributes:
+        mode: ``"sampled"`` or ``"exact"``.
+        eta: float64 ``[H_Q]``: ``η̂_{l,h}`` (sampled) or the exact ``η_{l,h}``.
+        b: Hoeffding radius (``0`` in exact mode).
+        bound: float64 ``[H_Q]``, ``min{1, eta + b}``.
+        eta_rows: float64 ``[H_Q, n_pop]`` removed mass ``A^{l,h}_u(E)`` of every population row.
+        sample: int64 ``[m_a]`` sampled row indices into the population (None in exact mode).
+        m_a, delta, J: audit configuration (``m_a`` is the population size in exact mode).
+        eps_audit: tolerance (None if not given); passed_head: bool ``[H_Q]`` (``bound <= eps_audit``);
+            passed: every head passes (None if no tolerance given).
+        message: plain-language summary (says when ``b > eps_audit``: no layer can pass).
+    """
+
+    mode: str
+    eta: torch.Tensor
+    b: float
+    bound: torch.Tensor
+    eta_rows: torch.Tensor
+    sample: torch.Tensor | None
+    m_a: int
+    delta: float
+    J: int
+    eps_audit: float | None = None
+    passed_head: torch.Tensor | None = None
+    passed: bool | None = None
+    message: str = ""
+
+    @property
+    def max_bound(self) -> float:
+        return float(self.bound.max()) if self.bound.numel() else 0.0
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per head: ``head, eta, b, bound, passed``."""
+        H_Q = int(self.eta.shape[0])
+        return pd.DataFrame(
+            {
+                "head": np.arange(H_Q),
+                "eta": self.eta.numpy(),
+                "b": np.full(H_Q, self.b),
+                "bound": self.bound.numpy(),
+                "passed": (self.passed_head.numpy() if self.passed_head is not None else np.full(H_Q, None)),
+            }
+        )
+
+
+def audit_sample(n_pop: int, m_a: int, seed: int) -> torch.Tensor:
+    """``m_a`` i.i.d. uniform draws from ``{0 … n_pop−1}`` with a fixed seed; int64 ``[m_a]``."""
+    g = torch.Generator().manual_seed(int(seed))
+    return torch.randint(0, n_pop, (int(m_a),), generator=g)
+
+
+def audit_bounds(
+    A_audit: torch.Tensor,
+    removed: torch.Tensor,
+    mode: str = "exact",
+    m_a: int = 32,
+    delta: float = 0.05,
+    J: int = 1,
+    seed: int = 0,
+    *,
+    eps_audit: float | None = None,
+) -> AuditResult:
+    """Per-head audit bound of the discarded mass of ``removed`` (SPEC §6).
+
+    Args:
+        A_audit: float ``[H_Q, n_pop, T]`` audit population rows over the prompt keys; ``ν`` is uniform
+            over the ``n_pop`` rows.
+        removed: bool ``[T]`` token mask of ``E_l``.
+        mode: ``"sampled"`` (i.i.d. sample of ``m_a`` rows, seed ``seed``; Hoeffding radius ``b``) or
+            ``"exact"`` (mean over all ``n_pop`` rows, ``b = 0``; ``m_a`` ignored).
+        m_a: sample size (sampled mode), int ``>= 1``.
+        delta: total failure probability ``δ`` in (0, 1); each head fails with prob ``<= δ/(J H_Q)``.
+        J: number of monitored layers ``|ℒ|``.
+        seed: sampling seed, fixed in advance (the same sample at every layer).
+        eps_audit: optional tolerance; if given, per-head pass iff ``bound <= eps_audit``.
+
+    Returns:
+        ``AuditResult``.
+    """
+    if A_audit.dim() != 3:
+        raise ValueError(f"A_audit: must have shape [H_Q, n_pop, T], got {tuple(A_audit.shape)}")
+    H_Q, n_pop, T = A_audit.shape
+    if n_pop < 1:
+        raise ValueError("A_audit: the audit population is empty (n_pop = 0)")
+    removed = torch.as_tensor(removed, dtype=torch.bool)
+    if removed.shape != (T,):
+        raise ValueError(f"removed: must be a bool mask of shape [T] = [{T}], got {tuple(removed.shape)}")
+    eta_rows = (A_audit.to(torch.float64) * removed.to(torch.float64)).sum(-1)  # [H_Q, n_pop]
+    return audit_from_rows(eta_rows, mode, m_a, delta, J, seed, eps_audit=eps_audit)  # validates the rest
+
+
+def audit_from_rows(
+    eta_rows: torch.Tensor,
+    mode: str = "exact",
+    m_a: int = 32,
+    delta: float = 0.05,
+    J: int = 1,
+    seed: int = 0,
+    *,
+    eps_audit: float | None = None,
+) -> AuditResult:
+    """:func:`audit_bounds` from the discarded mass of every audit row, ``eta_rows [H_Q, n_pop]`` float64
+    (``A^{l,h}_{U}(E)`` for each row ``U`` of the population)."""
+    if mode not in AUDIT_MODES:
+        raise ValueError(f"mode: must be one of {AUDIT_MODES}, got {mode!r}")
+    H_Q, n_pop = eta_rows.shape
+    check_real("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True, rng="(0, 1)")
+    check_int("J", J, 1, rng=">= 1")
+    if eps_audit is not None:
+        check_real("eps_audit", eps_audit, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
+    if mode == "exact":
+        eta = eta_rows.mean(-1)
+        b = 0.0
+        sample = None
+        m_used = n_pop
+    else:
+        check_int("m_a", m_a, 1, rng=">= 1")
+        check_int("seed", seed, 0, rng=">= 0")
+        sample = audit_sample(n_pop, m_a, seed)
+        eta = eta_rows[:, sample].mean(-1)
+        b = hoeffding_b(int(m_a), float(delta), int(J), int(H_Q))
+        m_used = int(m_a)
+    bound = torch.clamp(eta + b, max=1.0)
+    passed_head = passed = None
+    msg = f"{mode} audit: max bound {float(bound.max()):.4g} (b = {b:.4g})"
+    if eps_audit is not None:
+        passed_head = bound <= eps_audit
+        passed = bool(passed_head.all())
+        msg += f", eps_audit = {eps_audit:.4g}: " + ("every head passes" if passed else
+                                                        f"{int((~passed_head).sum())} of {H_Q} heads fail")
+        if b > eps_audit and eps_audit < 1.0:
+            msg += f"; b = {b:.4g} > eps_audit: {NO_LAYER_CAN_PASS}"
+    return AuditResult(
+        mode=mode, eta=eta, b=b, bound=bound, eta_rows=eta_rows, sample=sample, m_a=m_used, delta=float(delta),
+        J=int(J), eps_audit=eps_audit, passed_head=passed_head, passed=passed, message=msg,
+    )
+
+
+def _row_chunk_mass(A: torch.Tensor, spans) -> torch.Tensor:
+    """``A_u(c_i)`` for rows ``A [..., T]`` → float64 ``[..., k]``."""
+    cof = spans.chunk_of()
+    inside = cof >= 0
+    out = torch.zeros(*A.shape[:-1], spans.k, dtype=torch.float64)
+    out.index_add_(-1, cof[inside], A[..., inside].to(torch.float64))
+    return out
+
+
+def stability(R_l, R_prev) -> float:
+    """Candidate stability ``d_l = |R_l △ R_{l⁻}| / max{1, |R_l ∪ R_{l⁻}|}`` in ``[0, 1]``.
+
+    Args:
+        R_l, R_prev: removed chunk index sets (any iterables of ints).
+    """
+    a, b = {int(x) for x in R_l}, {int(x) for x in R_prev}
+    return len(a ^ b) / max(1, len(a | b))
+
+
+# ----------------------------------------------------------------------------- trace
+@dataclass
+class TraceResult:
+    """Per-layer trace of the adaptive procedure (paper §5 steps 1–7).
+
+    Attributes:
+        records: one dict per monitored layer (see ``to_frame``).
+        l_star: first accepted layer, or None (bypass: full prefill).
+        removed: removed chunk indices at ``l_star`` (``[]`` on bypass).
+        decision: overall plain-language decision.
+        selections: ``{layer: SelectionResult}`` for every valid monitored layer.
+        audits: ``{layer: AuditResult}`` for every audited layer.
+        b: audit radius (0 in exact mode).
+        J: number of monitored layers.
+        notes: warnings (``b > eps_audit``, no audit rows, ``k = 0``, dropped audit rows ...).
+        params: the parameters.
+        pooling: ``PoolingResult`` over all layers; priorities: ``PriorityResult`` over all layers
+            (None when ``k = 0``); S: float64 ``[L, k]`` priorities used by the proposer.
+        audit_rows: int64 indices (into the capture's row axis) of the audit population used.
+        model_id: the capture's model identity (for figure and export metadata).
+    """
+
+    records: list[dict]
+    l_star: int | None
+    removed: list[int]
+    decision: str
+    selections: dict = field(default_factory=dict)
+    audits: dict = field(default_factory=dict)
+    b: float = 0.0
+    J: int = 0
+    notes: list[str] = field(default_factory=list)
+    params: EntroPrefillParams | None = None
+    pooling: object = None
+    priorities: object = None
+    S: torch.Tensor | None = None
+    audit_rows: torch.Tensor | None = None
+    spans: object = None
+    model_id: str | None = None
+
+    @property
+    def bypass(self) -> bool:
+        return self.l_star is None
+
+    @property
+    def layers(self) -> list[int]:
+        return [r["layer"] for r in self.records]
+
+    def retained_positions(self) -> torch.Tensor:
+        """``R = [T] \\ E_{l*}`` (all positions on bypass); int64 ``[T']``."""
+        return self.spans.retained_positions(self.removed)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per monitored layer.
+
+        Columns: ``layer, valid, valid_residual, valid_doc, removed, D, target_tokens, reached, U,
+        gap, d, streak, audited, max_audit_bound, b, passed, executed, status, decision``.
+        ``D, U, gap, d`` are NaN where undefined (invalid layer; no predecessor for ``d``);
+        ``max_audit_bound`` is NaN where no audit ran.
+        """
+        cols = [
+            "layer", "valid", "valid_residual", "valid_doc", "removed", "D", "target_tokens", "reached", "U",
+            "gap", "d", "streak", "audited", "max_audit_bound", "b", "passed", "executed", "status", "decision",
+        ]
+        return pd.DataFrame([{c: r[c] for c in cols} for r in self.records], columns=cols)
+
+
+def _priority_S(params: EntroPrefillParams, pooling, prio, spans, L: int) -> torch.Tensor:
+    """The priority ``params.priority`` names, float64 ``[L, k]`` (lower = removed first)."""
+    if params.priority in ("renyi", "mass"):
+        S = prio.S
+    elif params.priority == "uniform":
+        S = P.uniform_priorities(spans, L, order="index", seed=params.seed)
+    elif params.priority == "random":
+        S = P.uniform_priorities(spans, L, order="random", seed=params.seed)
+    else:  # headmax
+        S = P.per_head_max_priorities(pooling.a, spans)
+    S = torch.as_tensor(S, dtype=torch.float64)
+    if S.dim() == 1:
+        S = S.expand(L, -1)
+    return S
+
+
+@dataclass(frozen=True)
+class LayerProposal:
+    """The candidate removal ``E_l`` at one layer, from the proposal rows only (SPEC §2–§5).
+
+    Attributes:
+        layer: ``l``.
+        valid_residual / valid_doc: the residual and document masses exceed ``ρ_min``.
+        S: float64 ``[k]``, the priority actually used (``params.priority``; lower = removed first).
+        selection: the greedy proposal and its certificate, ``None`` when the layer is invalid.
+    """
+
+    layer: int
+    valid_residual: bool
+    valid_doc: bool
+    S: torch.Tensor
+    selection: SelectionResult | None
+
+    @property
+    def valid(self) -> bool:
+        return self.valid_residual and self.valid_doc
+
+
+@dataclass(frozen=True)
+class ProposalInputs:
+    """What every layer's proposal is computed from, once per capture and parameters: the pooling
+    (§2), the priorities (§3), the priority used ``S [L, k]`` and the observer mass table ``[L, H_Q·W_p, k]``."""
+
+    pooling: object
+    priorities: object
+    S: torch.Tensor
+    mass: torch.Tensor
+
+
+def proposal_inputs(capture, params: EntroPrefillParams) -> ProposalInputs:
+    """Pooling, priorities, the priority used and the mass table of a capture under ``params``."""
+    spans = capture.spans
+    pooling = params.pooling()(capture)
+    prio = params.priorities().score(pooling.mu, spans)
+    S = _priority_S(params, pooling, prio, spans, capture.L)
+    m_all = capture.cached("observer_mass_table", lambda: mass_table(capture.observer_attn(), spans))  # [L, H_Q*W, k]
+    return ProposalInputs(pooling=pooling, priorities=prio, S=S, mass=m_all)
+
+
+def layer_proposal(capture, params: EntroPrefillParams, l: int, *, certify: bool = True,
+                   inputs: ProposalInputs | None = None) -> LayerProposal:
+    """The proposal ``E_l`` at layer ``l`` exactly as :func:`trace` computes it (the same pooling, the
+    priority ``params.priority`` names, the same greedy scan and certificate). ``inputs`` reuses
+    :func:`proposal_inputs` across layers."""
+    check_int("layer", l, 0, capture.L - 1)
+    inputs = inputs or proposal_inputs(capture, params)
+    vr, vd = bool(inputs.pooling.valid[l]), bool(inputs.priorities.valid[l])
+    sel = None
+    if vr and vd and capture.spans.k:
+        sel = params.selection().select(inputs.S[l], capture.spans.n, inputs.mass[l], certify=certify)
+    return LayerProposal(layer=l, valid_residual=vr, valid_doc=vd, S=inputs.S[l], selection=sel)
+
+
+@single_threaded
+def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = True) -> TraceResult:
+    """Run the adaptive layer selection of paper §5 (steps 1–7) on a capture, without a model.
+
+    Per monitored layer ``l`` (in increasing order): pooling (§2) → priorities (§3) → mass table of
+    the proposal observers → greedy proposal and LP certificate (§5) → if residual or document mass
+    is invalid, reset predecessor and streak and continue → stability ``d_l`` against the previous
+    valid monitored layer and streak (``d_l`` undefined and streak 0 without a predecessor) → if the
+    saving target is reached and ``streak >= params.streak``, audit on the capture's ``"audit"`` rows
+    after the documents (never used by the candidates) → accept when every head passes. The first
+    accepted layer is ``l*``; without one the decision is bypass (full prefill). Layers after ``l*``
+    are still traced as counterfactuals (``executed = False``, decision prefixed ``after l*:``).
+    Pooling and priorities are computed once for all layers.
+
+    Args:
+        capture: ``Capture`` with observer rows and (for the audit) rows of kind ``"audit"``.
+        params: ``EntroPrefillParams`` (defaults if None).
+        certify: compute the LP certificate ``U_l`` per layer (off for the online decision inside a
+            pruned prefill, where only the decisions are needed; they do not depend on ``U_l``).
+
+    Returns:
+        ``TraceResult``.
+    """
+    params = params or EntroPrefillParams()
+    spans = capture.spans
+    L, H_Q, k = capture.L, capture.H_Q, spans.k
+    layers = params.monitored_layers(L)
+    J = len(layers)
+    notes: list[str] = []
+    b = 0.0
+    if params.audit_mode == "sampled":
+        b = hoeffding_b(params.m_a, params.delta, J, H_Q)
+        if b > params.eps_audit and params.eps_audit < 1.0:
+            notes.append(
+                f"b = {b:.4g} > eps_audit = {params.eps_audit:.4g}: {NO_LAYER_CAN_PASS}; enlarge m_a, audit the "
+                "finite population exactly, relax eps_audit with an explicit scope change, or bypass pruning"
+            )
+    if k == 0:
+        pooling = params.pooling()(capture)
+        notes.append("no candidate chunks (k = 0): ordinary inference, nothing removed")
+        records = [
+            dict(layer=l, valid=bool(pooling.valid[l]), valid_residual=bool(pooling.valid[l]), valid_doc=False,
+                 removed=(), D=0, target_tokens=0, reached=False, U=0.0, gap=0.0, d=float("nan"), streak=0,
+                 audited=False, max_audit_bound=float("nan"), b=b, passed=None, executed=True,
+                 status="no_candidates", decision="continue: no candidate chunks (k = 0)")
+            for l in layers
+        ]
+        return TraceResult(records=records, l_star=None, removed=[],
+                           decision="bypass: full prefill (no candidate chunks, k = 0: ordinary inference)",
+                           b=b, J=J, notes=notes, params=params, pooling=pooling, priorities=None,
+                           S=torch.zeros(L, 0, dtype=torch.float64), audit_rows=torch.zeros(0, dtype=torch.int64),
+                           spans=spans, model_id=getattr(capture, "model_id", None))
+
+    inputs = proposal_inputs(capture, params)
+    pooling, prio, S = inputs.pooling, inputs.priorities, inputs.S
+
+    # audit population: rows of kind "audit" after the documents (ν uniform over them)
+    docs_end = max(e for _, e in spans.chunks)
+    aud_idx = capture.rows_of("audit")
+    if aud_idx.numel():
+        pos = capture.row_pos[aud_idx]
+        keep = pos >= docs_end
+        if int((~keep).sum()):
+            notes.append(f"{int((~keep).sum())} audit rows before the end of the documents (position < {docs_end}) "
+                         "were left out of the audit population")
+        aud_idx = aud_idx[keep]
+    if aud_idx.numel() == 0:
+        notes.append(f"no audit rows after the documents in the capture: {NO_LAYER_CAN_PASS}")
+        A_aud = None
+    else:
+        # row–chunk masses of the audit population, once per capture: [L, H_Q, n_pop, k]
+        A_aud = capture.cached(("audit_chunk_mass", tuple(aud_idx.tolist())),
+                               lambda: _row_chunk_mass(capture.prompt_rows(aud_idx), spans))
+
+    records: list[dict] = []
+    selections: dict[int, SelectionResult] = {}
+    audits: dict = {}
+    pred: set | None = None
+    streak = 0
+    l_star: int | None = None
+    removed_star: list[int] = []
+    for l in layers:
+        prop = layer_proposal(capture, params, l, certify=certify, inputs=inputs)
+        vr, vd = prop.valid_residual, prop.valid_doc
+        rec = dict(layer=l, valid=vr and vd, valid_residual=vr, valid_doc=vd, removed=(), D=float("nan"),
+                   target_tokens=None, reached=False, U=float("nan"), gap=float("nan"), d=float("nan"),
+                   streak=0, audited=False, max_audit_bound=float("nan"), b=b, passed=None,
+                   executed=l_star is None, status="", decision="")
+        if not (vr and vd):
+            pred, streak = None, 0
+            why = "residual" if not vr else "document"
+            rec.update(status="invalid", decision=f"reset: invalid {why} mass (predecessor and streak reset)")
+        else:
+            res = prop.selection
+            selections[l] = res
+            R = set(res.removed)
+            if pred is None:
+                d, streak = float("nan"), 0
+            else:
+                d = stability(R, pred)
+                streak = streak + 1 if d <= params.d_max else 0
+            pred = R
+            rec.update(removed=tuple(res.removed), D=res.D, target_tokens=res.target_tokens, reached=res.reached,
+                       U=res.U, gap=res.gap, d=d, streak=streak)
+            if not res.reached:
+                rec.update(status="below_target", decision=f"continue: saving target not reached ({res.verdict})")
+            elif streak < params.streak:
+                rec.update(status="short_streak", decision=f"continue: streak {streak} < required {params.streak}")
+            elif A_aud is None:
+                rec.update(status="no_audit", decision=f"continue: no audit rows, {NO_LAYER_CAN_PASS}")
+            else:
+                eta_rows = A_aud[l][:, :, list(res.removed)].sum(-1)  # [H_Q, n_pop]: A_U(E_l) per audit row
+                au = audit_from_rows(eta_rows, params.audit_mode, params.m_a, params.delta, J, params.seed,
+                                     eps_audit=params.eps_audit)
+                audits[l] = au
+                rec.update(audited=True, max_audit_bound=au.max_bound, passed=au.passed)
+                if au.passed:
+                    rec.update(status="accept", decision=f"accept: every head's audit bound <= eps_audit "
+                               f"(max {au.max_bound:.4g}); prune {res.D} tokens after layer {l}")
+                    if l_star is None:
+                        l_star, removed_star = l, list(res.removed)
+                        rec["decision"] = "accept (l*): " + rec["decision"]
+                        records.append(rec)
+                        continue
+                else:
+                    rec.update(status="audit_fail", decision=f"continue: audit failed ({au.message})")
+        if l_star is not None and not rec["executed"]:
+            rec["decision"] = "after l*: " + rec["decision"]
+        records.append(rec)
+
+    if l_star is None:
+        decision = "bypass: no monitored layer accepted, full prefill"
+    else:
+        sel_star = selections[l_star]
+        decision = (f"accept at l* = {l_star}: remove chunks {removed_star} ({sel_star.D} of {sel_star.N} candidate "
+                    f"tokens; T' = {spans.T - sel_star.D})")
+    return TraceResult(records=records, l_star=l_star, removed=removed_star, decision=decision,
+                       selections=selections, audits=audits, b=b, J=J, notes=notes, params=params, pooling=pooling,
+                       priorities=prio, S=S, audit_rows=aud_idx, spans=spans, model_id=getattr(capture, "model_id", None))

@@ -1,0 +1,273 @@
+"""GQA unions and pages (SPEC §8, paper §7).
+
+Pure functions of per-head key scores ``a^{l,h}_j`` (for example the observer means of SPEC §0) and
+group weights ``w_h`` (SPEC §2, :class:`~workbench.analyse.pooling.HeadPooling`):
+
+- per-head keep sets ``𝒦_h`` = top-``s`` keys of head ``h``; union-over-retained ratio
+  ``UOR_g = |∪_{h∈ℋ_g} 𝒦_h| / s`` with ``1 ≤ UOR_g ≤ min{r, T/s}``;
+- pages of ``b`` consecutive tokens (``N_P = ⌈T/b⌉``; the last page may be shorter);
+  group score ``p_{l,g}(j) = Σ_{h∈ℋ_g} w_h a^h_j``; page importance
+  ``I_{l,g}(P) = max_{j∈P} p_{l,g}(j)``; top-``K`` pages per group ``𝒦_{l,g}`` (ties: lower page
+  index first); union ``U_l = |∪_g 𝒦_{l,g}|`` with ``K ≤ U_l ≤ min{GK, N_P}``;
+- lemma: a token with ``p_{l,g}(j) > 1/(K+1)`` always has its page kept (when ``Σ_j p_{l,g}(j) ≤ 1``:
+  ``K+1`` pages with importance above ``1/(K+1)`` would need more than unit mass);
+- KV payload in bytes (``e`` bytes per element, head dim ``d``): per-group pages
+  ``2 e d b Σ_{l,g} K_{l,g}``; union materialisation ``2 e d b G Σ_l U_l``; dense retained cache
+  ``2 e L G d T'``.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from workbench.analyse.pooling import group_onehot
+from workbench.analyse.ranking import topk_mask
+
+__all__ = [
+    "keep_sets",
+    "union_over_retained",
+    "group_scores",
+    "page_importance",
+    "top_pages",
+    "page_union",
+    "page_token_mask",
+    "payload_bytes",
+    "PageSelection",
+    "PageResult",
+]
+
+
+def _int_in(name: str, value, lo: int, hi: float | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}: must be an integer >= {lo}, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name}: must be an integer {rng}, got {value!r}")
+    return int(value)
+
+
+# ----------------------------------------------------------------------------- per-head keep sets
+def keep_sets(scores: Tensor, s: int) -> Tensor:
+    """Per-head keep sets ``𝒦_h``: the top-``s`` keys of each head's score (ties: lower position first).
+
+    Args:
+        scores: float ``[..., H, T]`` per-head key scores.
+        s: keys kept per head, ``1 ≤ s ≤ T``.
+
+    Returns:
+        bool ``[..., H, T]`` membership of ``𝒦_h``; exactly ``s`` per head.
+    """
+    T = scores.shape[-1]
+    s = _int_in("s", s, 1, T)
+    return topk_mask(scores.to(torch.float64).cpu(), s)
+
+
+def union_over_retained(scores: Tensor, head_group: Tensor, s: int) -> Tensor:
+    """``UOR_g = |∪_{h∈ℋ_g} 𝒦_h| / s`` (SPEC §8).
+
+    Args:
+        scores: float ``[L, H_Q, T]`` per-head key scores.
+        head_group: int ``[H_Q]``, ``g(h)``.
+        s: keys kept per head, ``1 ≤ s ≤ T``.
+
+    Returns:
+        float64 ``[L, G]`` with ``1 ≤ UOR_g ≤ min{r, T/s}``.
+    """
+    if scores.dim() != 3:
+        raise ValueError(f"scores: must have shape [L, H, T], got {list(scores.shape)}")
+    onehot = group_onehot(head_group, scores.shape[1])  # [H_Q, G]
+    K = keep_sets(scores, s).to(torch.float64)  # [L, H_Q, T]
+    union = torch.einsum("lht,hg->lgt", K, onehot) > 0
+    return union.sum(-1).to(torch.float64) / s
+
+
+# ----------------------------------------------------------------------------- pages
+def group_scores(a: Tensor, w: Tensor, head_group: Tensor) -> Tensor:
+    """Group score ``p_{l,g}(j) = Σ_{h∈ℋ_g} w_h a^h_j``.
+
+    Args:
+        a: float ``[L, H_Q, T]`` per-head key scores (observer means).
+        w: float ``[L, H_Q]`` head weights (sum to 1 within each group for SPEC §2 weights).
+        head_group: int ``[H_Q]``.
+
+    Returns:
+        float64 ``[L, G, T]``.
+    """
+    if a.dim() != 3 or w.shape != a.shape[:2]:
+        raise ValueError(f"a, w: must have shapes [L, H, T] and [L, H], got {list(a.shape)} and {list(w.shape)}")
+    onehot = group_onehot(head_group, a.shape[1])
+    return torch.einsum("lh,lht,hg->lgt", w.to(torch.float64), a.to(torch.float64), onehot)
+
+
+def page_importance(p: Tensor, b: int) -> Tensor:
+    """``I(P) = max_{j∈P} p(j)`` over pages of ``b`` tokens; the last page may be shorter.
+
+    Args:
+        p: float ``[..., T]``.
+        b: page size in tokens, ``≥ 1``.
+
+    Returns:
+        ``[..., N_P]`` with ``N_P = ⌈T/b⌉`` (same dtype as ``p``).
+    """
+    b = _int_in("b", b, 1)
+    T = p.shape[-1]
+    N_P = -(-T // b)
+    pad = N_P * b - T
+    if pad:
+        fill = torch.full(p.shape[:-1] + (pad,), float("-inf"), dtype=p.dtype, device=p.device)
+        p = torch.cat([p, fill], dim=-1)
+    return p.reshape(p.shape[:-1] + (N_P, b)).amax(dim=-1)
+
+
+def top_pages(I: Tensor, K: int) -> Tensor:
+    """Top-``K`` pages per row of ``I [..., N_P]`` (ties: lower page index first); bool ``[..., N_P]``.
+
+    ``K`` larger than ``N_P`` keeps every page.
+    """
+    K = _int_in("K", K, 1)
+    N_P = I.shape[-1]
+    order = torch.sort(I, dim=-1, descending=True, stable=True).indices
+    sel = torch.zeros(I.shape, dtype=torch.bool, device=I.device)
+    sel.scatter_(-1, order[..., : min(K, N_P)], True)
+    return sel
+
+
+def page_union(selected: Tensor) -> Tensor:
+    """``U_l = |∪_g 𝒦_{l,g}|`` from the per-group page selection ``selected`` bool ``[L, G, N_P]``; int64 ``[L]``."""
+    return selected.any(dim=1).sum(-1)
+
+
+def page_token_mask(selected: Tensor, b: int, T: int) -> Tensor:
+    """Token mask of the selected pages: bool ``[..., T]`` from ``selected [..., N_P]``."""
+    return selected.repeat_interleave(b, dim=-1)[..., :T]
+
+
+def payload_bytes(*, e: int, d: int, b: int, K_lg: Tensor, U_l: Tensor, G: int, L: int, T_retained: int) -> dict:
+    """KV payload in bytes (SPEC §8).
+
+    Args:
+        e: bytes per element; d: head dim; b: page size; K_lg: int ``[L, G]`` pages kept per group;
+        U_l: int ``[L]`` page union per layer; G: KV heads; L: layers; T_retained: ``T'`` tokens of a
+        dense retained cache.
+
+    Returns:
+        ``{"per_group_pages": 2 e d b Σ K_{l,g}, "union": 2 e d b G Σ_l U_l, "dense": 2 e L G d T'}``.
+    """
+    return {
+        "per_group_pages": int(2 * e * d * b * int(K_lg.sum())),
+        "union": int(2 * e * d * b * G * int(U_l.sum())),
+        "dense": int(2 * e * L * G * d * T_retained),
+    }
+
+
+# ----------------------------------------------------------------------------- parameters and result
+@dataclass
+class PageResult:
+    """Output of :meth:`PageSelection.select` (SPEC §8).
+
+    Attributes:
+        p: float64 ``[L, G, T]`` group scores ``p_{l,g}(j)``.
+        importance: float64 ``[L, G, N_P]`` page importance ``I_{l,g}(P)``.
+        selected: bool ``[L, G, N_P]`` the top-``K`` pages ``𝒦_{l,g}``.
+        K_lg: int64 ``[L, G]`` pages kept per group (``min(K, N_P)``).
+        U: int64 ``[L]`` page union ``U_l``.
+        uor: float64 ``[L, G]`` ``UOR_g`` of the per-head top-``s`` keep sets.
+        token_mask: bool ``[L, G, T]`` tokens of the selected pages.
+        b, K, s, e, d: parameters; ``bytes``: the three payloads of :func:`payload_bytes`
+            (``T'`` = tokens of the largest per-layer page union: the length of a dense
+            rectangular cache that would hold every layer's union).
+    """
+
+    p: Tensor
+    importance: Tensor
+    selected: Tensor
+    K_lg: Tensor
+    U: Tensor
+    uor: Tensor
+    token_mask: Tensor
+    b: int
+    K: int
+    s: int
+    e: int
+    d: int
+    bytes: dict
+
+    @property
+    def L(self) -> int:
+        return int(self.p.shape[0])
+
+    @property
+    def G(self) -> int:
+        return int(self.p.shape[1])
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (layer, group): ``layer, group, K, U_layer, N_P, uor, kept_tokens, max_p, max_I_dropped``."""
+        L, G, N_P = self.importance.shape
+        dropped = self.importance.masked_fill(self.selected, float("-inf")).amax(-1)
+        return pd.DataFrame(
+            {
+                "layer": torch.arange(L).repeat_interleave(G).numpy(),
+                "group": torch.arange(G).repeat(L).numpy(),
+                "K": self.K_lg.reshape(-1).numpy(),
+                "U_layer": self.U.repeat_interleave(G).numpy(),
+                "N_P": N_P,
+                "uor": self.uor.reshape(-1).numpy(),
+                "kept_tokens": self.token_mask.sum(-1).reshape(-1).numpy(),
+                "max_p": self.p.amax(-1).reshape(-1).numpy(),
+                "max_I_dropped": dropped.reshape(-1).numpy(),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class PageSelection:
+    """Parameters of page selection (SPEC §8).
+
+    Attributes:
+        b: page size in tokens, ``≥ 1``.
+        K: pages kept per layer and KV group, ``≥ 1`` (capped at ``N_P``).
+        s: keys per head for the ``UOR`` diagnostic, ``≥ 1`` (capped at ``T``).
+        e: bytes per KV element (2 for bf16/fp16, 4 for fp32), ``≥ 1``.
+    """
+
+    b: int = 16
+    K: int = 8
+    s: int = 64
+    e: int = 2
+
+    def __post_init__(self):
+        _int_in("b", self.b, 1)
+        _int_in("K", self.K, 1)
+        _int_in("s", self.s, 1)
+        _int_in("e", self.e, 1)
+
+    def select(self, a: Tensor, w: Tensor, head_group: Tensor, d: int) -> PageResult:
+        """Select the top-``K`` pages of every layer and KV group.
+
+        Args:
+            a: float ``[L, H_Q, T]`` per-head key scores ``a^h_j`` (e.g. observer means).
+            w: float ``[L, H_Q]`` head weights ``w_h`` (SPEC §2; sum to 1 within each group).
+            head_group: int ``[H_Q]``, ``g(h)``.
+            d: head dim (for the byte counts).
+        """
+        a = torch.as_tensor(a)
+        w = torch.as_tensor(w)
+        if a.dim() != 3:
+            raise ValueError(f"a: must have shape [L, H, T], got {list(a.shape)}")
+        L, H, T = a.shape
+        p = group_scores(a, w, head_group)
+        G = p.shape[1]
+        I = page_importance(p, self.b)
+        sel = top_pages(I, self.K)
+        K_lg = sel.sum(-1)
+        U = page_union(sel)
+        uor = union_over_retained(a, head_group, min(self.s, T))
+        tok = page_token_mask(sel, self.b, T)
+        T_ret = int(page_token_mask(sel.any(dim=1), self.b, T).sum(-1).max()) if L else 0
+        by = payload_bytes(e=self.e, d=_int_in("d", d, 1), b=self.b, K_lg=K_lg, U_l=U, G=G, L=L, T_retained=T_ret)
+        return PageResult(p=p, importance=I, selected=sel, K_lg=K_lg, U=U, uor=uor, token_mask=tok,
+                          b=self.b, K=self.K, s=min(self.s, T), e=self.e, d=d, bytes=by)

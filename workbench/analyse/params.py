@@ -1,0 +1,133 @@
+"""All parameters of one EntroPrefill run, fixed in advance (paper §5, step 1; SPEC §2–§6).
+
+``EntroPrefillParams`` gathers the pooling (§2), priority (§3), selection (§5) and audit/layer
+selection (§6) parameters in one frozen, validated object, so that a trace (``audit.trace``) is a
+pure function of a capture and these parameters. Every field is checked in ``__post_init__``; a bad
+value raises ``ValueError`` naming the field and its allowed range.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from workbench.analyse.pooling import HeadPooling
+from workbench.analyse.priorities import ChunkPriorities
+from workbench.analyse.selection import GreedySelection
+from workbench.checks import check_int, check_real, check_target, is_int
+from workbench.choices import AUDIT_MODES, PRIORITIES, AuditMode, Priority
+
+
+@dataclass(frozen=True)
+class EntroPrefillParams:
+    """Every threshold of the procedure, fixed before any audit value is seen.
+
+    Attributes (allowed range in brackets):
+        zeta: group floor ζ of the head weights [(0, 1]] (SPEC §2).
+        tau: temperature τ of the within-group softmax of −H_h [> 0] (SPEC §2).
+        rho_min: validity threshold for residual and document mass [(0, 1)] (SPEC §2, §3).
+        eps_s: smoothing ε_s of the chunk priorities [> 0] (SPEC §3).
+        lam: concentration weight λ [>= 0] (SPEC §3).
+        target: saving target: ``int >= 0`` tokens, or ``float`` in (0, 1] as a fraction of ``N``
+            (SPEC §5). ``1`` is one token, ``1.0`` is all of ``N``.
+        eps_row: per-row tolerance ε_a of the selection problem (14) [(0, 1]].
+        m0: keep at least ``m0`` chunks [int >= 0; also <= k, checked at selection time].
+        monitored: monitored layers ℒ [None = 1 … L−1, or a non-empty collection of distinct
+            ints >= 1; stored sorted; ``<= L−1`` is checked by ``trace``] (SPEC §6).
+        audit_mode: ``"sampled"`` (Hoeffding bound) or ``"exact"`` (finite population, b = 0).
+        m_a: audit sample size for ``"sampled"`` [int >= 1].
+        delta: total audit failure probability δ [(0, 1)].
+        eps_audit: audit tolerance ε_audit [(0, 1]].
+        d_max: candidate-stability threshold [[0, 1]].
+        streak: required number of consecutive stable monitored layers [int >= 0].
+        seed: seed of the audit sample and of the ``"random"`` priority [int >= 0].
+        priority: ``"renyi"`` (S = ln ℓ + λκ), ``"mass"`` (λ = 0), ``"uniform"`` (chunk order),
+            ``"random"`` (seeded), ``"headmax"`` (max_h a^h(c_i)).
+    """
+
+    zeta: float = 0.5
+    tau: float = 1.0
+    rho_min: float = 1e-6
+    eps_s: float = 0.1
+    lam: float = 0.5
+    target: int | float = 0.3
+    eps_row: float = 0.05
+    m0: int = 1
+    monitored: tuple[int, ...] | None = None
+    audit_mode: AuditMode = "exact"
+    m_a: int = 32
+    delta: float = 0.05
+    eps_audit: float = 0.1
+    d_max: float = 0.5
+    streak: int = 1
+    seed: int = 0
+    priority: Priority = "renyi"
+
+    def __post_init__(self):
+        check_real("zeta", self.zeta, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
+        check_real("tau", self.tau, 0.0, None, lo_open=True, hi_open=False, rng="(0, inf)")
+        check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True, rng="(0, 1)")
+        check_real("eps_s", self.eps_s, 0.0, None, lo_open=True, hi_open=False, rng="(0, inf)")
+        check_real("lam", self.lam, 0.0, None, lo_open=False, hi_open=False, rng="[0, inf)")
+        check_target(self.target)
+        check_real("eps_row", self.eps_row, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
+        check_int("m0", self.m0, 0, rng=">= 0")
+        if self.monitored is not None:
+            mon = self.monitored
+            if isinstance(mon, (str, bytes)) or not hasattr(mon, "__iter__"):
+                raise ValueError(f"monitored: must be None or a non-empty collection of distinct ints >= 1, got {mon!r}")
+            mon = tuple(mon)
+            if not mon or not all(is_int(x) and int(x) >= 1 for x in mon) or len(set(int(x) for x in mon)) != len(mon):
+                raise ValueError(
+                    f"monitored: must be None or a non-empty collection of distinct ints >= 1, got {self.monitored!r}"
+                )
+            object.__setattr__(self, "monitored", tuple(sorted(int(x) for x in mon)))
+        if self.audit_mode not in AUDIT_MODES:
+            raise ValueError(f"audit_mode: must be one of {AUDIT_MODES}, got {self.audit_mode!r}")
+        check_int("m_a", self.m_a, 1, rng=">= 1")
+        check_real("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True, rng="(0, 1)")
+        check_real("eps_audit", self.eps_audit, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
+        check_real("d_max", self.d_max, 0.0, 1.0, lo_open=False, hi_open=False, rng="[0, 1]")
+        check_int("streak", self.streak, 0, rng=">= 0")
+        check_int("seed", self.seed, 0, rng=">= 0")
+        if self.priority not in PRIORITIES:
+            raise ValueError(f"priority: must be one of {PRIORITIES}, got {self.priority!r}")
+
+    # ----- derived objects -----
+    def pooling(self):
+        """The head pooling of SPEC §2 with these parameters (``HeadPooling``)."""
+
+        return HeadPooling(zeta=float(self.zeta), tau=float(self.tau), rho_min=float(self.rho_min))
+
+    def priorities(self):
+        """The chunk priorities of SPEC §3 with these parameters (``ChunkPriorities``).
+
+        For ``priority="mass"`` λ is 0; the other comparison priorities (uniform, random, headmax)
+        are not ``ChunkPriorities`` and are chosen by ``audit.trace``; this object still supplies
+        the document-mass validity used by the procedure.
+        """
+
+        lam = 0.0 if self.priority == "mass" else float(self.lam)
+        return ChunkPriorities(eps_s=float(self.eps_s), lam=lam, rho_min=float(self.rho_min))
+
+    def selection(self):
+        """The greedy proposer of SPEC §5 with these parameters (``GreedySelection``)."""
+
+        return GreedySelection(target=self.target, eps_row=float(self.eps_row), m0=int(self.m0))
+
+    def monitored_layers(self, L: int) -> tuple[int, ...]:
+        """The monitored set ℒ for a model of ``L`` layers (default ``1 … L−1``)."""
+        if self.monitored is None:
+            if L < 2:
+                raise ValueError(f"monitored: the default 1 … L-1 is empty for L = {L}")
+            return tuple(range(1, L))
+        bad = [l for l in self.monitored if l > L - 1]
+        if bad:
+            raise ValueError(f"monitored: layers must be in [1, L-1] = [1, {L - 1}], got {bad}")
+        return self.monitored
+
+    def replace(self, **changes) -> "EntroPrefillParams":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,374 @@
+"""Prefill-vs-first-decode attention shift (SPEC §9, deferkv-guide.md).
+
+From a capture with prompt-tail rows ``r = -W+1 … 0`` (query positions ``T-W … T-1``) and decode
+rows ``r = 1 … n`` (the query of the ``r``-th generated token, position ``T+r-1``):
+
+- every row is restricted to the prompt keys ``[0, T)`` and renormalised, per layer and query head;
+  the KV-group row is the average of the renormalised probabilities over the group's heads;
+- Jensen–Shannon divergence between adjacent rows ``r → r+1`` (natural log, in ``[0, ln 2]``);
+- top-``k`` recall of each row against the future reference ``F`` (the mean of the decode rows
+  ``ref_start … ref_end`` of this capture, or of a longer capture of the whole answer):
+  ``recall_r = |top_k(A_r) ∩ top_k(F)| / k``;
+- boundary leap: the recall gain across the prefill/decode boundary ``0 → 1`` against the gains
+  ``1 → 2`` and ``2 → 3`` (the guide's claim is ``Δ(0→1) ≫ Δ(1→2) ≈ Δ(2→3)``).
+
+With the default ``ref_start = 1`` the reference contains rows 1, 2, 3 themselves (SPEC's definition);
+``ref_start = 4`` gives a held-out reference of later steps only, which does not favour the rows it
+is compared with. All arithmetic is float64.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from workbench.analyse.pooling import group_onehot
+from workbench.analyse.ranking import topk_mask
+
+__all__ = ["shift_rows", "group_rows", "jsd", "topk_recall", "ShiftAnalysis", "ShiftResult"]
+
+
+def _renorm(rows: Tensor) -> Tensor:
+    s = rows.sum(-1, keepdim=True)
+    if (s <= 0).any():
+        raise ValueError("rows: a row has no mass on the prompt keys; cannot renormalise")
+    return rows / s
+
+
+def shift_rows(capture, W: int | None = None) -> tuple[Tensor, Tensor]:
+    """Prompt-tail and decode rows of a capture, restricted to the prompt keys and renormalised.
+
+    Args:
+        capture: a :class:`~workbench.capture.data.Capture` with rows of kind ``"tail"`` and
+            ``"decode"``.
+        W: use only the last ``W`` tail rows (default: every tail row captured).
+
+    Returns:
+        ``r`` int64 ``[R]`` (``-W+1 … 0, 1 … n``) and ``P`` float64 ``[L, H_Q, R, T]``.
+    """
+    T = capture.T
+    tail, dec = capture.rows_of("tail"), capture.rows_of("decode")
+    if dec.numel() == 0:
+        raise ValueError("capture: has no decode rows (capture with RowSet(n_decode >= 1))")
+    if tail.numel() == 0:
+        raise ValueError("capture: has no prompt-tail rows (capture with RowSet(tail >= 1))")
+    if W is not None:
+        if isinstance(W, bool) or not isinstance(W, numbers.Integral) or not 1 <= W <= tail.numel():
+            raise ValueError(f"W: must be an integer in [1, {tail.numel()}], got {W!r}")
+        tail = tail[-W:]
+    idx = torch.cat([tail, dec])
+    r = capture.row_pos[idx] - T + 1
+    expect = torch.cat([torch.arange(-tail.numel() + 1, 1), torch.arange(1, dec.numel() + 1)])
+    if not torch.equal(r, expect):
+        raise ValueError(f"capture: tail and decode rows must be contiguous (r = {r.tolist()})")
+    P = _renorm(capture.attn[:, :, idx, :T].to(torch.float64))
+    return r, P
+
+
+def group_rows(P: Tensor, head_group: Tensor) -> Tensor:
+    """KV-group rows: the average of the heads' probabilities over each group.
+
+    Args:
+        P: float ``[L, H_Q, R, T]`` (or ``[L, H_Q, T]``).
+        head_group: int ``[H_Q]``.
+
+    Returns:
+        float64 ``[L, G, R, T]`` (or ``[L, G, T]``).
+    """
+    onehot = group_onehot(head_group, P.shape[1])
+    onehot = onehot / onehot.sum(0, keepdim=True)
+    return torch.einsum("lh...,hg->lg...", P.to(torch.float64), onehot)
+
+
+def _neg_entropy(p: Tensor) -> Tensor:
+    """``Σ_j p_j ln p_j`` over the last axis (``0 ln 0 = 0``), float64."""
+    return torch.special.xlogy(p, p).sum(-1)
+
+
+def jsd(p: Tensor, q: Tensor) -> Tensor:
+    """Jensen–Shannon divergence over the last axis (natural log): ``½KL(p‖m) + ½KL(q‖m)``, ``m = (p+q)/2``.
+
+    In ``[0, ln 2]``; ``0`` iff ``p = q``. Inputs are probability vectors; result float64 ``[...]``.
+    Computed as ``½(Σ p ln p + Σ q ln q) − Σ m ln m`` (the same identity; three ``xlogy`` passes).
+    """
+    p, q = p.to(torch.float64), q.to(torch.float64)
+    return _jsd_from(p, q, _neg_entropy(p), _neg_entropy(q))
+
+
+def _jsd_from(p: Tensor, q: Tensor, Ep: Tensor, Eq: Tensor) -> Tensor:
+    m = 0.5 * (p + q)
+    return (0.5 * (Ep + Eq) - _neg_entropy(m)).clamp(0.0, math.log(2.0))
+
+
+def adjacent_jsd(P: Tensor) -> Tensor:
+    """JSD between adjacent rows ``P[..., r, :]`` and ``P[..., r+1, :]``: float64 ``[..., R-1]``.
+    Each row's ``Σ p ln p`` is computed once and shared by its two pairs."""
+    P = P.to(torch.float64)
+    E = _neg_entropy(P)
+    return _jsd_from(P[..., :-1, :], P[..., 1:, :], E[..., :-1], E[..., 1:])
+
+
+def topk_recall(rows: Tensor, ref: Tensor, k: int) -> Tensor:
+    """``|top_k(row) ∩ top_k(ref)| / k`` for every row (ties in a top-``k``: lower position first).
+
+    Args:
+        rows: float ``[..., R, T]``.
+        ref: float ``[..., T]``.
+        k: ``1 ≤ k ≤ T``.
+
+    Returns:
+        float64 ``[..., R]`` in ``[0, 1]``.
+    """
+    T = rows.shape[-1]
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= T:
+        raise ValueError(f"k: must be an integer in [1, {T}], got {k!r}")
+    # ties: the lower position first (as a stable sort would), so the result does not depend on the kernel
+    in_rows = topk_mask(rows.to(torch.float64), k)
+    in_ref = topk_mask(ref.to(torch.float64), k)
+    hit = in_rows & in_ref.unsqueeze(-2)
+    return hit.sum(-1).to(torch.float64) / k
+
+
+def _ranks(x: Tensor) -> Tensor:
+    """Descending rank of every entry over the last axis (0 = largest; ties: the lower position first, as a
+    stable sort). ``j`` is in ``top_k`` iff ``rank_j < k``, the set :func:`topk_recall` uses. int16 when it
+    fits (``T ≤ 32767``), else int32; same shape as ``x``."""
+    T = x.shape[-1]
+    order = torch.sort(x, dim=-1, descending=True, stable=True).indices
+    dtype = torch.int16 if T <= torch.iinfo(torch.int16).max else torch.int32
+    rank = torch.empty(x.shape, dtype=dtype)
+    rank.scatter_(-1, order, torch.arange(T, dtype=dtype).expand(x.shape).contiguous())
+    return rank
+
+
+def _order(ref: Tensor) -> Tensor:
+    """Positions of ``ref`` by descending value over the last axis (ties: the lower position first)."""
+    return torch.sort(ref.to(torch.float64), dim=-1, descending=True, stable=True).indices
+
+
+def _hits_every_k(rank_rows: Tensor, ref_order: Tensor) -> Tensor:
+    """``|top_k(row) ∩ top_k(ref)|`` for EVERY ``k`` at once (what a k slider reads), from the rows' ranks.
+
+    With ``s_i`` the row's rank of the reference's ``i``-th position, position ``i`` is in both top-``k`` sets
+    iff ``max(i, s_i) < k``; so the count at ``k`` is the number of ``m_i = max(i, s_i)`` below ``k``, a
+    histogram's cumulative sum. ``O(T)`` per row for all ``k``; ties as :func:`topk_recall`.
+
+    Args:
+        rank_rows: ``[..., R, T]`` from :func:`_ranks`.
+        ref_order: ``[..., T]`` from :func:`_order`.
+
+    Returns:
+        ``c`` int32 ``[..., R, T + 1]`` with ``c[..., k]`` the intersection size (``c[..., 0] = 0``).
+    """
+    T = rank_rows.shape[-1]
+    s = rank_rows.gather(-1, ref_order.unsqueeze(-2).expand_as(rank_rows))
+    m = torch.maximum(s, torch.arange(T, dtype=s.dtype))
+    c = torch.zeros(*m.shape[:-1], T + 1, dtype=torch.int32)
+    c.scatter_add_(-1, m.to(torch.int64) + 1, torch.ones(m.shape, dtype=torch.int32))
+    return c.cumsum(-1, dtype=torch.int32)
+
+
+def _prepared(capture) -> dict:
+    """The parameter-free part of the shift analysis, memoised on the capture (what the sliders reuse):
+    ``r`` over every tail row, the adjacent JSD (head and group level) and the rows' key ranks.
+    ``k``, the reference and ``W`` then cost a gather and a slice instead of seconds at T = 2k."""
+    def build():
+        r, P = shift_rows(capture)
+        Pg = group_rows(P, capture.head_group)
+        return {"r": r, "jsd_head": adjacent_jsd(P), "jsd_group": adjacent_jsd(Pg),
+                "rank_head": _ranks(P), "rank_group": _ranks(Pg), "hits": {}}
+
+    return capture.cached("shift_prepared", build)
+
+
+@dataclass
+class ShiftResult:
+    """Shift metrics of one capture (SPEC §9).
+
+    Attributes:
+        r: int64 ``[R]`` row indices ``-W+1 … n``.
+        jsd_head: float64 ``[L, H_Q, R-1]``, ``JSD(A_r, A_{r+1})`` per query head.
+        jsd_group: float64 ``[L, G, R-1]``, the same per KV group.
+        recall_head: float64 ``[L, H_Q, R]`` top-``k`` recall against the reference.
+        recall_group: float64 ``[L, G, R]``.
+        k: top-``k``; ref_start, ref_end: the reference is the mean of decode rows ``ref_start … ref_end``.
+    """
+
+    r: Tensor
+    jsd_head: Tensor
+    jsd_group: Tensor
+    recall_head: Tensor
+    recall_group: Tensor
+    k: int
+    ref_start: int
+    ref_end: int
+    _leap: pd.DataFrame | None = field(default=None, init=False, repr=False, compare=False)
+
+    def _levels(self):
+        return (("head", self.recall_head, self.jsd_head), ("group", self.recall_group, self.jsd_group))
+
+    def to_frame(self) -> pd.DataFrame:
+        """Long table: ``level, layer, unit, r, recall, jsd_next`` (``jsd_next`` = JSD to row ``r+1``; NaN for the last)."""
+        parts = []
+        R = self.r.numel()
+        for level, rec, js in self._levels():
+            L, U, _ = rec.shape
+            jn = torch.cat([js, torch.full((L, U, 1), float("nan"), dtype=torch.float64)], dim=-1)
+            parts.append(pd.DataFrame({
+                "level": level,
+                "layer": np.repeat(np.arange(L), U * R),
+                "unit": np.tile(np.repeat(np.arange(U), R), L),
+                "r": np.tile(self.r.numpy(), L * U),
+                "recall": rec.reshape(-1).numpy(),
+                "jsd_next": jn.reshape(-1).numpy(),
+            }))
+        return pd.concat(parts, ignore_index=True)
+
+    def _at(self, t: Tensor, r: int) -> Tensor:
+        hit = (self.r == r).nonzero().flatten()
+        if hit.numel() == 0:
+            return torch.full(t.shape[:2], float("nan"), dtype=torch.float64)
+        return t[..., int(hit[0])]
+
+    def leap_frame(self) -> pd.DataFrame:
+        """Boundary leap per level, layer and unit.
+
+        Columns: ``gain_m10, gain_01, gain_12, gain_23`` (recall gains ``-1→0`` (the last step inside the
+        prompt, for comparison), ``0→1, 1→2, 2→3``), ``jsd_m10, jsd_01, jsd_12, jsd_23`` and ``leap``
+        (``gain_01 > max(gain_12, gain_23)``). Missing rows give NaN. Built once per result (the figure and
+        :meth:`summary` both read it on every slider move); each call returns a copy.
+        """
+        if self._leap is None:
+            self._leap = self._leap_frame()
+        return self._leap.copy()
+
+    def _leap_frame(self) -> pd.DataFrame:
+        parts = []
+        for level, rec, js in self._levels():
+            L, U, _ = rec.shape
+            g = {"gain_m10": self._at(rec, 0) - self._at(rec, -1)}
+            g.update({f"gain_{a}{b}": (self._at(rec, b) - self._at(rec, a)) for a, b in ((0, 1), (1, 2), (2, 3))})
+            jr = self.r[:-1]
+            j = {}
+            for a in (-1, 0, 1, 2):
+                hit = (jr == a).nonzero().flatten()
+                name = "jsd_m10" if a == -1 else f"jsd_{a}{a + 1}"
+                j[name] = js[..., int(hit[0])] if hit.numel() else torch.full((L, U), float("nan"), dtype=torch.float64)
+            df = pd.DataFrame({"level": level, "layer": np.repeat(np.arange(L), U), "unit": np.tile(np.arange(U), L)})
+            for name, v in {**g, **j}.items():
+                df[name] = v.reshape(-1).numpy()
+            later = df[["gain_12", "gain_23"]].max(axis=1, skipna=True)
+            df["leap"] = df["gain_01"] > later
+            parts.append(df)
+        return pd.concat(parts, ignore_index=True)
+
+    def summary(self) -> pd.DataFrame:
+        """Per level: mean recall at ``r = -1, 0, 1, 2, 3``, mean gains and JSDs (``-1→0`` … ``2→3``) and
+        the fraction of (layer, unit) pairs with a boundary leap."""
+        lf = self.leap_frame()
+        rows = []
+        for level, rec, _ in self._levels():
+            d = {"level": level, "k": self.k, "ref": f"decode {self.ref_start}..{self.ref_end}"}
+            for r in (-1, 0, 1, 2, 3):
+                d[f"recall_{r}"] = float(self._at(rec, r).mean())
+            sub = lf[lf.level == level]
+            for c in ("gain_m10", "gain_01", "gain_12", "gain_23", "jsd_m10", "jsd_01", "jsd_12", "jsd_23"):
+                d[c] = float(sub[c].mean())
+            d["leap_fraction"] = float(sub["leap"].mean())
+            rows.append(d)
+        return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class ShiftAnalysis:
+    """Parameters of the shift analysis (SPEC §9).
+
+    Attributes:
+        k: top-``k`` of the recall, ``≥ 1`` (capped at ``T``).
+        ref_start: the reference is the mean of decode rows ``ref_start … ref_end``, ``≥ 1``
+            (``1`` = SPEC's mean of all decode steps; ``4`` = held out from rows ``1 … 3``).
+        ref_end: last decode row of the reference (default ``n``; e.g. the last answer token before EOS).
+        W: tail rows used (default every captured tail row), ``≥ 1``.
+    """
+
+    k: int = 32
+    ref_start: int = 1
+    ref_end: int | None = None
+    W: int | None = None
+
+    def __post_init__(self):
+        for name, lo in (("k", 1), ("ref_start", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+                raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
+        for name, lo in (("ref_end", self.ref_start), ("W", 1)):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo):
+                raise ValueError(f"{name}: must be None or an integer >= {lo}, got {v!r}")
+
+    def __call__(self, capture, reference=None) -> ShiftResult:
+        """Shift metrics of ``capture``.
+
+        Args:
+            capture: a capture with tail and decode rows.
+            reference: ``None`` (decode rows ``ref_start … n`` of ``capture``), another capture of the
+                same prompt with more decode rows (the whole answer), or a float tensor ``[L, H_Q, T]``
+                of per-head reference attention over the prompt keys.
+        """
+        prep = _prepared(capture)
+        n_tail = int((prep["r"] <= 0).sum())
+        W = n_tail if self.W is None else self.W
+        if not 1 <= W <= n_tail:
+            raise ValueError(f"W: must be an integer in [1, {n_tail}], got {W!r}")
+        off = n_tail - W  # the last W tail rows: a slice of the rows (and adjacent pairs) over every tail row
+        r = prep["r"][off:]
+        T = capture.T
+        hg = capture.head_group
+        L, H = capture.L, capture.H_Q
+        if reference is None or hasattr(reference, "rows_of"):
+            src = capture if reference is None else reference
+            if src.T != T or tuple(src.spans.input_ids) != tuple(capture.spans.input_ids):
+                raise ValueError("reference: must be a capture of the same prompt")
+            dec = src.rows_of("decode")
+            n = dec.numel()
+            if not 1 <= self.ref_start <= n:
+                raise ValueError(f"ref_start: must be in [1, {n}] (decode rows of the reference), got {self.ref_start}")
+            ref_end = n if self.ref_end is None else self.ref_end
+            if ref_end > n:
+                raise ValueError(f"ref_end: must be in [{self.ref_start}, {n}] (decode rows of the reference), got {ref_end}")
+            ref = lambda: _renorm(src.attn[:, :, dec[self.ref_start - 1: ref_end], :T].to(torch.float64)).mean(2)
+        else:
+            fixed = torch.as_tensor(reference).to(torch.float64)
+            if fixed.shape != (L, H, T):
+                raise ValueError(f"reference: must have shape {[L, H, T]}, got {list(fixed.shape)}")
+            ref, ref_end = (lambda: fixed), -1
+
+        def every_k():  # intersections for every k over every tail row: k and W then only index
+            F = ref()  # [L, H_Q, T]
+            return (_hits_every_k(prep["rank_head"], _order(F)),
+                    _hits_every_k(prep["rank_group"], _order(group_rows(F, hg))))
+
+        # kept per reference from this capture's own decode rows; another reference is computed each call
+        key = (self.ref_start, ref_end)
+        if reference is not None:
+            hits = every_k()
+        elif key in prep["hits"]:
+            hits = prep["hits"][key]
+        else:
+            hits = prep["hits"][key] = every_k()
+        k = min(self.k, T)
+        return ShiftResult(
+            r=r,
+            jsd_head=prep["jsd_head"][..., off:].clone(),
+            jsd_group=prep["jsd_group"][..., off:].clone(),
+            recall_head=hits[0][..., off:, k].to(torch.float64) / k,
+            recall_group=hits[1][..., off:, k].to(torch.float64) / k,
+            k=k,
+            ref_start=self.ref_start,
+            ref_end=ref_end,
+        )

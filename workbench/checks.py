@@ -1,0 +1,114 @@
+"""The one validator family: every public parameter is checked here, and every error names the
+parameter and its allowed range (``"<name>: must be ..., got <value>"``).
+
+Booleans are not integers here (``True`` is refused where a count or a position is meant), floats are
+never truncated to integers, and non-finite reals are refused.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+
+__all__ = ["is_int", "is_real", "check_int", "check_real", "check_bool", "check_choice", "check_target",
+           "check_max_new_tokens", "check_seed", "check_kernel", "check_positions", "SEED_MAX"]
+
+SEED_MAX = 2**63 - 1  # torch.manual_seed's range
+
+
+def is_int(x) -> bool:
+    """An integer that is not a bool."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def is_real(x) -> bool:
+    """A finite real number that is not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
+
+
+def _range(lo, hi, lo_open=False, hi_open=False) -> str:
+    if lo is not None and hi is not None:
+        return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f"{'>' if lo_open else '>='} {lo}"
+    if hi is not None:
+        return f"{'<' if hi_open else '<='} {hi}"
+    return ""
+
+
+def check_int(name: str, x, lo: int | None = None, hi: int | None = None, *, rng: str | None = None) -> int:
+    """``x`` as an ``int`` in ``[lo, hi]`` (either bound optional); ``rng`` overrides the range text."""
+    rng = rng if rng is not None else _range(lo, hi)
+    if not is_int(x) or (lo is not None and x < lo) or (hi is not None and x > hi):
+        raise ValueError(f"{name}: must be an integer {rng}, got {x!r}".replace("integer , got", "integer, got"))
+    return int(x)
+
+
+def check_real(name: str, x, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+               hi_open: bool = False, rng: str | None = None) -> float:
+    """``x`` as a finite ``float`` within the bounds (open or closed at either end)."""
+    rng = rng if rng is not None else _range(lo, hi, lo_open, hi_open)
+    if not is_real(x):
+        raise ValueError(f"{name}: must be a finite real number {rng}, got {x!r}".replace("number , got", "number, got"))
+    v = float(x)
+    if lo is not None and (v < lo or (lo_open and v == lo)):
+        raise ValueError(f"{name}: must be {rng}, got {x!r}")
+    if hi is not None and (v > hi or (hi_open and v == hi)):
+        raise ValueError(f"{name}: must be {rng}, got {x!r}")
+    return v
+
+
+def check_bool(name: str, x) -> bool:
+    """A real ``bool`` (``"no"``, ``0`` or ``None`` are refused: they would silently read as a truth value)."""
+    if not isinstance(x, bool):
+        raise ValueError(f"{name}: must be True or False, got {x!r}")
+    return x
+
+
+def check_choice(name: str, x, options: Iterable):
+    """``x`` one of ``options``."""
+    options = tuple(options)
+    if isinstance(x, bool) or x not in options:
+        raise ValueError(f"{name}: must be one of {list(options)}, got {x!r}")
+    return x
+
+
+def check_target(target, name: str = "target") -> None:
+    """A saving target is an ``int >= 0`` (tokens) or a ``float`` in ``(0, 1]`` (fraction of ``N``)."""
+    msg = f"{name}: must be an int >= 0 (tokens) or a float in (0, 1] (fraction of N), got {target!r}"
+    if is_int(target):
+        if int(target) < 0:
+            raise ValueError(msg)
+        return
+    if isinstance(target, float) and math.isfinite(target) and 0.0 < target <= 1.0:
+        return
+    raise ValueError(msg)
+
+
+def check_max_new_tokens(n, name: str = "max_new_tokens") -> int:
+    """Greedy tokens to generate, an integer ``≥ 1``."""
+    return check_int(name, n, 1)
+
+
+def check_seed(x, name: str = "seed") -> int:
+    """A seed torch accepts: an integer in ``[0, 2^63 - 1]``."""
+    return check_int(name, x, 0, SEED_MAX)
+
+
+def check_kernel(x, name: str = "kernel") -> int:
+    """A pooling kernel: an odd integer ``≥ 1`` (1 = no pooling)."""
+    if not is_int(x) or x < 1 or x % 2 == 0:
+        raise ValueError(f"{name}: must be an odd integer >= 1 (1 = no pooling), got {x!r}")
+    return int(x)
+
+
+def check_positions(name: str, xs, T: int) -> list[int]:
+    """A sequence of integer positions in ``[0, T)`` (bools and floats refused, never truncated)."""
+    if isinstance(xs, (str, bytes)) or not isinstance(xs, Iterable):
+        raise ValueError(f"{name}: must be a sequence of integer positions in [0, {T}), got {xs!r}")
+    out = []
+    for x in xs:
+        if not is_int(x) or not 0 <= x < T:
+            raise ValueError(f"{name}: must hold integer positions in [0, {T}), got {x!r}")
+        out.append(int(x))
+    return out

@@ -1,0 +1,38 @@
+"""Every named choice in one place, as ``typing.Literal`` aliases with the tuple of allowed values.
+
+Use the alias in signatures and the tuple in validation (``checks.check_choice``), so that the two
+never drift apart.
+"""
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+__all__ = ["AuditMode", "Priority", "PolicyName", "HeadQuantity", "RowKind", "ShiftLevel", "Device",
+           "AUDIT_MODES", "PRIORITIES", "POLICY_NAMES", "HEAD_QUANTITIES", "ROW_KINDS", "SHIFT_LEVELS"]
+
+AuditMode = Literal["sampled", "exact"]
+"""SPEC §6: a sampled audit with its Hoeffding radius, or the exact finite population (``b = 0``)."""
+
+Priority = Literal["renyi", "mass", "uniform", "random", "headmax"]
+"""SPEC §3: Rényi priority, mass-only (``λ = 0``), chunk order, seeded random, per-head max."""
+
+PolicyName = Literal["full", "streaming", "h2o", "snapkv", "deferkv", "page-entrokv", "random", "oracle"]
+"""SPEC §9: the eviction policies by name (``workbench.rerun.eviction.POLICY_BY_NAME``)."""
+
+HeadQuantity = Literal["w", "H", "sink", "z"]
+"""What a head heatmap shows: weights ``w_h``, entropy ``H_h``, sink mass, residual mass ``z_h``."""
+
+RowKind = Literal["observer", "audit", "tail", "decode", "custom"]
+"""What a captured row is (SPEC §1)."""
+
+ShiftLevel = Literal["group", "head"]
+"""SPEC §9: shift metrics per KV group (probabilities averaged over its heads) or per query head."""
+
+Device = Literal["auto", "cpu", "cuda"]
+
+AUDIT_MODES: tuple[str, ...] = get_args(AuditMode)
+PRIORITIES: tuple[str, ...] = get_args(Priority)
+POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
+HEAD_QUANTITIES: tuple[str, ...] = get_args(HeadQuantity)
+ROW_KINDS: tuple[str, ...] = get_args(RowKind)
+SHIFT_LEVELS: tuple[str, ...] = get_args(ShiftLevel)

@@ -1,0 +1,47 @@
+"""One-shot KV-cache eviction policies on one footing (SPEC §9, deferkv-guide.md).
+
+- :mod:`.evidence`: what a policy scores with (:class:`Needs`, :class:`Evidence`) and the one budget
+  rule (:func:`preview`, :func:`select_keep`);
+- :mod:`.policies`: one short file per policy, citing its paper;
+- :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions) and :class:`GenerationResult`.
+"""
+from workbench.rerun.eviction.evidence import (
+    EvictionPolicy,
+    Evidence,
+    Needs,
+    deferkv_alpha,
+    preview,
+    protected_mask,
+    resolve_budget,
+    select_keep,
+)
+from workbench.rerun.eviction.policies import (
+    ALL_POLICIES,
+    H2O,
+    POLICY_BY_NAME,
+    DeferKV,
+    FullCache,
+    OracleKV,
+    PageEntroKV,
+    RandomKV,
+    SnapKV,
+    StreamingLLM,
+    default_policies,
+    policy_from_params,
+)
+from workbench.rerun.eviction.session import (
+    EvictionSession,
+    GenerationResult,
+    generate_with_policy,
+    run_policies,
+    survival_table,
+    token_positions,
+)
+
+__all__ = [
+    "Needs", "Evidence", "EvictionPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV",
+    "PageEntroKV", "RandomKV", "OracleKV", "ALL_POLICIES", "POLICY_BY_NAME", "default_policies",
+    "policy_from_params", "select_keep", "preview", "protected_mask", "deferkv_alpha", "resolve_budget",
+    "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "token_positions",
+    "survival_table",
+]

@@ -1,0 +1,47 @@
+"""The eviction policies, one short file each citing its paper (as kvpress does per press).
+
+Every policy is a frozen dataclass whose fields are its parameters, with ``needs()`` (the evidence it
+scores with), ``scores(ev) -> [L, G, T]``, ``protected(T)`` and ``defer`` (the decode step after which
+it evicts). Adding a policy: one file here, one line in ``ALL_POLICIES``, one line in the contract test
+(``tests/test_policy_contract.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from workbench.choices import PolicyName
+from workbench.rerun.eviction.evidence import EvictionPolicy
+from workbench.rerun.eviction.policies.deferkv import DeferKV
+from workbench.rerun.eviction.policies.full import FullCache
+from workbench.rerun.eviction.policies.h2o import H2O
+from workbench.rerun.eviction.policies.oracle import OracleKV
+from workbench.rerun.eviction.policies.page_entrokv import PageEntroKV
+from workbench.rerun.eviction.policies.random_kv import RandomKV
+from workbench.rerun.eviction.policies.snapkv import SnapKV
+from workbench.rerun.eviction.policies.streaming_llm import StreamingLLM
+
+__all__ = ["FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV", "PageEntroKV", "RandomKV", "OracleKV", "ALL_POLICIES", "POLICY_BY_NAME",
+           "default_policies", "policy_from_params"]
+
+ALL_POLICIES = (FullCache, StreamingLLM, H2O, SnapKV, DeferKV, PageEntroKV, RandomKV, OracleKV)
+POLICY_BY_NAME = {cls.name: cls for cls in ALL_POLICIES}
+
+
+def default_policies(**common) -> list[EvictionPolicy]:
+    """One instance of every policy with default parameters (``common`` e.g. ``n_sink=4, recent=32``
+    is passed to every policy that has the field)."""
+    out = []
+    for cls in ALL_POLICIES:
+        names = {f.name for f in fields(cls)}
+        out.append(cls(**{k: v for k, v in common.items() if k in names}))
+    return out
+
+
+def policy_from_params(name: PolicyName, **params) -> EvictionPolicy:
+    """The policy dataclass called ``name`` (one of ``POLICY_BY_NAME``) with those of ``params`` that
+    are its fields."""
+    if name not in POLICY_BY_NAME:
+        raise ValueError(f"policy: must be one of {sorted(POLICY_BY_NAME)}, got {name!r}")
+    cls = POLICY_BY_NAME[name]
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in params.items() if k in names and v is not None})

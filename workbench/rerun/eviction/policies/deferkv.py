@@ -1,0 +1,66 @@
+"""DeferKV: DeferKV (``../shared/reference/deferkv-guide.md``; SPEC §9): eviction deferred to the first decode step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor
+
+from workbench.checks import check_int, check_kernel, check_real
+from workbench.rerun.eviction.evidence import (
+    EvictionPolicy,
+    Evidence,
+    Needs,
+    deferkv_alpha,
+    group_mean,
+    maxpool,
+    row_sum,
+)
+
+
+@dataclass(frozen=True)
+class DeferKV(EvictionPolicy):
+    """DeferKV (evict after decode step ``t = 1``): ``S_i = Σ_r α_r A_{r,i}`` over ``r = -W+1 … 1``,
+    ``α_r = exp(λ r)`` normalised (SPEC §9), averaged over the group's heads, max-pooled with ``kernel``.
+    The first generated token is protected.
+
+    Attributes:
+        n_sink, recent: protected sinks and recent prompt window.
+        window: prompt-tail rows ``W ≥ 1``.
+        lam: ``λ`` (real; ``λ > 0`` favours later rows, ``0`` = uniform).
+        kernel: max-pool kernel, odd ``≥ 1``.
+        decode_weight: ``None`` for SPEC's ``α``; a number in ``[0, 1]`` fixes ``α_1`` and spreads the
+            rest over the tail by ``exp(λ r)`` (``0`` with ``λ = 0`` reproduces SnapKV's selection).
+    """
+
+    n_sink: int = 4
+    recent: int = 32
+    window: int = 32
+    lam: float = 0.1
+    kernel: int = 7
+    decode_weight: float | None = None
+    name: ClassVar[str] = "deferkv"
+    defer: ClassVar[int] = 1
+
+    def __post_init__(self):
+        self._check_common()
+        check_int("window", self.window, 1)
+        check_real("lam", self.lam, -50.0, 50.0)
+        check_kernel(self.kernel)
+        if self.decode_weight is not None:
+            check_real("decode_weight", self.decode_weight, 0.0, 1.0)
+
+    def needs(self) -> Needs:
+        return Needs(tail=self.window, decode1=True)
+
+    def alpha(self) -> Tensor:
+        """``α`` over ``r = -W+1 … 1``; float64 ``[W+1]``."""
+        return deferkv_alpha(self.window, self.lam, self.decode_weight)
+
+    def scores(self, ev: Evidence) -> Tensor:
+        tail = ev.require("tail", "DeferKV")
+        dec = ev.require("decode", "DeferKV")
+        if tail.shape[2] < self.window:
+            raise ValueError(f"window: {self.window} rows needed, the evidence has {tail.shape[2]}")
+        s = row_sum([tail[:, :, -self.window:], dec[:, :, :1]], self.alpha())  # Σ_r α_r A_r over W+1 rows: [L, H_Q, T]
+        return maxpool(group_mean(s, ev), self.kernel)

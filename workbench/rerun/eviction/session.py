@@ -1,0 +1,465 @@
+"""Running a policy: one prefill with the evidence its policies need, then evictions of copies of the
+model's own KV cache, and greedy decoding at the original positions (SPEC §9).
+
+:class:`EvictionSession` prefills once (capturing only what the policies score with), optionally runs
+the first decode step (DeferKV) and the full-cache answer (the oracle), then evicts with
+:func:`~workbench.rerun.eviction.evidence.preview` (the one budget rule) and decodes with the shared
+stop rule (:func:`workbench.run.generate.stop_token_ids`). RoPE positions continue at ``T + t - 1`` for
+the ``t``-th generated token, not at the compacted length.
+
+Sliding-window layers (Gemma-style) are not compacted: they already hold only their window, and their
+masks depend on the absolute token count; :attr:`GenerationResult.compacted_layers` says which layers
+were. The budget applies to the full-attention layers.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from workbench.capture import capture_attention
+from workbench.checks import check_int, check_max_new_tokens
+from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, renorm_rows
+from workbench.run import adapter
+from workbench.run.generate import stop_token_ids
+
+__all__ = ["GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "token_positions",
+           "survival_table"]
+
+
+@dataclass
+class GenerationResult:
+    """One generation under a policy and budget.
+
+    Attributes:
+        policy: policy name; params: its parameters; budget: ``B`` (prompt positions per layer and group).
+        T: prompt length.
+        ids: generated token ids; text: their decoded text (``None`` without a tokenizer).
+        kept: int64 ``[L, G, S']`` positions kept at eviction (the ``min(B, T)`` prompt positions, then
+            the generated tokens held at that moment), sorted; for the full cache every position.
+        evicted_at: decode step after which the eviction ran (0 or 1).
+        compacted_layers: layers whose cache was compacted (sliding-window layers keep their window).
+        kv_bytes_before / kv_bytes_after: cache bytes just before and just after eviction.
+        timings: seconds: ``prefill`` (with capture when needed), ``defer`` (decode step 1 on the full
+            cache), ``answer`` (full-cache answer for the oracle), ``score`` (scores + selection),
+            ``evict`` (cache compaction).
+        step_s: seconds of every decode forward after eviction (one per generated token after the
+            eviction, the last generated token needs none).
+        logits: optional float32 ``[n, V]`` logits of every generated token.
+    """
+
+    policy: str
+    params: dict
+    budget: int
+    T: int
+    ids: list[int]
+    text: str | None
+    kept: Tensor
+    evicted_at: int
+    compacted_layers: tuple[int, ...]
+    kv_bytes_before: int
+    kv_bytes_after: int
+    timings: dict
+    step_s: list[float] = field(default_factory=list)
+    logits: Tensor | None = None
+
+    @property
+    def kept_prompt(self) -> Tensor:
+        """Kept prompt positions; int64 ``[L, G, min(B, T)]``."""
+        return self.kept[..., : min(self.budget, self.T)] if self.policy != "full" else self.kept[..., : self.T]
+
+    def survival(self, positions) -> Tensor:
+        """Fraction of ``positions`` kept, per layer and group (NaN for layers not compacted); float64 ``[L, G]``."""
+        pos = torch.as_tensor(list(positions), dtype=torch.int64)
+        if pos.numel() == 0:
+            raise ValueError("positions: must not be empty")
+        hit = (self.kept_prompt[..., None] == pos).any(-2).to(torch.float64).mean(-1)
+        if self.policy != "full":
+            mask = torch.ones(hit.shape[0], dtype=torch.bool)
+            mask[list(self.compacted_layers)] = False
+            hit[mask] = float("nan")
+        return hit
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row: ``policy, budget, T, n_new, text, kv_bytes_before, kv_bytes_after, kv_ratio,
+        prefill_s, score_s, evict_s, step_s_median`` and the parameters (``param_*``)."""
+        steps = sorted(self.step_s)
+        d = {
+            "policy": self.policy, "budget": self.budget, "T": self.T, "n_new": len(self.ids), "text": self.text,
+            "evicted_at": self.evicted_at, "kv_bytes_before": self.kv_bytes_before,
+            "kv_bytes_after": self.kv_bytes_after,
+            "kv_ratio": self.kv_bytes_after / self.kv_bytes_before if self.kv_bytes_before else float("nan"),
+            **{f"{k}_s": v for k, v in self.timings.items()},
+            "step_s_median": steps[len(steps) // 2] if steps else float("nan"),
+        }
+        d.update({f"param_{k}": v for k, v in self.params.items()})
+        return pd.DataFrame([d])
+
+    def steps_frame(self) -> pd.DataFrame:
+        """One row per decode forward after eviction: ``step, seconds``."""
+        start = self.evicted_at + 1
+        return pd.DataFrame({"step": range(start, start + len(self.step_s)), "seconds": self.step_s})
+
+
+# ----------------------------------------------------------------------------- running
+def _unwrap(model):
+    if hasattr(model, "tokenizer") and hasattr(model, "model"):
+        return model.model, model.tokenizer
+    return model, None
+
+
+def _prompt_ids(prompt, tokenizer) -> tuple[list[int], object]:
+    """``(ids, spans or None)`` from a Prompt, PromptSpans, a string, a list or a tensor of ids."""
+    spans = getattr(prompt, "spans", None)
+    if spans is None and hasattr(prompt, "input_ids") and hasattr(prompt, "observers"):
+        spans = prompt
+    if spans is not None:
+        return list(spans.input_ids), spans
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("prompt: a string needs a model with a tokenizer (a LoadedModel)")
+        return list(tokenizer(prompt)["input_ids"]), None
+    ids = torch.as_tensor(prompt).flatten().tolist()
+    if not ids:
+        raise ValueError("prompt: is empty")
+    return [int(i) for i in ids], None
+
+
+def token_positions(prompt, tokenizer, text: str) -> list[int]:
+    """Prompt positions of the tokens lying inside the first occurrence of ``text`` in the prompt's text
+    (e.g. a needle); from the tokenizer's character offsets on the rendered text."""
+    full = prompt.text
+    at = full.find(text)
+    if at < 0:
+        raise ValueError("text: does not occur in the prompt")
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    enc = tokenizer(full, return_offsets_mapping=True, add_special_tokens=not chat)
+    if list(enc["input_ids"]) != list(prompt.spans.input_ids):
+        raise ValueError("tokenizer: does not reproduce the prompt's token ids")
+    return [t for t, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a < at + len(text) and b > at]
+
+
+class EvictionSession:
+    """One prefill (capturing the evidence the given needs ask for), optionally the first decode step
+    and the full-cache answer; then any number of evictions with :meth:`run`, each on a copy of the cache.
+
+    Use :meth:`prepare`; :func:`generate_with_policy` is one session and one run.
+    """
+
+    def __init__(self):
+        raise TypeError("use EvictionSession.prepare(...)")
+
+    @classmethod
+    @torch.no_grad()
+    def prepare(cls, model, prompt, needs: Needs, max_new_tokens: int, *, reusable: bool = True,
+                keep_logits: bool = False, progress: bool = True) -> "EvictionSession":
+        """Prefill ``prompt`` with the capture ``needs`` asks for.
+
+        Args:
+            model: an HF causal LM or a :class:`~workbench.run.models.LoadedModel`.
+            prompt: a :class:`~workbench.run.prompt.Prompt`, :class:`~workbench.run.spans.PromptSpans`, a string
+                (with a LoadedModel) or token ids.
+            needs: evidence to capture (merge the policies' :meth:`needs`).
+            max_new_tokens: tokens to generate, ``≥ 1``.
+            reusable: keep pristine caches so that :meth:`run` can be called more than once.
+        """
+        self = object.__new__(cls)
+        self.model, self.tokenizer = _unwrap(model)
+        n = check_max_new_tokens(max_new_tokens)
+        ids, spans = _prompt_ids(prompt, self.tokenizer)
+        T = len(ids)
+        shape = adapter.model_shape(self.model)
+        if shape.max_context and T + n + 1 > shape.max_context:
+            raise ValueError(f"max_new_tokens: T + max_new_tokens = {T + n} exceeds the model's context {shape.max_context}")
+        self.T, self.ids, self.spans, self.n, self.needs = T, ids, spans, n, needs
+        self.keep_logits, self.reusable, self.progress = keep_logits, reusable, progress
+        self.eos = stop_token_ids(self.model, self.tokenizer)
+        self.device = next(self.model.parameters()).device
+        W = min(needs.tail, T)
+        tail_pos = list(range(T - W, T))
+        if needs.observers:
+            obs_pos = list(spans.observers) if spans is not None and spans.observers else list(range(max(0, T - needs.observers), T))
+        else:
+            obs_pos = []
+        n_dec = n if needs.answer else (1 if needs.decode1 else 0)
+        dec_pos = list(range(T, T + n_dec))
+        rows = tail_pos + obs_pos + dec_pos
+        capture = bool(rows) or needs.colsum
+        self.timings = {"prefill": 0.0, "defer": 0.0, "answer": 0.0}
+        x = torch.tensor([ids], dtype=torch.int64, device=self.device)
+        bar = tqdm(total=1 + n_dec, desc="prefill+capture", disable=not progress, leave=False)
+        with contextlib.ExitStack() as stack:
+            stack.callback(bar.close)
+            rec = stack.enter_context(capture_attention(self.model, rows, K=T + n_dec, T=T, colsum=needs.colsum)) \
+                if capture else None
+            cache = adapter.new_cache(self.model)
+            if rec is not None:
+                rec.positions = torch.arange(T)
+            t0 = time.perf_counter()
+            out = adapter.forward(self.model, x, cache=cache, logits_to_keep=1)
+            self.timings["prefill"] = time.perf_counter() - t0
+            bar.update(1)
+            cache = adapter.output_cache(out) or cache
+            logit = out.logits[0, -1].float()
+            self.first_logits = [logit.cpu()] if keep_logits else []
+            y = [int(logit.argmax())]
+            self.cache0 = adapter.clone_cache(cache) if n_dec else cache  # decode steps below extend `cache`
+            self.cache1 = None
+            self.answer_ids = None
+            t_ans = time.perf_counter()
+            for t in range(1, n_dec + 1):
+                if needs.answer and y[-1] in self.eos:
+                    break
+                pos = T + t - 1
+                if rec is not None:
+                    rec.positions = torch.tensor([pos])
+                t0 = time.perf_counter()
+                out = adapter.forward(self.model, torch.tensor([[y[-1]]], device=self.device), cache=cache,
+                                      position_ids=torch.tensor([[pos]], device=self.device), logits_to_keep=1)
+                dt = time.perf_counter() - t0
+                cache = adapter.output_cache(out) or cache
+                logit = out.logits[0, -1].float()
+                if t == 1:
+                    self.timings["defer"] = dt
+                    self.cache1 = adapter.clone_cache(cache) if n_dec > 1 else cache
+                    self.y2 = int(logit.argmax())
+                    if keep_logits:
+                        self.first_logits.append(logit.cpu())
+                y.append(int(logit.argmax()))
+                bar.update(1)
+            if needs.answer:
+                self.timings["answer"] = time.perf_counter() - t_ans
+                self.answer_ids = y[:n]
+            self.y1 = y[0]
+        # evidence (prompt keys only; decode rows renormalised over them)
+        ev = Evidence(T=T, L=shape.L, head_group=shape.head_group(), n_sink=spans.n_sink if spans is not None else 4)
+        if rec is not None:
+            A = rec.attn
+            o = 0
+            if tail_pos:
+                ev.tail = A[:, :, o:o + len(tail_pos), :T].cpu()
+            o += len(tail_pos)
+            if obs_pos:
+                ev.observers = A[:, :, o:o + len(obs_pos), :T].cpu()
+            o += len(obs_pos)
+            done = len(y) - 1  # decode forwards that ran (rows captured)
+            if dec_pos and done > 0:
+                d = A[:, :, o:o + done, :T].cpu()
+                ev.decode = renorm_rows(d)
+            if needs.colsum:
+                ev.colsum = rec.colsum.cpu()
+        self.evidence = ev
+        self._used = False
+        return self
+
+    @torch.no_grad()
+    def run(self, policy: EvictionPolicy, budget: int) -> GenerationResult:
+        """Evict with ``policy`` at budget ``B`` and decode ``max_new_tokens`` tokens (stops at EOS)."""
+        return self._decode([self._evict(policy, budget)])[0]
+
+    @torch.no_grad()
+    def run_batch(self, jobs) -> list[GenerationResult]:
+        """Several ``(policy, budget)`` evictions decoded together: runs whose caches have the same length
+        at the same step share one batched forward (rows of a batch are independent; the results equal
+        :meth:`run`'s up to float rounding of the batched matrix products). Per-step times are the
+        batch's; ``timings["batch"]`` is the largest batch a run was part of."""
+        states = [self._evict(p, b) for p, b in jobs]
+        return self._decode(states)
+
+    def _evict(self, policy: EvictionPolicy, budget: int) -> "_RunState":
+        if not isinstance(policy, EvictionPolicy):
+            raise ValueError(f"policy: must be an EvictionPolicy, got {type(policy).__name__}")
+        B = check_int("budget", budget, 1)
+        need = policy.needs()
+        have = self.needs
+        if need.merge(have) != have:
+            raise ValueError(f"policy: {policy.name} needs {need}, the session captured {have}")
+        if self._used and not self.reusable:
+            raise ValueError("reusable: this session was prepared with reusable=False and has been run once")
+        self._used = True
+        T, n = self.T, self.n
+        defer = policy.defer
+        if defer == 1 and self.cache1 is None:
+            if self.y1 in self.eos or n == 1:
+                defer = 0  # nothing is generated after step 0: evict right away
+            else:
+                raise ValueError("policy: DeferKV needs the first decode step (Needs(decode1=True))")
+        src = self.cache1 if defer == 1 else self.cache0
+        cache = adapter.clone_cache(src) if self.reusable else src
+        ids = [self.y1] + ([self.y2] if defer == 1 else [])
+        logits = list(self.first_logits[: len(ids)]) if self.keep_logits else []
+        timings = dict(self.timings)
+        if defer == 0:
+            timings["defer"] = 0.0
+        shape = adapter.model_shape(self.model)
+        L, G = shape.L, shape.G
+        before = adapter.cache_bytes(cache)
+        gen = torch.arange(T, T + defer)
+        t0 = time.perf_counter()
+        keep = preview(policy, self.evidence, B)  # [L, G, min(B, T)]; every position when nothing is evicted
+        timings["score"] = time.perf_counter() - t0 if keep.shape[-1] < T else 0.0
+        kept = torch.cat([keep, gen.expand(L, G, defer)], dim=-1)
+        t0 = time.perf_counter()
+        if keep.shape[-1] < T:
+            compacted = tuple(adapter.compact_cache_positions(cache, kept))
+        else:
+            compacted = tuple(l for l in range(L) if not adapter.cache_layer_is_sliding(cache, l))
+        timings["evict"] = time.perf_counter() - t0 if keep.shape[-1] < T else 0.0
+        timings["batch"] = 1
+        after = adapter.cache_bytes(cache)
+        return _RunState(policy=policy, B=B, defer=defer, kept=kept, compacted=compacted, before=before,
+                         after=after, timings=timings, ids=ids, logits=logits, cache=cache)
+
+    def _decode(self, states: list["_RunState"]) -> list[GenerationResult]:
+        """Greedy decoding of every state to ``max_new_tokens`` (or EOS), batching states whose caches have
+        the same length at the same step; a lone state runs exactly as an unbatched generation."""
+        T, n = self.T, self.n
+        for st in states:
+            st.done = len(st.ids) >= n or st.ids[-1] in self.eos
+        bar = tqdm(total=sum(n - len(st.ids) for st in states if not st.done), desc="decode",
+                   disable=not self.progress, leave=False)
+        while True:
+            live = [st for st in states if not st.done]
+            if not live:
+                break
+            m = min(len(st.ids) for st in live)
+            first = [st for st in live if len(st.ids) == m]
+            length = first[0].kept.shape[-1] + len(first[0].steps)  # stored entries of a compacted layer
+            grp = [st for st in first if st.kept.shape[-1] + len(st.steps) == length]
+            same = len({id(st.cache) for st in grp}) == 1 and [st.row for st in grp] == list(range(len(grp))) \
+                and adapter.cache_batch_size(grp[0].cache) == len(grp)
+            if not same:
+                cache = adapter.stack_cache_rows([(st.cache, st.row) for st in grp])
+                for i, st in enumerate(grp):
+                    st.cache, st.row = cache, i
+            cache = grp[0].cache
+            x = torch.tensor([[st.ids[-1]] for st in grp], device=self.device)
+            pos = torch.full((len(grp), 1), T + m - 1, device=self.device)
+            t0 = time.perf_counter()
+            fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
+            dt = time.perf_counter() - t0
+            new = adapter.output_cache(fwd)
+            logit = fwd.logits[:, -1].float()
+            for i, st in enumerate(grp):
+                if new is not None:
+                    st.cache = new
+                st.steps.append(dt)
+                st.timings["batch"] = max(st.timings["batch"], len(grp))
+                if self.keep_logits:
+                    st.logits.append(logit[i].cpu())
+                st.ids.append(int(logit[i].argmax()))
+                st.done = len(st.ids) >= n or st.ids[-1] in self.eos
+            bar.update(len(grp))
+        bar.close()
+        out = []
+        for st in states:
+            ids = st.ids[:n]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else None
+            out.append(GenerationResult(
+                policy=st.policy.name, params=st.policy.params(), budget=st.B, T=T, ids=ids, text=text,
+                kept=st.kept, evicted_at=st.defer, compacted_layers=st.compacted, kv_bytes_before=st.before,
+                kv_bytes_after=st.after, timings=st.timings, step_s=st.steps,
+                logits=torch.stack(st.logits[: len(ids)]) if st.logits else None,
+            ))
+            st.cache = None
+        return out
+
+
+@dataclass(eq=False)
+class _RunState:
+    """One eviction being decoded (internal to :class:`EvictionSession`)."""
+
+    policy: EvictionPolicy
+    B: int
+    defer: int
+    kept: Tensor
+    compacted: tuple
+    before: int
+    after: int
+    timings: dict
+    ids: list
+    logits: list
+    cache: object
+    row: int = 0
+    steps: list = field(default_factory=list)
+    done: bool = False
+
+
+def generate_with_policy(model, prompt, policy: EvictionPolicy, budget: int, max_new_tokens: int, *,
+                         keep_logits: bool = False, progress: bool = True) -> GenerationResult:
+    """Greedy generation with one-shot eviction under ``policy`` at budget ``B``.
+
+    Prefill (capturing only what the policy scores with), for DeferKV one decode step on the full cache,
+    then score, select (:func:`select_keep`) and compact the model's own dynamic cache in place, and
+    keep decoding with position ids continuing at the original positions (``T + t - 1``).
+
+    Args:
+        model: an HF causal LM or a :class:`~workbench.run.models.LoadedModel` (for ``text``).
+        prompt: a Prompt, PromptSpans, string or token ids (batch size 1).
+        policy: one of the policy dataclasses.
+        budget: ``B``, prompt positions kept per layer and KV group (``≥`` the protected count, or ``≥ T``).
+        max_new_tokens: ``≥ 1``; generation also stops at the model's EOS token.
+        keep_logits: also return the logits of every generated token.
+
+    Returns:
+        :class:`GenerationResult` (text, ids, kept positions ``[L, G, S']``, KV bytes before/after, timings).
+    """
+    sess = EvictionSession.prepare(model, prompt, policy.needs(), max_new_tokens, reusable=False,
+                                   keep_logits=keep_logits, progress=progress)
+    return sess.run(policy, budget)
+
+
+def run_policies(model, prompt, policies, budgets, max_new_tokens: int, *, progress: bool = True,
+                 keep_logits: bool = False, batch: bool = False) -> list[GenerationResult]:
+    """Every policy at every budget from one shared prefill (and one full-cache answer when needed).
+
+    Returns the results in ``policies × budgets`` order (the full cache once, with the first budget).
+    Timings of the shared steps (prefill with the union of all captures) are the same for every result.
+    ``batch=True`` decodes runs with equal cache lengths together (:meth:`EvictionSession.run_batch`):
+    faster, equal to the unbatched runs up to float rounding.
+    """
+    policies = list(policies)
+    budgets = [check_int("budgets", b, 1) for b in budgets]
+    if not budgets:
+        raise ValueError("budgets: must not be empty")
+    needs = Needs()
+    for p in policies:
+        needs = needs.merge(p.needs())
+    sess = EvictionSession.prepare(model, prompt, needs, max_new_tokens, reusable=True,
+                                   keep_logits=keep_logits, progress=progress)
+    jobs = [(p, b) for p in policies for b in (budgets[:1] if p.keeps_all else budgets)]
+    if batch:
+        return sess.run_batch(jobs)
+    out = []
+    for p, b in tqdm(jobs, desc="policies", disable=not progress, leave=False):
+        out.append(sess.run(p, b))
+    return out
+
+
+def survival_table(results, positions, answer: str | None = None) -> pd.DataFrame:
+    """One row per result: ``policy, budget, answer`` (the text), ``correct`` (``answer`` occurs in it,
+    case-insensitive), and how many of ``positions`` (e.g. the needle's tokens) the cache kept:
+    ``kept_mean`` (over compacted layers and groups), ``kept_min_layer`` (the worst layer's mean over
+    its groups) and ``layers_all_kept`` (layers where every group kept every position)."""
+    rows = []
+    for r in results:
+        surv = r.survival(positions)
+        per_layer = surv.nanmean(-1)
+        rows.append({
+            "policy": r.policy,
+            "budget": "all" if r.policy == "full" else r.budget,
+            "answer": (r.text or "").strip().replace("\n", " "),
+            "correct": bool(answer is not None and r.text is not None and answer.lower() in r.text.lower()),
+            "kept_mean": round(float(surv.nanmean()), 3),
+            "kept_min_layer": round(float(per_layer[~per_layer.isnan()].min()), 3) if (~per_layer.isnan()).any()
+            else float("nan"),
+            "layers_all_kept": int((surv == 1.0).all(-1).sum()),
+        })
+    return pd.DataFrame(rows)
+
+

@@ -1,0 +1,498 @@
+"""The one place that touches transformers internals.
+
+transformers renames attention-call arguments and cache APIs between minor versions; everything
+the workbench needs from it goes through the small functions here, so a rename is absorbed once.
+Nothing in this module is monkey-patched: capture uses the public ``AttentionInterface`` /
+``AttentionMaskInterface`` registries and ``model.set_attn_implementation``.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import transformers
+from transformers import AttentionInterface, DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import eager_attention_forward
+from transformers.utils import logging as hf_logging
+
+CAPTURE_PREFIX = "workbench_capture_"
+TRANSFORMERS_VERSION = transformers.__version__
+
+
+# ----------------------------------------------------------------------------- model shape
+@dataclass(frozen=True)
+class ModelShape:
+    """Attention geometry of a decoder: ``L`` layers, ``H_Q`` query heads, ``G`` KV heads, head dim ``d``."""
+
+    L: int
+    H_Q: int
+    G: int
+    d: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    max_context: int
+    model_type: str
+
+    @property
+    def r(self) -> int:
+        return self.H_Q // self.G
+
+    def head_group(self) -> torch.Tensor:
+        """``g(h) = h // r`` for every query head (transformers' ``repeat_kv`` layout); int64 ``[H_Q]``."""
+        return torch.arange(self.H_Q) // self.r
+
+
+def text_config(config):
+    """The decoder config (multimodal configs keep it under ``text_config``)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def model_shape(model) -> ModelShape:
+    c = text_config(model.config)
+    H_Q = int(c.num_attention_heads)
+    G = int(getattr(c, "num_key_value_heads", None) or H_Q)
+    d = int(getattr(c, "head_dim", None) or c.hidden_size // H_Q)
+    return ModelShape(
+        L=int(c.num_hidden_layers),
+        H_Q=H_Q,
+        G=G,
+        d=d,
+        hidden=int(c.hidden_size),
+        intermediate=int(getattr(c, "intermediate_size", 4 * c.hidden_size)),
+        vocab=int(c.vocab_size),
+        max_context=int(getattr(c, "max_position_embeddings", 0) or 0),
+        model_type=str(getattr(c, "model_type", "unknown")),
+    )
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The list of decoder blocks (``model.model.layers`` for the standard causal LMs)."""
+    base = getattr(model, "model", model)
+    for name in ("layers", "h", "blocks"):
+        layers = getattr(base, name, None)
+        if isinstance(layers, torch.nn.ModuleList):
+            return layers
+    lm = getattr(base, "language_model", None)
+    if lm is not None and isinstance(getattr(lm, "layers", None), torch.nn.ModuleList):
+        return lm.layers
+    raise TypeError(f"model: cannot find the decoder layers of {type(model).__name__}")
+
+
+def final_norm(model) -> torch.nn.Module:
+    base = getattr(model, "model", model)
+    for owner in (base, getattr(base, "language_model", None)):
+        if owner is not None and isinstance(getattr(owner, "norm", None), torch.nn.Module):
+            return owner.norm
+    raise TypeError(f"model: cannot find the final norm of {type(model).__name__}")
+
+
+def supports_attention_interface(model) -> bool:
+    fn = getattr(model, "_can_set_attn_implementation", None)
+    return bool(fn()) if callable(fn) else False
+
+
+def current_attn_implementation(model) -> str:
+    return model.config._attn_implementation or "eager"
+
+
+def set_attn_implementation(model, name: str) -> None:
+    model.set_attn_implementation(name)
+
+
+# ----------------------------------------------------------------------------- attention calls
+@dataclass
+class AttentionCall:
+    """What a registered attention function receives, with names that do not depend on the version.
+
+    ``query [B, H_Q, q_len, d]``, ``key``/``value [B, G, S, d]`` (post-RoPE), ``mask`` (``None``
+    for plain causal, bool with True = attend, or additive float) of shape ``[B, 1|H, q_len, ≥S]``.
+    """
+
+    layer_idx: int
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: torch.Tensor | None
+    scaling: float
+    softcap: float | None
+    sliding_window: int | None
+
+
+def read_attention_call(module, query, key, value, attention_mask, kwargs) -> AttentionCall:
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = getattr(module, "scaling", None)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    softcap = kwargs.get("softcap", kwargs.get("attn_logit_softcapping"))
+    if softcap is None:
+        softcap = getattr(module, "attn_logit_softcapping", None)
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    return AttentionCall(
+        layer_idx=int(getattr(module, "layer_idx", -1)),
+        query=query,
+        key=key,
+        value=value,
+        mask=attention_mask,
+        scaling=float(scaling),
+        softcap=float(softcap) if softcap else None,
+        sliding_window=int(window) if window else None,
+    )
+
+
+def base_attention_function(name: str) -> Callable:
+    """The attention function transformers would use for implementation ``name``."""
+    if name == "eager":
+
+        return eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def register_wrapped_attention(base: str, make_wrapper: Callable[[Callable], Callable]) -> str:
+    """Register ``make_wrapper(base_fn)`` as a new attention implementation using ``base``'s mask.
+
+    Returns the registered name. The model then receives exactly the mask and kernel it had.
+    """
+    name = CAPTURE_PREFIX + base.replace("|", "_")
+    AttentionInterface.register(name, make_wrapper(base_attention_function(base)))
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(base)
+    if mask_fn is None:
+        raise TypeError(f"attn_implementation: no mask function for base implementation {base!r}")
+    AttentionMaskInterface.register(name, mask_fn)
+    return name
+
+
+def eager_attentions(model, input_ids: torch.Tensor, **kw):
+    """Full forward with eager attention and ``output_attentions`` (the oracle); restores the implementation."""
+    old = current_attn_implementation(model)
+    set_attn_implementation(model, "eager")
+    try:
+        with torch.no_grad():
+            return model(input_ids=input_ids, output_attentions=True, **kw)
+    finally:
+        set_attn_implementation(model, old)
+
+
+# ----------------------------------------------------------------------------- caches and forward
+def new_cache(model):
+
+    try:
+        return DynamicCache(config=model.config)
+    except TypeError:  # older signature
+        return DynamicCache()
+
+
+def forward(model, input_ids: torch.Tensor, cache=None, position_ids=None, logits_to_keep: int = 0, **kw):
+    """One forward with a cache; the cache keyword is spelled per the installed version."""
+    args = dict(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **kw)
+    if position_ids is not None:
+        args["position_ids"] = position_ids
+    if cache is not None:
+        args[_cache_keyword(model)] = cache
+    return model(**args)
+
+
+def _cache_keyword(model) -> str:
+    """``cache`` (transformers ≥ 5.24) or ``past_key_values`` (earlier)."""
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(out):
+    for name in ("cache", "past_key_values"):
+        c = getattr(out, name, None)
+        if c is not None:
+            return c
+    return None
+
+
+def cache_length(cache) -> int:
+    return int(cache.get_seq_length())
+
+
+def clear_gguf_quantization(model) -> None:
+    """Make a GGUF-loaded (already dequantised) model saveable with ``save_pretrained``."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        try:
+            del model.config.quantization_config
+        except AttributeError:
+            model.config.quantization_config = None
+    for attr in ("is_quantized", "quantization_method"):
+        if hasattr(model, attr):
+            try:
+                setattr(model, attr, False if attr == "is_quantized" else None)
+            except AttributeError:
+                pass
+
+
+# ----------------------------------------------------------------------------- mid-prefill gather
+def layer_hidden(args, kwargs) -> torch.Tensor:
+    """The hidden states a decoder block (or the final norm) receives, ``[B, T, D]``."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
+    """Restrict one decoder-block call of a prefill to the retained positions ``R`` (sorted, ``[T']``).
+
+    Gathers the position embeddings (cos, sin ``[B, T, d]``), the position ids and a 4-D mask
+    (rows and columns: the original-position mask restricted to ``R``, so causal and sliding-window
+    structure follow the original positions); ``hidden=True`` also gathers the hidden states.
+    A ``None`` mask (plain causal) stays ``None``: order is preserved, so causal on ``R`` is causal.
+    Returns new ``(args, kwargs)``.
+    """
+    args, kwargs = list(args), dict(kwargs)
+    if hidden:
+        if args:
+            args[0] = args[0].index_select(1, R.to(args[0].device))
+        else:
+            kwargs["hidden_states"] = kwargs["hidden_states"].index_select(1, R.to(kwargs["hidden_states"].device))
+    pe = kwargs.get("position_embeddings")
+    if isinstance(pe, (tuple, list)):
+        kwargs["position_embeddings"] = tuple(t.index_select(-2, R.to(t.device)) for t in pe)
+    mask = kwargs.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4:
+        r = R.to(mask.device)
+        kwargs["attention_mask"] = mask.index_select(-2, r).index_select(-1, r)
+    elif mask is not None and not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attention_mask: cannot restrict a {type(mask).__name__} mask (use sdpa or eager)")
+    for name in ("position_ids", "cache_position"):
+        v = kwargs.get(name)
+        if isinstance(v, torch.Tensor):
+            kwargs[name] = v.index_select(v.dim() - 1, R.to(v.device))
+    return tuple(args), kwargs
+
+
+def gather_cache_positions(cache, layers, R: torch.Tensor, T: int) -> None:
+    """Keep, in ``layers``, only the cache entries of the prompt positions ``R`` (in place).
+
+    A full layer stores positions ``0 … T-1``; a sliding-window layer stores the last ``S`` of them,
+    so the kept storage indices are ``R ∩ [T-S, T)`` shifted by ``T-S``.
+    """
+    for l in layers:
+        lay = cache_layers(cache)[l]
+        S = int(lay.keys.shape[-2])
+        start = T - S
+        keep = R[R >= start] - start
+        idx = keep.to(lay.keys.device)
+        lay.keys = lay.keys.index_select(-2, idx)
+        lay.values = lay.values.index_select(-2, idx)
+        if isinstance(getattr(lay, "cumulative_length", None), int):
+            # sliding layers: later masks are sized from the stored entries (windows count stored keys)
+            lay.cumulative_length = int(lay.keys.shape[-2])
+
+
+# ----------------------------------------------------------------------------- weights for bounds
+def norm_gain_eps(norm: torch.nn.Module, model_type: str) -> tuple[torch.Tensor, float]:
+    """Effective gain ``γ`` and ``eps`` of an RMSNorm (Gemma stores ``γ - 1``)."""
+    w = norm.weight.detach().float()
+    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    return (1.0 + w if model_type.startswith("gemma") else w), eps
+
+
+def lm_head_weight(model) -> torch.Tensor:
+    """The output embedding ``W_out [V, D]``."""
+    return model.get_output_embeddings().weight.detach().float()
+
+
+@dataclass
+class BlockWeights:
+    """Weights of one block used by the Lipschitz constants (float32; ``W_Q [H_Q d, D]`` etc.)."""
+
+    W_Q: torch.Tensor
+    W_K: torch.Tensor
+    W_V: torch.Tensor
+    W_O: torch.Tensor
+    mlp: dict
+    input_norm: tuple
+    post_norm: tuple
+
+
+def block_weights(model, l: int) -> BlockWeights:
+    layer = decoder_layers(model)[l]
+    att, mlp = layer.self_attn, layer.mlp
+    mt = model_shape(model).model_type
+    w = lambda m: m.weight.detach().float()  # noqa: E731
+    mats = {name: w(getattr(mlp, name)) for name in ("gate_proj", "up_proj", "down_proj", "fc1", "fc2")
+            if hasattr(mlp, name)}
+    post = getattr(layer, "post_attention_layernorm", None)
+    pre_ff = getattr(layer, "pre_feedforward_layernorm", None)  # gemma: the MLP's input norm
+    return BlockWeights(W_Q=w(att.q_proj), W_K=w(att.k_proj), W_V=w(att.v_proj), W_O=w(att.o_proj), mlp=mats,
+                        input_norm=norm_gain_eps(layer.input_layernorm, mt),
+                        post_norm=norm_gain_eps(pre_ff if pre_ff is not None else post, mt))
+
+
+def run_block(model, l: int, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Block ``l`` alone on ``hidden [1, T', D]`` at ``position_ids [1, T']``, plain causal mask, no cache."""
+    base = getattr(model, "model", model)
+    layer = decoder_layers(model)[l]
+    rot = base.rotary_emb
+    layer_type = getattr(layer, "attention_type", None)
+    try:
+        pe = rot(hidden, position_ids, layer_type) if layer_type is not None else rot(hidden, position_ids)
+    except TypeError:
+        pe = rot(hidden, position_ids)
+    out = layer(hidden, attention_mask=None, position_embeddings=pe, position_ids=position_ids, use_cache=False)
+    return out[0] if isinstance(out, tuple) else out
+
+
+# ----------------------------------------------------------------------------- cache surgery
+def cache_layers(cache) -> list:
+    """The per-layer storages of a dynamic cache (``keys``/``values`` ``[B, G, S, d]``)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"cache: {type(cache).__name__} has no per-layer storage this workbench knows")
+    return list(layers)
+
+
+def cache_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values stored for ``layer``: ``[B, G, S, d]`` each."""
+    lay = cache_layers(cache)[layer]
+    return lay.keys, lay.values
+
+
+def gather_cache_tokens(cache, layers, index: torch.Tensor) -> None:
+    """Keep only cache entries ``index`` (sorted storage indices, int64 ``[S']``) in ``layers``, in place."""
+    for l in layers:
+        lay = cache_layers(cache)[l]
+        idx = index.to(lay.keys.device)
+        lay.keys = lay.keys.index_select(-2, idx)
+        lay.values = lay.values.index_select(-2, idx)
+        if hasattr(lay, "cumulative_length") and isinstance(lay.cumulative_length, int):
+            lay.cumulative_length = int(lay.keys.shape[-2])
+
+
+def gather_cache_per_group(cache, keep: torch.Tensor) -> None:
+    """Per layer and KV head, keep storage indices ``keep [L, G, B]`` (sorted), in place.
+
+    Every layer and group keeps the same number ``B`` of entries, so the cache stays rectangular.
+    """
+    for l, lay in enumerate(cache_layers(cache)):
+        if l >= keep.shape[0]:
+            break
+        k, v = lay.keys, lay.values
+        idx = keep[l].to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
+        lay.keys = torch.gather(k, 2, idx)
+        lay.values = torch.gather(v, 2, idx)
+        if hasattr(lay, "cumulative_length") and isinstance(lay.cumulative_length, int):
+            lay.cumulative_length = int(lay.keys.shape[-2])
+
+
+def cache_bytes(cache) -> int:
+    """Bytes held by the keys and values of a cache."""
+    total = 0
+    for lay in cache_layers(cache):
+        if getattr(lay, "keys", None) is not None and lay.keys.numel():
+            total += lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
+    return total
+
+
+# ----------------------------------------------------------------------------- cache surgery: eviction
+def cache_layer_is_sliding(cache, layer: int) -> bool:
+    """Whether ``layer`` of the cache is a sliding-window layer (it stores only its window)."""
+    return bool(getattr(cache_layers(cache)[layer], "is_sliding", False))
+
+
+def clone_cache(cache):
+    """An independent copy of a dynamic cache (tensors copied), for several evictions of one prefill."""
+
+    return copy.deepcopy(cache)
+
+
+def compact_cache_positions(cache, keep: torch.Tensor) -> list[int]:
+    """One-shot eviction: per layer and KV head keep the cache entries of positions ``keep``, in place.
+
+    Args:
+        cache: a dynamic cache that holds every position ``0 … S-1`` in its full-attention layers
+            (storage index = position: a cache never compacted before).
+        keep: int64 ``[L, G, S']``, the positions to keep, sorted, the same count ``S'`` for every
+            layer and KV head (the cache stays rectangular).
+
+    Returns:
+        the layers that were compacted. Sliding-window layers (``DynamicSlidingWindowLayer``) are
+        left as they are: they already hold only their last ``window - 1`` positions, and their
+        masks are sized from ``cumulative_length`` (the absolute count of tokens seen), which must keep
+        counting real positions for the window to slide over the right keys. A full layer has no
+        ``cumulative_length``: its length, and so the causal mask of later decode steps, comes from
+        the stored keys (every kept key precedes every later query, so the mask stays exact), while
+        RoPE positions come from the ``position_ids`` passed to the forward.
+    """
+
+    done = []
+    layers = cache_layers(cache)
+    if keep.dim() != 3 or keep.shape[0] != len(layers):
+        raise ValueError(f"keep: must have shape [L={len(layers)}, G, S'], got {list(keep.shape)}")
+    for l, lay in enumerate(layers):
+        if getattr(lay, "is_sliding", False):
+            continue
+        if type(lay) is not DynamicLayer:
+            raise TypeError(f"cache: layer {l} is a {type(lay).__name__}; eviction needs a dynamic cache")
+        k, v = lay.keys, lay.values
+        if k.shape[1] != keep.shape[1]:
+            raise ValueError(f"keep: has {keep.shape[1]} KV heads, the cache has {k.shape[1]}")
+        if int(keep[l].max()) >= k.shape[-2]:
+            raise ValueError(f"keep: position {int(keep[l].max())} beyond the {k.shape[-2]} entries of layer {l}")
+        idx = keep[l].to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
+        lay.keys = torch.gather(k, 2, idx)
+        lay.values = torch.gather(v, 2, idx)
+        done.append(l)
+    return done
+
+
+def sliding_window_positions(cache, layer: int) -> torch.Tensor:
+    """Absolute positions held by a sliding-window layer: the last ``S`` of ``cumulative_length``; int64 ``[S]``."""
+    lay = cache_layers(cache)[layer]
+    S = int(lay.keys.shape[-2])
+    n = int(getattr(lay, "cumulative_length", S))
+    return torch.arange(n - S, n)
+
+
+def cache_batch_size(cache) -> int:
+    """Batch size of a dynamic cache (from its first initialised layer)."""
+    for lay in cache_layers(cache):
+        if getattr(lay, "keys", None) is not None and lay.keys.dim() == 4:
+            return int(lay.keys.shape[0])
+    return 0
+
+
+def stack_cache_rows(items) -> object:
+    """A new cache whose batch rows are ``[cache_i[row_i] for (cache_i, row_i) in items]``.
+
+    Every cache must have the same layer types and per-layer lengths (sliding-window layers must have
+    seen the same number of tokens); the inputs are not modified.
+    """
+
+    base = items[0][0]
+    out = copy.copy(base)
+    out.layers = [copy.copy(lay) for lay in cache_layers(base)]
+    for l, lay in enumerate(out.layers):
+        if getattr(lay, "keys", None) is None or not getattr(lay, "is_initialized", True):
+            continue
+        srcs = [cache_layers(c)[l] for c, _ in items]
+        if len({int(s.keys.shape[-2]) for s in srcs}) != 1 or len({getattr(s, "cumulative_length", 0) for s in srcs}) != 1:
+            raise ValueError(f"items: caches differ in length at layer {l}; cannot stack them")
+        lay.keys = torch.cat([s.keys[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
+        lay.values = torch.cat([s.values[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
+    return out
+
+
+@contextlib.contextmanager
+def transformers_progress(enabled: bool):
+    """Show or hide transformers' own progress bars (e.g. "Loading weights") inside the block."""
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()

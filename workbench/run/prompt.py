@@ -1,0 +1,198 @@
+"""Build a RAG prompt and its token spans (SPEC §0).
+
+The prompt is an instruction, a list of documents (one candidate chunk each) and a user query,
+rendered through the model's chat template when it has one. Spans come from the tokenizer's
+character offsets on the final rendered text, never from re-tokenising pieces: a document's chunk
+is the run of tokens lying entirely inside the document's characters; a token that straddles a
+document boundary and a delimiter is protected (it is a delimiter token). Every token outside a
+candidate chunk is protected, and so are the first ``n_sink`` positions; a chunk that contains a
+sink is protected whole and leaves the candidate list.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from workbench.run.spans import PromptSpans
+
+DEFAULT_W_P = 8
+DEFAULT_INSTRUCTION = (
+    "Answer the question using only the documents. Reply with a short answer."
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A rendered prompt: its text, its spans (with the token ids), and what built it."""
+
+    text: str
+    spans: PromptSpans
+    documents: tuple[str, ...]
+    query: str
+    instruction: str
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """Token ids, int64 ``[1, T]``."""
+        return torch.tensor([self.spans.input_ids], dtype=torch.int64)
+
+    @property
+    def T(self) -> int:
+        return self.spans.T
+
+    def digest(self) -> str:
+        """A short hash of the token ids (identifies the prompt in sidecars and caches)."""
+        return hashlib.sha256(str(self.spans.input_ids).encode()).hexdigest()[:16]
+
+
+def _check_inputs(documents, query, instruction, n_sink, W_p):
+    if not isinstance(query, str) or not query.strip():
+        raise ValueError("query: must be a non-empty string")
+    if not isinstance(instruction, str):
+        raise ValueError("instruction: must be a string")
+    for i, d in enumerate(documents):
+        if not isinstance(d, str) or not d.strip():
+            raise ValueError(f"documents: document {i} is empty; every document must be a non-empty string")
+    if not isinstance(n_sink, int) or n_sink < 0:
+        raise ValueError(f"n_sink: must be an integer >= 0, got {n_sink!r}")
+    if not isinstance(W_p, int) or W_p < 1:
+        raise ValueError(f"W_p: must be an integer >= 1, got {W_p!r}")
+
+
+def render(tokenizer, documents, query, instruction, chat: bool | None = None):
+    """Render the prompt text; returns ``(text, doc_char_ranges, query_range, instruction_range)``."""
+    pieces_user = []
+    if documents:
+        pieces_user.append(("delim", "Documents:\n"))
+        for i, d in enumerate(documents):
+            pieces_user.append(("delim", f"[{i + 1}]\n"))
+            pieces_user.append(("doc", d, i))
+            pieces_user.append(("delim", "\n"))
+        pieces_user.append(("delim", "\n"))
+    pieces_user.append(("delim", "Question:\n"))
+    pieces_user.append(("query", query))
+    user = "".join(p[1] for p in pieces_user)
+    use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+    if use_chat:
+        messages = []
+        if instruction:
+            messages.append({"role": "system", "content": instruction})
+        messages.append({"role": "user", "content": user})
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        user_at = text.rfind(user)
+        instr_at = text.find(instruction) if instruction else -1
+    else:
+        head = f"{instruction}\n\n" if instruction else ""
+        text = head + user + "\nAnswer:"
+        user_at = len(head)
+        instr_at = 0 if instruction else -1
+    if user_at < 0:
+        raise ValueError("chat: the chat template altered the user message; pass chat=False")
+    doc_ranges, query_range = [], None
+    pos = user_at
+    for p in pieces_user:
+        if p[0] == "doc":
+            doc_ranges.append((pos, pos + len(p[1])))
+        elif p[0] == "query":
+            query_range = (pos, pos + len(p[1]))
+        pos += len(p[1])
+    instr_range = (instr_at, instr_at + len(instruction)) if instr_at >= 0 else None
+    return text, doc_ranges, query_range, instr_range
+
+
+def _tokens_inside(offsets, lo, hi):
+    """Token index range ``[s, e)`` of the tokens whose characters lie entirely in ``[lo, hi)``."""
+    idx = [t for t, (a, b) in enumerate(offsets) if b > a and a >= lo and b <= hi]
+    if not idx:
+        return None
+    return idx[0], idx[-1] + 1
+
+
+def _tokens_overlapping(offsets, lo, hi):
+    idx = [t for t, (a, b) in enumerate(offsets) if b > a and a < hi and b > lo]
+    return (idx[0], idx[-1] + 1) if idx else None
+
+
+def build_prompt(
+    tokenizer,
+    documents: list[str] | tuple[str, ...],
+    query: str,
+    instruction: str = DEFAULT_INSTRUCTION,
+    *,
+    n_sink: int = 4,
+    W_p: int | None = None,
+    chat: bool | None = None,
+    max_context: int | None = None,
+    answer_doc: int | None = None,
+) -> Prompt:
+    """Render a RAG prompt and compute its spans.
+
+    Args:
+        tokenizer: a fast HF tokenizer (character offsets are required).
+        documents: the retrieved passages, one candidate chunk each (may be empty: ``k = 0``).
+        query: the user question.
+        instruction: the system instruction (protected).
+        n_sink: number of sink positions (the first ``n_sink`` tokens), ``≥ 0``.
+        W_p: number of proposal observers (the last ``W_p`` query tokens), ``1 … len(query)``;
+            default ``min(8, len(query))`` (SPEC §0).
+        chat: use the chat template (default: when the tokenizer has one).
+        max_context: the model's context length; a longer prompt raises.
+        answer_doc: index of the document holding the answer (for plots and evaluation).
+    """
+    documents = tuple(documents)
+    _check_inputs(documents, query, instruction, n_sink, 1 if W_p is None else W_p)
+    if answer_doc is not None and not 0 <= answer_doc < len(documents):
+        raise ValueError(f"answer_doc: must be in [0, {len(documents) - 1}], got {answer_doc}")
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("tokenizer: a fast tokenizer is required (character offsets)")
+    text, doc_chars, q_chars, instr_chars = render(tokenizer, documents, query, instruction, chat)
+    use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=not use_chat)
+    ids = list(enc["input_ids"])
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    T = len(ids)
+    if max_context is not None and T > max_context:
+        raise ValueError(f"documents: the prompt has {T} tokens, longer than the model's context "
+                         f"(max_context={max_context}); allowed range is T <= {max_context}")
+    if n_sink > T:
+        raise ValueError(f"n_sink: must be in [0, T={T}], got {n_sink}")
+    q_tok = _tokens_overlapping(offsets, *q_chars)
+    if q_tok is None:
+        raise ValueError("query: no token of the query survived tokenisation")
+    q_len = q_tok[1] - q_tok[0]
+    if W_p is None:
+        W_p = min(DEFAULT_W_P, q_len)
+    if W_p > q_len:
+        raise ValueError(f"W_p: must be in [1, {q_len}] (the query has {q_len} tokens), got {W_p}")
+    doc_tok = []
+    for i, (lo, hi) in enumerate(doc_chars):
+        r = _tokens_inside(offsets, lo, hi)
+        if r is None:
+            raise ValueError(f"documents: document {i} has no token of its own (too short to be a chunk)")
+        doc_tok.append(r)
+    chunks, chunk_doc, protected_docs = [], [], []
+    for i, (s, e) in enumerate(doc_tok):
+        if s < n_sink:  # a sink inside the chunk protects the whole chunk (SPEC §0)
+            protected_docs.append(i)
+        else:
+            chunks.append((s, e))
+            chunk_doc.append(i)
+    instr_tok = _tokens_overlapping(offsets, *instr_chars) if instr_chars else None
+    tokens = tuple(tokenizer.decode([i]) for i in ids)
+    spans = PromptSpans(
+        T=T,
+        input_ids=tuple(int(t) for t in ids),
+        tokens=tokens,
+        chunks=tuple(chunks),
+        chunk_doc=tuple(chunk_doc),
+        documents=tuple(doc_tok),
+        protected_docs=tuple(protected_docs),
+        query=q_tok,
+        instruction=instr_tok,
+        n_sink=n_sink,
+        observers=tuple(range(q_tok[1] - W_p, q_tok[1])),
+        answer_doc=answer_doc,
+    )
+    return Prompt(text=text, spans=spans, documents=documents, query=query, instruction=instruction)

@@ -1,0 +1,2 @@
+"""Show: plotly figures (``plots``), ipywidgets panels (``widgets``), export for papers (``export``).
+Nothing here computes science."""

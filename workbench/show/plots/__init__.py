@@ -1,0 +1,56 @@
+"""Plotly figures (the *show* layer): one paper-ready template, no science computed here.
+
+Every figure function takes analysis results (or a capture) and returns a ``plotly.graph_objects.Figure``
+built with ``template=TEMPLATE`` whose ``layout.meta`` is a JSON-serialisable dict
+``{"figure": <function name>, "model_id": ..., <every parameter that made it>}`` (written beside exports).
+The functions only reshape what the analysis modules computed; they never compute a bound, a score or a
+selection themselves.
+
+Token-level views show the token strings (tick labels and/or hover). Labels use Unicode symbols
+(ζ, τ, η, Λ, Δ), never LaTeX (no MathJax offline).
+
+Updating figures in place (widgets)
+-----------------------------------
+Every figure function is pure: the same inputs give the same figure, and the trace structure (number,
+order and type of traces) depends only on the shape of the inputs, not on parameter values. A widget
+builds its ``go.FigureWidget`` once and, when a slider moves, builds a fresh figure with the same
+function and copies it over::
+
+    fw = go.FigureWidget(head_heatmap(pool, "w"))
+    ...                                   # slider moved: recompute the analysis (cheap), then
+    update_figure(fw, head_heatmap(new_pool, "w"))
+
+:func:`update_figure` writes the new traces and layout (titles, annotations, shapes, meta) with one
+``plotly_update`` when the trace structure matches (one message to the front end, holding only what
+changed, nothing validated twice), and replaces the traces otherwise. :func:`figure_frame` turns any of
+these figures into one tidy ``DataFrame`` (CSV export).
+
+Speed: a slider move rebuilds its figures, so building must be cheap. Multi-panel figures are drafted as
+plain dicts (:class:`_Draft`, the same calls as ``go.Figure``) and validated once at the end; numeric data
+go in as numpy arrays (plotly validates lists element by element); per-point styles are numeric arrays,
+not lists of strings. At T = 2048 a figure takes 10–35 ms (``benchmarks/widgets.py``).
+"""
+from __future__ import annotations
+
+from workbench.show.figure_engine import _KEEP_LAYOUT, _Draft, _span, as_figure, drafts, figure_frame, update_figure
+from workbench.show.plots.analysis import (
+    _STATUS_COLOR,
+    attention_strip,
+    certificate,
+    chunk_priorities,
+    head_heatmap,
+    residual_distribution,
+    sink_mass_heatmap,
+    trace_layers,
+)
+from workbench.show.plots.bounds import break_even, drift, envelope_rows, pages, shift_steps
+from workbench.show.plots.study import accuracy_vs_budget, kept_positions, kv_bytes_table
+from workbench.show.theme import ANSWER, FONT, KEPT, NEUTRAL, PALETTE, REMOVED, SEQUENTIAL, TEMPLATE
+
+__all__ = [
+    "PALETTE", "SEQUENTIAL", "FONT", "TEMPLATE", "KEPT", "REMOVED", "NEUTRAL", "ANSWER",
+    "sink_mass_heatmap", "attention_strip", "head_heatmap", "residual_distribution", "chunk_priorities",
+    "envelope_rows", "certificate", "trace_layers", "drift", "break_even", "pages", "shift_steps",
+    "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "figure_frame", "update_figure", "drafts", "as_figure",
+    "_Draft", "_span", "_KEEP_LAYOUT", "_STATUS_COLOR",
+]

@@ -1,0 +1,357 @@
+"""Figures of captures and analyses (SPEC §1–§6): capture views, pooling, priorities, selection and trace."""
+
+import html
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.checks import check_choice, check_int
+from workbench.choices import HeadQuantity
+from workbench.show.figure_engine import (
+    _Draft,
+    _finish,
+    _meta,
+    _np,
+    _span,
+    _z,
+)
+from workbench.show.plots._common import (
+    _answer_chunk,
+    _cd,
+    _head_labels,
+    _model_id,
+    _removed_chunks,
+    _rows,
+    _spans_of,
+    _tokens,
+)
+from workbench.show.theme import (
+    ANSWER,
+    KEPT,
+    NEUTRAL,
+    PALETTE,
+    REMOVED,
+    _text_preview,
+)
+
+
+# ============================================================================= capture views
+def sink_mass_heatmap(capture, kind: str = "observer", *, params=None) -> go.Figure:
+    """Layer × head heatmap of the attention mass the ``kind`` rows put on the sinks (``capture.sink_mass``)."""
+    m = capture.sink_mass(kind).numpy()
+    fig = _Draft(go.Heatmap(z=_z(m), x=_head_labels(capture.head_group), y=list(range(capture.L)),
+                               coloraxis="coloraxis", name="sink mass",
+                               hovertemplate="layer %{y}, %{x}<br>sink mass %{z:.3f}<extra></extra>"))
+    return _finish(fig, f"Sink mass (first {capture.spans.n_sink} tokens), {kind} rows",
+                   _meta("sink_mass_heatmap", capture.model_id, params, kind=kind, n_sink=capture.spans.n_sink),
+                   xaxis_title="query head (KV group)", yaxis_title="layer", coloraxis=dict(cmin=0, cmax=1))
+
+
+def attention_strip(capture, layer: int, head: int, row: int | None = None, *, params=None) -> go.Figure:
+    """Attention of one row (default: the mean of the observers) over the prompt tokens, for one head.
+
+    Bars coloured by span: grey protected, orange candidate chunk, green the answer chunk.
+    """
+    spans = capture.spans
+    check_int("layer", layer, 0, capture.L - 1)
+    check_int("head", head, 0, capture.H_Q - 1)
+    if row is None:
+        a = capture.observer_attn()[layer, head].mean(0)
+        label = f"mean of {spans.W_p} observers"
+    else:
+        check_int("row", row, 0, capture.attn.shape[2] - 1)
+        a = capture.attn[layer, head, row, : spans.T]
+        label = f"row at position {int(capture.row_pos[row])}"
+    chunk_of = spans.chunk_of().tolist()
+    colors = [NEUTRAL if c < 0 else (ANSWER if spans.chunk_doc[c] == spans.answer_doc else PALETTE[1])
+              for c in chunk_of]
+    toks = _tokens(spans, spans.T)
+    fig = _Draft(go.Bar(x=np.arange(spans.T), y=_z(a), marker_color=colors, name="attention",
+                           customdata=_cd(toks, chunk_of), meta={"customdata": ["token", "chunk"]},
+                           hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4f}<extra></extra>"))
+    return _finish(fig, f"Attention, layer {layer}, head {head} ({label})",
+                   _meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row),
+                   xaxis_title="prompt position (grey: protected, orange: chunks, green: answer chunk)",
+                   yaxis_title="attention probability", bargap=0)
+
+
+# ============================================================================= pooling (SPEC §2)
+_HEAD_QUANTITIES = {
+    "w": ("w", "head weight w_h = ζ/r + (1−ζ) v_h"),
+    "H": ("H", "non-sink Rényi-2 entropy H_h (nats)"),
+    "sink": ("sink_mass", "sink mass Σ_{j∈𝒮} a_j"),
+    "z": ("z", "residual mass z_h"),
+    "v": ("v", "within-group softmax v_h"),
+    "C": ("C", "non-sink collision C_h"),
+    "omega": ("omega", "row weight ω_h"),
+}
+
+
+def head_heatmap(pooling, quantity: HeadQuantity = "w", *, model_id: str | None = None, params=None) -> go.Figure:
+    """Layer × head heatmap of one head statistic of a :class:`~workbench.analyse.pooling.PoolingResult`.
+
+    Args:
+        pooling: the pooling result (``[L, H_Q]`` statistics).
+        quantity: ``"w"`` (floored weights), ``"H"`` (entropy; invalid heads blank), ``"sink"`` (observer
+            mass on the sinks), ``"z"``, ``"v"``, ``"C"`` or ``"omega"``.
+        model_id: recorded in ``layout.meta``; params: extra parameters to record (e.g. ``EntroPrefillParams``).
+    """
+    check_choice("quantity", quantity, _HEAD_QUANTITIES)
+    attr, label = _HEAD_QUANTITIES[quantity]
+    m = getattr(pooling, attr)
+    L, H = pooling.L, pooling.n_heads
+    hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
+    valid = _np(pooling.valid_head)
+    text = [["" if valid[l, h] else "invalid" for h in range(H)] for l in range(L)]
+    fig = _Draft(go.Heatmap(z=_z(m), x=_head_labels(hg), y=list(range(L)), coloraxis="coloraxis",
+                               name=quantity, text=text,
+                               hovertemplate="layer %{y}, %{x}<br>" + quantity + " = %{z:.4g} %{text}<extra></extra>"))
+    cax = dict(cmin=0, cmax=1) if quantity in ("w", "v", "sink", "z") else {}
+    return _finish(fig, f"{label}, per layer and head",
+                   _meta("head_heatmap", _model_id(model_id, pooling), params, quantity=quantity,
+                         zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None),
+                         rho_min=getattr(pooling, "rho_min", None), n_sink=pooling.n_sink, W_p=pooling.W_p),
+                   xaxis_title="query head (KV group)", yaxis_title="layer",
+                   coloraxis=dict(colorbar=dict(title=dict(text=quantity)), **cax))
+
+
+def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Per-head residual distribution ``a^h_j / z_h`` over the non-sink keys of one layer (head × position).
+
+    Each row is the distribution whose Rényi-2 entropy is ``H_h`` (shown in the row label with ``w_h``).
+
+    Args:
+        pooling: :class:`~workbench.analyse.pooling.PoolingResult`.
+        layer: ``0 … L-1``.
+        spans: ``PromptSpans`` (or a Capture / Prompt) for the token labels; positions only when None.
+    """
+    check_int("layer", layer, 0, pooling.L - 1)
+    sp = _spans_of(spans)
+    res = _np(pooling.residual()[layer])  # [H_Q, T - n_sink]
+    H, Tn = res.shape
+    ns = pooling.n_sink
+    T = ns + Tn
+    toks = _tokens(sp, T)[ns:]
+    hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
+    Hh, w = _np(pooling.H[layer]), _np(pooling.w[layer])
+    ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
+            for h, lab in enumerate(_head_labels(hg))]
+    fig = _Draft(go.Heatmap(z=_z(res), x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
+                               customdata=_rows(toks, H),
+                               hovertemplate="%{y}<br>key %{x}: %{customdata}<br>a/z = %{z:.4g}<extra></extra>"))
+    return _finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}",
+                   _meta("residual_distribution", _model_id(model_id, pooling, spans), params, layer=layer,
+                         n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None)),
+                   xaxis_title="key position", yaxis_title="query head (KV group)",
+                   coloraxis=dict(colorbar=dict(title=dict(text="a/z"))), yaxis=dict(autorange="reversed"))
+
+
+# ============================================================================= priorities (SPEC §3)
+def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "chunk",
+                     model_id: str | None = None, params=None) -> go.Figure:
+    """Chunk priorities of one layer: three stacked bar panels ``S_i``, ``ℓ_i`` (null line at 1), ``κ_i``.
+
+    Bars are coloured kept (blue) / removed (vermillion) when ``removed`` is given (grey otherwise); the
+    answer chunk has a thick black outline and an "answer" label; hover shows the chunk's text.
+    Each panel has two traces, ``kept`` and ``removed`` (the structure does not change with the selection).
+
+    Args:
+        priorities: :class:`~workbench.analyse.priorities.PriorityResult`.
+        spans: ``PromptSpans`` of the prompt (or a Capture / Prompt / TraceResult).
+        layer: ``0 … L-1``.
+        removed: removed chunk indices, a ``SelectionResult``, or a ``TraceResult`` (its selection at ``layer``).
+        x: ``"chunk"`` (one slot per chunk) or ``"position"`` (bars over the chunk's token span of the prompt).
+    """
+    sp = _spans_of(spans)
+    check_int("layer", layer, 0, priorities.L - 1)
+    check_choice("x", x, ("chunk", "position"))
+    k = priorities.k
+    if sp.k != k:
+        raise ValueError(f"spans: has {sp.k} chunks, the priorities {k}")
+    rem = _removed_chunks(removed, layer, k)
+    rset = set(rem or [])
+    ans = _answer_chunk(sp)
+    S, ell, kap = (_np(t[layer]) for t in (priorities.S, priorities.ell, priorities.kappa))
+    n = _np(priorities.n)
+    preview = [_text_preview(sp.tokens[s:e]) for s, e in sp.chunks]
+    if x == "chunk":
+        xs = list(range(k))
+        widths = [0.8] * k
+    else:
+        xs = [(s + e) / 2 for s, e in sp.chunks]
+        widths = n.tolist()
+    fig = _Draft.subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    groups = (("kept", [i for i in range(k) if i not in rset]), ("removed", sorted(rset)))
+    for row, (vals, name) in enumerate(((S, "S"), (ell, "ℓ"), (kap, "κ")), start=1):
+        for label, idx in groups:
+            color = (KEPT if label == "kept" else REMOVED) if rem is not None else NEUTRAL
+            fig.add_trace(go.Bar(
+                x=[xs[i] for i in idx], y=[None if not np.isfinite(vals[i]) else float(vals[i]) for i in idx],
+                width=None if widths is None else [widths[i] for i in idx],
+                name=label if rem is not None else "chunks", legendgroup=label, showlegend=row == 1 and (
+                    rem is not None or label == "kept"),
+                marker=dict(color=color, line=dict(color="#000", width=[3 if i == ans else 0 for i in idx])),
+                customdata=_cd(idx, n[idx].tolist(), [preview[i] for i in idx], [i == ans for i in idx]),
+                meta={"customdata": ["chunk", "n", "text", "answer"], "quantity": name},
+                hovertemplate="chunk %{customdata[0]} (n=%{customdata[1]})<br>" + name
+                + " = %{y:.4g}<br>%{customdata[2]}<extra>" + label + "</extra>"),
+                row=row, col=1)
+    _span(fig, "hline", 1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=2, col=1)
+    if ans is not None:
+        top = S[ans] if np.isfinite(S[ans]) else 0.0
+        fig.add_annotation(x=xs[ans], y=float(top), text="answer", showarrow=True, arrowhead=2, ay=-25,
+                           font=dict(size=10), row=1, col=1)
+    valid = bool(_np(priorities.valid)[layer])
+    title = f"Chunk priorities, layer {layer}" + ("" if valid else " (invalid layer: document mass ≤ ρ_min)")
+    if rem is not None:
+        title += f": {len(rem)} of {k} chunks removed"
+    fig.update_yaxes(title_text="S = ln ℓ + λκ", row=1, col=1)
+    fig.update_yaxes(title_text="lift ℓ", row=2, col=1)
+    fig.update_yaxes(title_text="κ", range=[0, 1.05], row=3, col=1)
+    if x == "chunk":
+        fig.update_xaxes(tickmode="array", tickvals=xs,
+                         ticktext=[f"c{i}" + ("★" if i == ans else "") for i in range(k)], row=3, col=1)
+        fig.update_xaxes(title_text="candidate chunk (★ answer)", row=3, col=1)
+    else:
+        fig.update_xaxes(title_text="prompt position", range=[0, sp.T], row=3, col=1)
+    return _finish(fig, title,
+                   _meta("chunk_priorities", _model_id(model_id, spans), params, layer=layer, x=x,
+                         removed=rem, answer_chunk=ans, eps_s=priorities.eps_s, lam=priorities.lam),
+                   barmode="overlay", legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
+# ============================================================================= selection and trace (SPEC §5–§6)
+def _selections(source) -> tuple[dict, object]:
+    """``({layer: SelectionResult}, trace or None)`` from a trace, a dict or a sequence of selections."""
+    if hasattr(source, "selections") and hasattr(source, "records"):
+        return dict(source.selections), source
+    if isinstance(source, Mapping):
+        return {int(k): v for k, v in source.items()}, None
+    if isinstance(source, Sequence) and not isinstance(source, str):
+        return dict(enumerate(source)), None
+    raise ValueError(f"source: must be a TraceResult, a dict {{layer: SelectionResult}} or a list, "
+                     f"got {type(source).__name__}")
+
+
+def certificate(source, budget: int | None = None, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Greedy removal ``D_l`` against the certificate ``U_l`` and the gap ``U_l − D_l``, per layer.
+
+    ``U_l`` bounds the best removal under the row tolerances; ``U_l`` below the target proves the target
+    infeasible at that layer (marked ✕). Layers without a certificate are left out of ``U``/gap.
+
+    Args:
+        source: a ``TraceResult``, ``{layer: SelectionResult}`` or a list of ``SelectionResult`` (one per layer).
+        budget: the saving target in tokens drawn as a line (default: the selections' ``target_tokens``).
+    """
+    sels, tr = _selections(source)
+    if not sels:
+        raise ValueError("source: has no selections (every monitored layer invalid?)")
+    layers = sorted(sels)
+    D = [sels[l].D for l in layers]
+    U = [sels[l].U for l in layers]
+    gap = [sels[l].gap for l in layers]
+    infeasible = [bool(sels[l].infeasible_proved) for l in layers]
+    tt = sels[layers[0]].target_tokens
+    if budget is None:
+        budget = tt
+    elif isinstance(budget, bool) or not isinstance(budget, numbers.Real) or budget < 0:
+        raise ValueError(f"budget: must be a number of tokens >= 0, got {budget!r}")
+    N = sels[layers[0]].N
+    verdict = [html.escape(sels[l].verdict) for l in layers]
+    fig = _Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
+    fig.add_trace(go.Scatter(x=layers, y=_z([np.nan if u is None else u for u in U]), name="U_l (certificate)",
+                             mode="lines+markers", line=dict(color=PALETTE[1]),
+                             marker=dict(symbol=["x" if f else "circle" for f in infeasible], size=8),
+                             customdata=_cd(verdict), meta={"customdata": ["verdict"]},
+                             hovertemplate="layer %{x}: U = %{y:.4g}<br>%{customdata[0]}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=layers, y=D, name="D_l (greedy)", mode="lines+markers", line=dict(color=KEPT),
+                             hovertemplate="layer %{x}: D = %{y} tokens<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[layers[0], layers[-1]], y=[budget, budget], name="target", mode="lines",
+                             line=dict(color=REMOVED, dash="dash"),
+                             hovertemplate="target %{y} tokens<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(x=layers, y=_z([np.nan if g is None else g for g in gap]), name="gap U − D",
+                         marker_color=NEUTRAL, hovertemplate="layer %{x}: gap %{y:.4g}<extra></extra>"), row=2, col=1)
+    if tr is not None and tr.l_star is not None:
+        _span(fig, "vline", tr.l_star, line=dict(color="#000", dash="dot", width=1))
+        fig.add_annotation(x=tr.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
+    fig.update_yaxes(title_text="tokens", row=1, col=1)
+    fig.update_yaxes(title_text="gap", row=2, col=1)
+    fig.update_xaxes(title_text="layer", row=2, col=1)
+    p = params if params is not None else getattr(tr, "params", None)
+    return _finish(fig, f"Greedy D_l vs certificate U_l (N = {N} candidate tokens)",
+                   _meta("certificate", _model_id(model_id, tr), p, budget=budget, target_tokens=tt, N=N,
+                         layers=layers, l_star=getattr(tr, "l_star", None)),
+                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
+_STATUS_COLOR = {"accept": PALETTE[2], "audit_fail": REMOVED, "below_target": PALETTE[1], "short_streak": PALETTE[5],
+                 "no_audit": PALETTE[4], "invalid": NEUTRAL, "no_candidates": NEUTRAL}
+
+
+def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figure:
+    """The per-layer trace of the 7-step procedure (``audit.trace``): three panels over the monitored layers.
+
+    1. removed tokens ``D_l`` and certificate ``U_l`` against the target; 2. candidate stability ``d_l``
+    against ``d_max`` and the streak (bars); 3. the largest audit bound against ``ε_audit`` (and ``b``).
+    The layer markers at the bottom are coloured by status (accept, audit fail, below target, ...);
+    hover shows the decision sentence. ``l*`` is a dotted vertical line.
+    """
+    df = trace.to_frame()
+    if df.empty:
+        raise ValueError("trace: has no monitored layers")
+    P = trace.params
+    layers = df["layer"].tolist()
+    fig = _Draft.subplots(rows=4, cols=1, shared_xaxes=True, row_heights=[0.38, 0.25, 0.25, 0.12],
+                        vertical_spacing=0.04, specs=[[{}], [{"secondary_y": True}], [{}], [{}]])
+    f = lambda c: _z(pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float))  # noqa: E731
+    tt = [np.nan if v is None else v for v in df["target_tokens"]]
+    fig.add_trace(go.Scatter(x=layers, y=f("D"), name="D_l", mode="lines+markers", line=dict(color=KEPT)), 1, 1)
+    fig.add_trace(go.Scatter(x=layers, y=f("U"), name="U_l", mode="lines+markers", line=dict(color=PALETTE[1])), 1, 1)
+    fig.add_trace(go.Scatter(x=layers, y=_z(tt), name="target", mode="lines", line=dict(color=REMOVED, dash="dash")),
+                  1, 1)
+    fig.add_trace(go.Bar(x=layers, y=f("streak"), name="streak", marker_color=PALETTE[5], opacity=0.45),
+                  2, 1, secondary_y=True)
+    fig.add_trace(go.Scatter(x=layers, y=f("d"), name="d_l", mode="lines+markers", line=dict(color=PALETTE[4])),
+                  2, 1, secondary_y=False)
+    fig.add_trace(go.Scatter(x=layers, y=f("max_audit_bound"), name="max audit bound", mode="markers",
+                             marker=dict(color=PALETTE[3], size=8, symbol="diamond")), 3, 1)
+    status = df["status"].tolist()
+    fig.add_trace(go.Scatter(x=layers, y=[0] * len(layers), name="status", mode="markers", showlegend=False,
+                             marker=dict(color=[_STATUS_COLOR.get(s, "#000") for s in status], size=11, symbol="square"),
+                             customdata=_cd(status, [html.escape(d) for d in df["decision"]]),
+                             meta={"customdata": ["status", "decision"]},
+                             hovertemplate="layer %{x}: %{customdata[0]}<br>%{customdata[1]}<extra></extra>"), 4, 1)
+    ref = dict(color=NEUTRAL, dash="dash", width=1)
+    small = dict(size=10)
+    if P is not None:
+        _span(fig, "hline", P.d_max, line=ref, annotation_text="d_max", annotation_font=small, row=2, col=1,
+                      secondary_y=False)
+        _span(fig, "hline", P.eps_audit, line=ref, annotation_text="ε_audit", annotation_font=small, row=3, col=1)
+    if trace.b > 0:
+        _span(fig, "hline", trace.b, line=dict(color=PALETTE[1], dash="dot", width=1), annotation_text="b",
+                      annotation_font=small, annotation_position="bottom right", row=3, col=1)
+    if trace.l_star is not None:
+        _span(fig, "vline", trace.l_star, line=dict(color="#000", dash="dot", width=1))
+        fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
+    fig.update_yaxes(title_text="tokens", row=1, col=1)
+    fig.update_yaxes(title_text="d_l", range=[0, 1.05], row=2, col=1, secondary_y=False)
+    fig.update_yaxes(title_text="streak", rangemode="tozero", showgrid=False, dtick=1, row=2, col=1, secondary_y=True)
+    fig.update_yaxes(title_text="audit bound", row=3, col=1)
+    fig.update_yaxes(showticklabels=False, showline=False, ticks="", showgrid=False, row=4, col=1)
+    fig.update_xaxes(title_text="monitored layer", row=4, col=1)
+    fig.update_xaxes(dtick=max(1, math.ceil(len(layers) / 16)))
+    key = "  ".join(f'<span style="color:{c}">■</span> {k.replace("_", " ")}' for k, c in _STATUS_COLOR.items()
+                    if k in status)
+    fig.add_annotation(x=0, y=0, xref="x domain",
+                       yref=fig.refs(4, 1)[1] + " domain", xanchor="left", yanchor="bottom", text=key,
+                       showarrow=False, font=dict(size=9), yshift=-2)
+    dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
+    return _finish(fig, f"Layer trace: {html.escape(dec)}",
+                   _meta("trace_layers", _model_id(model_id, trace), params if params is not None else P,
+                         l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J),
+                   barmode="overlay", margin=dict(r=60, b=90),
+                   legend=dict(orientation="h", y=-0.1, x=0, yanchor="top"))

@@ -1,0 +1,310 @@
+"""Figures of bounds and diagnostics (SPEC §4, §7–§9): the envelope, drift and break-even, pages, the prefill-decode shift."""
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
+
+from workbench.checks import check_choice, check_int
+from workbench.show.figure_engine import (
+    _Draft,
+    _finish,
+    _meta,
+    _np,
+    _span,
+    _z,
+)
+from workbench.show.plots._common import (
+    _cd,
+    _model_id,
+    _rows,
+    _spans_of,
+    _tokens,
+)
+from workbench.show.theme import (
+    KEPT,
+    NEUTRAL,
+    PALETTE,
+    REMOVED,
+    SEQUENTIAL,
+    _text_preview,
+)
+
+
+# ============================================================================= envelope (SPEC §4)
+def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None, params=None) -> go.Figure:
+    """Deletion envelope against the actual discarded mass, per constraint row ``a = (h, u)`` of one layer.
+
+    Markers: the actual ``η = A_u(E)`` (blue where ``η ≤ bound``, vermillion where the bound is violated);
+    line: the envelope ``min{1, q/ω, q + √(D_χ² q(1−q))}``; dashed: the pooled discarded mass ``q``.
+    Hover shows both terms, ``ω`` and ``D_χ²`` (with its cap ``1/ω − 1``).
+
+    Args:
+        env: an :class:`~workbench.analyse.envelope.EnvelopeResult`, or a list of them (``envelope_all_layers``)
+            with ``layer`` choosing one.
+        layer: the layer to show when ``env`` is a list.
+    """
+    if isinstance(env, Sequence):
+        by = {e.layer: e for e in env}
+        if layer not in by:
+            raise ValueError(f"layer: must be one of the envelope layers {sorted(k for k in by if k is not None)}, "
+                             f"got {layer!r}")
+        env = by[layer]
+    elif layer is not None and env.layer is not None and layer != env.layer:
+        raise ValueError(f"layer: this envelope is of layer {env.layer}, got {layer}")
+    A = int(env.eta.shape[0])
+    a = list(range(A))
+    heads, us = [i // env.W for i in a], [i % env.W for i in a]
+    holds = _np(env.holds).tolist()
+    cd = _cd(heads, us, _z(env.omega), _z(env.dchi2), _z(env.dchi2_cap), _z(env.term_ratio), _z(env.term_chi2))
+    names = ["head", "u", "omega", "dchi2", "dchi2_cap", "term_ratio", "term_chi2"]
+    hover = ("row %{x} (h%{customdata[0]}, u%{customdata[1]}): %{y:.4g}<br>ω = %{customdata[2]:.3g}, "
+             "D_χ² = %{customdata[3]:.3g} (cap %{customdata[4]:.3g})<br>q/ω = %{customdata[5]:.3g}, "
+             "q + √(D_χ² q(1−q)) = %{customdata[6]:.3g}")
+    fig = _Draft()
+    fig.add_trace(go.Scatter(x=a, y=_z(env.bound), name="envelope", mode="lines", line=dict(color=PALETTE[1], shape="hvh"),
+                             customdata=cd, meta={"customdata": names},
+                             hovertemplate=hover + "<extra>envelope</extra>"))
+    fig.add_trace(go.Scatter(x=a, y=_z(env.eta), name="actual η", mode="markers",
+                             marker=dict(color=[KEPT if h else REMOVED for h in holds], size=6,
+                                         symbol=["circle" if h else "x" for h in holds]),
+                             customdata=_cd(heads, us, holds), meta={"customdata": ["head", "u", "holds"]},
+                             hovertemplate="row %{x} (h%{customdata[0]}, u%{customdata[1]}): η = %{y:.4g}"
+                             "<extra>actual</extra>"))
+    fig.add_trace(go.Scatter(x=[0, max(A - 1, 0)], y=[env.q, env.q], name="q = μ(E)", mode="lines",
+                             line=dict(color=NEUTRAL, dash="dash", width=1), hovertemplate="q = %{y:.4g}<extra></extra>"))
+    for h in range(1, A // max(env.W, 1)):
+        _span(fig, "vline", h * env.W - 0.5, line=dict(color="#ddd", width=1))
+    n_bad = A - sum(holds)
+    where = "" if env.layer is None else f", layer {env.layer}"
+    return _finish(fig, f"Deletion envelope vs actual η per row{where}"
+                   + ("" if n_bad == 0 else f" ({n_bad} rows above the envelope)"),
+                   _meta("envelope_rows", model_id, params, layer=env.layer, q=env.q, W=env.W, atol=env.atol,
+                         all_hold=env.all_hold),
+                   xaxis_title="constraint row a = h·W + u (grouped by head)", yaxis_title="discarded mass",
+                   yaxis=dict(rangemode="tozero"),
+                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
+# ============================================================================= stability and cost (SPEC §7)
+def drift(stability, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Drift ``‖X^l|_R − Y^l‖_{max,2}`` per layer after ``l*`` (log scale), the block defects ``e_l``, and the
+    first-token certificate ``m > 2ΛΔ_L``: the dashed line is ``m/(2Λ)``, the largest ``Δ_L`` it certifies.
+    """
+    layers = sorted(stability.drift)
+    if not layers:
+        raise ValueError("stability: has no drift values (no layer after l*)")
+    d = [stability.drift[l] for l in layers]
+    fig = _Draft()
+    fig.add_trace(go.Scatter(x=layers, y=_z(d), name="drift", mode="lines+markers", line=dict(color=KEPT),
+                             hovertemplate="X^%{x}: drift %{y:.4g}<extra></extra>"))
+    dl = sorted(stability.defects)
+    fig.add_trace(go.Scatter(x=dl, y=_z([stability.defects[l] for l in dl]), name="defect e_l", mode="markers",
+                             marker=dict(color=PALETTE[1], symbol="diamond", size=7),
+                             hovertemplate="X^%{x}: e = %{y:.4g}<extra></extra>"))
+    Ll = layers[-1]
+    fig.add_trace(go.Scatter(x=[Ll], y=_z([stability.Delta_L]), name="Δ_L", mode="markers",
+                             marker=dict(color=REMOVED, size=12, symbol="star"),
+                             hovertemplate="Δ_L = %{y:.4g}<extra></extra>"))
+    thr = stability.margin / (2 * stability.Lambda) if stability.Lambda > 0 else math.inf
+    fig.add_trace(go.Scatter(x=[layers[0], Ll], y=_z([thr, thr]), name="m/(2Λ)", mode="lines",
+                             line=dict(color=NEUTRAL, dash="dash"),
+                             hovertemplate="certificate threshold m/(2Λ) = %{y:.4g}<extra></extra>"))
+    s = stability.summary()
+    verdict = "certified" if stability.certified else "not certified"
+    agree = "same first token" if stability.agree_first_token else "first token differs"
+    fig.add_annotation(x=0.99, y=0.02, xref="paper", yref="paper", xanchor="right", yanchor="bottom", showarrow=False,
+                       align="right", font=dict(size=10),
+                       text=f"m = {stability.margin:.3g}, Λ = {stability.Lambda:.3g}<br>2ΛΔ_L = {s['two_Lambda_Delta']:.3g}"
+                            f" → {verdict}; {agree}<br>composed bound {stability.composed_bound:.3g}")
+    return _finish(fig, f"Drift after l* = {stability.l_star}: {verdict}",
+                   _meta("drift", model_id, params, **s),
+                   xaxis_title="layer (block input X^l)", yaxis_title="‖X|_R − Y‖_max,2", yaxis=dict(type="log", dtick=1),
+                   xaxis=dict(dtick=1),
+                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
+def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Cost of pruned prefill from a :class:`~workbench.analyse.cost.CostGrid`: left, ``F_EP/F_full`` against the
+    kept fraction ``T'/T`` for every ``l*`` (1 = break even); right, the break-even ``T'/T`` against ``l*``."""
+    df = cost_grid.to_frame() if hasattr(cost_grid, "to_frame") else cost_grid
+    need = {"l_star", "keep_fraction", "ratio", "T"}
+    if not need <= set(df.columns):
+        raise ValueError(f"cost_grid: needs columns {sorted(need)}, got {list(df.columns)}")
+    if df.empty:
+        raise ValueError("cost_grid: is empty")
+    ls = sorted(df["l_star"].unique().tolist())
+    fig = _Draft.subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12)
+    cols = PALETTE if len(ls) <= len(PALETTE) else [
+        c for c in _sample_scale(len(ls))]
+    for i, l in enumerate(ls):
+        sub = df[df["l_star"] == l].sort_values("keep_fraction")
+        fig.add_trace(go.Scatter(x=sub["keep_fraction"].tolist(), y=sub["ratio"].tolist(), name=f"l* = {l}",
+                                 mode="lines", line=dict(color=cols[i % len(cols)]), legendgroup="ratio",
+                                 hovertemplate="l* = " + str(l) + ", T'/T = %{x:.3f}: F_EP/F_full = %{y:.4f}"
+                                 "<extra></extra>"), 1, 1)
+    _span(fig, "hline", 1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=1)
+    be = df.groupby("l_star")["break_even_keep_fraction"].max() if "break_even_keep_fraction" in df else None
+    if be is not None:
+        fig.add_trace(go.Scatter(x=be.index.tolist(), y=_z(be.to_numpy()), name="break-even T'/T",
+                                 mode="lines+markers", line=dict(color="#000"), showlegend=False,
+                                 hovertemplate="l* = %{x}: break even at T'/T = %{y:.4f}<extra></extra>"), 1, 2)
+    fig.update_xaxes(title_text="kept fraction T'/T", row=1, col=1)
+    fig.update_yaxes(title_text="F_EP / F_full", row=1, col=1)
+    fig.update_xaxes(title_text="l* (gather after layer)", row=1, col=2)
+    fig.update_yaxes(title_text="break-even T'/T", range=[0, 1.02], row=1, col=2)
+    T = int(df["T"].iloc[0])
+    return _finish(fig, f"Pruned-prefill cost, T = {T}",
+                   _meta("break_even", model_id, params, T=T, l_stars=ls,
+                         keep_fractions=sorted(df["keep_fraction"].unique().tolist())))
+
+
+def _sample_scale(n: int) -> list[str]:
+
+    return sample_colorscale(SEQUENTIAL, [i / max(n - 1, 1) for i in range(n)])
+
+
+# ============================================================================= pages (SPEC §8)
+def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
+    """Pages and GQA unions of a :class:`~workbench.analyse.pages.PageResult`.
+
+    Top left: page importance ``I_{l,g}(P)`` (group × page) at ``layer`` with the kept pages boxed;
+    bottom left: the group scores ``p_{l,g}(j)`` over the prompt tokens (kept tokens filled, dropped ones open);
+    top right: the page union ``U_l`` per layer with ``K`` and ``min{GK, N_P}``; bottom right: ``UOR_g``.
+    """
+    pr = page_result
+    check_int("layer", layer, 0, pr.L - 1)
+    sp = _spans_of(spans)
+    G, N_P = pr.importance.shape[1], pr.importance.shape[2]
+    T = pr.p.shape[2]
+    toks = _tokens(sp, T)
+    raw = list(sp.tokens) if sp is not None else None
+    ranges = [(P * pr.b, min((P + 1) * pr.b, T)) for P in range(N_P)]
+    prev = [f"{s}–{e - 1}: " + (_text_preview(raw[s:e], 60) if raw else "") for s, e in ranges]
+    fig = _Draft.subplots(rows=2, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.1, vertical_spacing=0.14)
+    I = _np(pr.importance[layer])
+    sel = _np(pr.selected[layer])
+    fig.add_trace(go.Heatmap(z=_z(I), x=np.arange(N_P), y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
+                             name="importance", customdata=_rows(prev, G), meta={"customdata": ["page"]},
+                             hovertemplate="g%{y} page %{x} (tokens %{customdata})<br>I = %{z:.4g}<extra></extra>"),
+                  1, 1)
+    gs, ps = np.nonzero(sel)
+    fig.add_trace(go.Scatter(x=ps.tolist(), y=[f"g{g}" for g in gs.tolist()], name="kept page", mode="markers",
+                             marker=dict(symbol="square-open", size=14, color=REMOVED, line=dict(width=2)),
+                             hovertemplate="kept: g%{y} page %{x}<extra></extra>"), 1, 1)
+    tm = _np(pr.token_mask[layer])
+    for g in range(G):
+        fig.add_trace(go.Scatter(x=np.arange(T), y=_z(pr.p[layer, g]), name=f"p g{g}", mode="lines+markers",
+                                 line=dict(color=PALETTE[g % len(PALETTE)], width=1),
+                                 # kept: filled; dropped: white with the group's outline (a numeric colour array:
+                                 # a per-point symbol list costs plotly ~50 ms of validation per 2k points)
+                                 marker=dict(size=5, color=tm[g].astype(np.float32), cmin=0, cmax=1,
+                                             colorscale=[[0, "white"], [1, PALETTE[g % len(PALETTE)]]],
+                                             line=dict(color=PALETTE[g % len(PALETTE)], width=1)),
+                                 # the tokens alone (the same on every slider move: not re-sent); kept = colour
+                                 customdata=_cd(toks), meta={"customdata": ["token"]},
+                                 hovertemplate="g" + str(g) + " %{x}: %{customdata[0]}<br>p = %{y:.4g}"
+                                 "<br>kept: %{marker.color}<extra></extra>"), 2, 1)
+    L = pr.L
+    fig.add_trace(go.Bar(x=np.arange(L), y=_np(pr.U).tolist(), name="U_l", marker_color=KEPT, showlegend=False,
+                         hovertemplate="layer %{x}: U = %{y} pages<extra></extra>"), 1, 2)
+    _span(fig, "hline", min(pr.K, N_P), line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=2)
+    _span(fig, "hline", min(G * pr.K, N_P), line=dict(color=NEUTRAL, dash="dot", width=1), row=1, col=2)
+    for g in range(G):
+        fig.add_trace(go.Scatter(x=np.arange(L), y=_z(pr.uor[:, g]), name=f"UOR g{g}", mode="lines",
+                                 line=dict(color=PALETTE[g % len(PALETTE)]), showlegend=False,
+                                 hovertemplate="layer %{x}: UOR g" + str(g) + " = %{y:.3f}<extra></extra>"), 2, 2)
+    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=1, col=2)
+    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=2, col=2)
+    fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)", row=1, col=1)
+    fig.update_xaxes(title_text="prompt position", row=2, col=1)
+    fig.update_yaxes(title_text="group score p", row=2, col=1)
+    fig.update_xaxes(title_text="layer", row=1, col=2)
+    fig.update_yaxes(title_text="union U_l (pages)", row=1, col=2)
+    fig.update_xaxes(title_text="layer", row=2, col=2)
+    fig.update_yaxes(title_text=f"UOR (s = {pr.s})", row=2, col=2)
+    return _finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
+                   _meta("pages", _model_id(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
+                         d=pr.d, bytes=pr.bytes),
+                   coloraxis=dict(colorbar=dict(title=dict(text="I"), len=0.45, y=0.78)),
+                   legend=dict(orientation="h", y=-0.15, x=0, yanchor="top"))
+
+
+# ============================================================================= shift (SPEC §9)
+def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_id: str | None = None,
+                params=None) -> go.Figure:
+    """Prefill-vs-decode attention shift of a :class:`~workbench.analyse.shift.ShiftResult`.
+
+    With ``layer=None``: heatmaps (layer × step) of the top-``k`` recall against the reference and of the
+    JSD between adjacent rows, averaged over the heads or groups, and the mean recall gains per layer
+    (``−1→0``, ``0→1`` (the boundary), ``1→2``, ``2→3``). With a ``layer``: one line per head/group instead.
+    The dotted line marks the prefill/decode boundary (between ``r = 0`` and ``r = 1``).
+
+    Args:
+        level: ``"group"`` (KV groups) or ``"head"`` (query heads).
+        layer: one layer to show per unit, or None for all layers.
+    """
+    check_choice("level", level, ("group", "head"))
+    rec = _np(shift.recall_group if level == "group" else shift.recall_head)  # [L, U, R]
+    js = _np(shift.jsd_group if level == "group" else shift.jsd_head)  # [L, U, R-1]
+    L, U, R = rec.shape
+    r = _np(shift.r).tolist()
+    rj = [x + 0.5 for x in r[:-1]]  # JSD between r and r+1 sits between them
+    lf = shift.leap_frame()
+    lf = lf[lf.level == level]
+    gains = ["gain_m10", "gain_01", "gain_12", "gain_23"]
+    glabel = {"gain_m10": "−1→0", "gain_01": "0→1", "gain_12": "1→2", "gain_23": "2→3"}
+    unit = "g" if level == "group" else "h"
+    if layer is None:
+        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
+        fig.add_trace(go.Heatmap(z=_z(rec.mean(1)), x=r, y=list(range(L)), coloraxis="coloraxis", name="recall",
+                                 hovertemplate="layer %{y}, r = %{x}: recall %{z:.3f}<extra></extra>"), 1, 1)
+        fig.add_trace(go.Heatmap(z=_z(js.mean(1)), x=rj, y=list(range(L)), coloraxis="coloraxis2", name="JSD",
+                                 hovertemplate="layer %{y}, r→r+1 at %{x}: JSD %{z:.4f}<extra></extra>"), 2, 1)
+        mean = lf.groupby("layer")[gains].mean()
+        for i, g in enumerate(gains):
+            fig.add_trace(go.Bar(x=mean.index.tolist(), y=_z(mean[g].to_numpy()), name=f"gain {glabel[g]}",
+                                 marker_color=[NEUTRAL, REMOVED, KEPT, PALETTE[5]][i],
+                                 hovertemplate="layer %{x}: recall gain " + glabel[g] + " = %{y:.3f}<extra></extra>"),
+                          3, 1)
+        fig.update_yaxes(title_text="layer", row=1, col=1)
+        fig.update_yaxes(title_text="layer", row=2, col=1)
+        fig.update_xaxes(title_text="layer", row=3, col=1)
+        fig.update_layout(coloraxis=dict(colorscale=SEQUENTIAL, cmin=0, cmax=1,
+                                         colorbar=dict(title=dict(text="recall"), len=0.3, y=0.85)),
+                          coloraxis2=dict(colorscale=SEQUENTIAL, colorbar=dict(title=dict(text="JSD"), len=0.3, y=0.5)))
+        where = f"mean over {level}s"
+    else:
+        check_int("layer", layer, 0, L - 1)
+        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
+        cols = PALETTE if U <= len(PALETTE) else _sample_scale(U)
+        for u in range(U):
+            c = cols[u % len(cols)]
+            fig.add_trace(go.Scatter(x=r, y=_z(rec[layer, u]), name=f"{unit}{u}", mode="lines+markers",
+                                     line=dict(color=c), legendgroup=f"{unit}{u}",
+                                     hovertemplate=f"{unit}{u}" + ", r = %{x}: recall %{y:.3f}<extra></extra>"), 1, 1)
+            fig.add_trace(go.Scatter(x=rj, y=_z(js[layer, u]), name=f"{unit}{u}", mode="lines+markers",
+                                     line=dict(color=c), legendgroup=f"{unit}{u}", showlegend=False,
+                                     hovertemplate=f"{unit}{u}" + ", r→r+1 at %{x}: JSD %{y:.4f}<extra></extra>"), 2, 1)
+        sub = lf[lf.layer == layer].sort_values("unit")
+        for i, g in enumerate(gains):
+            fig.add_trace(go.Bar(x=[f"{unit}{u}" for u in sub["unit"]], y=_z(sub[g].to_numpy()), name=f"gain {glabel[g]}",
+                                 marker_color=[NEUTRAL, REMOVED, KEPT, PALETTE[5]][i],
+                                 hovertemplate="%{x}: recall gain " + glabel[g] + " = %{y:.3f}<extra></extra>"), 3, 1)
+        fig.update_yaxes(title_text="recall", range=[0, 1.02], row=1, col=1)
+        fig.update_yaxes(title_text="JSD", rangemode="tozero", row=2, col=1)
+        fig.update_xaxes(title_text=level, row=3, col=1)
+        where = f"layer {layer}, per {level}"
+    for row in (1, 2):
+        _span(fig, "vline", 0.5, line=dict(color="#000", dash="dot", width=1), row=row, col=1)
+        fig.update_xaxes(title_text="step r (≤ 0: prompt tail, ≥ 1: decode)", row=row, col=1)
+    fig.update_yaxes(title_text="recall gain", row=3, col=1)
+    ref = f"decode {shift.ref_start}…{shift.ref_end}" if shift.ref_end >= 0 else "external reference"
+    return _finish(fig, f"Prefill→decode shift ({where}; top-{shift.k} recall vs {ref})",
+                   _meta("shift_steps", model_id, params, level=level, layer=layer, k=shift.k, ref_start=shift.ref_start,
+                         ref_end=shift.ref_end, r=r),
+                   barmode="group", legend=dict(orientation="h", y=-0.14, x=0, yanchor="top"))
+
+

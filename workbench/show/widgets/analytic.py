@@ -1,0 +1,240 @@
+"""The analytic panels: no model calls; every slider recomputes pure analysis functions (SPEC §2–§9)."""
+from __future__ import annotations
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from workbench.analyse.audit import layer_proposal, proposal_inputs, trace
+from workbench.analyse.envelope import envelope
+from workbench.analyse.pages import PageSelection
+from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.selection import target_tokens
+from workbench.analyse.shift import ShiftAnalysis
+from workbench.show import plots
+from workbench.show.widgets.base import (
+    SLIDERS,
+    Panel,
+    _ep_controls,
+    _ep_from,
+    _head_dim,
+    _html_escape,
+)
+
+__all__ = ["HeadsPanel", "PriorityPanel", "AuditPanel", "ShiftPanel", "PagesPanel"]
+
+
+# ----------------------------------------------------------------------------- analytic panels
+class HeadsPanel(Panel):
+    """Head pooling (SPEC §2): ζ, τ, the layer and the quantity → layer × head heatmap and the
+    per-head residual distributions of one layer. No model calls."""
+
+    title = "Head pooling (SPEC §2)"
+
+    def __init__(self, capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
+                 quantity: str = "w"):
+        super().__init__()
+        self.capture = capture
+        self.base = params or EntroPrefillParams()
+        L = capture.L
+        self.controls = _ep_controls(("zeta", "tau"), self.base)
+        self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else layer, lo=0, hi=L - 1)
+        self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=quantity, description="heatmap")
+        self._finish()
+
+    def analysis(self):
+        p = _ep_from(self.controls, self.base)
+        return p.pooling()(self.capture)
+
+    def compute(self):
+        pool = self._analyse()
+        l = int(self.controls["layer"].value)
+        figs = {"heads": plots.head_heatmap(pool, quantity=self.controls["quantity"].value),
+                "residual": plots.residual_distribution(pool, l, self.capture.spans)}
+        nv = int((~pool.valid).sum())
+        st = f"{pool.L} layers × {pool.n_heads} heads; {nv} layer(s) with an invalid head (z ≤ ρ_min)"
+        return figs, st
+
+
+class PriorityPanel(Panel):
+    """Chunk priorities and the selection of one layer (SPEC §3–§5): ζ, τ, ε_s, λ, the saving target,
+    the row tolerance, m₀ and the layer → priority bars (kept/removed), the envelope of the greedy
+    removal per observer row, and the layer's certificate (D, U, gap) in the status line. No model."""
+
+    title = "Chunk priorities, greedy selection and certificate (SPEC §3–§5)"
+
+    def __init__(self, capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
+                 certify: bool = True):
+        super().__init__()
+        self.capture = capture
+        self.base = params or EntroPrefillParams()
+        L, k = capture.L, capture.spans.k
+        if k == 0:
+            raise ValueError("capture: the prompt has no candidate chunks (k = 0); nothing to prioritise")
+        self.controls = _ep_controls(("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0"), self.base, k=k)
+        self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else layer, lo=0, hi=L - 1)
+        self.controls["certify"] = W.Checkbox(value=certify, description="LP certificate U")
+        self._finish()
+
+    def analysis(self):
+        """``(params, pooling, priorities, selection or None, envelope or None)`` at the chosen layer."""
+
+        cap = self.capture
+        p = _ep_from(self.controls, self.base)
+        l = int(self.controls["layer"].value)
+        inputs = proposal_inputs(cap, p)  # exactly what trace() uses, for every params.priority
+        sel = layer_proposal(cap, p, l, certify=bool(self.controls["certify"].value), inputs=inputs).selection
+        pool, prio = inputs.pooling, inputs.priorities
+        env = None
+        if sel is not None:
+            env = envelope(cap.observer_attn()[l], pool.mu[l], pool.omega[l], cap.spans.removal_mask(sel.removed),
+                           layer=l)
+        return p, pool, prio, sel, env
+
+    def compute(self):
+        p, pool, prio, sel, env = self._analyse()
+        l = int(self.controls["layer"].value)
+        figs = {"priorities": plots.chunk_priorities(prio, self.capture.spans, l,
+                                                                  removed=None if sel is None else sel.removed)}
+        if env is not None:
+            figs["envelope"] = plots.envelope_rows(env)
+        elif "envelope" in self.figures:
+            figs["envelope"] = go.Figure(self.figures["envelope"])  # unchanged
+        if sel is None:
+            st = f"layer {l}: invalid (residual or document mass ≤ ρ_min); no selection"
+        else:
+            st = f"layer {l}: {_html_escape(sel.verdict)}; envelope holds for every row: {env.all_hold}"
+        return figs, st
+
+
+class AuditPanel(Panel):
+    """The adaptive procedure (paper §5 steps 1–7, SPEC §6) from every ``EntroPrefillParams`` →
+    the per-layer trace, the certificate per layer and the decision. No model calls.
+
+    The LP certificate of all monitored layers costs a few ms per layer; it depends on the row tolerance
+    and ``m₀`` only (not on the priorities) and is memoised, so with ``certify`` on only the ``ε_row`` and
+    ``m₀`` sliders update on release (``continuous_update=False``).
+    """
+
+    title = "Adaptive layer selection and audit (SPEC §5–§6)"
+    NAMES = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0", "audit_mode", "m_a", "delta", "eps_audit",
+             "d_max", "streak", "seed", "priority")
+
+    def __init__(self, capture, params: EntroPrefillParams | None = None, *, certify: bool = True):
+        super().__init__()
+        self.capture = capture
+        self.base = params or EntroPrefillParams()
+        self.controls = _ep_controls(self.NAMES, self.base, k=capture.spans.k)
+        self.controls["certify"] = W.Checkbox(value=certify, description="LP certificates U_l")
+        self._continuous({"new": certify})
+        self._finish()
+        self.controls["certify"].observe(self._continuous, names="value")
+
+    LP_INPUTS = ("eps_row", "m0")  # a new LP on every layer when these move
+
+    def _continuous(self, change) -> None:
+        for name in self.LP_INPUTS:
+            self.controls[name].continuous_update = not change["new"]
+
+    def analysis(self):
+
+        p = _ep_from(self.controls, self.base)
+        return trace(self.capture, p, certify=bool(self.controls["certify"].value))
+
+    def compute(self):
+
+        tr = self._analyse()
+        budget = target_tokens(tr.params.target, self.capture.spans.N)
+        figs = {"trace": plots.trace_layers(tr),
+                "certificate": plots.certificate(tr, budget)}
+        st = _html_escape(tr.decision)
+        if tr.notes:
+            st += "<br><small>" + "<br>".join(_html_escape(n) for n in tr.notes) + "</small>"
+        return figs, st
+
+
+class ShiftPanel(Panel):
+    """Prefill-vs-first-decode shift (SPEC §9): top-k, the reference's first decode row and the tail
+    window → JSD and recall per step and layer, the boundary leap; ``level`` (KV groups or query heads)
+    and ``layer`` (all, or one) only change the view. No model calls."""
+
+    title = "Prefill → decode attention shift (SPEC §9)"
+
+    def __init__(self, capture, *, k: int = 32):
+        super().__init__()
+        self.capture = capture
+        n_tail, n_dec = capture.rows_of("tail").numel(), capture.rows_of("decode").numel()
+        if n_tail == 0 or n_dec == 0:
+            raise ValueError("capture: needs tail and decode rows (capture with RowSet(tail >= 1, n_decode >= 1))")
+        # k and W only index what the analysis keeps per capture (~1 ms); a new reference costs ~1 s at
+        # T ≈ 2k the first time (ranks looked up for every k), so ref_start updates on release
+        self.controls = {
+            "k": SLIDERS["k"].make(min(k, capture.T), lo=1, hi=capture.T),
+            "ref_start": SLIDERS["ref_start"].make(1, lo=1, hi=max(n_dec, 1), continuous=False),
+            "W": SLIDERS["W"].make(n_tail, lo=1, hi=n_tail),
+            "level": W.Dropdown(options=["group", "head"], value="group", description="level"),
+            "layer": W.Dropdown(options=[("all", None)] + [(str(l), l) for l in range(capture.L)], value=None,
+                                description="layer"),
+        }
+        self._shift_key = self._shift = None
+        if n_dec == 1:
+            self.controls["ref_start"].disabled = True
+        self._finish()
+
+    def analysis(self):
+        """The :class:`~workbench.analyse.shift.ShiftResult` (kept while only the view controls change)."""
+
+        c = self.controls
+        key = (int(c["k"].value), int(c["ref_start"].value), int(c["W"].value))
+        if key != self._shift_key:
+            self._shift = ShiftAnalysis(k=key[0], ref_start=key[1], W=key[2])(self.capture)
+            self._shift_key = key
+        return self._shift
+
+    def compute(self):
+        sh = self._analyse()
+        c = self.controls
+        fig = plots.shift_steps(sh, level=c["level"].value, layer=c["layer"].value)
+        s = sh.summary()
+        parts = [f"{r.level}: recall r=0 {r.recall_0:.3f} → r=1 {r.recall_1:.3f}, leap fraction {r.leap_fraction:.2f}"
+                 for r in s.itertuples()]
+        return {"shift": fig}, "; ".join(parts)
+
+
+class PagesPanel(Panel):
+    """GQA unions and pages (SPEC §8): page size, pages kept K, ζ, τ and the layer → page scores,
+    selection and UOR; KV payloads in the status line. No model calls."""
+
+    title = "Pages and GQA unions (SPEC §8)"
+
+    def __init__(self, capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
+                 s: int = 64, e: int = 2, head_dim: int | None = None):
+        super().__init__()
+        self.capture = capture
+        self.base = params or EntroPrefillParams()
+        self.s, self.e = int(s), int(e)
+        self.d = int(head_dim) if head_dim is not None else _head_dim(capture)
+        L = capture.L
+        self.controls = {
+            "page": SLIDERS["page"].make(),
+            "K": SLIDERS["K"].make(),
+            **_ep_controls(("zeta", "tau"), self.base),
+            "layer": SLIDERS["layer"].make(L // 2 if layer is None else layer, lo=0, hi=L - 1),
+        }
+        self._finish()
+
+    def analysis(self):
+
+        pool = _ep_from(self.controls, self.base).pooling()(self.capture)
+        c = self.controls
+        return PageSelection(b=int(c["page"].value), K=int(c["K"].value), s=self.s, e=self.e).select(
+            pool.a, pool.w, self.capture.head_group, self.d)
+
+    def compute(self):
+        pr = self._analyse()
+        l = int(self.controls["layer"].value)
+        by = pr.bytes
+        st = (f"layer {l}: page union U = {int(pr.U[l])} of {pr.importance.shape[-1]} pages; KV bytes: per-group pages "
+              f"{by['per_group_pages']:,}, union {by['union']:,}, dense {by['dense']:,}")
+        return {"pages": plots.pages(pr, l, self.capture.spans)}, st
+
+

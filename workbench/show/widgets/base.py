@@ -1,0 +1,253 @@
+"""The panel base class (``Panel``), slider specifications and shared helpers of the interactive panels."""
+from __future__ import annotations
+
+import abc
+import html
+import math
+import re
+import time
+from dataclasses import dataclass, fields
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from workbench.analyse.params import PRIORITIES, EntroPrefillParams
+from workbench.show import export
+from workbench.show.plots import as_figure, drafts, update_figure
+from workbench.util import one_thread
+
+__all__ = ["Panel", "SliderSpec", "SLIDERS"]
+
+
+def _widget_figure(fig: go.Figure, uirevision: str) -> go.FigureWidget:
+    fw = go.FigureWidget(fig)
+    fw.layout.uirevision = uirevision
+    return fw
+
+
+# ----------------------------------------------------------------------------- sliders
+@dataclass(frozen=True)
+class SliderSpec:
+    """A slider's range: ``kind`` in ``float, log, int``; for ``log`` ``lo``/``hi`` are the values
+    (the widget works in base-10 exponents). ``lo``/``hi`` lie inside the parameter's validity range."""
+
+    label: str
+    kind: str
+    lo: float
+    hi: float
+    step: float
+    value: float
+
+    def make(self, value=None, *, continuous: bool = True, hi=None, lo=None) -> W.Widget:
+        v = self.value if value is None else value
+        lo = self.lo if lo is None else lo
+        hi = self.hi if hi is None else hi
+        style = {"description_width": "initial"}
+        lay = W.Layout(width="320px")
+        if self.kind == "int":
+            return W.IntSlider(value=int(min(max(v, lo), hi)), min=int(lo), max=int(hi), step=int(self.step),
+                               description=self.label, continuous_update=continuous, style=style, layout=lay)
+        if self.kind == "log":
+            return W.FloatLogSlider(value=float(min(max(v, lo), hi)), base=10, min=math.log10(lo),
+                                    max=math.log10(hi), step=self.step, description=self.label,
+                                    continuous_update=continuous, style=style, layout=lay, readout_format=".3g")
+        return W.FloatSlider(value=float(min(max(v, lo), hi)), min=lo, max=hi, step=self.step,
+                             description=self.label, continuous_update=continuous, style=style, layout=lay,
+                             readout_format=".3g")
+
+
+#: Slider ranges, each inside the validity range of its parameter (see ``workbench.analyse.params``,
+#: ``eviction``, ``pages``, ``shift``). Layer, m₀, budget and the shift sizes get their bounds from the
+#: capture when a panel is built.
+SLIDERS: dict[str, SliderSpec] = {
+    "zeta": SliderSpec("ζ (group floor)", "float", 0.01, 1.0, 0.01, 0.5),                  # (0, 1]
+    "tau": SliderSpec("τ (temperature)", "log", 1e-3, 10.0, 0.05, 1.0),                    # (0, ∞)
+    "eps_s": SliderSpec("ε_s (smoothing)", "log", 1e-3, 10.0, 0.05, 0.1),                  # (0, ∞)
+    "lam": SliderSpec("λ (concentration)", "float", 0.0, 5.0, 0.05, 0.5),                  # [0, ∞)
+    "target": SliderSpec("saving target (fraction of N)", "float", 0.01, 1.0, 0.01, 0.3),  # (0, 1]
+    "eps_row": SliderSpec("ε_row (row tolerance)", "log", 1e-3, 1.0, 0.05, 0.05),           # (0, 1]
+    "m0": SliderSpec("m₀ (kept chunks)", "int", 0, 1, 1, 1),                               # [0, k]
+    "layer": SliderSpec("layer", "int", 0, 1, 1, 1),                                        # [0, L-1]
+    "delta": SliderSpec("δ (audit failure)", "log", 1e-4, 0.5, 0.05, 0.05),                 # (0, 1)
+    "m_a": SliderSpec("m_a (audit sample)", "int", 1, 1024, 1, 32),                         # >= 1
+    "eps_audit": SliderSpec("ε_audit", "float", 0.01, 1.0, 0.01, 0.1),                      # (0, 1]
+    "d_max": SliderSpec("d_max (stability)", "float", 0.0, 1.0, 0.01, 0.5),                 # [0, 1]
+    "streak": SliderSpec("streak", "int", 0, 10, 1, 1),                                     # >= 0
+    "seed": SliderSpec("seed", "int", 0, 99, 1, 0),                                         # >= 0
+    "page": SliderSpec("page size b", "int", 1, 128, 1, 16),                                # >= 1
+    "K": SliderSpec("pages kept K", "int", 1, 64, 1, 8),                                    # >= 1
+    "defer_lam": SliderSpec("DeferKV λ", "float", -2.0, 2.0, 0.01, 0.1),                    # [-50, 50]
+    "budget": SliderSpec("eviction budget B", "int", 1, 2, 1, 64),                          # >= protected
+    "k": SliderSpec("top-k (recall)", "int", 1, 2, 1, 32),                                  # [1, T]
+    "ref_start": SliderSpec("reference from decode row", "int", 1, 1, 1, 1),                # [1, n]
+    "W": SliderSpec("tail rows W", "int", 1, 1, 1, 32),                                     # [1, tail]
+    "run_layer": SliderSpec("fixed l*", "int", 1, 1, 1, 4),                                 # [1, L-1]: E_l exists
+}
+
+
+def _html_escape(s) -> str:
+    return html.escape(str(s))
+
+
+def _head_dim(capture, default: int = 64) -> int:
+    m = re.search(r"\bd=(\d+)", str(getattr(capture, "model_id", "")))
+    return int(m.group(1)) if m else default
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
+# ----------------------------------------------------------------------------- base panel
+class Panel(abc.ABC):
+    """Base class: controls on top, a status line, then the figures side by side.
+
+    Subclasses fill ``self.controls`` and implement :meth:`compute` (parameters → ``{name: go.Figure}``
+    and a status HTML string). ``update()`` runs on every control change; its last timings are in
+    ``self.timings`` (``analysis_ms``: the science, ``figure_ms``: building the plotly figures,
+    ``sync_ms``: copying them into the widgets, ``total_ms``) and ``self.n_updates`` counts updates.
+    """
+
+    title = "panel"
+
+    def __init__(self):
+        self.controls: dict[str, W.Widget] = {}
+        self.figures: dict[str, go.FigureWidget] = {}
+        self.status = W.HTML(layout=W.Layout(width="auto"))
+        self.timings: dict[str, float] = {}
+        self.n_updates = 0
+        self.error: str | None = None
+        self._extra: list[W.Widget] = []
+        self._silent = False
+        self._analysis_ms = 0.0
+
+    def _analyse(self):
+        """``self.analysis()``, timed into ``self._analysis_ms``."""
+
+        t0 = time.perf_counter()
+        with one_thread():  # small tensors: thread start-up costs more than the arithmetic
+            out = self.analysis()
+        self._analysis_ms = _ms(t0)
+        return out
+
+    @abc.abstractmethod
+    def analysis(self):
+        """The pure analysis result(s) for the current controls (no figures)."""
+
+    # ----- building -----
+    def _finish(self) -> None:
+        """Compute once, build the figure widgets and the container, and watch the controls."""
+        figs, status = self.compute()
+        self.status.value = status
+        self.figures = {name: _widget_figure(f, name) for name, f in figs.items()}
+        ctrl = list(self.controls.values())
+        rows = [W.HBox(ctrl[i:i + 3]) for i in range(0, len(ctrl), 3)]
+        self.widget = W.VBox([W.HTML(f"<b>{_html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
+                              W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap"))])
+        for w in self.controls.values():
+            w.observe(self._on_change, names="value")
+
+    def _add_figure(self, name: str, fig: go.Figure) -> go.FigureWidget:
+        """A figure that appears later (e.g. the drift after the first run) joins the figure row."""
+
+        fw = _widget_figure(as_figure(fig), name)
+        self.figures[name] = fw
+        box = self.widget.children[-1]
+        box.children = tuple(box.children) + (fw,)
+        return fw
+
+    def _repr_mimebundle_(self, **kw):
+        return self.widget._repr_mimebundle_(**kw)
+
+    # ----- parameters -----
+    def params(self) -> dict:
+        """Current control values, ``{name: value}`` (plain Python scalars and strings)."""
+        out = {}
+        for k, w in self.controls.items():
+            v = w.value
+            out[k] = float(v) if isinstance(v, float) else v
+        return out
+
+    def set(self, **values) -> None:
+        """Set several controls at once and update once (values are clamped by the sliders)."""
+        unknown = set(values) - set(self.controls)
+        if unknown:
+            raise ValueError(f"values: unknown controls {sorted(unknown)}; known: {sorted(self.controls)}")
+        self._silent = True
+        try:
+            for k, v in values.items():
+                self.controls[k].value = v
+        finally:
+            self._silent = False
+        self.update()
+
+    # ----- updating -----
+    @abc.abstractmethod
+    def compute(self) -> tuple[dict[str, go.Figure], str]:
+        """Figures for the current controls, ``{name: figure}``, and a status line."""
+
+    def _on_change(self, change) -> None:
+        if not self._silent:
+            self.update()
+
+    def update(self) -> None:
+        """Recompute from the current controls and update every figure in place."""
+
+        t0 = time.perf_counter()
+        try:
+            with drafts():  # figures stay dicts of validated pieces until written into the widgets
+                figs, status = self.compute()
+        except ValueError as e:  # a parameter combination the analysis rejects: say so, keep the figures
+            self.error = str(e)
+            self.status.value = f"<span style='color:#D55E00'>{_html_escape(e)}</span>"
+            self.timings = {"analysis_ms": _ms(t0), "figure_ms": 0.0, "sync_ms": 0.0, "total_ms": _ms(t0)}
+            return
+        self.error = None
+        t1 = time.perf_counter()
+        for name, fig in figs.items():
+            if name in self.figures:
+                update_figure(self.figures[name], fig)
+            else:
+                self._add_figure(name, fig)
+        self.status.value = status
+        compute = (t1 - t0) * 1e3
+        self.timings = {"analysis_ms": self._analysis_ms, "figure_ms": compute - self._analysis_ms,
+                        "sync_ms": _ms(t1), "total_ms": _ms(t0)}
+        self.n_updates += 1
+
+    # ----- export -----
+    def export_all(self, folder, **kw):
+        """Export every figure with :func:`workbench.show.export.export_all` (``params`` = the panel's
+        parameters unless given)."""
+
+        kw.setdefault("params", {"panel": type(self).__name__, **self.params()})
+        return export.export_all({name: go.Figure(fw) for name, fw in self.figures.items()}, folder, **kw)
+
+
+def _ep_from(controls: dict, base: EntroPrefillParams) -> EntroPrefillParams:
+    names = {f.name for f in fields(EntroPrefillParams)}
+    ch = {}
+    for k, w in controls.items():
+        if k in names:
+            v = w.value
+            ch[k] = float(v) if isinstance(v, float) else v
+    return base.replace(**ch)
+
+
+def _ep_controls(names, base: EntroPrefillParams, *, continuous: bool = True, k: int | None = None) -> dict:
+    out = {}
+    for n in names:
+        if n == "m0":
+            out[n] = SLIDERS[n].make(min(int(base.m0), k), hi=k, continuous=continuous)
+        elif n == "audit_mode":
+            out[n] = W.Dropdown(options=["exact", "sampled"], value=base.audit_mode, description="audit")
+        elif n == "priority":
+
+            out[n] = W.Dropdown(options=list(PRIORITIES), value=base.priority, description="priority")
+        elif n == "target" and not isinstance(base.target, float):
+            out[n] = SLIDERS[n].make(continuous=continuous)
+        else:
+            out[n] = SLIDERS[n].make(getattr(base, n), continuous=continuous)
+    return out
+
+

@@ -1,0 +1,306 @@
+"""The run-again panels: pruned prefill and KV eviction, calling the model only from their run controls."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import fields
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from workbench.analyse.audit import trace
+from workbench.analyse.params import EntroPrefillParams
+from workbench.rerun.eviction import (
+    ALL_POLICIES,
+    EvictionSession,
+    Evidence,
+    FullCache,
+    GenerationResult,
+    Needs,
+    default_policies,
+    preview,
+)
+from workbench.rerun.prune import run_full, run_pruned
+from workbench.rerun.stability import stability
+from workbench.show import plots
+from workbench.show.widgets.base import (
+    SLIDERS,
+    Panel,
+    _ep_controls,
+    _ep_from,
+    _html_escape,
+)
+
+__all__ = ["PrunePanel", "EvictionPanel"]
+
+
+# ----------------------------------------------------------------------------- run-again panels
+class _RunMixin:
+    """Cache, progress bar and answer box of a panel that calls the model from a button."""
+
+    def _init_run(self, label: str, steps: int) -> None:
+        self.cache: dict = {}
+        self.model_calls = 0  # runs actually executed (cache misses)
+        self.progress = W.IntProgress(value=0, min=0, max=steps, description="idle",
+                                      style={"description_width": "initial"}, layout=W.Layout(width="320px"))
+        self.run_button = W.Button(description=label, button_style="primary", icon="play")
+        self.auto = W.Checkbox(value=False, description="re-run on change")
+        self.answers = W.HTML(value="<i>not run yet: press the button</i>", layout=W.Layout(width="auto"))
+        self.run_button.on_click(lambda _b: self.run())
+        self.auto.observe(lambda ch: self.run() if ch["new"] else None, names="value")
+        self._extra = [W.HBox([self.run_button, self.auto, self.progress]), self.answers]
+
+    def _step(self, i: int, what: str) -> None:
+        self.progress.value = i
+        self.progress.description = what
+
+    @contextlib.contextmanager
+    def _busy(self):
+        """The run button is disabled while the model runs; a failure is shown in the answer box, then raised."""
+        self.run_button.disabled = True
+        try:
+            yield
+        except Exception as e:
+            self.progress.description = "failed"
+            self.answers.value = f"<span style='color:#D55E00'>run failed: {_html_escape(e)}</span>"
+            raise
+        finally:
+            self.run_button.disabled = False
+
+    def _cached(self, key, fn):
+        if key not in self.cache:
+            self.cache[key] = fn()
+            self.model_calls += 1
+        return self.cache[key]
+
+    def _on_change(self, change) -> None:
+        if self._silent:
+            return
+        self.update()
+        if self.auto.value:
+            self.run()
+
+
+def _answer_table(left_title: str, left: str, right_title: str, right: str, rows=()) -> str:
+    cell = "style='vertical-align:top;padding:4px 10px;border:1px solid #ddd;max-width:420px'"
+    head = f"<tr><th {cell}>{_html_escape(left_title)}</th><th {cell}>{_html_escape(right_title)}</th></tr>"
+    body = f"<tr><td {cell}><code>{_html_escape(left)}</code></td><td {cell}><code>{_html_escape(right)}</code></td></tr>"
+    extra = "".join(f"<tr><td {cell}>{_html_escape(a)}</td><td {cell}>{_html_escape(b)}</td></tr>" for a, b in rows)
+    return f"<table style='border-collapse:collapse'>{head}{body}{extra}</table>"
+
+
+def _text(res, ids_attr: str) -> str:
+    t = getattr(res, "text", None)
+    if t:
+        return t
+    return "ids " + str(list(getattr(res, ids_attr)))
+
+
+class PrunePanel(_RunMixin, Panel):
+    """Pruned prefill vs the full prefill (SPEC §6–§7).
+
+    The sliders update the *predicted* decision from the capture (the trace, no model). The run
+    button (or *re-run on change*) calls :func:`~workbench.rerun.prune.run_pruned` (adaptive, or with a
+    fixed ``l*``) and :func:`~workbench.rerun.prune.run_full` — each once per distinct parameter set — and
+    shows both answers side by side and the per-layer drift (:func:`~workbench.rerun.stability.stability`).
+    """
+
+    title = "Pruned prefill vs full prefill (SPEC §6–§7)"
+    NAMES = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0", "eps_audit", "streak")
+
+    def __init__(self, capture, model, prompt, params: EntroPrefillParams | None = None, *,
+                 max_new_tokens: int = 12, composed: bool = False):
+        super().__init__()
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+        self.capture, self.model, self.prompt = capture, model, prompt
+        self.base = params or EntroPrefillParams()
+        self.max_new_tokens = max_new_tokens
+        self.composed = bool(composed)
+        L = capture.L
+        self.controls = _ep_controls(self.NAMES, self.base, k=capture.spans.k)
+        self.controls["mode"] = W.Dropdown(options=["adaptive", "fixed layer"], value="adaptive", description="mode")
+        self.controls["run_layer"] = SLIDERS["run_layer"].make(min(4, L - 1), lo=1, hi=L - 1)
+        self._init_run("Run pruned prefill", 3)
+        self.last_pruned = self.last_full = self.last_stability = None
+        self._finish()
+
+    def analysis(self):
+
+        return trace(self.capture, _ep_from(self.controls, self.base), certify=False)
+
+    def compute(self):
+        tr = self._analyse()
+        figs = {"trace": plots.trace_layers(tr)}
+        if self.last_stability is not None:
+            figs["drift"] = plots.drift(self.last_stability)
+        elif "drift" in self.figures:  # the last run was a bypass: nothing pruned, no drift
+            figs["drift"] = go.Figure(layout=dict(title="No drift: the last run was a bypass (nothing pruned)",
+                                                  meta={"figure": "drift", "bypass": True}))
+        return figs, "predicted from the capture: " + _html_escape(tr.decision)
+
+    def run_key(self) -> tuple:
+        """The frozen parameter tuple that identifies a pruned run."""
+        p = _ep_from(self.controls, self.base)
+        layer = None if self.controls["mode"].value == "adaptive" else int(self.controls["run_layer"].value)
+        return ("pruned", tuple(sorted(p.to_dict().items())), layer, self.max_new_tokens)
+
+    def run(self):
+        """Run (or fetch from the cache) the full and the pruned prefill for the current parameters."""
+
+        key = self.run_key()
+        p = _ep_from(self.controls, self.base)
+        layer = key[2]
+        with self._busy():
+            self._step(0, "full prefill…")
+            full = self._cached(("full", self.max_new_tokens), lambda: run_full(
+                self.model, self.prompt, max_new_tokens=self.max_new_tokens, keep_hidden=True))
+            self._step(1, "pruned prefill…")
+            pruned = self._cached(key, lambda: run_pruned(self.model, self.prompt, p, layer=layer,
+                                                          max_new_tokens=self.max_new_tokens, keep_hidden=True,
+                                                          progress=False))
+            self._step(2, "stability…")
+            stab = None
+            if not pruned.bypass:
+                stab = self.cache.get(("stability", key, self.composed))
+                if stab is None:
+                    stab = stability(self.model, full, pruned, composed=self.composed)
+                    self.cache[("stability", key, self.composed)] = stab
+            self._step(3, "done")
+        self.last_full, self.last_pruned, self.last_stability = full, pruned, stab
+        rows = [("full prefill: T = " + str(full.T), f"{pruned.decision}"),
+                ("", f"T' = {pruned.T_prime}, first token agrees: "
+                     f"{int(full.first_logits.argmax()) == int(pruned.first_logits.argmax())}")]
+        if stab is not None:
+            rows.append(("", f"Δ_L = {stab.Delta_L:.4g}, margin = {stab.margin:.4g}, certified (m > 2ΛΔ_L): "
+                             f"{stab.certified}"))
+        self.answers.value = _answer_table("full context", _text(full, "generated_ids"), "pruned prefill",
+                                           _text(pruned, "generated_ids"), rows)
+        self.update()  # the drift figure joins on the first run that pruned
+        return pruned
+
+
+class EvictionPanel(_RunMixin, Panel):
+    """KV eviction policies (SPEC §9): policy, budget ``B``, DeferKV ``λ`` and the page size.
+
+    The sliders update the *preview* of the kept prompt positions, scored from the capture's rows
+    (:meth:`Evidence.from_capture`, no model; H2O needs column sums, which a capture does not hold).
+    The run button generates with the model under the policy (one shared prefill,
+    :class:`~workbench.rerun.eviction.EvictionSession`) and shows the answer beside the full-cache answer;
+    every ``(policy parameters, budget)`` runs once.
+    """
+
+    title = "KV-cache eviction (SPEC §9)"
+
+    def __init__(self, capture, model, prompt, *, policy: str = "deferkv", budget: int | None = None,
+                 max_new_tokens: int = 12, n_sink: int | None = None, recent: int = 32):
+
+        super().__init__()
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+        self.capture, self.model, self.prompt = capture, model, prompt
+        self.max_new_tokens = max_new_tokens
+        self.classes = {c.name: c for c in ALL_POLICIES}
+        if policy not in self.classes:
+            raise ValueError(f"policy: must be one of {sorted(self.classes)}, got {policy!r}")
+        T = capture.T
+        self.common = {"n_sink": capture.spans.n_sink if n_sink is None else int(n_sink), "recent": int(recent)}
+        n_tail = capture.rows_of("tail").numel()
+        if 0 < n_tail < 32:  # SnapKV/DeferKV window: at most the captured tail
+            self.common["window"] = n_tail
+        lo = min(self.common["n_sink"] + self.common["recent"], T)
+        self.controls = {
+            "policy": W.Dropdown(options=list(self.classes), value=policy, description="policy"),
+            "budget": SLIDERS["budget"].make(budget if budget is not None else max(lo, T // 4), lo=max(lo, 1), hi=T),
+            "defer_lam": SLIDERS["defer_lam"].make(),
+            "page": SLIDERS["page"].make(),
+        }
+        self._session = None
+        self._init_run("Run eviction", 2)
+        self._finish()
+
+    def policy(self):
+        """The policy object of the current controls."""
+        cls = self.classes[self.controls["policy"].value]
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in self.common.items() if k in names}
+        if "lam" in names:
+            kw["lam"] = float(self.controls["defer_lam"].value)
+        if "page" in names:
+            kw["page"] = int(self.controls["page"].value)
+        return cls(**kw)
+
+    def highlight(self) -> list[int]:
+        """Positions of the answer document (the needle), when the prompt knows it."""
+        sp = self.capture.spans
+        if sp.answer_doc is None or not 0 <= sp.answer_doc < len(sp.documents):
+            return []
+        s, e = sp.documents[sp.answer_doc]
+        return list(range(s, e))
+
+    def analysis(self):
+        """Preview :class:`GenerationResult` (kept positions only, no text) from the capture, or None
+        when the policy needs evidence a capture does not hold."""
+        pol = self.policy()
+        cap = self.capture
+        ev = cap.cached("eviction_evidence", lambda: Evidence.from_capture(cap))
+        T, L = cap.T, cap.L
+        B = int(self.controls["budget"].value)
+        if not pol.keeps_all:
+            try:
+                ev.scores_of(pol)  # memoised: a budget move re-selects from the same scores
+            except ValueError:  # evidence a capture does not hold (e.g. H2O's column sums)
+                return None
+        kept = preview(pol, ev, B)  # the one budget rule
+        return GenerationResult(policy=pol.name, params=pol.params(), budget=B, T=T, ids=[], text=None, kept=kept,
+                                evicted_at=pol.defer, compacted_layers=tuple(range(L)), kv_bytes_before=0,
+                                kv_bytes_after=0, timings={})
+
+    def compute(self):
+        prev = self._analyse()
+        pol = self.policy()
+        if prev is None:
+            fig = go.Figure(self.figures["kept"]) if "kept" in self.figures else go.Figure()
+            return {"kept": fig}, (f"{pol.name}: no preview (it scores with evidence a capture does not hold); "
+                                   "press run")
+        fig = plots.kept_positions([prev], self.prompt, highlight=self.highlight() or None)
+        B = prev.budget
+        return {"kept": fig}, (f"preview from the capture: {pol.name}, B = {B} of T = {prev.T} prompt positions"
+                               + (" (no eviction: B ≥ T)" if B >= prev.T else ""))
+
+    def session(self):
+        """The shared prefill for every policy (created on the first run; calls the model once)."""
+
+        if self._session is None:
+            needs = Needs()
+            for p in default_policies(**self.common):
+                needs = needs.merge(p.needs())
+            self._session = EvictionSession.prepare(self.model, self.prompt, needs, self.max_new_tokens,
+                                                    reusable=True, progress=False)
+            self.model_calls += 1
+        return self._session
+
+    def run_key(self) -> tuple:
+        pol = self.policy()
+        B = int(self.controls["budget"].value)
+        return (pol.name, tuple(sorted(pol.params().items())), None if pol.keeps_all else B, self.max_new_tokens)
+
+    def run(self):
+        """Generate under the current policy and budget (cached), and the full-cache answer."""
+
+        pol, key = self.policy(), self.run_key()
+        with self._busy():
+            self._step(0, "prefill…" if self._session is None else "full cache…")
+            sess = self.session()
+            full = self._cached(("full", self.max_new_tokens), lambda: sess.run(FullCache(), self.capture.T))
+            self._step(1, f"{pol.name}…")
+            res = self._cached(key, lambda: sess.run(pol, int(self.controls["budget"].value)))
+            self._step(2, "done")
+        rows = [("KV bytes " + f"{full.kv_bytes_after:,}", f"KV bytes {res.kv_bytes_after:,} "
+                 f"({res.kv_bytes_after / max(full.kv_bytes_after, 1):.0%}), evicted after step {res.evicted_at}")]
+        hl = self.highlight()
+        if hl:
+            rows.append(("answer document kept (mean over layers, groups)", f"{float(res.survival(hl).nanmean()):.3f}"))
+        self.answers.value = _answer_table("full cache", _text(full, "ids"), f"{res.policy}, B = {res.budget}",
+                                           _text(res, "ids"), rows)
+        return res
+

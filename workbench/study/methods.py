@@ -1,0 +1,99 @@
+"""The methods a sweep can run, registered by name: ``full`` (full context, the reference),
+``entroprefill`` (pruned prefill, SPEC §6–§7) and ``evict`` (one-shot KV eviction, SPEC §9).
+
+This module imports the run-again layer (:mod:`workbench.rerun.prune`, :mod:`workbench.rerun.eviction`)
+and registers into :mod:`workbench.study.sweep`; nothing imports back. Every method decodes with the one
+stop rule of :mod:`workbench.run.generate`.
+"""
+from __future__ import annotations
+
+import math
+
+from workbench.analyse.params import EntroPrefillParams
+from workbench.rerun.eviction import (
+    ALL_POLICIES,
+    EvictionSession,
+    Needs,
+    default_policies,
+    policy_from_params,
+    resolve_budget,
+)
+from workbench.rerun.prune import run_pruned
+from workbench.run.generate import greedy_generate, stop_token_ids
+from workbench.study.sweep import register_method
+from workbench.study.tasks import TaskItem
+
+__all__ = ["run_full_context", "entroprefill", "evict", "POLICY_FIELDS"]
+
+POLICY_FIELDS = tuple(sorted({f for cls in ALL_POLICIES for f in cls.__dataclass_fields__} - {"seed"}))
+
+
+@register_method("full", params=(), description="full context, greedy decoding (the reference)", replace=True)
+def run_full_context(lm, item: TaskItem, params: dict) -> dict:
+    """Full context, greedy decoding (the reference)."""
+    prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
+    ids, kv = greedy_generate(lm, prompt.spans.input_ids, params["max_new_tokens"], stop_token_ids(lm))
+    return {"generated_ids": ids, "prompt_tokens": prompt.T, "prefill_tokens": prompt.T,
+            "retained_tokens": prompt.T, "kv_bytes": kv}
+
+
+@register_method("entroprefill", replace=True,
+                 params=("priority", "layer", "target", "eps_row", "m0", "zeta", "tau", "eps_s", "lam",
+                         "eps_audit", "streak", "audit_mode", "m_a", "delta", "d_max"),
+                 description="EntroPrefill pruned prefill (adaptive 7-step, or a fixed layer)")
+def entroprefill(lm, item: TaskItem, params: dict) -> dict:
+    """EntroPrefill: pruned prefill then greedy decoding (``layer``: None/"adaptive" or an int l*)."""
+    p = {k: v for k, v in params.items() if k not in ("layer", "max_new_tokens", "seed")}
+    ep = EntroPrefillParams(**p)
+    layer = params.get("layer")
+    layer = None if layer in (None, "adaptive") else int(layer)
+    prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
+    r = run_pruned(lm, prompt, ep, layer=layer, max_new_tokens=int(params["max_new_tokens"]), progress=False)
+    spans = prompt.spans
+    ans_chunk = spans.chunk_doc.index(spans.answer_doc) if spans.answer_doc in spans.chunk_doc else None
+    return {"generated_ids": r.generated_ids, "prompt_tokens": r.T, "prefill_tokens": r.T,
+            "retained_tokens": r.T_prime, "kv_bytes": r.kv_bytes, "l_star": -99 if r.l_star is None else r.l_star,
+            "bypass": r.bypass, "removed_chunks": len(r.removed),
+            "answer_chunk_removed": bool(ans_chunk is not None and ans_chunk in r.removed),
+            "prefill_s": r.prefill_s, "decode_s": r.decode_s}
+
+
+_SHARED: dict = {}
+
+
+def _shared_session(lm, item, prompt, need: Needs, max_new_tokens: int) -> EvictionSession:
+    """One reusable session per (model, item, decode length), holding the evidence every default policy
+    needs (and ``need``), so that consecutive sweep cells on one prompt share one prefill. Each run
+    evicts a copy of the pristine cache, so a result equals :func:`generate_with_policy`'s."""
+    key = (id(lm.model), item.task, item.item_id, max_new_tokens, tuple(prompt.spans.input_ids))
+    union = need
+    for p in default_policies():
+        union = union.merge(p.needs())
+    if _SHARED.get("key") == key and _SHARED["sess"].needs.merge(need) == _SHARED["sess"].needs:
+        return _SHARED["sess"]
+    _SHARED.clear()  # one session at a time: its caches are the size of the prompt's KV cache
+    sess = EvictionSession.prepare(lm, prompt, union, max_new_tokens, reusable=True, progress=False)
+    _SHARED.update(key=key, sess=sess)
+    return sess
+
+
+@register_method("evict", replace=True, params=("policy", "budget", "budget_frac", *POLICY_FIELDS),
+                 description="one-shot KV eviction after prefill (DeferKV: after decode step 1), then greedy decoding")
+def evict(lm, item: TaskItem, params: dict) -> dict:
+    """KV eviction under ``policy`` at ``budget`` positions or ``budget_frac`` of the prompt (the full
+    cache needs neither); the random policy takes the sweep's seed."""
+    prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
+    extra = {k: v for k, v in params.items() if k in POLICY_FIELDS}
+    policy = policy_from_params(params.get("policy", "full"), seed=int(params["seed"]), **extra)
+    if policy.keeps_all and params.get("budget") is None and params.get("budget_frac") is None:
+        B = prompt.T
+    else:
+        B = resolve_budget(prompt.T, params.get("budget"), params.get("budget_frac"))
+    n = int(params["max_new_tokens"])
+    sess = _shared_session(lm, item, prompt, policy.needs(), n)
+    r = sess.run(policy, min(B, prompt.T))
+    kept = r.kept_prompt.shape[-1]
+    return {"generated_ids": list(r.ids), "prompt_tokens": r.T, "prefill_tokens": r.T, "retained_tokens": kept,
+            "kv_bytes": r.kv_bytes_after, "kv_bytes_full": r.kv_bytes_before, "budget_positions": kept,
+            "evicted_at": r.evicted_at, "shared_prefill": True, "prefill_s": r.timings.get("prefill", math.nan),
+            "score_s": r.timings.get("score", math.nan)}

@@ -1,0 +1,123 @@
+"""Answer metrics (SPEC §10): exact match, F1, contains-answer, first-token agreement.
+
+EM and F1 are the official SQuAD v1.1 definitions, computed by ``torchmetrics.functional.text.squad``
+(lower-case, strip punctuation and the articles *a/an/the*, collapse whitespace; F1 over the bag of
+normalised words; the maximum over the gold answers). Scores here are fractions in ``[0, 1]``
+(torchmetrics reports percentages). ``contains`` asks whether a normalised gold answer occurs as a
+whole-word run inside the normalised prediction, which suits chatty replies ("The answer is 1887.").
+
+The prediction is first reduced by :func:`clean_answer` (the first non-empty line, stripped).
+"""
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections.abc import Sequence
+
+import pandas as pd
+from torchmetrics.functional.text.squad import squad
+
+try:  # the official SQuAD normalisation, as shipped by torchmetrics
+    from torchmetrics.functional.text.squad import _normalize_text as _tm_normalize
+except ImportError:  # pragma: no cover - a torchmetrics without the private helper
+    _tm_normalize = None
+
+__all__ = ["normalize_answer", "clean_answer", "exact_match", "f1_score", "contains_answer", "contains_all",
+           "first_token_agreement", "answer_scores", "squad_scores"]
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower-case, drop punctuation and articles, collapse whitespace."""
+    if _tm_normalize is not None:
+        return _tm_normalize(text)
+    t = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))  # pragma: no cover
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", t).split())  # pragma: no cover
+
+
+def clean_answer(text: str) -> str:
+    """The first non-empty line of a generated reply, stripped (``""`` when there is none)."""
+    for line in str(text).splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def _golds(answers) -> list[str]:
+    if isinstance(answers, str):
+        answers = [answers]
+    golds = [a for a in answers if isinstance(a, str)]
+    if not golds:
+        raise ValueError(f"answers: must be a non-empty list of strings, got {answers!r}")
+    return golds
+
+
+def _squad_one(prediction: str, answers) -> dict[str, float]:
+
+    golds = _golds(answers)
+    out = squad([{"prediction_text": prediction, "id": "0"}],
+                [{"answers": {"answer_start": [0] * len(golds), "text": golds}, "id": "0"}])
+    return {"em": float(out["exact_match"]) / 100.0, "f1": float(out["f1"]) / 100.0}
+
+
+def exact_match(prediction: str, answers) -> float:
+    """1.0 when the normalised prediction equals a normalised gold answer, else 0.0."""
+    return _squad_one(prediction, answers)["em"]
+
+
+def f1_score(prediction: str, answers) -> float:
+    """SQuAD word-bag F1 in ``[0, 1]``, the maximum over the gold answers."""
+    return _squad_one(prediction, answers)["f1"]
+
+
+def _contains(prediction_norm: str, gold: str) -> bool:
+    g = normalize_answer(gold)
+    return bool(g) and f" {g} " in f" {prediction_norm} "
+
+
+def contains_answer(prediction: str, answers) -> float:
+    """1.0 when some normalised gold answer is a whole-word run inside the normalised prediction."""
+    p = normalize_answer(prediction)
+    return float(any(_contains(p, g) for g in _golds(answers)))
+
+
+def contains_all(prediction: str, parts: Sequence[str]) -> float:
+    """1.0 when every part (diffuse evidence: each fact's answer) is contained, in any order."""
+    if not parts:
+        raise ValueError("parts: must be a non-empty list of strings")
+    p = normalize_answer(prediction)
+    return float(all(_contains(p, g) for g in parts))
+
+
+def first_token_agreement(ids: Sequence[int], reference_ids: Sequence[int] | None) -> float:
+    """1.0 when the first generated token equals the reference's (full context), 0.0 when not,
+    NaN when either run generated nothing or there is no reference."""
+    if reference_ids is None or len(ids) == 0 or len(reference_ids) == 0:
+        return math.nan
+    return float(int(ids[0]) == int(reference_ids[0]))
+
+
+def answer_scores(prediction: str, answers, *, parts: Sequence[str] = (), conflict: Sequence[str] = ()) -> dict:
+    """EM, F1 and contains of one reply against its gold answers (after :func:`clean_answer`).
+
+    Args:
+        prediction: the decoded reply.
+        answers: the gold answers (any of them counts).
+        parts: for diffuse-evidence items, the per-fact answers: ``contains`` then needs all of them.
+        conflict: for contradictory items, the planted wrong answers: ``contains_conflict`` says
+            whether the reply carries one (NaN when there are none).
+    """
+    pred = clean_answer(prediction)
+    s = _squad_one(pred, answers)
+    s["contains"] = contains_all(pred, parts) if parts else contains_answer(pred, answers)
+    s["contains_conflict"] = contains_answer(pred, conflict) if conflict else math.nan
+    return s
+
+
+def squad_scores(predictions: Sequence[str], answers: Sequence[Sequence[str]]) -> pd.DataFrame:
+    """Per-item EM, F1 and contains as a DataFrame (one row per prediction; ``.mean()`` gives the
+    corpus scores, which equal torchmetrics' ``squad`` divided by 100)."""
+    if len(predictions) != len(answers):
+        raise ValueError(f"answers: must have one entry per prediction ({len(predictions)}), got {len(answers)}")
+    return pd.DataFrame([answer_scores(p, a) for p, a in zip(predictions, answers)],
+                        columns=["em", "f1", "contains", "contains_conflict"]).drop(columns="contains_conflict")

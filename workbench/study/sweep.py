@@ -1,0 +1,655 @@
+"""Sweeps: a grid of (task item, method, parameters, seed) runs → one tidy DataFrame in parquet.
+
+A **method** is one function ``run(lm, item, params) -> dict`` registered by name::
+
+    @register_method("my_method", params=("budget",))
+    def _my_method(lm, item, params):
+        prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
+        ...
+        return {"generated_ids": ids, "prompt_tokens": prompt.T, "retained_tokens": kept, "kv_bytes": nbytes}
+
+``lm`` is a :class:`~workbench.run.models.LoadedModel`, ``item`` a :class:`~workbench.study.tasks.TaskItem`, and
+``params`` the cell's method parameters plus ``max_new_tokens`` and ``seed``. The returned dict
+must hold ``generated_ids`` (greedy tokens, stop token included when one was generated) and may hold
+``prompt_tokens`` (``T``), ``prefill_tokens`` (tokens the prefill ran on), ``retained_tokens`` (KV
+entries kept for decoding), ``kv_bytes`` (KV cache bytes after the prefill), ``answer`` (else the ids
+are decoded up to the first stop token), and any scalar diagnostics (their own columns; names
+ending in ``_s`` are wall times). The methods ``full``, ``entroprefill`` and ``evict`` are registered by
+:mod:`workbench.study.methods` (imported with the package); the sweep itself decodes nothing.
+
+:func:`sweep` expands the grid, skips the cells already in ``out`` (resumable: rows are keyed by
+model, task, item id, method, parameters, seed and ``max_new_tokens``), runs the rest locally or on
+Ray (``executor="ray"``: one task per cell, one GPU per task when the cluster has GPUs, rows streamed
+back) and writes the parquet atomically (temporary file + ``os.replace``) every ``checkpoint_s``
+seconds, on interruption and at the end. The sweep scores each answer (EM, F1, contains; see
+:mod:`workbench.study.metrics`) and computes ``first_token_agree`` against the ``"full"`` run of the same
+item (same seed when there is one; added to the grid at the first seed unless ``reference=False``).
+
+Columns (one row per cell): ``model, task, item_id, method, params`` (JSON), ``p_<name>`` (one per
+method parameter, missing where a method lacks it), ``seed, max_new_tokens``, ``answer`` (decoded reply),
+``gold`` (first gold answer), ``generated_ids, n_generated``, ``em, f1, contains`` (``[0, 1]``),
+``contains_conflict`` (contradictory items), ``first_token_agree``, ``prompt_tokens, prefill_tokens,
+retained_tokens, kv_bytes`` (from the method), ``n_docs, answer_doc``, ``wall_s`` (the method call),
+``peak_cuda_bytes`` (``max_memory_allocated`` during the cell; NaN on CPU), ``peak_rss_bytes`` (the
+process's resident high-water mark so far, not per cell), ``device, dtype, error, cell`` (resume key),
+then method extras and ``meta_<key>`` (the item's provenance: length, depth, qid ...).
+"""
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+import os
+import random
+import resource
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+import workbench.study.metrics as metrics
+from workbench.run.generate import decode_answer, stop_token_ids
+from workbench.run.models import DEFAULT_MODEL_NAME, LoadedModel, load_model
+from workbench.study.tasks import TaskItem
+from workbench.util import atomic_write_bytes
+
+__all__ = ["Method", "register_method", "unregister_method", "get_method", "available_methods", "Cell",
+           "expand_grid", "grid_frame", "run_cell", "sweep", "read_sweep", "comparable", "COLUMNS",
+           "MEASURED"]
+
+Scalar = (int, float, str, bool, type(None))
+RESERVED_PARAMS = ("max_new_tokens", "seed")
+# front and back columns of every sweep frame; p_<name> parameter columns sit between, extras after
+FRONT = ("model", "task", "item_id", "method", "params")
+BACK = ("seed", "max_new_tokens", "answer", "gold", "generated_ids", "n_generated", "em", "f1", "contains",
+        "contains_conflict", "first_token_agree", "prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes",
+        "n_docs", "answer_doc", "wall_s", "peak_cuda_bytes", "peak_rss_bytes", "device", "dtype", "error", "cell")
+COLUMNS = FRONT + BACK
+MEASURED = ("wall_s", "peak_cuda_bytes", "peak_rss_bytes")
+METHOD_KEYS = ("generated_ids", "answer", "prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes")
+
+
+# ----------------------------------------------------------------------------- method registry
+@dataclass(frozen=True)
+class Method:
+    """A registered method: ``fn(lm, item, params) -> dict``; ``params`` the accepted parameter names
+    (``None``: any)."""
+
+    name: str
+    fn: Callable
+    params: tuple[str, ...] | None = None
+    description: str = ""
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(name: str, fn: Callable | None = None, *, params: Sequence[str] | None = None,
+                    description: str = "", replace: bool = False):
+    """Register ``fn(lm, item, params) -> dict`` under ``name`` (usable as a decorator).
+
+    Args:
+        params: the parameter names the method accepts (a grid with another name raises); ``None``: any.
+        replace: allow replacing an existing registration.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name: must be an identifier-like string, got {name!r}")
+    if params is not None:
+        params = tuple(params)
+        for p in params:
+            _check_param_name(p)
+
+    def deco(f):
+        if not callable(f):
+            raise ValueError(f"fn: must be callable, got {f!r}")
+        if name in METHODS and not replace and METHODS[name].fn is not f:
+            raise ValueError(f"name: method {name!r} is already registered (pass replace=True)")
+        METHODS[name] = Method(name, f, params, description or (f.__doc__ or "").strip().split("\n")[0])
+        return f
+
+    return deco(fn) if fn is not None else deco
+
+
+def unregister_method(name: str) -> None:
+    METHODS.pop(name, None)
+
+
+def get_method(name: str) -> Method:
+    """The registered method ``name`` (importing the modules that register methods when needed)."""
+    if name not in METHODS:
+        raise ValueError(f"method: must be one of {available_methods()}, got {name!r}")
+    return METHODS[name]
+
+
+def available_methods() -> list[str]:
+    return sorted(METHODS)
+
+
+def _check_param_name(p):
+    if not isinstance(p, str) or not p.isidentifier():
+        raise ValueError(f"params: parameter names must be identifiers, got {p!r}")
+    if p in RESERVED_PARAMS:
+        raise ValueError(f"params: {p!r} is reserved (set by the sweep: {RESERVED_PARAMS})")
+
+
+# ----------------------------------------------------------------------------- the grid
+def _scalar(name, v):
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):  # numpy / torch scalars
+        v = v.item()
+    if not isinstance(v, Scalar) or (isinstance(v, float) and math.isnan(v)):
+        raise ValueError(f"params: {name} values must be int, float (not NaN), str, bool or None, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the grid: an item of a task, a method with its parameters, a seed."""
+
+    task: str
+    item_id: str
+    method: str
+    params: tuple[tuple[str, object], ...]
+    seed: int
+
+    @property
+    def params_dict(self) -> dict:
+        return dict(self.params)
+
+    @property
+    def params_json(self) -> str:
+        return json.dumps(self.params_dict, sort_keys=True)
+
+    def key(self, model: str, max_new_tokens: int) -> str:
+        """The resume key: a cell is done when a row without error carries this key."""
+        return json.dumps([model, self.task, self.item_id, self.method, self.params_json, self.seed,
+                           max_new_tokens])
+
+
+def _method_settings(methods) -> list[tuple[str, dict]]:
+    """Normalise the ``methods`` argument to ``[(name, {param: scalar})]`` (cartesian products expanded)."""
+    if isinstance(methods, str):
+        methods = [methods]
+    if isinstance(methods, Mapping):
+        entries = list(methods.items())
+    else:
+        entries = []
+        for m in methods:
+            if isinstance(m, str):
+                entries.append((m, {}))
+            elif isinstance(m, (tuple, list)) and len(m) == 2 and isinstance(m[0], str):
+                entries.append((m[0], m[1] or {}))
+            else:
+                raise ValueError(f"methods: entries must be a name or (name, {{param: values}}), got {m!r}")
+    if not entries:
+        raise ValueError("methods: must name at least one method")
+    out = []
+    for name, grid in entries:
+        meth = get_method(name)
+        if not isinstance(grid, Mapping):
+            raise ValueError(f"methods: the parameters of {name!r} must be a mapping, got {grid!r}")
+        names = sorted(grid)
+        for p in names:
+            _check_param_name(p)
+            if meth.params is not None and p not in meth.params:
+                raise ValueError(f"params: {name!r} accepts {list(meth.params)}, got {p!r}")
+        values = []
+        for p in names:
+            v = grid[p]
+            vs = list(v) if isinstance(v, (list, tuple, range)) or (hasattr(v, "__len__") and not isinstance(v, str)) else [v]
+            if not vs:
+                raise ValueError(f"params: {name}.{p} has no values")
+            values.append([_scalar(f"{name}.{p}", x) for x in vs])
+        for combo in itertools.product(*values):
+            out.append((name, dict(zip(names, combo))))
+    return out
+
+
+def _flatten_items(items) -> list[TaskItem]:
+    if isinstance(items, TaskItem):
+        items = [items]
+    if isinstance(items, Mapping):
+        items = [it for v in items.values() for it in v]
+    items = list(items)
+    if not items:
+        raise ValueError("items: must hold at least one TaskItem")
+    seen = set()
+    for it in items:
+        if not isinstance(it, TaskItem):
+            raise ValueError(f"items: must be TaskItems, got {type(it).__name__}")
+        if (it.task, it.item_id) in seen:
+            raise ValueError(f"items: duplicate item {it.task}/{it.item_id}")
+        seen.add((it.task, it.item_id))
+    return items
+
+
+def _check_seeds(seeds) -> list[int]:
+    seeds = [seeds] if isinstance(seeds, int) else list(seeds)
+    if not seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
+        raise ValueError(f"seeds: must be a non-empty list of integers >= 0, got {seeds!r}")
+    return list(dict.fromkeys(seeds))
+
+
+def expand_grid(items, methods, seeds=(0,), *, reference: bool = True) -> list[Cell]:
+    """All cells: every item × every method setting × every seed, in that order (duplicates dropped).
+
+    Args:
+        items: TaskItems (a list, or ``{task: [items]}``).
+        methods: ``{name: {param: value or list of values}}`` (cartesian product per method), or a
+            list of names and ``(name, {param: values})`` pairs (several grids for one method).
+        seeds: integers ``≥ 0``.
+        reference: add the ``"full"`` run of every item (the first-token reference), at the first seed
+            unless ``"full"`` is in ``methods`` (then it runs at every seed like any method).
+    """
+    items = _flatten_items(items)
+    settings = _method_settings(methods)
+    seeds = _check_seeds(seeds)
+    cells = {}
+    for it in items:
+        if reference and ("full", {}) not in settings:  # greedy full context does not depend on the seed
+            cells.setdefault(Cell(it.task, it.item_id, "full", (), seeds[0]), None)
+        for name, p in settings:
+            for s in seeds:
+                cells.setdefault(Cell(it.task, it.item_id, name, tuple(sorted(p.items())), s), None)
+    return list(cells)
+
+
+def grid_frame(cells: Sequence[Cell]) -> pd.DataFrame:
+    """One row per cell (task, item id, method, params JSON, ``p_*`` columns, seed)."""
+    return pd.DataFrame([{"task": c.task, "item_id": c.item_id, "method": c.method, "params": c.params_json,
+                          **{f"p_{k}": v for k, v in c.params}, "seed": c.seed} for c in cells])
+
+
+# ----------------------------------------------------------------------------- one cell
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _peak_rss_bytes() -> float:
+    try:
+
+        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return float(r if sys.platform == "darwin" else r * 1024)
+    except (ImportError, OSError):  # pragma: no cover
+        return math.nan
+
+
+def _method_row(out, cell: Cell) -> dict:
+    if not isinstance(out, Mapping) or "generated_ids" not in out:
+        raise ValueError(f"method: {cell.method!r} must return a dict with 'generated_ids', got {type(out).__name__}")
+    row = {}
+    for k, v in out.items():
+        if k == "generated_ids":
+            row[k] = [int(t) for t in v]
+        elif k in COLUMNS or k.startswith(("p_", "meta_")):
+            if k not in METHOD_KEYS:
+                raise ValueError(f"method: {cell.method!r} returned {k!r}, a column the sweep owns")
+            row[k] = v
+        else:
+            if hasattr(v, "item") and not isinstance(v, str):
+                v = v.item()
+            if not isinstance(v, Scalar):
+                raise ValueError(f"method: {cell.method!r} returned {k}={v!r}; extra values must be scalars")
+            row[k] = v
+    return row
+
+
+def run_cell(lm, item: TaskItem, cell: Cell, *, model_id: str, max_new_tokens: int, fn: Callable | None = None,
+             on_error: str = "raise") -> dict:
+    """Run one cell and return its row (scores included; ``first_token_agree`` is left to the sweep)."""
+    fn = fn or get_method(cell.method).fn
+    row = {"model": model_id, "task": cell.task, "item_id": cell.item_id, "method": cell.method,
+           "params": cell.params_json, **{f"p_{k}": v for k, v in cell.params}, "seed": cell.seed,
+           "max_new_tokens": max_new_tokens, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+           "error": None, "cell": cell.key(model_id, max_new_tokens), "gold": item.answers[0],
+           "n_docs": len(item.documents), "answer_doc": item.answer_doc,
+           **{f"meta_{k}": v for k, v in item.meta.items() if isinstance(v, (int, float, str, bool))}}
+    device = torch.device(lm.device)
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    _seed_everything(cell.seed)
+    params = dict(cell.params, max_new_tokens=max_new_tokens, seed=cell.seed)
+    t0 = time.perf_counter()
+    try:
+        out = _method_row(fn(lm, item, params), cell)
+    except Exception as e:  # noqa: BLE001 - recorded or re-raised
+        if on_error == "raise":
+            raise
+        out = {"generated_ids": [], "error": f"{type(e).__name__}: {e}"}
+    if cuda:
+        torch.cuda.synchronize(device)
+    row["wall_s"] = time.perf_counter() - t0
+    row["peak_cuda_bytes"] = float(torch.cuda.max_memory_allocated(device)) if cuda else math.nan
+    row["peak_rss_bytes"] = _peak_rss_bytes()
+    error = out.pop("error", None)
+    answer = out.pop("answer", None)
+    row.update(out)
+    row["error"] = error
+    ids = row["generated_ids"]
+    if answer is None:
+        answer = decode_answer(lm.tokenizer, ids, stop_token_ids(lm)) if ids else ""
+    row["answer"] = answer
+    row["n_generated"] = len(ids)
+    if error is None:
+        row.update(metrics.answer_scores(answer, item.answers, parts=item.answer_parts,
+                                         conflict=item.conflict_answers))
+    else:
+        row.update(em=math.nan, f1=math.nan, contains=math.nan, contains_conflict=math.nan)
+    return row
+
+
+# ----------------------------------------------------------------------------- the frame
+def _tidy(df: pd.DataFrame) -> pd.DataFrame:
+    """Column order, derived columns, row order, parquet-safe types."""
+    if df.empty:
+        return pd.DataFrame(columns=list(COLUMNS))
+    df = df.copy()
+    for c in COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    df["generated_ids"] = df["generated_ids"].map(lambda a: [int(t) for t in a] if a is not None else [])
+    # first-token agreement with the full-context run of the same item, seed, model and length
+    ok = df["error"].map(_is_null).astype(bool)
+    ref = df[ok & (df["method"] == "full") & (df["params"] == "{}")]
+    ref_key = ["model", "task", "item_id", "max_new_tokens"]
+    first = {}  # same seed first, else the lowest seed's full run
+    for k, seed, ids in sorted(zip(ref[ref_key].itertuples(index=False), ref["seed"], ref["generated_ids"]),
+                               key=lambda r: -int(r[1])):
+        first[tuple(k)] = ids
+        first[(*k, int(seed))] = ids
+    df["first_token_agree"] = [
+        metrics.first_token_agreement(ids, first.get((*k, int(seed)), first.get(tuple(k)))) if _is_null(e)
+        else math.nan
+        for k, seed, ids, e in zip(df[ref_key].itertuples(index=False), df["seed"], df["generated_ids"], df["error"])]
+    pcols = sorted(c for c in df.columns if c.startswith("p_"))
+    mcols = sorted(c for c in df.columns if c.startswith("meta_"))
+    extras = sorted(c for c in df.columns if c not in COLUMNS and c not in pcols and c not in mcols)
+    df = df[list(FRONT) + pcols + list(BACK) + extras + mcols]
+    for c in pcols + extras + mcols + ["prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes", "n_docs",
+                                       "answer_doc"]:
+        df[c] = _uniform(df[c])
+    for c in ("em", "f1", "contains", "contains_conflict", "first_token_agree", "wall_s", "peak_cuda_bytes",
+              "peak_rss_bytes"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
+    for c in ("seed", "max_new_tokens", "n_generated"):
+        df[c] = df[c].astype("int64")
+    df["error"] = df["error"].map(lambda v: None if _is_null(v) else str(v)).astype(object)
+    df = df.sort_values(["model", "task", "item_id", "method", "params", "seed", "max_new_tokens"], kind="stable")
+    return df.reset_index(drop=True)
+
+
+def _is_null(v) -> bool:
+    """None, NaN, NaT or pd.NA (a scalar); never a list or array."""
+    if v is None:
+        return True
+    if isinstance(v, (str, bytes, list, tuple, dict)) or hasattr(v, "__len__"):
+        return False
+    try:
+        return bool(pd.isna(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _uniform(col: pd.Series) -> pd.Series:
+    """One type per column (parquet needs it): integers without gaps stay int64, numbers become
+    float64 (NaN for missing), strings stay strings, booleans stay booleans, a mix becomes strings."""
+
+    def kind(v):
+        if isinstance(v, (bool, np.bool_)):
+            return "bool"
+        if isinstance(v, (int, np.integer)):
+            return "int"
+        if isinstance(v, (float, np.floating)):
+            return "float"
+        return "str"
+
+    vals = [v for v in col if not _is_null(v)]
+    kinds = {kind(v) for v in vals}
+    if not kinds:
+        return col.map(lambda v: None)
+    if kinds == {"int"} and len(vals) == len(col):
+        return col.astype("int64")
+    if kinds <= {"int", "float"}:
+        return col.map(lambda v: math.nan if _is_null(v) else float(v)).astype("float64")
+    if kinds == {"bool"}:
+        return col.map(lambda v: None if _is_null(v) else bool(v)).astype(object)
+    if kinds == {"str"}:
+        return col.map(lambda v: None if _is_null(v) else str(v)).astype(object)
+    return col.map(lambda v: None if _is_null(v) else str(v)).astype(object)
+
+
+def _write_parquet(df: pd.DataFrame, path: Path) -> None:
+
+
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _roundtrip(df: pd.DataFrame) -> pd.DataFrame:
+    """The frame as it reads back from parquet (same dtypes whether or not ``out`` was given)."""
+
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    buf.seek(0)
+    return read_sweep(buf)
+
+
+def read_sweep(path) -> pd.DataFrame:
+    """Read a sweep parquet (``generated_ids`` as lists of ints; missing strings are NaN)."""
+    df = pd.read_parquet(path)
+    if "generated_ids" in df.columns:
+        df["generated_ids"] = df["generated_ids"].map(lambda a: [int(t) for t in a] if a is not None else [])
+    return df
+
+
+def comparable(df: pd.DataFrame) -> pd.DataFrame:
+    """The frame without what differs between two identical runs: ``MEASURED`` columns and extras
+    whose name ends in ``_s`` (wall times)."""
+    drop = [c for c in df.columns if c in MEASURED or (c not in COLUMNS and c.endswith("_s"))]
+    return df.drop(columns=drop)
+
+
+# ----------------------------------------------------------------------------- models
+def _model_source(model):
+    """``(source for workers, model id)`` of the ``model`` argument."""
+
+    if isinstance(model, LoadedModel):
+        return (None if model.model_id == DEFAULT_MODEL_NAME else model.model_id), model.model_id
+    if model is None:
+        return None, DEFAULT_MODEL_NAME
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model), os.fspath(model)
+    if callable(model):
+        mid = getattr(model, "model_id", None)
+        if not isinstance(mid, str):
+            raise ValueError("model: a factory must carry a string attribute model_id (the sweep's model column)")
+        return model, mid
+    raise ValueError(f"model: must be a LoadedModel, None (the default model), a path or a factory, got {model!r}")
+
+
+_WORKER_MODEL: dict = {}
+
+
+def _load(source):
+    """Load (once per process) the model a worker runs: ``None``/a path through ``load_model``, or a factory."""
+
+    key = (getattr(source, "__module__", None), getattr(source, "__qualname__", None)) if callable(source) else source
+    if key not in _WORKER_MODEL:
+        _WORKER_MODEL.clear()  # one model per process
+        _WORKER_MODEL[key] = source() if callable(source) else load_model(source, device="auto", progress=False)
+    return _WORKER_MODEL[key]
+
+
+# ----------------------------------------------------------------------------- executors
+def _run_local(lm, model_source, todo, items, fns, emit, *, model_id, max_new_tokens, on_error):
+    if lm is None:  # loaded for this sweep only (pass a LoadedModel to reuse one)
+
+        lm = model_source() if callable(model_source) else load_model(model_source, device="auto", progress=False)
+    for cell in todo:
+        emit(run_cell(lm, items[(cell.task, cell.item_id)], cell, model_id=model_id, max_new_tokens=max_new_tokens,
+                      fn=fns[cell.method], on_error=on_error))
+
+
+def _ray_cell(model_source, item, cell, fn, model_id, max_new_tokens, on_error):
+    """A Ray task: one grid cell in a worker that keeps its model between tasks."""
+    return run_cell(_load(model_source), item, cell, model_id=model_id, max_new_tokens=max_new_tokens, fn=fn,
+                    on_error=on_error)
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ImportError('executor="ray" needs Ray: pip install "attn-workbench[cluster]" (or pip install "ray>=2.9")') \
+            from None
+    return ray
+
+
+RAY_START_ATTEMPTS = 3
+
+
+def _ray_start(ray, address, kw) -> None:
+    """``ray.init``; a new local instance is retried: on a busy machine its raylet can die waiting
+    15 s for the dashboard agent to start (ray-project/ray#65983)."""
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, **kw)
+            return
+        except Exception:  # noqa: BLE001 - Ray raises a plain Exception on a startup timeout
+            ray.shutdown()
+            if address is not None or attempt == RAY_START_ATTEMPTS:
+                raise
+
+
+def _run_ray(model_source, todo, items, fns, emit, *, model_id, max_new_tokens, on_error, ray_address, ray_init):
+    ray = _import_ray()
+    started = False
+    if not ray.is_initialized():
+        kw = dict(ray_init or {})
+        kw.setdefault("runtime_env", {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        kw.setdefault("include_dashboard", False)
+        kw.setdefault("log_to_driver", False)
+        _ray_start(ray, ray_address, kw)
+        started = True
+    pending = {}
+    try:
+        gpus = ray.cluster_resources().get("GPU", 0)
+        # max_calls=0: a worker keeps running cells (and keeps its model) even when it holds a GPU
+        remote = ray.remote(num_cpus=1, num_gpus=1 if gpus >= 1 else 0, max_calls=0, max_retries=0)(_ray_cell)
+        src_ref = ray.put(model_source)
+        item_refs = {}
+        for cell in todo:
+            k = (cell.task, cell.item_id)
+            if k not in item_refs:
+                item_refs[k] = ray.put(items[k])
+            ref = remote.remote(src_ref, item_refs[k], cell, fns[cell.method], model_id, max_new_tokens, on_error)
+            pending[ref] = cell
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=min(len(pending), 64), timeout=1.0, fetch_local=True)
+            for ref in done:
+                pending.pop(ref)
+                try:
+                    row = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:
+                    cause = e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
+                    raise cause from None
+                emit(row)
+    finally:
+        for ref in pending:
+            ray.cancel(ref)
+        if started:
+            ray.shutdown()
+
+
+def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = None, max_new_tokens: int = 16,
+          executor: str = "local", reference: bool = True, on_error: str = "raise", progress: bool = True,
+          checkpoint_s: float = 10.0, ray_address: str | None = None, ray_init: dict | None = None) -> pd.DataFrame:
+    """Run a grid of (item, method, parameters, seed) cells and return one tidy DataFrame.
+
+    Args:
+        model: a :class:`~workbench.run.models.LoadedModel` (used as is locally; Ray workers load the same
+            model id), ``None`` for the default model, a local HF folder, or a picklable factory
+            ``() -> LoadedModel`` with a ``model_id`` attribute.
+        items: TaskItems (list or ``{task: [items]}``), see :mod:`workbench.study.tasks`.
+        methods: ``{name: {param: value or values}}`` or a list of names / ``(name, {param: values})``
+            (see :func:`expand_grid`); registered names only (:func:`available_methods`).
+        seeds: run seeds (``random``, ``numpy`` and ``torch`` are seeded per cell).
+        out: parquet path; existing rows are kept and their cells skipped (resume), rows with an error
+            are run again. ``None``: nothing written, nothing resumed.
+        max_new_tokens: greedy tokens per run, ``≥ 1``.
+        executor: ``"local"`` (this process) or ``"ray"`` (one task per cell on the connected or a new
+            local Ray instance; needs the ``[cluster]`` extra).
+        reference: add the ``"full"`` cells that ``first_token_agree`` is measured against.
+        on_error: ``"raise"`` (stop; finished rows are saved) or ``"record"`` (the row carries ``error``).
+        checkpoint_s: seconds between parquet rewrites while running (``0``: after every cell).
+        ray_address, ray_init: passed to ``ray.init`` when Ray is not yet initialised (a Ray instance the
+            sweep started is shut down at the end).
+    Returns:
+        every row of ``out`` (or of this run when ``out`` is None), columns :data:`COLUMNS` plus
+        ``p_<param>`` columns and method extras, sorted by model, task, item, method, params, seed.
+    """
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+    if executor not in ("local", "ray"):
+        raise ValueError(f"executor: must be 'local' or 'ray', got {executor!r}")
+    if on_error not in ("raise", "record"):
+        raise ValueError(f"on_error: must be 'raise' or 'record', got {on_error!r}")
+    if not isinstance(checkpoint_s, (int, float)) or checkpoint_s < 0:
+        raise ValueError(f"checkpoint_s: must be a number >= 0, got {checkpoint_s!r}")
+
+    source, model_id = _model_source(model)
+    item_list = _flatten_items(items)
+    cells = expand_grid(item_list, methods, seeds, reference=reference)
+    by_key = {(it.task, it.item_id): it for it in item_list}
+    fns = {c.method: get_method(c.method).fn for c in cells}
+    path = Path(out) if out is not None else None
+    old = read_sweep(path) if path is not None and path.exists() else pd.DataFrame(columns=list(COLUMNS))
+    ok = old["error"].map(_is_null).astype(bool) if len(old) else pd.Series([], dtype=bool)
+    done = set(old.loc[ok, "cell"]) if len(old) else set()  # rows with an error are run again
+    todo = [c for c in cells if c.key(model_id, max_new_tokens) not in done]
+    rows: list[dict] = []
+    last = [time.monotonic()]
+
+    def save():
+        if path is not None and rows:
+            new = pd.DataFrame(rows)
+            kept = old[~old["cell"].isin(set(new["cell"]))] if len(old) else old  # a new row replaces a failed one
+            frames = [f for f in (kept, new) if len(f)]
+            _write_parquet(_tidy(pd.concat(frames, ignore_index=True)), path)
+            last[0] = time.monotonic()
+
+    bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="sweep", unit="run", disable=not progress)
+
+    def emit(row):
+        rows.append(row)
+        bar.update(1)
+        if time.monotonic() - last[0] >= checkpoint_s:
+            save()
+
+    try:
+        if todo:
+            kw = dict(model_id=model_id, max_new_tokens=max_new_tokens, on_error=on_error)
+            if executor == "local":
+                _run_local(model if isinstance(model, LoadedModel) else None, source, todo, by_key, fns, emit, **kw)
+            else:
+                _run_ray(source, todo, by_key, fns, emit, ray_address=ray_address, ray_init=ray_init, **kw)
+    finally:
+        bar.close()
+        save()
+    if path is not None:
+        return read_sweep(path) if path.exists() else _roundtrip(_tidy(old))
+    return _roundtrip(_tidy(pd.DataFrame(rows)))
