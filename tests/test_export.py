@@ -239,18 +239,18 @@ def test_renderer_error_midway_leaves_nothing(tmp_path, monkeypatch):
         return real(fig_dict, fmts, size)
 
     tmp_before = set(Path(tempfile.gettempdir()).glob("workbench-export-*"))
-    monkeypatch.setattr(ex, "_render_all", flaky)
+    monkeypatch.setattr(ex, "render_all", flaky)
     with pytest.raises(RuntimeError, match="renderer died"):
         ex.export(scatter(), tmp_path / "fig", width=["single", "double"])
     assert calls == ["single", "double"]  # the single-column files had been rendered
     assert list(tmp_path.iterdir()) == []
 
     # an earlier export stays as it was
-    monkeypatch.setattr(ex, "_render_all", real)
+    monkeypatch.setattr(ex, "render_all", real)
     ex.export(scatter(title="first"), tmp_path / "fig", width=["single", "double"])
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     assert len(before) == 8  # 2 widths x pdf/svg/png + json + csv
-    monkeypatch.setattr(ex, "_render_all", flaky)
+    monkeypatch.setattr(ex, "render_all", flaky)
     with pytest.raises(RuntimeError):
         ex.export(scatter(title="second"), tmp_path / "fig", width=["single", "double"])
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -251,7 +251,7 @@ def test_task_item_validation_and_roundtrip(squad, essays, tok):
         dataclasses.replace(it, evidence_docs=(9,))
     with pytest.raises(ValueError, match="answers"):
         dataclasses.replace(it, answers=())
-    with pytest.raises(ValueError, match=r"n: must be an integer \[1, "):
+    with pytest.raises(ValueError, match=r"n: must be an integer in \[1, "):
         tasks.squad_single(squad, n=10_000)
     with pytest.raises(ValueError, match="n_distractors"):
         tasks.squad_single(squad, n=1, n_distractors=0)

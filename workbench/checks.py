@@ -26,7 +26,13 @@ def is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(float(x))
 
 
+def _fmt(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
 def _range(lo, hi, lo_open=False, hi_open=False) -> str:
+    lo = None if lo is None else _fmt(lo)
+    hi = None if hi is None else _fmt(hi)
     if lo is not None and hi is not None:
         return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
     if lo is not None:

@@ -3,8 +3,11 @@ single-threaded analytics."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
+import math
+import numbers
 import os
 import shutil
 import tempfile
@@ -14,7 +17,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["one_thread", "single_threaded", "atomic_write_bytes", "atomic_write_files", "atomic_dir",
-           "cache_dir", "file_lock", "CACHE_ENV"]
+           "cache_dir", "file_lock", "jsonable", "CACHE_ENV"]
 
 CACHE_ENV = "WORKBENCH_CACHE"
 
@@ -122,3 +125,26 @@ def file_lock(path: os.PathLike | str):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def jsonable(x):
+    """``x`` as plain JSON types: dataclasses (public fields), torch/numpy arrays and scalars, mappings,
+    sequences and sets, paths; non-finite floats become ``None``; anything else its ``str``."""
+    if x is None or isinstance(x, (str, bool)):
+        return x
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    if isinstance(x, numbers.Real):
+        x = float(x)
+        return x if math.isfinite(x) else None
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: jsonable(getattr(x, f.name)) for f in dataclasses.fields(x) if not f.name.startswith("_")}
+    if hasattr(x, "tolist") and callable(x.tolist):  # torch / numpy
+        return jsonable(x.tolist())
+    if isinstance(x, Mapping):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, os.PathLike):
+        return os.fspath(x)
+    return str(x)

@@ -31,7 +31,6 @@ import hashlib
 import importlib.metadata as md
 import json
 import math
-import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from workbench.show.kaleido_server import (
     server_running,
     shutdown_server,
 )
-from workbench.util import atomic_write_files
+from workbench.util import atomic_write_files, jsonable
 
 __all__ = ["WIDTHS", "FORMATS", "PX_PER_INCH", "DEFAULT_SCALE", "ExportSize", "resolve_size", "export",
            "export_all", "ensure_server", "shutdown_server", "server_running", "prompt_hash", "browser_path"]
@@ -163,25 +162,6 @@ def _versions() -> dict:
         except md.PackageNotFoundError:  # pragma: no cover
             out[pkg] = None
     return out
-
-
-def _jsonable(v):
-    """A JSON-safe copy (numpy/torch scalars and arrays, tuples, paths, NaN → None)."""
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple, set)):
-        return [_jsonable(x) for x in v]
-    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
-        return _jsonable(v.tolist())
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        return _jsonable(v.item())
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if isinstance(v, os.PathLike):
-        return os.fspath(v)
-    return repr(v)
 
 
 def _title(fig) -> str | None:
@@ -359,7 +339,7 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
             "versions": _versions(),
             "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
-        files[folder / f"{stem}.json"] = (json.dumps(_jsonable(side), indent=2, ensure_ascii=False) + "\n").encode()
+        files[folder / f"{stem}.json"] = (json.dumps(jsonable(side), indent=2, ensure_ascii=False) + "\n").encode()
     return atomic_write_files(files)
 
 

@@ -11,12 +11,10 @@
 import contextlib
 import contextvars
 import copy
-import dataclasses
 import html
-import math
 import numbers
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -26,36 +24,17 @@ from plotly.basedatatypes import Undefined
 from plotly.subplots import make_subplots
 
 from workbench.show.theme import TEMPLATE
+from workbench.util import jsonable
 
 __all__ = ["drafts", "as_figure", "figure_frame", "update_figure"]
-
-
-def _jsonable(x):
-    """``x`` as plain JSON types (dataclasses, tensors, numpy, tuples; NaN/inf → None)."""
-    if x is None or isinstance(x, (str, bool)):
-        return x
-    if isinstance(x, numbers.Integral):
-        return int(x)
-    if isinstance(x, numbers.Real):
-        x = float(x)
-        return x if math.isfinite(x) else None
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: _jsonable(getattr(x, f.name)) for f in dataclasses.fields(x) if not f.name.startswith("_")}
-    if hasattr(x, "tolist") and callable(x.tolist):  # torch / numpy
-        return _jsonable(x.tolist())
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple, set, frozenset)):
-        return [_jsonable(v) for v in x]
-    return str(x)
 
 
 def _meta(figure: str, model_id, params=None, **kw) -> dict:
     """The ``layout.meta`` dict: figure name, model id, keyword parameters, then the user's ``params``."""
     d = {"figure": figure, "model_id": model_id}
-    d.update({k: _jsonable(v) for k, v in kw.items()})
+    d.update({k: jsonable(v) for k, v in kw.items()})
     if params is not None:
-        p = _jsonable(params)
+        p = jsonable(params)
         if not isinstance(p, dict):
             raise ValueError(f"params: must be a dict or a dataclass, got {type(params).__name__}")
         for k, v in p.items():

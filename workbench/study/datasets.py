@@ -355,11 +355,6 @@ SAMPLE_MAX_CHARS = 800
 SAMPLE_ESSAYS = ("addiction", "aord", "apple", "copy", "founders")
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
 def make_samples(out_dir: str | os.PathLike = REPO_DATA_DIR) -> dict[str, Path]:
     """Rebuild ``data/squad_sample.json`` and ``data/essays_sample.json`` from the fetched cache.
 
@@ -386,8 +381,8 @@ def make_samples(out_dir: str | os.PathLike = REPO_DATA_DIR) -> dict[str, Path]:
               "sha256": {n: ESSAYS.files[n + ".txt"] for n in SAMPLE_ESSAYS},
               "essays": {n: essays_all[n] for n in SAMPLE_ESSAYS}}
     paths = {"squad": out_dir / "squad_sample.json", "essays": out_dir / "essays_sample.json"}
-    _atomic_write_text(paths["squad"], json.dumps(squad, indent=1, ensure_ascii=False) + "\n")
-    _atomic_write_text(paths["essays"], json.dumps(essays, indent=1, ensure_ascii=False) + "\n")
+    atomic_write_bytes(paths["squad"], (json.dumps(squad, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
+    atomic_write_bytes(paths["essays"], (json.dumps(essays, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
     return paths
 
 

@@ -57,7 +57,7 @@ from workbench.show import plots
 from workbench.show.export import _versions, prompt_hash
 from workbench.study.sweep import sweep
 from workbench.study.tasks import items_frame
-from workbench.util import atomic_write_bytes
+from workbench.util import atomic_write_bytes, jsonable
 
 __all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write_html", "write_table"]
 
@@ -182,7 +182,6 @@ class ReportResult:
 
 
 # ----------------------------------------------------------------------------- atomic writes
-_atomic_bytes = atomic_write_bytes
 
 
 def _parquet_safe(df: pd.DataFrame) -> pd.DataFrame:
@@ -201,10 +200,10 @@ def write_table(df: pd.DataFrame, folder, name: str) -> list[Path]:
 
     folder = Path(folder)
     csv_path, pq_path = folder / f"{name}.csv", folder / f"{name}.parquet"
-    _atomic_bytes(csv_path, df.to_csv(index=False).encode("utf-8"))
+    atomic_write_bytes(csv_path, df.to_csv(index=False).encode("utf-8"))
     buf = io.BytesIO()
     _parquet_safe(df).to_parquet(buf, index=False)
-    _atomic_bytes(pq_path, buf.getvalue())
+    atomic_write_bytes(pq_path, buf.getvalue())
     return [csv_path, pq_path]
 
 
@@ -400,7 +399,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
         man = {**info, "timings": timings, "html": html_path.name,
                "figures": {n: [str(p.relative_to(out)) for p in ps] for n, ps in fig_files.items()},
                "tables": {n: [str(p.relative_to(out)) for p in ps] for n, ps in table_files.items()}}
-        _atomic_bytes(manifest, (json.dumps(ex._jsonable(man), indent=2, ensure_ascii=False) + "\n").encode())
+        atomic_write_bytes(manifest, (json.dumps(jsonable(man), indent=2, ensure_ascii=False) + "\n").encode())
         bar.update(1)
     finally:
         bar.close()
@@ -531,5 +530,5 @@ def write_html(path, figures: dict, tables: dict, fig_files: dict, table_files: 
                      + (f"<p class='note'>{e(notes[name])}</p>" if name in notes else "")
                      + f"{_table_html(df)}<p class='files'>files: {links}</p></section>")
     parts.append("</body></html>")
-    _atomic_bytes(path, "\n".join(parts).encode("utf-8"))
+    atomic_write_bytes(path, "\n".join(parts).encode("utf-8"))
     return path

@@ -12,7 +12,6 @@ from workbench.checks import check_int
 from workbench.show.figure_engine import (
     _Draft,
     _finish,
-    _jsonable,
     _meta,
     _np,
     _span,
@@ -31,6 +30,7 @@ from workbench.show.theme import (
     NEUTRAL,
     PALETTE,
 )
+from workbench.util import jsonable
 
 
 # ============================================================================= eviction (DeferKV and peers)
@@ -130,7 +130,7 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
         f"layer {'all' if layer is None else layer}, group {'all' if group is None else group}"
     return _finish(fig, f"Kept prompt positions per policy ({where})",
                    _meta("kept_positions", _model_id(model_id, prompt), params, highlight=hi, layer=layer, group=group,
-                         runs=[{"policy": r.policy, "budget": r.budget, **_jsonable(r.params)} for r in results]),
+                         runs=[{"policy": r.policy, "budget": r.budget, **jsonable(r.params)} for r in results]),
                    coloraxis=dict(cmin=0, cmax=1, colorbar=dict(title=dict(text="kept"))), margin=dict(l=160))
 
 
