@@ -42,7 +42,7 @@ def _model(family: str, impl: str | None = None):
         with torch.no_grad():
             for name, p in m.named_parameters():
                 if "q_proj" in name or "k_proj" in name:
-                    p.mul_(4)
+                    p.mul_(20)
     return m
 
 

@@ -450,9 +450,9 @@ def compact_cache_layers(cache, keep: list) -> tuple[list[int], dict[int, str]]:
     """One-shot eviction: in every layer ``l`` and KV head keep the entries of original positions
     ``keep[l]`` (int64 ``[G, S_l]``, sorted, each a subset of what the layer stores), in place.
 
-    Sliding-window layers are compacted too; their stored positions are recorded
-    (``workbench_positions``) so that later decode steps measure the window in original positions
-    (decode inside :func:`original_positions`). ``keep[l] = None`` leaves layer ``l`` as it is.
+    Sliding-window layers are compacted too. The stored positions are recorded (``workbench_positions``)
+    so that later decode steps of a sliding-window layer measure the window in original positions
+    (decode inside :func:`original_positions`; a full layer's record is not extended by decoding). ``keep[l] = None`` leaves layer ``l`` as it is.
 
     Returns:
         ``(compacted layers, {layer: reason} for layers that cannot be compacted)``.
@@ -477,8 +477,7 @@ def compact_cache_layers(cache, keep: list) -> tuple[list[int], dict[int, str]]:
         gi = idx.to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
         lay.keys = torch.gather(k, 2, gi)
         lay.values = torch.gather(v, 2, gi)
-        if getattr(lay, "is_sliding", False):
-            lay.workbench_positions = kp.to(torch.int64).cpu().expand(k.shape[0], -1, -1).clone()
+        lay.workbench_positions = kp.to(torch.int64).cpu().expand(k.shape[0], -1, -1).clone()
         done.append(l)
     return done, skipped
 

@@ -134,7 +134,10 @@ def run_block(model, l: int, hidden: torch.Tensor, position_ids: torch.Tensor) -
     """
     layer = decoder_layers(model)[l]
     rot = getattr(layers_owner(model), "rotary_emb", None)
-    layer_type = getattr(layer, "attention_type", None)
+    c = model.config
+    c = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+    types = getattr(c, "layer_types", None)
+    layer_type = getattr(layer, "attention_type", None) or (types[l] if types is not None else None)
     pe = None
     if rot is not None:
         try:

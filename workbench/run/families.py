@@ -100,7 +100,7 @@ def supported_families() -> list[str]:
 
 
 def _text_type(model) -> str:
-    c = model.config
+    c = getattr(model, "config", model)  # a model or its config
     get = getattr(c, "get_text_config", None)
     tc = get() if callable(get) else c
     return str(getattr(c, "model_type", "") if getattr(c, "model_type", "") in _BY_TYPE else
@@ -108,12 +108,14 @@ def _text_type(model) -> str:
 
 
 def family_of(model) -> Family:
-    """The model's :class:`Family`; ``TypeError`` naming the supported families when it has none."""
+    """The :class:`Family` of a model (or of its config); ``TypeError`` naming the supported families when it
+    has none."""
     mt = _text_type(model)
     fam = _BY_TYPE.get(mt)
     if fam is None:
         why = REFUSED.get(mt, "its layout is not in the workbench's family table")
-        raise TypeError(f"model: the {mt!r} architecture ({type(model).__name__}) is not supported: {why}. "
+        what = type(model).__name__.replace("Config", "")
+        raise TypeError(f"model: the {mt!r} architecture ({what}) is not supported: {why}. "
                         f"Supported families: {', '.join(supported_families())}")
     return fam
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from workbench.run import adapter
+from workbench.run import adapter, families
 from workbench.util import atomic_dir, cache_dir, file_lock
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -136,6 +136,12 @@ def load_model(
             folder = None
     source = str(folder) if folder is not None else str(spec)
     try:
+        config = AutoConfig.from_pretrained(source, local_files_only=local_only)
+        fam = families.family_of(config)  # refused before any weight is read
+        if fam.eager_only and attn_implementation != "eager":
+            warnings.warn(f"attn_implementation: transformers runs {fam.name} exactly only on 'eager' (soft-capping / "
+                          f"learned sinks); using 'eager' instead of {attn_implementation!r}", stacklevel=2)
+            attn_implementation = "eager"
         tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
         kwargs = dict(dtype=dt, attn_implementation=attn_implementation, local_files_only=local_only)
         if device_map is not None:
@@ -152,11 +158,7 @@ def load_model(
     if device_map is None:
         model.to(dev)
     model.eval()
-    fam = adapter.check_supported(model)  # refused here, never at the first capture
-    if fam.eager_only and adapter.current_attn_implementation(model) != "eager":
-        warnings.warn(f"attn_implementation: {fam.name} runs exactly only on 'eager' (soft-capping / learned "
-                      f"sinks); switching from {attn_implementation!r} to 'eager'", stacklevel=2)
-        adapter.set_attn_implementation(model, "eager")
+    adapter.check_supported(model)  # refused here, never at the first capture
     return LoadedModel(model=model, tokenizer=tok, model_id=model_id, device=dev, dtype=dt)
 
 
