@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from test_conformance import SUPPORTED, _model, _spans
 
 from workbench.capture import RowSet, capture_attention, run_capture
 from workbench.capture.data import Capture
@@ -16,8 +17,6 @@ from workbench.rerun.stability import stability
 from workbench.run import adapter, blocks, families
 from workbench.run.models import load_model, tiny_model
 from workbench.run.spans import PromptSpans
-
-from test_conformance import SUPPORTED, _model, _spans
 
 
 def _quiet(fn, *a, **k):
