@@ -5,6 +5,7 @@ import math
 import warnings
 
 import pytest
+import test_notebooks as tn
 import torch
 from test_conformance import SUPPORTED, _model, _spans
 
@@ -196,3 +197,17 @@ def test_layer_window_is_per_layer():
 
 def test_prompt_spans_are_long_enough():
     assert PromptSpans.synthetic([5, 6, 7, 4], query_len=6).T == 41
+
+
+# ----------------------------------------------------------------------------- notebooks on another model
+@pytest.mark.model
+@pytest.mark.slow
+def test_notebook_01_runs_on_a_second_local_model(tmp_path, smollm, monkeypatch):
+    """Notebook 01 headless with ``WORKBENCH_MODEL`` = a tiny Gemma-3-style folder (sliding window 8 on every
+    other layer) built here from a config, with the default model's tokenizer."""
+    model = _quiet(tiny_model, "gemma3", L=4, H_Q=4, G=2, d=16, vocab=len(smollm.tokenizer), seed=3)
+    folder = _folder(tmp_path / "tiny-gemma3", model, smollm)
+    monkeypatch.setenv("WORKBENCH_MODEL", str(folder))
+    monkeypatch.setenv("WORKBENCH_DEVICE", "cpu")
+    path = next(p for p in tn.NOTEBOOKS if p.name.startswith("01_"))
+    tn.test_notebook_executes(path, tmp_path, lambda *a: None)

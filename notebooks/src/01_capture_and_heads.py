@@ -88,7 +88,8 @@ plots.sink_mass_heatmap(cap)
 # chunk holding the answer, grey protected tokens.
 
 # %%
-layer = cap.L // 2
+spread = cap.sink_mass().amax(-1) - cap.sink_mass().amin(-1)  # [L]: how much the heads' sink mass differs
+layer = cap.L // 2 if float(spread[cap.L // 2]) > 0 else int(spread.argmax())  # a window past the sinks: 0
 sink = cap.sink_mass()[layer]
 sink_head, reader_head = int(sink.argmax()), int(sink.argmin())
 print(f"layer {layer}: head {sink_head} sink mass {float(sink.max()):.2f}, head {reader_head} {float(sink.min()):.2f}")
