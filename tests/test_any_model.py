@@ -7,12 +7,16 @@ import warnings
 import pytest
 import test_notebooks as tn
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_conformance import SUPPORTED, _model, _spans
+from transformers.cache_utils import DynamicLayer
 
 from workbench.capture import RowSet, capture_attention, run_capture
 from workbench.capture.data import Capture
-from workbench.rerun.eviction import generate_with_policy
-from workbench.rerun.eviction.policies import SnapKV
+from workbench.rerun.eviction import EvictionSession, Evidence, generate_with_policy
+from workbench.rerun.eviction.evidence import preview_window
+from workbench.rerun.eviction.policies import H2O, SnapKV
 from workbench.rerun.prune import run_full, run_pruned
 from workbench.rerun.stability import stability
 from workbench.run import adapter, blocks, families
@@ -211,3 +215,49 @@ def test_notebook_01_runs_on_a_second_local_model(tmp_path, smollm, monkeypatch)
     monkeypatch.setenv("WORKBENCH_DEVICE", "cpu")
     path = next(p for p in tn.NOTEBOOKS if p.name.startswith("01_"))
     tn.test_notebook_executes(path, tmp_path, lambda *a: None)
+
+
+class _OddLayer(DynamicLayer):
+    """A cache layer type eviction does not know (stands for a quantised or offloaded layer)."""
+
+
+def test_a_layer_that_cannot_be_compacted_warns_and_shows_in_the_bytes():
+    m = _model("gemma3")
+    spans = _spans()
+    pol = SnapKV(n_sink=2, recent=2, window=4)
+    sess = EvictionSession.prepare(m, spans, pol.needs(), 3, progress=False)
+    adapter.cache_layers(sess.cache0)[1].__class__ = _OddLayer  # the global layer
+    with pytest.warns(UserWarning, match="1 layer.*not compacted"):
+        res = sess.run(pol, 5)
+    assert list(res.not_compacted) == [1] and "_OddLayer" in res.not_compacted[1]
+    assert res.kv_layer_bytes_after[1] == res.kv_layer_bytes_before[1]
+    assert res.kv_layer_bytes_after[0] < res.kv_layer_bytes_before[0]
+    assert res.to_frame().layers_not_compacted.iloc[0] == 1
+    assert math.isnan(float(res.survival([0]).mean(-1)[1]))
+
+
+@given(T=st.integers(12, 40), S=st.integers(3, 11), B=st.integers(4, 14), seed=st.integers(0, 10_000))
+@settings(max_examples=60, deadline=None)
+def test_window_layer_keeps_the_policy_choice_among_what_it_sees(T, S, B, seed):
+    """SPEC §7 [decided]: a window layer keeps the policy's top-B among the positions it still holds
+    (protected ones first), all of them when B >= their count."""
+    g = torch.Generator().manual_seed(seed)
+    L, G = 2, 2
+    ev = Evidence(T=T, L=L, head_group=torch.tensor([0, 0, 1, 1]), colsum=torch.rand(L, 4, T, generator=g).double())
+    pol = H2O(n_sink=2, recent=2)
+    held = torch.arange(T - S, T)
+    got = preview_window(pol, ev, B, 1, held)
+    if B >= S:
+        assert torch.equal(got, held.expand(G, S))
+        return
+    assert got.shape == (G, B) and bool(((got >= T - S) & (got < T)).all())
+    scores = ev.scores_of(pol)[1]
+    prot = pol.protected(T)
+    for gi in range(G):
+        kept = set(got[gi].tolist())
+        assert {int(p) for p in held if prot[p]} <= kept
+        rest = [int(p) for p in held if not prot[p]]
+        free = [p for p in rest if p in kept]
+        out = [p for p in rest if p not in kept]
+        if free and out:
+            assert min(float(scores[gi, p]) for p in free) >= max(float(scores[gi, p]) for p in out)

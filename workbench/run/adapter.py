@@ -149,7 +149,7 @@ _EAGER: dict = {}
 
 def own_eager_function(module) -> Callable:
     """The ``eager_attention_forward`` of the modelling module that defines ``module``'s class (Gemma-2's
-    soft-capping, gpt-oss's learned sinks, GPT-2's own scaling kept), never Llama's."""
+    soft-capping, gpt-oss's learned sinks, each family's own scaling kept), never Llama's."""
     cls = type(module)
     if cls not in _EAGER:
         for klass in cls.__mro__:
