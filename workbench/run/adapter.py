@@ -441,6 +441,8 @@ def layer_positions(cache, layer: int) -> torch.Tensor:
     G, S = int(lay.keys.shape[1]), int(lay.keys.shape[-2])
     pos = getattr(lay, "workbench_positions", None)
     if pos is not None:
+        if pos.shape[-1] != S:
+            raise ValueError(f"cache: layer {layer} holds {S} entries but {pos.shape[-1]} tracked positions")
         return pos[0].clone()
     n = int(getattr(lay, "cumulative_length", S)) if getattr(lay, "is_sliding", False) else S
     return torch.arange(n - S, n).expand(G, S).clone()
@@ -518,7 +520,9 @@ def stack_cache_rows(items) -> object:
         lay.keys = torch.cat([s.keys[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
         lay.values = torch.cat([s.values[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
         pos = [getattr(s, "workbench_positions", None) for s in srcs]
-        if any(p is not None for p in pos):
+        if not getattr(lay, "is_sliding", False):  # a full layer's record is not extended by decoding
+            lay.workbench_positions = None
+        elif any(p is not None for p in pos):
             G, S = lay.keys.shape[1], lay.keys.shape[2]
             lay.workbench_positions = torch.cat([
                 (p[r: r + 1] if p is not None else layer_positions(c, l)[None]).expand(1, G, S)
