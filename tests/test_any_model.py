@@ -5,7 +5,6 @@ import math
 import warnings
 
 import pytest
-import test_notebooks as tn
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -209,6 +208,7 @@ def test_prompt_spans_are_long_enough():
 def test_notebook_01_runs_on_a_second_local_model(tmp_path, smollm, monkeypatch):
     """Notebook 01 headless with ``WORKBENCH_MODEL`` = a tiny Gemma-3-style folder (sliding window 8 on every
     other layer) built here from a config, with the default model's tokenizer."""
+    tn = pytest.importorskip("test_notebooks")  # needs nbclient (the test extra)
     model = _quiet(tiny_model, "gemma3", L=4, H_Q=4, G=2, d=16, vocab=len(smollm.tokenizer), seed=3)
     folder = _folder(tmp_path / "tiny-gemma3", model, smollm)
     monkeypatch.setenv("WORKBENCH_MODEL", str(folder))
