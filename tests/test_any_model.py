@@ -205,15 +205,18 @@ def test_prompt_spans_are_long_enough():
 # ----------------------------------------------------------------------------- notebooks on another model
 @pytest.mark.model
 @pytest.mark.slow
-def test_notebook_01_runs_on_a_second_local_model(tmp_path, smollm, monkeypatch):
-    """Notebook 01 headless with ``WORKBENCH_MODEL`` = a tiny Gemma-3-style folder (sliding window 8 on every
-    other layer) built here from a config, with the default model's tokenizer."""
+@pytest.mark.parametrize("notebook,family", [("01_", "gemma3"), ("00_", "gpt_oss")])
+def test_notebook_runs_on_a_second_local_model(notebook, family, tmp_path, smollm, monkeypatch):
+    """A notebook headless with ``WORKBENCH_MODEL`` = a tiny folder built here from a config, with the
+    default model's tokenizer: Gemma-3-style (a window of 8 on every other layer) for 01, gpt-oss (learned
+    sinks, eager) for 00."""
     tn = pytest.importorskip("test_notebooks")  # needs nbclient (the test extra)
-    model = _quiet(tiny_model, "gemma3", L=4, H_Q=4, G=2, d=16, vocab=len(smollm.tokenizer), seed=3)
-    folder = _folder(tmp_path / "tiny-gemma3", model, smollm)
+    model = _quiet(tiny_model, family, L=4, H_Q=4, G=2, d=16, vocab=len(smollm.tokenizer), seed=3,
+                   attn_implementation="eager" if family in ("gemma2", "gpt_oss") else "sdpa")
+    folder = _folder(tmp_path / f"tiny-{family}", model, smollm)
     monkeypatch.setenv("WORKBENCH_MODEL", str(folder))
     monkeypatch.setenv("WORKBENCH_DEVICE", "cpu")
-    path = next(p for p in tn.NOTEBOOKS if p.name.startswith("01_"))
+    path = next(p for p in tn.NOTEBOOKS if p.name.startswith(notebook))
     tn.test_notebook_executes(path, tmp_path, lambda *a: None)
 
 

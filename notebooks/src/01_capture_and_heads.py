@@ -148,6 +148,8 @@ panel.widget
 import math
 
 sums = cap.attn.sum(-1)                       # [L, H_Q, rows]; a decode row's future keys hold 0
+if cap.learned_sink is not None:              # a model with learned sinks (gpt-oss): the rest of each row
+    sums = sums + cap.learned_sink
 row_err = float((sums - 1).abs().max())
 sink = cap.sink_mass()                        # [L, H_Q], mean over the observers
 H = pooling.H[pooling.valid_head]             # finite for valid heads
