@@ -2,12 +2,14 @@
 
 ``capture_attention`` registers a wrapper around the model's own attention implementation (sdpa,
 eager or flash; under eager the model's own modelling module's eager function, never Llama's) and
-selects it with ``model.set_attn_implementation``. The wrapper calls the
-original kernel unchanged (so the model's outputs are unchanged) and, from the same post-RoPE
-``query [B, H_Q, q, d]`` and ``key [B, G, S, d]``, the same scaling, soft-capping, mask and learned
-sinks (gpt-oss ``s_aux``: rows then sum to less than 1, exactly as the model computes them, and the mass
-on the sink is kept as ``Capture.learned_sink``), computes only the requested rows ``A^{l,h}_{u,·}``: ``O(L · H_Q · |rows| · T)`` memory, never a
-``T × T`` matrix. The context manager always restores the implementation and removes its hooks.
+selects it with ``model.set_attn_implementation``. The wrapper calls the original kernel unchanged (so
+the model's outputs are unchanged) and, from the same post-RoPE ``query [B, H_Q, q, d]`` and
+``key [B, G, S, d]``, the same scaling, soft-capping, mask and learned sinks (gpt-oss ``s_aux``: rows then
+sum to less than 1, exactly as the model computes them, and the mass on the sink is kept as
+``Capture.learned_sink``), computes only the requested rows ``A^{l,h}_{u,·}``:
+``O(L · H_Q · |rows| · T)`` memory, never a ``T × T`` matrix. The context manager always restores the
+implementation and removes its hooks. A model outside the supported families
+(:mod:`workbench.run.families`) is refused.
 
 ``run_capture`` runs a prompt (prefill, then optional greedy decode steps) and returns a
 :class:`~workbench.capture.data.Capture`.
