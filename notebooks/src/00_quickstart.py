@@ -61,7 +61,7 @@ panel.widget
 # %%
 import torch
 
-sums = cap.attn.sum(-1)
+sums = cap.attn.sum(-1) + (cap.learned_sink if cap.learned_sink is not None else 0)  # gpt-oss: + its learned sink
 assert torch.allclose(sums, torch.ones_like(sums), atol=1e-5)   # every row is a distribution
 sink = cap.sink_mass()
 assert sink.shape == (lm.shape.L, lm.shape.H_Q) == (cap.L, cap.H_Q) and 0 <= float(sink.min()) and float(sink.max()) <= 1 + 1e-6

@@ -88,7 +88,8 @@ plots.sink_mass_heatmap(cap)
 # chunk holding the answer, grey protected tokens.
 
 # %%
-layer = cap.L // 2
+spread = cap.sink_mass().amax(-1) - cap.sink_mass().amin(-1)  # [L]: how much the heads' sink mass differs
+layer = cap.L // 2 if float(spread[cap.L // 2]) > 0 else int(spread.argmax())  # a window past the sinks: 0
 sink = cap.sink_mass()[layer]
 sink_head, reader_head = int(sink.argmax()), int(sink.argmin())
 print(f"layer {layer}: head {sink_head} sink mass {float(sink.max()):.2f}, head {reader_head} {float(sink.min()):.2f}")
@@ -147,6 +148,8 @@ panel.widget
 import math
 
 sums = cap.attn.sum(-1)                       # [L, H_Q, rows]; a decode row's future keys hold 0
+if cap.learned_sink is not None:              # a model with learned sinks (gpt-oss): the rest of each row
+    sums = sums + cap.learned_sink
 row_err = float((sums - 1).abs().max())
 sink = cap.sink_mass()                        # [L, H_Q], mean over the observers
 H = pooling.H[pooling.valid_head]             # finite for valid heads

@@ -39,6 +39,9 @@ class Capture:
         hidden: optional hidden states ``{layer: float32 [T, D]}`` (input of block ``layer``;
             key ``L`` is the final-norm input).
         generated_ids: token ids generated during a decode capture (``[n]``), if any.
+        learned_sink: float32 ``[L, H_Q, R]`` mass each row puts on a learned attention sink (gpt-oss
+            ``s_aux``), ``None`` for models without one. The rows of ``attn`` then sum to
+            ``1 - learned_sink`` exactly as the model computes them.
     """
 
     attn: torch.Tensor
@@ -52,6 +55,7 @@ class Capture:
     version: str = ""
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     generated_ids: list[int] = field(default_factory=list)
+    learned_sink: torch.Tensor | None = None
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def cached(self, key, fn):
@@ -135,6 +139,8 @@ class Capture:
         }
         for l, h in self.hidden.items():
             tensors[f"hidden.{int(l)}"] = h.contiguous()
+        if self.learned_sink is not None:
+            tensors["learned_sink"] = self.learned_sink.contiguous()
         meta = {
             "format": "workbench.capture/1",
             "row_kind": json.dumps(self.row_kind),
@@ -169,6 +175,7 @@ class Capture:
             version=meta["version"],
             hidden=dict(sorted(hidden.items())),
             generated_ids=json.loads(meta["generated_ids"]),
+            learned_sink=t.get("learned_sink"),
         )
 
     @classmethod

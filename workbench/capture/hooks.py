@@ -1,11 +1,15 @@
 """Exact attention-row capture through transformers' attention interface (SPEC §1).
 
 ``capture_attention`` registers a wrapper around the model's own attention implementation (sdpa,
-eager or flash) and selects it with ``model.set_attn_implementation``. The wrapper calls the
-original kernel unchanged (so the model's outputs are unchanged) and, from the same post-RoPE
-``query [B, H_Q, q, d]`` and ``key [B, G, S, d]``, the same scaling, soft-capping and mask,
-computes only the requested rows ``A^{l,h}_{u,·}``: ``O(L · H_Q · |rows| · T)`` memory, never a
-``T × T`` matrix. The context manager always restores the implementation and removes its hooks.
+eager or flash; under eager the model's own modelling module's eager function, never Llama's) and
+selects it with ``model.set_attn_implementation``. The wrapper calls the original kernel unchanged (so
+the model's outputs are unchanged) and, from the same post-RoPE ``query [B, H_Q, q, d]`` and
+``key [B, G, S, d]``, the same scaling, soft-capping, mask and learned sinks (gpt-oss ``s_aux``: rows then
+sum to less than 1, exactly as the model computes them, and the mass on the sink is kept as
+``Capture.learned_sink``), computes only the requested rows ``A^{l,h}_{u,·}``:
+``O(L · H_Q · |rows| · T)`` memory, never a ``T × T`` matrix. The context manager always restores the
+implementation and removes its hooks. A model outside the supported families
+(:mod:`workbench.run.families`) is refused.
 
 ``run_capture`` runs a prompt (prefill, then optional greedy decode steps) and returns a
 :class:`~workbench.capture.data.Capture`.
@@ -101,6 +105,8 @@ class AttentionRecorder:
         # H2O accumulator: Σ_u A^{l,h}_{u,j} over every prompt query u < T (float64 [L, H_Q, T])
         self.colsum = torch.zeros(shape.L, shape.H_Q, T, dtype=torch.float64, device=device) if colsum else None
         self.colsum_tile = colsum_tile
+        self.learned_sink: torch.Tensor | None = None  # [L, H_Q, R]: mass on the learned sink (gpt-oss)
+        self._sink_p: torch.Tensor | None = None
 
     # the attention function wrapper -------------------------------------------------
     def make_wrapper(self, base_fn):
@@ -136,6 +142,10 @@ class AttentionRecorder:
         if r_idx.numel() == 0:
             return
         probs = self._probs(call, q_idx, q_abs, k0)  # [H_Q, n, S]
+        if call.sinks is not None:
+            if self.learned_sink is None:
+                self.learned_sink = torch.zeros(self.shape.L, self.shape.H_Q, len(self.row_pos), device=self.attn.device)
+            self.learned_sink[l, :, r_idx.to(self.attn.device)] = self._sink_p.to(self.attn.device)
         lo = max(k0, 0)
         src = probs[..., lo - k0:].to(self.attn.device)
         n = r_idx.numel()
@@ -179,7 +189,7 @@ class AttentionRecorder:
         scale = call.scaling if not call.softcap else 1.0
         qs = qs.float() * scale
         ks = k[0, :, :S].float()  # [G, S, d]
-        if call.mask is None and not call.softcap:
+        if call.mask is None and not call.softcap and call.sinks is None:
             key_abs = torch.arange(k0, k0 + S, device=qs.device)
             bias = torch.zeros(n, S, device=qs.device).masked_fill_(
                 key_abs[None, :] > q_abs[q_idx].to(qs.device)[:, None], float("-inf"))
@@ -198,6 +208,11 @@ class AttentionRecorder:
             key_abs = torch.arange(k0, k0 + S, device=z.device)
             causal = key_abs[None, :] <= q_abs[q_idx].to(z.device)[:, None]
             z.masked_fill_(~causal[None], float("-inf"))
+        if call.sinks is not None:  # the learned sink is one more logit per head, dropped after the softmax
+            sink = call.sinks.detach().float().to(z.device).reshape(-1, 1, 1).expand(z.shape[0], n, 1)
+            p = torch.softmax(torch.cat([z, sink], dim=-1), dim=-1)
+            self._sink_p = p[..., -1]
+            return p[..., :-1]
         return torch.softmax(z, dim=-1)
 
     def _accumulate_colsum(self, call: adapter.AttentionCall, l: int, q_abs: torch.Tensor, k0: int) -> None:
@@ -244,6 +259,7 @@ def capture_attention(model, row_pos: list[int], *, K: int, T: int | None = None
         the :class:`AttentionRecorder` (``attn [L, H_Q, R, K]``, ``vnorm_max [L, G]``, ``hidden``,
         ``colsum`` or ``None``).
     """
+    adapter.check_supported(model)
     shape = adapter.model_shape(model)
     device = next(model.parameters()).device
     rec = AttentionRecorder(shape, row_pos, K, T, device, hidden_layers, progress, colsum, colsum_tile)
@@ -336,4 +352,5 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
         version=_version(),
         hidden=dict(sorted(rec.hidden.items())),
         generated_ids=generated,
+        learned_sink=rec.learned_sink.cpu() if rec.learned_sink is not None else None,
     )

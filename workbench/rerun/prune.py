@@ -10,6 +10,12 @@ continues at position ``T`` on a cache of length ``T' = |R|``. This is not textu
 
 ``l* = -1`` prunes before layer 0 (a forward on the shortened sequence with the original
 position ids); ``l* = L-1`` shrinks only the cache.
+
+Sliding windows (SPEC §7 **[decided]**): after a gather a window is measured in original positions — a
+retained key ``j`` is visible to query ``u`` when ``0 ≤ u - j < window`` — in the pruned prefill (the
+gathered mask is the original mask restricted to ``R``), in every decode step after it, and in the
+``l* = -1`` reference :func:`run_full` with ``positions=R`` (:func:`workbench.run.adapter.original_positions`),
+so the oracle holds when the window binds, under ``sdpa`` and ``eager`` alike.
 """
 from __future__ import annotations
 
@@ -257,8 +263,14 @@ def run_pruned(
     kv_bytes = adapter.cache_bytes(cache)
     first_logits = out.logits[0, -1].float().cpu()
     t1 = time.perf_counter()
-    generated, _, cache = greedy_continue(model, cache, int(first_logits.argmax()), T, max_new_tokens,
-                                          stop_token_ids(model, tok), on_step=lambda t: bar.update(1))
+    if g.R is not None:
+        adapter.track_positions(cache, g.R)
+    with adapter.positions_context(model, cache) as pstate:
+        def step(t):
+            pstate.q_pos = torch.tensor([T + t - 1])
+            bar.update(1)
+        generated, _, cache = greedy_continue(model, cache, int(first_logits.argmax()), T, max_new_tokens,
+                                              stop_token_ids(model, tok), on_step=step)
     decode_s = time.perf_counter() - t1
     bar.close()
     R = g.R if g.R is not None else torch.arange(T)
@@ -289,7 +301,8 @@ def run_pruned(
 def run_full(model, prompt, *, max_new_tokens: int = 16, keep_hidden: bool = False, positions=None,
              progress: bool = False) -> PruneResult:
     """The unpruned reference with the same interface (``positions``: feed only these prompt
-    positions with their original position ids, i.e. textual removal with original RoPE positions)."""
+    positions with their original position ids, i.e. textual removal with original RoPE positions; a
+    sliding window then counts original positions, not retained tokens, as in :func:`run_pruned`)."""
     model, tok, _ = _unwrap(model)
     spans = getattr(prompt, "spans", prompt)
     T = spans.T
@@ -306,19 +319,26 @@ def run_full(model, prompt, *, max_new_tokens: int = 16, keep_hidden: bool = Fal
                 hidden.setdefault(j, adapter.layer_hidden(args, kwargs)[0].detach().float().cpu())
             handles.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
     cache = adapter.new_cache(model)
-    t0 = time.perf_counter()
-    try:
-        out = adapter.forward(model, ids, cache=cache, position_ids=R[None].to(device), logits_to_keep=1)
-    finally:
-        for h in handles:
-            h.remove()
-    prefill_s = time.perf_counter() - t0
-    cache = adapter.output_cache(out) or cache
-    kv_bytes = adapter.cache_bytes(cache)  # after the prefill, as run_pruned reports it
-    first_logits = out.logits[0, -1].float().cpu()
-    t1 = time.perf_counter()
-    generated, _, cache = greedy_continue(model, cache, int(first_logits.argmax()), T, max_new_tokens,
-                                          stop_token_ids(model, tok))
+    ctx = adapter.positions_context(model, cache) if positions is not None else contextlib.nullcontext(
+        adapter.PositionState(cache=cache))
+    with ctx as pstate:
+        pstate.q_pos = R
+        t0 = time.perf_counter()
+        try:
+            out = adapter.forward(model, ids, cache=cache, position_ids=R[None].to(device), logits_to_keep=1)
+        finally:
+            for h in handles:
+                h.remove()
+        prefill_s = time.perf_counter() - t0
+        cache = adapter.output_cache(out) or cache
+        kv_bytes = adapter.cache_bytes(cache)  # after the prefill, as run_pruned reports it
+        first_logits = out.logits[0, -1].float().cpu()
+        t1 = time.perf_counter()
+
+        def step(t):
+            pstate.q_pos = torch.tensor([T + t - 1])
+        generated, _, cache = greedy_continue(model, cache, int(first_logits.argmax()), T, max_new_tokens,
+                                              stop_token_ids(model, tok), on_step=step)
     return PruneResult(l_star=None, removed=[], retained=R, T=T, T_prime=int(len(R)), mode="full",
                        decision="full prefill" if positions is None else "shortened sequence, original positions",
                        trace=None, generated_ids=generated, text=tok.decode(generated) if tok is not None else "",

@@ -11,9 +11,14 @@ Constants used (paper §6.2, A.1–A.2; computed, not assumed):
   the minimum taken over the segment between the full and the pruned input (``‖x‖ ≥ max(‖X‖, ‖Y‖) − ‖X − Y‖``);
 - ``a_{l,h} = c_l/√d (Q̄‖W^K_h‖ + K̄‖W^Q_h‖)`` with ``Q̄, K̄`` the largest query/key norms of the full run,
   ``b_{l,h} = c_l‖W^V_h‖ + 2V_{l,h} a_{l,h}``, ``K_l = R_l (1 + ‖O_l‖ sqrt(Σ_h b_{l,h}²))``;
-- ``R_l = 1 + f_l c̄_l`` with ``f_l`` a bound on the gated MLP's Jacobian over the observed inputs
-  (``‖W_down‖ (max|silu'(g)| max|u| ‖W_gate‖ + max|silu(g)| ‖W_up‖)``; an enclosure taken from the two
-  runs' actual normalised inputs, as the paper requires for gated MLPs);
+- ``R_l = 1 + f_l c̄_l`` with ``f_l`` a bound on the MLP's Jacobian over the observed inputs
+  (gated: ``‖W_down‖ (max|φ'(g)| max|u| ‖W_gate‖ + max|φ(g)| ‖W_up‖)``, plain: ``‖W_down‖ max|φ'(h)| ‖W_up‖``,
+  with ``φ`` the config's activation — SiLU, Gemma's GELU-tanh, ...; an enclosure taken from the two
+  runs' actual normalised inputs, as the paper requires for gated MLPs). A LayerNorm is bounded as the
+  RMSNorm of its centred input (the centring projection has norm 1);
+- families whose block does not have this form (post-norm OLMo-2, parallel Cohere/GPT-NeoX, MoE MLPs,
+  GPT-2's Conv1D ``c_attn``) get ``K_l`` reported as ``"not available for <family>: <reason>"`` in
+  ``notes`` (the composed bound is then NaN); drift, ``Δ_L``, margin and certificate are always computed;
 - ``e_l = ‖F_l(X^{l-1})|_R − F_{l,R}(X^{l-1}|_R)‖_{max,2}``: block ``l`` run on the full trajectory's
   input restricted to ``R`` against the full block's output on ``R``.
 """
@@ -25,7 +30,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
-from workbench.run import adapter
+from workbench.run import adapter, blocks, families
 from workbench.util import single_threaded
 
 
@@ -48,8 +53,11 @@ def _spec(w: torch.Tensor) -> float:
 
 
 def _norm_lipschitz(gain_eps, X: torch.Tensor, Y: torch.Tensor) -> float:
-    """RMSNorm Lipschitz bound over the segments between rows of ``X`` and ``Y`` (``[rows, D]``)."""
+    """RMSNorm Lipschitz bound over the segments between rows of ``X`` and ``Y`` (``[rows, D]``); a LayerNorm
+    (``gain_eps.centred``) is the RMSNorm of its centred input."""
     g, eps = gain_eps
+    if getattr(gain_eps, "centred", False):
+        X, Y = X - X.mean(-1, keepdim=True), Y - Y.mean(-1, keepdim=True)
     D = X.shape[-1]
     low = torch.clamp(torch.maximum(X.norm(dim=-1), Y.norm(dim=-1)) - (X - Y).norm(dim=-1), min=0.0)
     rms = torch.sqrt(low.pow(2) / D + eps)
@@ -116,8 +124,8 @@ def stability(model, full, pruned, *, composed: bool = True) -> StabilityResult:
     top2 = torch.topk(z, 2).values
     margin = float(top2[0] - top2[1])
     XL, YL = full.hidden[L][R][-1:], pruned.hidden[L][-1:]
-    c_final = _norm_lipschitz(adapter.norm_gain_eps(adapter.final_norm(model), shape.model_type), XL, YL)
-    W_out = adapter.lm_head_weight(model)
+    c_final = _norm_lipschitz(blocks.final_norm_gain(model), XL, YL)
+    W_out = blocks.lm_head_weight(model)
     Lambda = float(W_out.norm(dim=1).max()) * c_final
     certified = margin > 2 * Lambda * Delta_L
     res = StabilityResult(l_star=l_star, drift=drift, Delta_L=Delta_L, margin=margin, Lambda=Lambda, c_final=c_final,
@@ -130,6 +138,27 @@ def stability(model, full, pruned, *, composed: bool = True) -> StabilityResult:
     return res
 
 
+def _normed(x: torch.Tensor, ng) -> torch.Tensor:
+    if ng.centred:
+        x = x - x.mean(-1, keepdim=True)
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + ng.eps) * ng.gain
+
+
+def _mlp_bound(bw, xs: torch.Tensor) -> float:
+    """``f_l``: the MLP Jacobian bound over the normalised inputs ``xs`` (config activation, autograd derivative)."""
+    nx = _normed(xs, bw.post_norm)
+    pre = nx @ (bw.mlp["gate"] if bw.gated else bw.mlp["up"]).T
+    with torch.enable_grad():
+        z = pre.detach().double().requires_grad_(True)
+        a = bw.act(z)
+        (da,) = torch.autograd.grad(a.sum(), z)
+    if bw.gated:
+        up = nx @ bw.mlp["up"].T
+        return _spec(bw.mlp["down"]) * (float(da.abs().max()) * float(up.abs().max()) * _spec(bw.mlp["gate"])
+                                        + float(a.detach().abs().max()) * _spec(bw.mlp["up"]))
+    return _spec(bw.mlp["down"]) * float(da.abs().max()) * _spec(bw.mlp["up"])
+
+
 @single_threaded  # ~100 small eigenproblems: thread sync costs more than the arithmetic (225 s vs ~30 s when busy)
 def _composed(model, shape, full, pruned, R, res: StabilityResult) -> None:
     device = next(model.parameters()).device
@@ -137,16 +166,25 @@ def _composed(model, shape, full, pruned, R, res: StabilityResult) -> None:
     d, r, H = shape.d, shape.r, shape.H_Q
     total = 0.0
     Ks = {}
+    fam = families.family_of(model)
     for l in range(res.l_star + 1, shape.L):
         X_in = full.hidden[l][R]
         Y_in = pruned.hidden[l]
-        out = adapter.run_block(model, l, X_in[None].to(device, next(model.parameters()).dtype), pos)[0].float().cpu()
-        res.defects[l + 1] = max2(full.hidden[l + 1][R] - out)
-        bw = adapter.block_weights(model, l)
+        try:
+            out = blocks.run_block(model, l, X_in[None].to(device, next(model.parameters()).dtype), pos)[0].float().cpu()
+            res.defects[l + 1] = max2(full.hidden[l + 1][R] - out)
+        except Exception as e:  # noqa: BLE001 - a block that cannot run alone: say so, never crash
+            res.notes.append(f"defect e_{l + 1} not available for {fam.name}: {type(e).__name__}: {e}")
+            res.defects[l + 1] = float("nan")
+        try:
+            bw = blocks.block_weights(model, l)
+        except blocks.Unavailable as e:
+            if str(e) not in res.notes:
+                res.notes.append(str(e))
+            Ks[l + 1] = float("nan")
+            continue
         c_l = _norm_lipschitz(bw.input_norm, X_in, Y_in)
-        g, _ = bw.input_norm
-        xin = full.hidden[l] * 0 + full.hidden[l]
-        n_in = xin / torch.sqrt(xin.pow(2).mean(-1, keepdim=True) + bw.input_norm[1]) * g
+        n_in = _normed(full.hidden[l], bw.input_norm)
         q = (n_in @ bw.W_Q.T).view(-1, H, d).norm(dim=-1).amax(0)  # Q̄ per head (RoPE keeps norms)
         k = (n_in @ bw.W_K.T).view(-1, shape.G, d).norm(dim=-1).amax(0)
         v = (n_in @ bw.W_V.T).view(-1, shape.G, d).norm(dim=-1).amax(0)
@@ -158,20 +196,8 @@ def _composed(model, shape, full, pruned, R, res: StabilityResult) -> None:
             b = c_l * _spec(WV) + 2 * float(v[gi]) * a
             b2 += b * b
         # MLP Jacobian bound over the observed normalised inputs of both runs
-        mats = bw.mlp
-        if "gate_proj" in mats:
-            xs = torch.cat([X_in, Y_in])
-            gp, ep = bw.post_norm
-            nx = xs / torch.sqrt(xs.pow(2).mean(-1, keepdim=True) + ep) * gp
-            gate, up = nx @ mats["gate_proj"].T, nx @ mats["up_proj"].T
-            sig = torch.sigmoid(gate)
-            dsilu = sig * (1 + gate * (1 - sig))
-            f = _spec(mats["down_proj"]) * (float(dsilu.abs().max()) * float(up.abs().max()) * _spec(mats["gate_proj"])
-                                            + float((gate * sig).abs().max()) * _spec(mats["up_proj"]))
-            c_bar = _norm_lipschitz(bw.post_norm, X_in, Y_in)
-        else:
-            f, c_bar = float("inf"), 1.0
-            res.notes.append(f"layer {l}: MLP form not recognised; R_l = inf")
+        f = _mlp_bound(bw, torch.cat([X_in, Y_in]))
+        c_bar = _norm_lipschitz(bw.post_norm, X_in, Y_in)
         R_l = 1 + f * c_bar
         Ks[l + 1] = R_l * (1 + _spec(bw.W_O) * math.sqrt(b2))
     res.K = Ks
@@ -183,5 +209,3 @@ def _composed(model, shape, full, pruned, R, res: StabilityResult) -> None:
                 prod *= Ks[s]
         total += res.defects[j] * prod
     res.composed_bound = total
-    if shape.model_type.startswith("gemma"):
-        res.notes.append("run_block uses a plain causal mask: sliding-window layers are approximated")

@@ -10,17 +10,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import transformers
 from transformers import AttentionInterface, DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import eager_attention_forward
 from transformers.utils import logging as hf_logging
+
+from workbench.run import families
+from workbench.run.families import decoder_layers, final_norm, layers_owner  # noqa: F401  (re-exported)
 
 CAPTURE_PREFIX = "workbench_capture_"
 TRANSFORMERS_VERSION = transformers.__version__
@@ -74,25 +77,15 @@ def model_shape(model) -> ModelShape:
     )
 
 
-def decoder_layers(model) -> torch.nn.ModuleList:
-    """The list of decoder blocks (``model.model.layers`` for the standard causal LMs)."""
-    base = getattr(model, "model", model)
-    for name in ("layers", "h", "blocks"):
-        layers = getattr(base, name, None)
-        if isinstance(layers, torch.nn.ModuleList):
-            return layers
-    lm = getattr(base, "language_model", None)
-    if lm is not None and isinstance(getattr(lm, "layers", None), torch.nn.ModuleList):
-        return lm.layers
-    raise TypeError(f"model: cannot find the decoder layers of {type(model).__name__}")
-
-
-def final_norm(model) -> torch.nn.Module:
-    base = getattr(model, "model", model)
-    for owner in (base, getattr(base, "language_model", None)):
-        if owner is not None and isinstance(getattr(owner, "norm", None), torch.nn.Module):
-            return owner.norm
-    raise TypeError(f"model: cannot find the final norm of {type(model).__name__}")
+def check_supported(model) -> families.Family:
+    """The model's family; ``TypeError`` (with the supported families) for a model the workbench cannot
+    handle exactly, or one that does not call transformers' attention interface."""
+    fam = families.family_of(model)
+    if not supports_attention_interface(model):
+        raise TypeError(f"model: {type(model).__name__} does not use transformers' attention interface; the "
+                        f"workbench captures attention through it. Supported families: "
+                        f"{', '.join(families.supported_families())}")
+    return fam
 
 
 def supports_attention_interface(model) -> bool:
@@ -125,6 +118,7 @@ class AttentionCall:
     scaling: float
     softcap: float | None
     sliding_window: int | None
+    sinks: torch.Tensor | None = None  # learned per-head sink logits ``[H_Q]`` (gpt-oss ``s_aux``)
 
 
 def read_attention_call(module, query, key, value, attention_mask, kwargs) -> AttentionCall:
@@ -146,14 +140,37 @@ def read_attention_call(module, query, key, value, attention_mask, kwargs) -> At
         scaling=float(scaling),
         softcap=float(softcap) if softcap else None,
         sliding_window=int(window) if window else None,
+        sinks=kwargs.get("s_aux", getattr(module, "sinks", None)),
     )
 
 
-def base_attention_function(name: str) -> Callable:
-    """The attention function transformers would use for implementation ``name``."""
-    if name == "eager":
+_EAGER: dict = {}
 
-        return eager_attention_forward
+
+def own_eager_function(module) -> Callable:
+    """The ``eager_attention_forward`` of the modelling module that defines ``module``'s class (Gemma-2's
+    soft-capping, gpt-oss's learned sinks, each family's own scaling kept), never Llama's."""
+    cls = type(module)
+    if cls not in _EAGER:
+        for klass in cls.__mro__:
+            fn = getattr(sys.modules.get(klass.__module__), "eager_attention_forward", None)
+            if fn is not None:
+                _EAGER[cls] = fn
+                break
+        else:
+            raise TypeError(f"model: {cls.__name__}'s modelling module has no eager_attention_forward")
+    return _EAGER[cls]
+
+
+def _model_eager(module, query, key, value, attention_mask, **kwargs):
+    return own_eager_function(module)(module, query, key, value, attention_mask, **kwargs)
+
+
+def base_attention_function(name: str) -> Callable:
+    """The attention function transformers would use for implementation ``name`` (``eager``: the calling
+    module's own eager function, looked up per call)."""
+    if name == "eager":
+        return _model_eager
     return ALL_ATTENTION_FUNCTIONS[name]
 
 
@@ -169,6 +186,95 @@ def register_wrapped_attention(base: str, make_wrapper: Callable[[Callable], Cal
         raise TypeError(f"attn_implementation: no mask function for base implementation {base!r}")
     AttentionMaskInterface.register(name, mask_fn)
     return name
+
+
+POSITIONS_PREFIX = "workbench_positions_"
+
+
+@dataclass
+class PositionState:
+    """Original positions of the queries of the next forward (``q_pos``, int64 ``[q]``) and the cache whose
+    sliding-window layers are masked by original positions (see :func:`original_positions`)."""
+
+    cache: object = None
+    q_pos: torch.Tensor | None = None
+
+
+def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool) -> Callable:
+    def workbench_positions_attention(module, query, key, value, attention_mask, **kwargs):
+        l = int(getattr(module, "layer_idx", -1))
+        lay = cache_layers(state.cache)[l] if state.cache is not None and l >= 0 else None
+        if lay is None or not getattr(lay, "is_sliding", False) or state.q_pos is None:
+            return base_fn(module, query, key, value, attention_mask, **kwargs)
+        B, G, S_all = key.shape[0], key.shape[1], key.shape[2]
+        q = query.shape[2]
+        qp = state.q_pos.to(torch.int64).reshape(-1)[-q:].cpu()
+        pos = getattr(lay, "workbench_positions", None)
+        if pos is None:  # nothing gathered: contiguous keys, so the model's own mask is already right
+            if S_all > q or bool((qp == torch.arange(int(qp[0]), int(qp[0]) + q)).all()):
+                return base_fn(module, query, key, value, attention_mask, **kwargs)
+            pos = torch.zeros(B, G, 0, dtype=torch.int64)  # a fresh cache fed non-contiguous positions
+        if pos.shape[-1] != S_all - q:
+            raise RuntimeError(f"cache: layer {l} holds {S_all - q} keys but {pos.shape[-1]} tracked positions")
+        allp = torch.cat([pos, qp.expand(B, G, q)], dim=-1)  # [B, G, S_all]
+        w = int(lay.sliding_window)
+        d = qp[None, None, :, None] - allp[:, :, None, :]  # [B, G, q, S_all]
+        vis = (d >= 0) & (d < w)
+        vis = vis.repeat_interleave(query.shape[1] // G, dim=1).to(query.device)  # [B, H_Q, q, S_all]
+        mask = torch.zeros(vis.shape, dtype=query.dtype, device=query.device).masked_fill_(
+            ~vis, torch.finfo(query.dtype).min) if additive else vis
+        out = base_fn(module, query, key, value, mask, **kwargs)
+        S = int(lay.keys.shape[-2])
+        lay.workbench_positions = allp[..., S_all - S:] if S <= S_all else allp
+        return out
+
+    return workbench_positions_attention
+
+
+@contextlib.contextmanager
+def original_positions(model, cache=None):
+    """Mask sliding-window layers by original positions (SPEC §7 **[decided]**): a stored key at original
+    position ``j`` is visible to the query at ``u`` when ``0 ≤ u - j < window``, whatever was gathered or
+    evicted before. Layers without a window keep the model's own mask. Set ``state.q_pos`` (and
+    ``state.cache``) before each forward; the stored keys' positions live on the cache layers
+    (``workbench_positions``, int64 ``[B, G, S]``), so copies and stacks of a cache keep them.
+
+    Registers a wrapper of the model's current implementation (eager: the model's own eager function,
+    with an additive mask; sdpa and others: a boolean mask) and restores the implementation on exit.
+    """
+    state = PositionState(cache=cache)
+    old = current_attn_implementation(model)
+    name = POSITIONS_PREFIX + old.replace("|", "_")
+    base = old[len(CAPTURE_PREFIX):] if old.startswith(CAPTURE_PREFIX) else old
+    AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager"))
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[old])
+    set_attn_implementation(model, name)
+    try:
+        yield state
+    finally:
+        set_attn_implementation(model, old)
+
+
+def positions_context(model, cache=None):
+    """:func:`original_positions` for a model with sliding-window layers; for one without, a no-op context
+    yielding an unused :class:`PositionState` (every mask already follows the original order)."""
+    if families.sliding_layers(model):
+        base = current_attn_implementation(model)
+        base = base[len(CAPTURE_PREFIX):] if base.startswith(CAPTURE_PREFIX) else base
+        if base not in ("eager", "sdpa"):
+            raise TypeError(f"attn_implementation: sliding windows measured in original positions need 'eager' or "
+                            f"'sdpa' (a mask the kernel reads), got {base!r}")
+        return original_positions(model, cache)
+    return contextlib.nullcontext(PositionState(cache=cache))
+
+
+def track_positions(cache, R: torch.Tensor) -> None:
+    """Record on every sliding-window layer of ``cache`` the original positions of its stored keys, the
+    last ``S`` of the sorted positions ``R [T']`` that were fed (or kept)."""
+    for lay in cache_layers(cache):
+        if getattr(lay, "is_sliding", False) and getattr(lay, "keys", None) is not None:
+            B, G, S = lay.keys.shape[:3]
+            lay.workbench_positions = R[len(R) - S:].to(torch.int64).cpu().expand(B, G, S).clone()
 
 
 def eager_attentions(model, input_ids: torch.Tensor, **kw):
@@ -277,7 +383,9 @@ def gather_cache_positions(cache, layers, R: torch.Tensor, T: int) -> None:
     """Keep, in ``layers``, only the cache entries of the prompt positions ``R`` (in place).
 
     A full layer stores positions ``0 … T-1``; a sliding-window layer stores the last ``S`` of them,
-    so the kept storage indices are ``R ∩ [T-S, T)`` shifted by ``T-S``.
+    so the kept storage indices are ``R ∩ [T-S, T)`` shifted by ``T-S``. A sliding layer's token count
+    (``cumulative_length``) is left as it is: later windows are measured in original positions
+    (:func:`original_positions`, :func:`track_positions`), not in stored keys.
     """
     for l in layers:
         lay = cache_layers(cache)[l]
@@ -287,63 +395,6 @@ def gather_cache_positions(cache, layers, R: torch.Tensor, T: int) -> None:
         idx = keep.to(lay.keys.device)
         lay.keys = lay.keys.index_select(-2, idx)
         lay.values = lay.values.index_select(-2, idx)
-        if isinstance(getattr(lay, "cumulative_length", None), int):
-            # sliding layers: later masks are sized from the stored entries (windows count stored keys)
-            lay.cumulative_length = int(lay.keys.shape[-2])
-
-
-# ----------------------------------------------------------------------------- weights for bounds
-def norm_gain_eps(norm: torch.nn.Module, model_type: str) -> tuple[torch.Tensor, float]:
-    """Effective gain ``γ`` and ``eps`` of an RMSNorm (Gemma stores ``γ - 1``)."""
-    w = norm.weight.detach().float()
-    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
-    return (1.0 + w if model_type.startswith("gemma") else w), eps
-
-
-def lm_head_weight(model) -> torch.Tensor:
-    """The output embedding ``W_out [V, D]``."""
-    return model.get_output_embeddings().weight.detach().float()
-
-
-@dataclass
-class BlockWeights:
-    """Weights of one block used by the Lipschitz constants (float32; ``W_Q [H_Q d, D]`` etc.)."""
-
-    W_Q: torch.Tensor
-    W_K: torch.Tensor
-    W_V: torch.Tensor
-    W_O: torch.Tensor
-    mlp: dict
-    input_norm: tuple
-    post_norm: tuple
-
-
-def block_weights(model, l: int) -> BlockWeights:
-    layer = decoder_layers(model)[l]
-    att, mlp = layer.self_attn, layer.mlp
-    mt = model_shape(model).model_type
-    w = lambda m: m.weight.detach().float()  # noqa: E731
-    mats = {name: w(getattr(mlp, name)) for name in ("gate_proj", "up_proj", "down_proj", "fc1", "fc2")
-            if hasattr(mlp, name)}
-    post = getattr(layer, "post_attention_layernorm", None)
-    pre_ff = getattr(layer, "pre_feedforward_layernorm", None)  # gemma: the MLP's input norm
-    return BlockWeights(W_Q=w(att.q_proj), W_K=w(att.k_proj), W_V=w(att.v_proj), W_O=w(att.o_proj), mlp=mats,
-                        input_norm=norm_gain_eps(layer.input_layernorm, mt),
-                        post_norm=norm_gain_eps(pre_ff if pre_ff is not None else post, mt))
-
-
-def run_block(model, l: int, hidden: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    """Block ``l`` alone on ``hidden [1, T', D]`` at ``position_ids [1, T']``, plain causal mask, no cache."""
-    base = getattr(model, "model", model)
-    layer = decoder_layers(model)[l]
-    rot = base.rotary_emb
-    layer_type = getattr(layer, "attention_type", None)
-    try:
-        pe = rot(hidden, position_ids, layer_type) if layer_type is not None else rot(hidden, position_ids)
-    except TypeError:
-        pe = rot(hidden, position_ids)
-    out = layer(hidden, attention_mask=None, position_embeddings=pe, position_ids=position_ids, use_cache=False)
-    return out[0] if isinstance(out, tuple) else out
 
 
 # ----------------------------------------------------------------------------- cache surgery
@@ -359,33 +410,6 @@ def cache_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values stored for ``layer``: ``[B, G, S, d]`` each."""
     lay = cache_layers(cache)[layer]
     return lay.keys, lay.values
-
-
-def gather_cache_tokens(cache, layers, index: torch.Tensor) -> None:
-    """Keep only cache entries ``index`` (sorted storage indices, int64 ``[S']``) in ``layers``, in place."""
-    for l in layers:
-        lay = cache_layers(cache)[l]
-        idx = index.to(lay.keys.device)
-        lay.keys = lay.keys.index_select(-2, idx)
-        lay.values = lay.values.index_select(-2, idx)
-        if hasattr(lay, "cumulative_length") and isinstance(lay.cumulative_length, int):
-            lay.cumulative_length = int(lay.keys.shape[-2])
-
-
-def gather_cache_per_group(cache, keep: torch.Tensor) -> None:
-    """Per layer and KV head, keep storage indices ``keep [L, G, B]`` (sorted), in place.
-
-    Every layer and group keeps the same number ``B`` of entries, so the cache stays rectangular.
-    """
-    for l, lay in enumerate(cache_layers(cache)):
-        if l >= keep.shape[0]:
-            break
-        k, v = lay.keys, lay.values
-        idx = keep[l].to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
-        lay.keys = torch.gather(k, 2, idx)
-        lay.values = torch.gather(v, 2, idx)
-        if hasattr(lay, "cumulative_length") and isinstance(lay.cumulative_length, int):
-            lay.cumulative_length = int(lay.keys.shape[-2])
 
 
 def cache_bytes(cache) -> int:
@@ -409,52 +433,64 @@ def clone_cache(cache):
     return copy.deepcopy(cache)
 
 
-def compact_cache_positions(cache, keep: torch.Tensor) -> list[int]:
-    """One-shot eviction: per layer and KV head keep the cache entries of positions ``keep``, in place.
+def layer_positions(cache, layer: int) -> torch.Tensor:
+    """Original positions of the entries a cache layer stores, int64 ``[G, S]`` (batch row 0): tracked ones
+    (after a gather or an eviction), else ``0 … S-1`` for a full layer and the last ``S`` of
+    ``cumulative_length`` for a sliding-window layer."""
+    lay = cache_layers(cache)[layer]
+    G, S = int(lay.keys.shape[1]), int(lay.keys.shape[-2])
+    pos = getattr(lay, "workbench_positions", None)
+    if pos is not None:
+        if pos.shape[-1] != S:
+            raise ValueError(f"cache: layer {layer} holds {S} entries but {pos.shape[-1]} tracked positions")
+        return pos[0].clone()
+    n = int(getattr(lay, "cumulative_length", S)) if getattr(lay, "is_sliding", False) else S
+    return torch.arange(n - S, n).expand(G, S).clone()
 
-    Args:
-        cache: a dynamic cache that holds every position ``0 … S-1`` in its full-attention layers
-            (storage index = position: a cache never compacted before).
-        keep: int64 ``[L, G, S']``, the positions to keep, sorted, the same count ``S'`` for every
-            layer and KV head (the cache stays rectangular).
+
+def compact_cache_layers(cache, keep: list) -> tuple[list[int], dict[int, str]]:
+    """One-shot eviction: in every layer ``l`` and KV head keep the entries of original positions
+    ``keep[l]`` (int64 ``[G, S_l]``, sorted, each a subset of what the layer stores), in place.
+
+    Sliding-window layers are compacted too. The stored positions are recorded (``workbench_positions``)
+    so that later decode steps of a sliding-window layer measure the window in original positions
+    (decode inside :func:`original_positions`; a full layer's record is not extended by decoding). ``keep[l] = None`` leaves layer ``l`` as it is.
 
     Returns:
-        the layers that were compacted. Sliding-window layers (``DynamicSlidingWindowLayer``) are
-        left as they are: they already hold only their last ``window - 1`` positions, and their
-        masks are sized from ``cumulative_length`` (the absolute count of tokens seen), which must keep
-        counting real positions for the window to slide over the right keys. A full layer has no
-        ``cumulative_length``: its length, and so the causal mask of later decode steps, comes from
-        the stored keys (every kept key precedes every later query, so the mask stays exact), while
-        RoPE positions come from the ``position_ids`` passed to the forward.
+        ``(compacted layers, {layer: reason} for layers that cannot be compacted)``.
     """
-
-    done = []
+    done, skipped = [], {}
     layers = cache_layers(cache)
-    if keep.dim() != 3 or keep.shape[0] != len(layers):
-        raise ValueError(f"keep: must have shape [L={len(layers)}, G, S'], got {list(keep.shape)}")
-    for l, lay in enumerate(layers):
-        if getattr(lay, "is_sliding", False):
+    if len(keep) != len(layers):
+        raise ValueError(f"keep: must have one entry per layer ({len(layers)}), got {len(keep)}")
+    for l, (lay, kp) in enumerate(zip(layers, keep)):
+        if kp is None:
             continue
-        if type(lay) is not DynamicLayer:
-            raise TypeError(f"cache: layer {l} is a {type(lay).__name__}; eviction needs a dynamic cache")
+        if type(lay) not in (DynamicLayer, DynamicSlidingWindowLayer) or getattr(lay, "record_past", False):
+            skipped[l] = f"a {type(lay).__name__} cache layer cannot be compacted (dynamic layers only)"
+            continue
         k, v = lay.keys, lay.values
-        if k.shape[1] != keep.shape[1]:
-            raise ValueError(f"keep: has {keep.shape[1]} KV heads, the cache has {k.shape[1]}")
-        if int(keep[l].max()) >= k.shape[-2]:
-            raise ValueError(f"keep: position {int(keep[l].max())} beyond the {k.shape[-2]} entries of layer {l}")
-        idx = keep[l].to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
-        lay.keys = torch.gather(k, 2, idx)
-        lay.values = torch.gather(v, 2, idx)
+        if k.shape[1] != kp.shape[0]:
+            raise ValueError(f"keep: has {kp.shape[0]} KV heads, the cache has {k.shape[1]}")
+        have = layer_positions(cache, l)  # [G, S], sorted
+        idx = torch.searchsorted(have, kp)
+        if bool((idx >= have.shape[-1]).any()) or not bool((have.gather(-1, idx.clamp(max=have.shape[-1] - 1)) == kp).all()):
+            raise ValueError(f"keep: layer {l} does not hold every position to keep")
+        gi = idx.to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
+        lay.keys = torch.gather(k, 2, gi)
+        lay.values = torch.gather(v, 2, gi)
+        lay.workbench_positions = kp.to(torch.int64).cpu().expand(k.shape[0], -1, -1).clone()
         done.append(l)
-    return done
+    return done, skipped
 
 
-def sliding_window_positions(cache, layer: int) -> torch.Tensor:
-    """Absolute positions held by a sliding-window layer: the last ``S`` of ``cumulative_length``; int64 ``[S]``."""
-    lay = cache_layers(cache)[layer]
-    S = int(lay.keys.shape[-2])
-    n = int(getattr(lay, "cumulative_length", S))
-    return torch.arange(n - S, n)
+def layer_bytes(cache) -> list[int]:
+    """Bytes of the keys and values stored per layer."""
+    out = []
+    for lay in cache_layers(cache):
+        k = getattr(lay, "keys", None)
+        out.append(0 if k is None or not k.numel() else k.numel() * k.element_size() + lay.values.numel() * lay.values.element_size())
+    return out
 
 
 def cache_batch_size(cache) -> int:
@@ -483,6 +519,14 @@ def stack_cache_rows(items) -> object:
             raise ValueError(f"items: caches differ in length at layer {l}; cannot stack them")
         lay.keys = torch.cat([s.keys[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
         lay.values = torch.cat([s.values[r: r + 1] for s, (_, r) in zip(srcs, items)], dim=0)
+        pos = [getattr(s, "workbench_positions", None) for s in srcs]
+        if not getattr(lay, "is_sliding", False):  # a full layer's record is not extended by decoding
+            lay.workbench_positions = None
+        elif any(p is not None for p in pos):
+            G, S = lay.keys.shape[1], lay.keys.shape[2]
+            lay.workbench_positions = torch.cat([
+                (p[r: r + 1] if p is not None else layer_positions(c, l)[None]).expand(1, G, S)
+                for p, (c, r) in zip(pos, items)], dim=0)
     return out
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from workbench.run import adapter
+from workbench.run import adapter, families
 from workbench.util import atomic_dir, cache_dir, file_lock
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -112,6 +113,12 @@ def load_model(
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...
         dtype: ``"auto"`` (fp32 on CPU, bf16 on GPU), or a torch dtype / its name.
         attn_implementation: the model's own kernel (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``).
+            Families that transformers runs exactly only on ``eager`` (Gemma-2, gpt-oss) are switched to it
+            with a warning.
+
+    Raises:
+        TypeError: for an architecture outside :data:`workbench.run.families.FAMILIES` (the message lists
+            the supported families); a model is refused here, never at its first capture.
         device_map: passed through (e.g. ``"auto"`` for a model larger than one GPU).
     """
 
@@ -129,6 +136,12 @@ def load_model(
             folder = None
     source = str(folder) if folder is not None else str(spec)
     try:
+        config = AutoConfig.from_pretrained(source, local_files_only=local_only)
+        fam = families.family_of(config)  # refused before any weight is read
+        if fam.eager_only and attn_implementation != "eager":
+            warnings.warn(f"attn_implementation: transformers runs {fam.name} exactly only on 'eager' (soft-capping / "
+                          f"learned sinks); using 'eager' instead of {attn_implementation!r}", stacklevel=2)
+            attn_implementation = "eager"
         tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
         kwargs = dict(dtype=dt, attn_implementation=attn_implementation, local_files_only=local_only)
         if device_map is not None:
@@ -145,28 +158,50 @@ def load_model(
     if device_map is None:
         model.to(dev)
     model.eval()
-    if not adapter.supports_attention_interface(model):
-        raise TypeError(
-            f"model: {type(model).__name__} does not use transformers' attention interface; "
-            "the workbench captures attention through it (Llama, Qwen2/3, Mistral, Gemma work)."
-        )
+    adapter.check_supported(model)  # refused here, never at the first capture
     return LoadedModel(model=model, tokenizer=tok, model_id=model_id, device=dev, dtype=dt)
+
+
+# per-family config fields of a tiny model (on top of the shared geometry in tiny_model)
+TINY_OVERRIDES: dict[str, dict] = {
+    "mistral": dict(sliding_window=8),
+    "mixtral": dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2),
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "gemma2": dict(sliding_window=8, attn_logit_softcapping=5.0, final_logit_softcapping=30.0),
+    "gemma3_text": dict(sliding_window=8),
+    "phi3": dict(sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "starcoder2": dict(sliding_window=8),
+    "gpt_oss": dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    "gpt2": dict(n_positions=4096),
+    "falcon": dict(new_decoder_architecture=False),
+}
+_ALIASES = {"gemma3": "gemma3_text"}
 
 
 def tiny_model(model_type: str = "llama", *, G: int = 2, H_Q: int = 4, L: int = 2, seed: int = 0,
                vocab: int = 128, d: int = 16, attn_implementation: str = "sdpa", **overrides):
     """A random-weight causal LM built from a config (no download), for tests and speed checks.
 
-    ``model_type`` in ``llama, qwen2, qwen3, mistral, gemma3``.
+    ``model_type``: any family of :data:`workbench.run.families.FAMILIES` (``gemma3`` means ``gemma3_text``)
+    or a refused one (to test the refusal); sliding-window families get ``sliding_window=8`` (Gemma-3:
+    on every other layer). ``overrides`` replace any config field.
     """
 
+    model_type = _ALIASES.get(model_type, model_type)
     cfg = dict(
         vocab_size=vocab, hidden_size=H_Q * d, intermediate_size=2 * H_Q * d, num_hidden_layers=L,
         num_attention_heads=H_Q, num_key_value_heads=G, head_dim=d, max_position_embeddings=4096,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
     )
-    if model_type == "gemma3":
-        model_type = "gemma3_text"
-        cfg.update(sliding_window=8, layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)])
+    if model_type in ("falcon", "gpt2", "gpt_neox"):  # no GQA, head_dim derived
+        for k in ("head_dim", "num_key_value_heads"):
+            cfg.pop(k)
+    cfg.update(TINY_OVERRIDES.get(model_type, {}))
+    if model_type in ("gemma3_text", "gemma2", "gpt_oss"):
+        cfg.update(layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)])
     cfg.update(overrides)
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(seed)

@@ -28,7 +28,7 @@ from torch import Tensor
 from workbench.analyse.shift import group_rows
 from workbench.checks import check_int, is_int
 
-__all__ = ["Needs", "Evidence", "EvictionPolicy", "select_keep", "preview", "protected_mask", "deferkv_alpha",
+__all__ = ["Needs", "Evidence", "EvictionPolicy", "select_keep", "preview", "preview_window", "protected_mask", "deferkv_alpha",
            "resolve_budget", "group_mean", "row_sum", "maxpool", "renorm_rows"]
 
 
@@ -268,6 +268,26 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     if policy.keeps_all or B >= T:
         return torch.arange(T).expand(L, G, T).clone()
     return select_keep(evidence.scores_of(policy), B, policy.protected(T), policy.tiebreak(evidence))
+
+
+def preview_window(policy: EvictionPolicy, evidence: Evidence, budget: int, layer: int, held: Tensor) -> Tensor:
+    """The kept prompt positions of a sliding-window layer (SPEC §7 **[decided]**): the policy's choice among
+    the positions the window can still see.
+
+    ``held`` (int64 ``[S]``, sorted) are the positions layer ``layer`` stores; its prompt part ``P`` is what
+    the window still sees. The rule is :func:`preview`'s on ``P`` alone: every position of ``P`` when the
+    policy keeps everything or ``B ≥ |P|``, else :func:`select_keep` over the policy's scores, protected set
+    and tie-break restricted to ``P``, at budget ``B``. Returns int64 ``[G, min(B, |P|)]``, sorted.
+    """
+    B = check_int("budget", budget, 1)
+    T, G = evidence.T, evidence.G
+    P = held[held < T]
+    if policy.keeps_all or B >= P.numel():
+        return P.expand(G, -1).clone()
+    tb = policy.tiebreak(evidence)
+    sc = evidence.scores_of(policy)[layer: layer + 1][..., P]
+    keep = select_keep(sc, B, policy.protected(T)[P], tb[layer: layer + 1][..., P] if tb is not None else None)
+    return P[keep[0]]
 
 
 def resolve_budget(T: int, budget=None, budget_frac=None) -> int:

@@ -7,14 +7,18 @@ the first decode step (DeferKV) and the full-cache answer (the oracle), then evi
 stop rule (:func:`workbench.run.generate.stop_token_ids`). RoPE positions continue at ``T + t - 1`` for
 the ``t``-th generated token, not at the compacted length.
 
-Sliding-window layers (Gemma-style) are not compacted: they already hold only their window, and their
-masks depend on the absolute token count; :attr:`GenerationResult.compacted_layers` says which layers
-were. The budget applies to the full-attention layers.
+Sliding-window layers are compacted too (SPEC §7 **[decided]**): such a layer keeps the policy's choice
+among the positions its window can still see (:func:`~workbench.rerun.eviction.evidence.preview_window`:
+at most ``B`` of them), and later decode steps measure the window in original positions
+(:func:`workbench.run.adapter.original_positions`). :attr:`GenerationResult.kept_layers` lists per layer what
+it holds; a layer that cannot be compacted (a cache layer type other than the dynamic ones) is listed in
+:attr:`GenerationResult.not_compacted` with a warning, and the per-layer byte counts show it.
 """
 from __future__ import annotations
 
 import contextlib
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -24,7 +28,7 @@ from tqdm.auto import tqdm
 
 from workbench.capture import capture_attention
 from workbench.checks import check_int, check_max_new_tokens
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, renorm_rows
+from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, preview_window, renorm_rows
 from workbench.run import adapter
 from workbench.run.generate import stop_token_ids
 
@@ -43,8 +47,14 @@ class GenerationResult:
         kept: int64 ``[L, G, S']`` positions kept at eviction (the ``min(B, T)`` prompt positions, then
             the generated tokens held at that moment), sorted; for the full cache every position.
         evicted_at: decode step after which the eviction ran (0 or 1).
-        compacted_layers: layers whose cache was compacted (sliding-window layers keep their window).
+        compacted_layers: layers whose cache was compacted (every layer the budget applies to; with
+            ``B ≥ T`` nothing is evicted and every layer is listed).
         kv_bytes_before / kv_bytes_after: cache bytes just before and just after eviction.
+        kept_layers: per layer, int64 ``[G, S_l]`` original positions the layer holds after eviction (a
+            sliding-window layer: at most ``B`` prompt positions its window still sees, then the generated
+            tokens; a full layer: ``kept[l]``).
+        not_compacted: ``{layer: reason}`` for layers that could not be compacted (a warning was issued).
+        kv_layer_bytes_before / kv_layer_bytes_after: cache bytes per layer just before and after eviction.
         timings: seconds: ``prefill`` (with capture when needed), ``defer`` (decode step 1 on the full
             cache), ``answer`` (full-cache answer for the oracle), ``score`` (scores + selection),
             ``evict`` (cache compaction).
@@ -67,6 +77,10 @@ class GenerationResult:
     timings: dict
     step_s: list[float] = field(default_factory=list)
     logits: Tensor | None = None
+    kept_layers: tuple = ()
+    not_compacted: dict = field(default_factory=dict)
+    kv_layer_bytes_before: tuple = ()
+    kv_layer_bytes_after: tuple = ()
 
     @property
     def kept_prompt(self) -> Tensor:
@@ -78,6 +92,11 @@ class GenerationResult:
         pos = torch.as_tensor(list(positions), dtype=torch.int64)
         if pos.numel() == 0:
             raise ValueError("positions: must not be empty")
+        if self.kept_layers:  # what every layer really holds (sliding-window layers: their window)
+            hit = torch.stack([(k[..., None] == pos).any(-2).to(torch.float64).mean(-1) for k in self.kept_layers])
+            for l in self.not_compacted:
+                hit[l] = float("nan")
+            return hit
         hit = (self.kept_prompt[..., None] == pos).any(-2).to(torch.float64).mean(-1)
         if self.policy != "full":
             mask = torch.ones(hit.shape[0], dtype=torch.bool)
@@ -94,6 +113,7 @@ class GenerationResult:
             "evicted_at": self.evicted_at, "kv_bytes_before": self.kv_bytes_before,
             "kv_bytes_after": self.kv_bytes_after,
             "kv_ratio": self.kv_bytes_after / self.kv_bytes_before if self.kv_bytes_before else float("nan"),
+            "layers_not_compacted": len(self.not_compacted),
             **{f"{k}_s": v for k, v in self.timings.items()},
             "step_s_median": steps[len(steps) // 2] if steps else float("nan"),
         }
@@ -299,30 +319,55 @@ class EvictionSession:
         shape = adapter.model_shape(self.model)
         L, G = shape.L, shape.G
         before = adapter.cache_bytes(cache)
+        layer_before = tuple(adapter.layer_bytes(cache))
         gen = torch.arange(T, T + defer)
         t0 = time.perf_counter()
         keep = preview(policy, self.evidence, B)  # [L, G, min(B, T)]; every position when nothing is evicted
-        timings["score"] = time.perf_counter() - t0 if keep.shape[-1] < T else 0.0
+        evict = keep.shape[-1] < T
         kept = torch.cat([keep, gen.expand(L, G, defer)], dim=-1)
+        if evict:  # sliding-window layers: the policy's choice among what the window still sees
+            per_layer = []
+            for l in range(L):
+                if adapter.cache_layer_is_sliding(cache, l):
+                    held = adapter.layer_positions(cache, l)[0]
+                    w = preview_window(policy, self.evidence, B, l, held)
+                    per_layer.append(torch.cat([w, held[held >= T].expand(G, -1)], dim=-1))
+                else:
+                    per_layer.append(kept[l])
+        timings["score"] = time.perf_counter() - t0 if evict else 0.0
         t0 = time.perf_counter()
-        if keep.shape[-1] < T:
-            compacted = tuple(adapter.compact_cache_positions(cache, kept))
+        skipped: dict = {}
+        if evict:
+            compacted, skipped = adapter.compact_cache_layers(cache, per_layer)
+            compacted = tuple(compacted)
+            if skipped:
+                warnings.warn(f"eviction: {len(skipped)} layer(s) not compacted (they keep every entry; see "
+                              f"GenerationResult.not_compacted and kv_layer_bytes_after): {skipped}", stacklevel=3)
         else:
-            compacted = tuple(l for l in range(L) if not adapter.cache_layer_is_sliding(cache, l))
-        timings["evict"] = time.perf_counter() - t0 if keep.shape[-1] < T else 0.0
+            compacted = tuple(range(L))
+        kept_layers = tuple(adapter.layer_positions(cache, l) for l in range(L))
+        timings["evict"] = time.perf_counter() - t0 if evict else 0.0
         timings["batch"] = 1
         after = adapter.cache_bytes(cache)
         return _RunState(policy=policy, B=B, defer=defer, kept=kept, compacted=compacted, before=before,
-                         after=after, timings=timings, ids=ids, logits=logits, cache=cache)
+                         after=after, timings=timings, ids=ids, logits=logits, cache=cache, kept_layers=kept_layers,
+                         not_compacted=skipped, layer_before=layer_before, layer_after=tuple(adapter.layer_bytes(cache)))
 
     def _decode(self, states: list["_RunState"]) -> list[GenerationResult]:
         """Greedy decoding of every state to ``max_new_tokens`` (or EOS), batching states whose caches have
         the same length at the same step; a lone state runs exactly as an unbatched generation."""
-        T, n = self.T, self.n
+        n = self.n
         for st in states:
             st.done = len(st.ids) >= n or st.ids[-1] in self.eos
         bar = tqdm(total=sum(n - len(st.ids) for st in states if not st.done), desc="decode",
                    disable=not self.progress, leave=False)
+        with adapter.positions_context(self.model) as pstate:
+            self._decode_loop(states, bar, pstate)
+        bar.close()
+        return self._results(states)
+
+    def _decode_loop(self, states, bar, pstate) -> None:
+        T, n = self.T, self.n
         while True:
             live = [st for st in states if not st.done]
             if not live:
@@ -340,6 +385,7 @@ class EvictionSession:
             cache = grp[0].cache
             x = torch.tensor([[st.ids[-1]] for st in grp], device=self.device)
             pos = torch.full((len(grp), 1), T + m - 1, device=self.device)
+            pstate.cache, pstate.q_pos = cache, torch.tensor([T + m - 1])
             t0 = time.perf_counter()
             fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
             dt = time.perf_counter() - t0
@@ -355,7 +401,9 @@ class EvictionSession:
                 st.ids.append(int(logit[i].argmax()))
                 st.done = len(st.ids) >= n or st.ids[-1] in self.eos
             bar.update(len(grp))
-        bar.close()
+
+    def _results(self, states) -> list[GenerationResult]:
+        T, n = self.T, self.n
         out = []
         for st in states:
             ids = st.ids[:n]
@@ -364,7 +412,9 @@ class EvictionSession:
                 policy=st.policy.name, params=st.policy.params(), budget=st.B, T=T, ids=ids, text=text,
                 kept=st.kept, evicted_at=st.defer, compacted_layers=st.compacted, kv_bytes_before=st.before,
                 kv_bytes_after=st.after, timings=st.timings, step_s=st.steps,
-                logits=torch.stack(st.logits[: len(ids)]) if st.logits else None,
+                logits=torch.stack(st.logits[: len(ids)]) if st.logits else None, kept_layers=st.kept_layers,
+                not_compacted=st.not_compacted, kv_layer_bytes_before=st.layer_before,
+                kv_layer_bytes_after=st.layer_after,
             ))
             st.cache = None
         return out
@@ -385,6 +435,10 @@ class _RunState:
     ids: list
     logits: list
     cache: object
+    kept_layers: tuple = ()
+    not_compacted: dict = field(default_factory=dict)
+    layer_before: tuple = ()
+    layer_after: tuple = ()
     row: int = 0
     steps: list = field(default_factory=list)
     done: bool = False

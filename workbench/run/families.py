@@ -1,0 +1,186 @@
+"""Architecture families the workbench handles exactly: where a model keeps its decoder layers, final
+norm, attention and MLP, and how its block is wired (a small table, one row per family).
+
+:func:`family_of` refuses a model whose family is not in the table (``load_model`` calls it, so a model
+is refused when it is loaded, never at its first capture). A family is listed only when its row of
+``tests/test_conformance.py`` passes: captured rows equal the model's own eager ``output_attentions``,
+logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
+and eviction shrinks every layer kind.
+
+The weights the stability bounds need (:func:`block_weights`) come from the same table; a term the
+workbench cannot bound for a family is reported as ``"not available for <family>: <reason>"``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
+           "layer_window", "sliding_layers", "unavailable"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """Layout of one architecture family.
+
+    Attributes:
+        name: the family's name (the first of ``model_types``).
+        model_types: ``config.model_type`` values of the family.
+        layers, norm: attribute paths from the top model to the decoder block list and the final norm
+            (the first that exists is used, so a multimodal wrapper's ``language_model`` is found too).
+        attn, mlp: attribute names of the attention and MLP modules inside one block.
+        qkv: ``"separate"`` (``q_proj``/``k_proj``/``v_proj``), ``"fused"`` (``qkv_proj``: rows Q | K | V),
+            or the name of a fused projection the bounds do not split (``"c_attn"``, ``"query_key_value"``).
+        block: ``"pre_norm"`` (``x + F(norm(x))``), ``"sandwich"`` (Gemma-2/3: norms before and after),
+            ``"post_norm"`` (OLMo-2: ``x + norm(F(x))``) or ``"parallel"`` (attention and MLP read one norm).
+        mlp_kind: ``"gated"`` (gate/up/down), ``"gated_fused"`` (``gate_up_proj``), ``"plain"``
+            (up then down, ``up``/``down`` below) or ``"moe"`` (experts: no Jacobian bound).
+        norm_kind: ``"rms"`` or ``"layer"`` (LayerNorm: centred first); ``gemma_gain``: the norm stores ``γ - 1``.
+        input_norm, mlp_norm: attribute names of the block's attention-input and MLP-input norms.
+        up, down: attribute names of a plain MLP's projections.
+        eager_only: transformers runs the family only on ``eager`` (soft-capping, learned sinks).
+    """
+
+    model_types: tuple[str, ...]
+    layers: tuple[str, ...] = ("model.layers", "model.language_model.layers")
+    norm: tuple[str, ...] = ("model.norm", "model.language_model.norm")
+    attn: str = "self_attn"
+    mlp: str = "mlp"
+    qkv: str = "separate"
+    block: str = "pre_norm"
+    mlp_kind: str = "gated"
+    norm_kind: str = "rms"
+    gemma_gain: bool = False
+    input_norm: str = "input_layernorm"
+    mlp_norm: str = "post_attention_layernorm"
+    up: str = "c_fc"
+    down: str = "c_proj"
+    eager_only: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.model_types[0]
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(("llama", "smollm3")),
+    Family(("mistral",)),
+    Family(("mixtral",), mlp_kind="moe"),
+    Family(("qwen2",)),
+    Family(("qwen2_moe",), mlp_kind="moe"),
+    Family(("qwen3",)),
+    Family(("qwen3_moe",), mlp_kind="moe"),
+    Family(("granite",)),
+    Family(("gemma",), gemma_gain=True),
+    Family(("gemma2",), block="sandwich", gemma_gain=True, mlp_norm="pre_feedforward_layernorm", eager_only=True),
+    Family(("gemma3_text", "gemma3"), block="sandwich", gemma_gain=True, mlp_norm="pre_feedforward_layernorm"),
+    Family(("phi3",), qkv="fused", mlp_kind="gated_fused"),
+    Family(("olmo2",), block="post_norm"),
+    Family(("cohere",), block="parallel", norm_kind="layer"),
+    Family(("starcoder2",), mlp_kind="plain", norm_kind="layer"),
+    Family(("gpt_neox",), layers=("gpt_neox.layers",), norm=("gpt_neox.final_layer_norm",), attn="attention",
+           qkv="query_key_value", block="parallel", mlp_kind="plain", norm_kind="layer",
+           up="dense_h_to_4h", down="dense_4h_to_h"),
+    Family(("gpt_oss",), mlp_kind="moe", eager_only=True),
+)
+_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+
+# families seen and refused, with the reason (the refusal is their row of the conformance matrix)
+REFUSED: dict[str, str] = {
+    "gpt2": "its forward reshapes the hidden states to the input length after the last block, so pruned "
+            "execution (a mid-prefill gather to T' < T tokens) cannot run through it",
+    "falcon": "its config derives head_dim and its attention mixes ALiBi and fused multi-query layouts that "
+              "the capture and the pruning gather are not verified against",
+}
+
+
+def supported_families() -> list[str]:
+    return [f.name for f in FAMILIES]
+
+
+def _text_type(model) -> str:
+    c = getattr(model, "config", model)  # a model or its config
+    get = getattr(c, "get_text_config", None)
+    tc = get() if callable(get) else c
+    return str(getattr(c, "model_type", "") if getattr(c, "model_type", "") in _BY_TYPE else
+               getattr(tc, "model_type", "unknown"))
+
+
+def family_of(model) -> Family:
+    """The :class:`Family` of a model (or of its config); ``TypeError`` naming the supported families when it
+    has none."""
+    mt = _text_type(model)
+    fam = _BY_TYPE.get(mt)
+    if fam is None:
+        why = REFUSED.get(mt, "its layout is not in the workbench's family table")
+        what = type(model).__name__.replace("Config", "")
+        raise TypeError(f"model: the {mt!r} architecture ({what}) is not supported: {why}. "
+                        f"Supported families: {', '.join(supported_families())}")
+    return fam
+
+
+def _walk(model, paths):
+    for p in paths:
+        obj = model
+        for part in p.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if obj is not None:
+            return obj
+    return None
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The decoder blocks, from the family table."""
+    layers = _walk(model, family_of(model).layers)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise TypeError(f"model: cannot find the decoder layers of {type(model).__name__}")
+    return layers
+
+
+def layers_owner(model) -> torch.nn.Module:
+    """The module that owns the decoder blocks (``model.model``, ``transformer``, ``gpt_neox``)."""
+    path = next(p for p in family_of(model).layers if _walk(model, (p,)) is not None)
+    return _walk(model, (path.rsplit(".", 1)[0],))
+
+
+def final_norm(model) -> torch.nn.Module:
+    norm = _walk(model, family_of(model).norm)
+    if not isinstance(norm, torch.nn.Module):
+        raise TypeError(f"model: cannot find the final norm of {type(model).__name__}")
+    return norm
+
+
+def layer_window(model, l: int) -> int | None:
+    """Sliding window of layer ``l`` (keys with ``u - j < window`` are visible), ``None`` for full attention."""
+    c = model.config
+    c = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+    w = getattr(c, "sliding_window", None)
+    if not w:
+        return None
+    types = getattr(c, "layer_types", None)
+    if types is not None:
+        return int(w) if "sliding" in str(types[l]) else None
+    if getattr(c, "use_sliding_window", True) is False:
+        return None
+    return int(w)
+
+
+def sliding_layers(model) -> list[int]:
+    L = len(decoder_layers(model))
+    return [l for l in range(L) if layer_window(model, l) is not None]
+
+
+def unavailable(fam: Family, term: str) -> str | None:
+    """Why a stability term cannot be bounded for ``fam`` (``None`` when it can)."""
+    if term == "K":
+        if fam.block in ("post_norm", "parallel"):
+            return (f"not available for {fam.name}: {fam.block.replace('_', '-')} block (the constants K_l assume "
+                    "x + F(norm(x)) with the attention and the MLP in sequence)")
+        if fam.qkv not in ("separate", "fused"):
+            return f"not available for {fam.name}: fused {fam.qkv} projection (Conv1D/interleaved heads)"
+        if fam.mlp_kind == "moe":
+            return f"not available for {fam.name}: mixture-of-experts MLP (no Jacobian bound over routed experts)"
+    return None
