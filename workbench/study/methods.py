@@ -38,7 +38,7 @@ def run_full_context(lm, item: TaskItem, params: dict) -> dict:
 
 
 @register_method("entroprefill", replace=True,
-                 params=("priority", "layer", "target", "eps_row", "m0", "zeta", "tau", "eps_s", "lam",
+                 params=("priority", "layer", "target", "target_tokens", "eps_row", "m0", "zeta", "tau", "eps_s", "lam",
                          "eps_audit", "streak", "audit_mode", "m_a", "delta", "d_max"),
                  description="EntroPrefill pruned prefill (adaptive 7-step, or a fixed layer)")
 def entroprefill(lm, item: TaskItem, params: dict) -> dict:

@@ -143,7 +143,7 @@ class AuditPanel(Panel):
     def compute(self):
 
         tr = self._analyse()
-        budget = target_tokens(tr.params.target, self.capture.spans.N)
+        budget = target_tokens(tr.params.target, self.capture.spans.N, tr.params.target_tokens)
         figs = {"trace": plots.trace_layers(tr),
                 "certificate": plots.certificate(tr, budget)}
         st = _html_escape(tr.decision)
