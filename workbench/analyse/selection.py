@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 from scipy.optimize import linprog
 
+from workbench.analyse.rows import check_rows
 from workbench.checks import check_int, check_real, check_target, check_target_tokens
 
 VERDICT_INFEASIBLE = "target infeasible (proved: U < target)"
@@ -59,6 +60,7 @@ def mass_table(A_rows: torch.Tensor, spans) -> torch.Tensor:
     *batch, H, W, T = A_rows.shape
     if T != spans.T:
         raise ValueError(f"A_rows: last dim must be the prompt length T = {spans.T}, got {T}")
+    check_rows(A_rows, "A_rows")
     k = spans.k
     A = A_rows.to(torch.float64).reshape(*batch, H * W, T)
     idx = spans.chunk_of().clone()
