@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 __all__ = ["is_int", "is_real", "check_int", "check_real", "check_bool", "check_choice", "check_target",
            "check_target_tokens", "check_max_new_tokens", "check_seed", "check_kernel", "check_positions",
-           "check_str", "SEED_MAX"]
+           "check_str", "check_device", "SEED_MAX"]
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed's range
 
@@ -91,6 +91,14 @@ def check_target_tokens(x, name: str = "target_tokens") -> int:
         raise ValueError(f"{name}: must be an integer >= 0 (tokens), got the float {x!r}; "
                          f"for a fraction of N use target={x!r}")
     return check_int(name, x, 0)
+
+
+def check_device(x, name: str = "device") -> str:
+    """A device name: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:<index>"``."""
+    ok = isinstance(x, str) and (x in ("auto", "cpu", "cuda") or (x.startswith("cuda:") and x[5:].isdigit()))
+    if not ok:
+        raise ValueError(f"{name}: must be 'auto', 'cpu', 'cuda' or 'cuda:<index>', got {x!r}")
+    return x
 
 
 def check_str(name: str, x, *, empty: bool = False) -> str:

@@ -373,7 +373,10 @@ class GreedySelection:
             ``SelectionResult``. With ``k = 0`` the removal is empty and the verdict says so.
         """
         S_np = _np(S).reshape(-1)
-        n_np = _np(n, np.int64).reshape(-1)
+        n_raw = _np(n).reshape(-1)
+        if not np.all(np.isfinite(n_raw)) or np.any(n_raw != np.round(n_raw)) or isinstance(n, bool):
+            raise ValueError(f"n: chunk sizes must be integers >= 1 (never truncated), got {n_raw[:8].tolist()}")
+        n_np = n_raw.astype(np.int64)
         m_np = _np(m)
         k = n_np.shape[0]
         if S_np.shape != (k,):

@@ -187,8 +187,8 @@ class PromptSpans:
         pos = prefix
         docs = []
         for n in chunk_sizes:
-            if n < 1:
-                raise ValueError(f"chunk_sizes: every size must be >= 1, got {n}")
+            if not is_int(n) or n < 1:
+                raise ValueError(f"chunk_sizes: every size must be an integer >= 1, got {n!r}")
             docs.append((pos, pos + n))
             pos += n + gap
         q = (pos, pos + query_len)
