@@ -10,6 +10,7 @@ itself is removed once empty.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import os
@@ -148,13 +149,17 @@ def atomic_write_files(files: Mapping[os.PathLike | str, bytes]) -> list[Path]:
             os.replace(tmp, path)
             if not existed:
                 created.append(path)
-    except BaseException:
+    except BaseException as e:
         for tmp in tmps.values():
             if os.path.exists(tmp):
                 os.unlink(tmp)
         for p in created:
             if p.exists():
                 p.unlink()
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            size = sum(len(d) for d in files.values())
+            raise OSError(errno.ENOSPC, f"no space left on the device to write {', '.join(map(str, files))} "
+                                        f"({size} bytes); nothing was written") from e
         raise
     finally:
         for path in files:
