@@ -27,6 +27,8 @@ from workbench.rerun.prune import run_pruned
 from workbench.run.models import LoadedModel, default_model_folder, load_model, tiny_model
 from workbench.run.prompt import build_prompt
 from workbench.run.spans import PromptSpans
+from workbench.show.widgets import PriorityPanel
+from workbench.study import methods as study_methods
 from workbench.study import sweep as sw
 from workbench.study.report import ReportConfig
 from workbench.study.tasks import TaskItem
@@ -271,6 +273,11 @@ ROWS = [
     ("sweep.executor", lambda c: _sweep(c, executor="dask"), ValueError, "^executor:"),
     ("sweep.on_error", lambda c: _sweep(c, on_error="ignore"), ValueError, "^on_error:"),
     ("sweep.out locked", _locked_sweep, LockBusy, r"^out: .*locked by process \d+"),
+    ("sweep method layer bool", lambda c: study_methods.entroprefill(
+        None, c.item, {"layer": True, "max_new_tokens": 1, "seed": 0}), ValueError, "^layer:"),
+    ("sweep method layer float", lambda c: study_methods.entroprefill(
+        None, c.item, {"layer": 2.7, "max_new_tokens": 1, "seed": 0}), ValueError, "^layer:"),
+    ("panel layer bool", lambda c: PriorityPanel(c.cap, layer=True), ValueError, "^layer:"),
     # ---- ReportConfig
     ("report.device tpu", lambda c: ReportConfig(device="tpu"), ValueError, "^device:"),
     ("report.model 123", lambda c: ReportConfig(model=123), ValueError, "^model:"),

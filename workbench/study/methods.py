@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from workbench.analyse.params import EntroPrefillParams
+from workbench.checks import is_int
 from workbench.rerun.eviction import (
     ALL_POLICIES,
     EvictionSession,
@@ -46,6 +47,8 @@ def entroprefill(lm, item: TaskItem, params: dict) -> dict:
     p = {k: v for k, v in params.items() if k not in ("layer", "max_new_tokens", "seed")}
     ep = EntroPrefillParams(**p)
     layer = params.get("layer")
+    if layer is not None and layer != "adaptive" and not is_int(layer):
+        raise ValueError(f"layer: must be None, 'adaptive' or an integer layer (never truncated), got {layer!r}")
     layer = None if layer in (None, "adaptive") else int(layer)
     prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
     r = run_pruned(lm, prompt, ep, layer=layer, max_new_tokens=int(params["max_new_tokens"]), progress=False)
