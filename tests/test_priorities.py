@@ -104,14 +104,15 @@ def random_mu(rng, L, T, spans, kind):
 @pytest.mark.parametrize(
     "kwargs, msg",
     [
-        (dict(eps_s=0), "eps_s: must be a finite number > 0, got 0"),
-        (dict(eps_s=-0.1), "eps_s: must be a finite number > 0"),
-        (dict(eps_s=float("nan")), "eps_s: must be a finite number > 0"),
-        (dict(eps_s=float("inf")), "eps_s: must be a finite number > 0"),
-        (dict(lam=-0.5), "lam: must be a finite number >= 0, got -0.5"),
-        (dict(lam=float("inf")), "lam: must be a finite number >= 0"),
-        (dict(lam="1"), "lam: must be a real number"),
-        (dict(rho_min=0), "rho_min: must be a finite number > 0"),
+        (dict(eps_s=0), "eps_s: must be > 0, got 0"),
+        (dict(eps_s=-0.1), "eps_s: must be > 0"),
+        (dict(eps_s=float("nan")), "eps_s: must be a finite real number > 0"),
+        (dict(eps_s=float("inf")), "eps_s: must be a finite real number > 0"),
+        (dict(lam=-0.5), "lam: must be >= 0, got -0.5"),
+        (dict(lam=float("inf")), "lam: must be a finite real number >= 0"),
+        (dict(lam="1"), "lam: must be a finite real number"),
+        (dict(rho_min=0), "rho_min: must be in (0, 1)"),
+        (dict(rho_min=2), "rho_min: must be in (0, 1), got 2"),
     ],
 )
 def test_parameter_validation(kwargs, msg):
