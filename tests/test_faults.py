@@ -218,6 +218,7 @@ sw.sweep(factory, ITEMS, {{"fault_probe": {{}}}}, out={str(out)!r}, reference=Fa
     assert stray(tmp_path) == [] and sorted(os.listdir(tmp_path)) == ["sweep.parquet"]  # lock file gone too
 
 
+@pytest.mark.slow  # two child processes importing torch and transformers: ~30-60 s on a loaded 2-core machine
 def test_two_concurrent_sweeps_on_one_out_lose_no_row(tmp_path):
     out = tmp_path / "sweep.parquet"
     procs = []
