@@ -18,7 +18,7 @@ from workbench.analyse.envelope import envelope
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import HeadPooling
 from workbench.analyse.selection import GreedySelection, mass_table
-from workbench.capture import RowSet
+from workbench.capture import RowSet, run_capture
 from workbench.capture.data import Capture
 from workbench.capture.identity import check_model_match
 from workbench.checks import check_device
@@ -250,6 +250,8 @@ ROWS = [
     ("foreign ids prepare allow_foreign", lambda c: EvictionSession.prepare(
         c.tiny, c.prompt, StreamingLLM().needs(), 1, allow_foreign=True, progress=False), ValueError,
      "^prompt: token id"),
+    ("foreign ids run_capture", lambda c: run_capture(c.tiny, c.prompt, progress=False), ValueError,
+     "^prompt: token id .* vocabulary"),
     ("foreign tokenizer", _other_tok_model, ValueError, "^prompt: built with another tokenizer"),
     ("foreign capture config", _foreign_capture, ValueError, "^prompt: the capture was made with"),
     ("allow_foreign 'no'", lambda c: check_model_match(c.tiny, None, c.cap, allow_foreign="no"), ValueError,

@@ -309,6 +309,9 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
     shape = adapter.model_shape(model)
     if shape.max_context and T + n > shape.max_context:
         raise ValueError(f"n_decode: T + n_decode = {T + n} exceeds the model's context {shape.max_context}")
+    if shape.vocab and max(spans.input_ids) >= shape.vocab:
+        raise ValueError(f"prompt: token id {max(spans.input_ids)} is outside this model's vocabulary (size "
+                         f"{shape.vocab}): the prompt was tokenised for another model")
     device = next(model.parameters()).device
     ids = torch.tensor([spans.input_ids], dtype=torch.int64, device=device)
     bar = tqdm(total=shape.L + n, desc="capture", disable=not progress, leave=False)
