@@ -316,6 +316,9 @@ def check_trace_invariants(cap, p, tr):
     A_obs = cap.observer_attn()
     aud = cap.rows_of("audit")
     aud = aud[cap.row_pos[aud] >= max(e for _, e in spans.chunks)]
+    indep = aud[[int(cap.row_pos[i]) not in spans.observers for i in aud.tolist()]]
+    aud = indep if indep.numel() else aud  # SPEC §6: outside the observers, unless every audit row is one
+    assert tr.audit_rows.tolist() == aud.tolist()
     pred, streak, first = None, 0, None
     for _, r in df.iterrows():
         l = int(r["layer"])
@@ -389,3 +392,19 @@ def test_trace_on_smollm_capture(smollm_capture):
         tr = trace(cap, p)
         assert tr.J == cap.L - 1 and len(tr.records) == cap.L - 1
         check_trace_invariants(cap, p, tr)
+
+
+def test_audit_population_leaves_out_the_observers():
+    """SPEC §6: the default audit population (the user query) minus the proposal observers; when every
+    audit row is an observer the trace says the audit overlaps the proposal."""
+    sp = PromptSpans.synthetic([6, 6, 6], query_len=10)  # observers: the last 8 query tokens
+    q0, q1 = sp.query
+    cap = Capture.synthetic(sp, L=3, H_Q=4, G=2, seed=1, extra_rows={"audit": list(range(q0, q1))})
+    tr = trace(cap, EntroPrefillParams(streak=0, eps_row=1.0, eps_audit=1.0))
+    used = cap.row_pos[tr.audit_rows].tolist()
+    assert used == [q0, q0 + 1] and not set(used) & set(sp.observers)
+    assert any("observer positions" in n and "left out" in n for n in tr.notes)
+    only_obs = Capture.synthetic(sp, L=3, H_Q=4, G=2, seed=1, extra_rows={"audit": list(sp.observers)})
+    tr2 = trace(only_obs, EntroPrefillParams(streak=0, eps_row=1.0, eps_audit=1.0))
+    assert only_obs.row_pos[tr2.audit_rows].tolist() == list(sp.observers)
+    assert any("overlaps the proposal observers" in n for n in tr2.notes)

@@ -114,7 +114,7 @@ def pooling_case(rng, G, r):
         (dict(tau=float("inf")), "tau: must be a finite real number > 0"),
         (dict(rho_min=0.0), "rho_min: must be in (0, 1)"),
         (dict(rho_min=-1e-9), "rho_min: must be in (0, 1)"),
-        (dict(rho_min=2), "rho_min: must be in (0, 1)"),
+        (dict(rho_min=2), "rho_min: must be in (0, 1), got 2"),
     ],
 )
 def test_parameter_validation(kwargs, msg):

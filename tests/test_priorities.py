@@ -112,6 +112,7 @@ def random_mu(rng, L, T, spans, kind):
         (dict(lam=float("inf")), "lam: must be a finite real number >= 0"),
         (dict(lam="1"), "lam: must be a finite real number"),
         (dict(rho_min=0), "rho_min: must be in (0, 1)"),
+        (dict(rho_min=2), "rho_min: must be in (0, 1), got 2"),
     ],
 )
 def test_parameter_validation(kwargs, msg):

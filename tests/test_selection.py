@@ -164,8 +164,8 @@ def test_lp_certificate_equals_lp_value(prob):
 def _random_target(n, seed):
     rng = np.random.default_rng(seed)
     if rng.random() < 0.5:
-        return int(rng.integers(0, int(n.sum()) + 5))
-    return float(rng.uniform(0.01, 1.0))
+        return dict(target_tokens=int(rng.integers(0, int(n.sum()) + 5)))
+    return dict(target=float(rng.uniform(0.01, 1.0)))
 
 
 @PROPS
@@ -174,7 +174,7 @@ def test_greedy_feasible_below_optimum_and_stops_correctly(prob, seed):
     n, m, eps, m0, S = prob
     k = len(n)
     target = _random_target(n, seed)
-    res = GreedySelection(target=target, eps_row=1.0, m0=m0).select(S, n.astype(np.int64), m, eps, certify=False)
+    res = GreedySelection(**target, eps_row=1.0, m0=m0).select(S, n.astype(np.int64), m, eps, certify=False)
     E = res.removed
     assert len(set(E)) == len(E) and all(0 <= i < k for i in E)
     assert is_feasible(E, m, eps, m0, k)
@@ -196,7 +196,7 @@ def test_greedy_feasible_below_optimum_and_stops_correctly(prob, seed):
 @given(problems(), _SEED)
 def test_verdict_proves_infeasibility_only_when_true(prob, seed):
     n, m, eps, m0, S = prob
-    res = GreedySelection(target=_random_target(n, seed), eps_row=1.0, m0=m0).select(S, n.astype(np.int64), m, eps)
+    res = GreedySelection(**_random_target(n, seed), eps_row=1.0, m0=m0).select(S, n.astype(np.int64), m, eps)
     D_star = brute_force(n, m, eps, m0)
     assert res.U >= D_star - 1e-6
     assert res.gap == pytest.approx(res.U - res.D)
@@ -222,7 +222,7 @@ def test_greedy_tie_breaking_order(k, seed, j):
     # unconstrained rows: the removal is the shortest prefix of the order that reaches the target
     j = min(j, k)
     tgt = int(sum(n[i] for i in expect[:j]))
-    res = GreedySelection(target=tgt, eps_row=1.0, m0=0).select(S, n, np.zeros((2, k)), certify=False)
+    res = GreedySelection(target_tokens=tgt, eps_row=1.0, m0=0).select(S, n, np.zeros((2, k)), certify=False)
     assert res.scan_order == expect
     prefix, D = [], 0
     for i in expect:
@@ -243,7 +243,7 @@ def test_blocked_chunk_is_skipped_and_scan_continues():
     # one row; chunk 1 (lowest S) is too heavy, the scan must skip it and take 0 then 2
     n = np.array([4, 9, 4])
     m = np.array([[0.02, 0.2, 0.03]])
-    res = GreedySelection(target=8, eps_row=0.05, m0=0).select([1.0, 0.0, 2.0], n, m)
+    res = GreedySelection(target_tokens=8, eps_row=0.05, m0=0).select([1.0, 0.0, 2.0], n, m)
     assert res.removed == [0, 2] and res.D == 8 and res.reached
 
 
@@ -269,7 +269,7 @@ def test_greedy_miss_proves_nothing_and_lp_value_by_hand():
     # knapsack where greedy order is bad: D = 5 but D* = 8 (chunks 1 and 2)
     n = np.array([5, 4, 4])
     m = np.array([[0.6, 0.5, 0.5]])
-    g = GreedySelection(target=8, eps_row=1.0, m0=0)
+    g = GreedySelection(target_tokens=8, eps_row=1.0, m0=0)
     res = g.select([0.0, 1.0, 2.0], n, m)
     assert res.removed == [0] and res.D == 5 and not res.reached
     assert not res.verdict.startswith(VERDICT_INFEASIBLE)
@@ -278,21 +278,21 @@ def test_greedy_miss_proves_nothing_and_lp_value_by_hand():
     assert res.U == pytest.approx(8.2, abs=1e-7)
     assert res.gap == pytest.approx(3.2, abs=1e-7)
     # target 9 > 8.2 >= D*: proved infeasible
-    res9 = GreedySelection(target=9, eps_row=1.0, m0=0).select([0.0, 1.0, 2.0], n, m)
+    res9 = GreedySelection(target_tokens=9, eps_row=1.0, m0=0).select([0.0, 1.0, 2.0], n, m)
     assert res9.verdict.startswith(VERDICT_INFEASIBLE)
 
 
 def test_per_row_tolerances():
     n = np.array([3, 3])
     m = np.array([[0.1, 0.0], [0.0, 0.1]])
-    res = GreedySelection(target=6, m0=0).select([0.0, 1.0], n, m, eps=torch.tensor([0.05, 0.2]))
+    res = GreedySelection(target_tokens=6, m0=0).select([0.0, 1.0], n, m, eps=torch.tensor([0.05, 0.2]))
     assert res.removed == [1]
-    res = GreedySelection(target=6, m0=0).select([0.0, 1.0], n, m, eps=torch.tensor([0.2, 0.2]))
+    res = GreedySelection(target_tokens=6, m0=0).select([0.0, 1.0], n, m, eps=torch.tensor([0.2, 0.2]))
     assert res.removed == [0, 1]
     with pytest.raises(ValueError, match="eps"):
-        GreedySelection(target=6, m0=0).select([0.0, 1.0], n, m, eps=torch.tensor([0.1, 0.1, 0.1]))
+        GreedySelection(target_tokens=6, m0=0).select([0.0, 1.0], n, m, eps=torch.tensor([0.1, 0.1, 0.1]))
     with pytest.raises(ValueError, match="eps"):
-        GreedySelection(target=6, m0=0).select([0.0, 1.0], n, m, eps=torch.tensor([0.1, -0.1]))
+        GreedySelection(target_tokens=6, m0=0).select([0.0, 1.0], n, m, eps=torch.tensor([0.1, -0.1]))
 
 
 def test_k_zero_is_ordinary_inference():
@@ -307,15 +307,22 @@ def test_target_tokens_conversion():
     assert target_tokens(0.3, 40) == 12  # 0.3 * 40 is 12.000000000000002 in floating point
     assert target_tokens(0.31, 40) == 13
     assert target_tokens(1.0, 37) == 37
-    assert target_tokens(5, 3) == 5
-    res = GreedySelection(target=50, eps_row=1.0, m0=0).select(np.zeros(2), np.array([3, 4]), np.zeros((1, 2)))
+    assert target_tokens(None, 3, 5) == 5
+    with pytest.raises(ValueError, match="target_tokens=5"):
+        target_tokens(5, 3)
+    res = GreedySelection(target_tokens=50, eps_row=1.0, m0=0).select(np.zeros(2), np.array([3, 4]), np.zeros((1, 2)))
     assert res.D == 7 and res.verdict.startswith(VERDICT_INFEASIBLE)  # U <= N = 7 < 50
+    assert "exceeds the N = 7 candidate tokens" in res.verdict
 
 
 @pytest.mark.parametrize(
     "field,kwargs",
     [
         ("target", dict(target=-1)),
+        ("target", dict(target=1)),
+        ("target", dict(target=0.5, target_tokens=3)),
+        ("target_tokens", dict(target_tokens=-1)),
+        ("target_tokens", dict(target_tokens=0.5)),
         ("target", dict(target=0.0)),
         ("target", dict(target=1.5)),
         ("target", dict(target=True)),
@@ -375,10 +382,62 @@ def test_lp_certificate_memo_is_exact_and_not_shared():
     m = rng.dirichlet(np.ones(12), size=9) * 0.5
     Sel._LP_MEMO.clear()
     U1, y1, t1 = Sel.lp_certificate(n, m, 0.1, 2)
-    U0, y0, t0 = Sel._lp_solve(n.astype(np.float64), m, np.full(9, 0.1), 2)
+    U0, y0, t0, _ = Sel._lp_solve(n.astype(np.float64), m, np.full(9, 0.1), 2)
     assert (U1, t1) == (U0, t0) and np.array_equal(y1.numpy(), y0)
     y1 += 5.0
     U2, y2, t2 = Sel.lp_certificate(n, m, 0.1, 2)
     assert U2 == U1 and np.array_equal(y2.numpy(), y0) and len(Sel._LP_MEMO) == 1
     U3, _, _ = Sel.lp_certificate(n, m, 0.2, 2)  # another tolerance: another LP
     assert len(Sel._LP_MEMO) == 2 and U3 >= U1 - 1e-9   # a looser row constraint cannot lower the bound
+
+
+@pytest.mark.parametrize("sizes", [[3, 7, 5, 7, 2], [5, 3, 7, 4, 6], [7, 11, 13, 5, 9, 6]])
+@pytest.mark.parametrize("lam", [0.0, 0.5])
+def test_uniform_null_tie_gives_the_spec_order(sizes, lam):
+    """SPEC §5 [decided]: under the uniform null every S_i is 0 in exact arithmetic; the float values are
+    ±2e-16 apart and must not order the scan: decreasing n_i, then index."""
+    from workbench.analyse.priorities import ChunkPriorities
+
+    sp = PromptSpans.synthetic(sizes)
+    mu = torch.zeros(1, sp.T, dtype=torch.float64)
+    mu[0, sp.document_mask()] = 1.0
+    S = ChunkPriorities(lam=lam).score(mu / mu.sum(), sp).S[0]
+    expect = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+    assert float(S.abs().max()) < 1e-12
+    assert scan_order(S, sp.n) == expect
+    res = GreedySelection(target=0.3, eps_row=1.0, m0=0).select(S, sp.n, np.zeros((1, sp.k)), certify=False)
+    assert res.scan_order == expect
+
+
+@PROPS
+@given(st.integers(1, 10), st.integers(0, 2**32 - 1))
+def test_tie_tolerance_ignores_float_noise(k, seed):
+    """Priorities equal up to relative noise 1e-12 scan exactly like the exact values; values further
+    apart than the tolerance keep their S order."""
+    rng = np.random.default_rng(seed)
+    S = rng.integers(-2, 3, size=k) * rng.choice([1.0, 1e3, 1e-3])
+    n = rng.integers(1, 4, size=k).astype(np.int64)
+    noisy = S + rng.uniform(-1e-12, 1e-12, size=k) * np.maximum(1.0, np.abs(S))
+    assert scan_order(noisy, n) == scan_order(S, n) == sorted(range(k), key=lambda i: (S[i], -n[i], i))
+    apart = np.array([0.0, 1e-8])  # 1e-8 > 1e-9 · max(1, ...): not tied, the smaller S first
+    assert scan_order(apart, np.array([1, 5])) == [0, 1]
+    assert scan_order(np.array([0.0, 1e-10]), np.array([1, 5])) == [1, 0]  # tied: the larger chunk first
+
+
+def test_lp_failure_is_reported_not_silent(monkeypatch):
+    """A failed LP falls back to U = N and says so in lp_status and the verdict."""
+    from types import SimpleNamespace
+
+    from workbench.analyse import selection as Sel
+
+    Sel._LP_MEMO.clear()
+    monkeypatch.setattr(Sel, "linprog", lambda *a, **k: SimpleNamespace(status=4, message="numerical trouble",
+                                                                        ineqlin=None))
+    n, m = np.array([4, 6]), np.array([[0.3, 0.4]])
+    res = GreedySelection(target_tokens=3, eps_row=0.5, m0=0).select([0.0, 1.0], n, m)
+    assert res.U == 10.0 and res.lp_status.startswith("failed: HiGHS status 4")
+    assert "LP certificate failed" in res.verdict and res.to_frame().attrs["lp_status"] == res.lp_status
+    Sel._LP_MEMO.clear()
+    monkeypatch.undo()
+    ok = GreedySelection(target_tokens=3, eps_row=0.5, m0=0).select([0.0, 1.0], n, m)
+    assert ok.lp_status == "optimal" and "LP certificate" not in ok.verdict

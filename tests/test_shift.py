@@ -170,6 +170,7 @@ def test_memoised_analysis_equals_direct(seed, k, levels, W, ref_start):
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(1, levels + 1, cap.attn.shape, generator=g).to(cap.attn.dtype)
     cap.attn = q * (cap.attn > 0)   # ties everywhere, zeros (masked keys) kept
+    cap.attn = cap.attn / cap.attn.sum(-1, keepdim=True)  # attention rows (sum 1); ties within a row stay ties
     cap.clear_cache()
     for kk, ww, rs in ((k, W, ref_start), (max(1, k // 2), 6, 1), (k, W, ref_start)):
         kk = min(kk, cap.T)

@@ -11,7 +11,8 @@ import numbers
 from collections.abc import Iterable
 
 __all__ = ["is_int", "is_real", "check_int", "check_real", "check_bool", "check_choice", "check_target",
-           "check_max_new_tokens", "check_seed", "check_kernel", "check_positions", "SEED_MAX"]
+           "check_target_tokens", "check_max_new_tokens", "check_seed", "check_kernel", "check_positions",
+           "check_str", "check_device", "SEED_MAX"]
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed's range
 
@@ -79,16 +80,38 @@ def check_choice(name: str, x, options: Iterable):
     return x
 
 
-def check_target(target, name: str = "target") -> None:
-    """A saving target is an ``int >= 0`` (tokens) or a ``float`` in ``(0, 1]`` (fraction of ``N``)."""
-    msg = f"{name}: must be an int >= 0 (tokens) or a float in (0, 1] (fraction of N), got {target!r}"
+def check_target(target, name: str = "target") -> float:
+    """A saving target as a fraction of ``N``: a ``float`` in ``(0, 1]``. An ``int`` is refused (``1``
+    would read as one token or as all of ``N``): a number of tokens goes to ``target_tokens``."""
     if is_int(target):
-        if int(target) < 0:
-            raise ValueError(msg)
-        return
+        raise ValueError(f"{name}: must be a fraction of N, a float in (0, 1], got the int {target!r}; "
+                         f"for a number of tokens use target_tokens={target!r}")
     if isinstance(target, float) and math.isfinite(target) and 0.0 < target <= 1.0:
-        return
-    raise ValueError(msg)
+        return float(target)
+    raise ValueError(f"{name}: must be a fraction of N, a float in (0, 1], got {target!r}")
+
+
+def check_target_tokens(x, name: str = "target_tokens") -> int:
+    """A saving target in tokens: an integer ``>= 0`` (a float is refused: use ``target`` for fractions)."""
+    if isinstance(x, float):
+        raise ValueError(f"{name}: must be an integer >= 0 (tokens), got the float {x!r}; "
+                         f"for a fraction of N use target={x!r}")
+    return check_int(name, x, 0)
+
+
+def check_device(x, name: str = "device") -> str:
+    """A device name: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:<index>"``."""
+    ok = isinstance(x, str) and (x in ("auto", "cpu", "cuda") or (x.startswith("cuda:") and x[5:].isdigit()))
+    if not ok:
+        raise ValueError(f"{name}: must be 'auto', 'cpu', 'cuda' or 'cuda:<index>', got {x!r}")
+    return x
+
+
+def check_str(name: str, x, *, empty: bool = False) -> str:
+    """A ``str`` (non-blank unless ``empty``)."""
+    if not isinstance(x, str) or (not empty and not x.strip()):
+        raise ValueError(f"{name}: must be a {'' if empty else 'non-empty '}string, got {x!r}")
+    return x
 
 
 def check_max_new_tokens(n, name: str = "max_new_tokens") -> int:

@@ -1,9 +1,17 @@
 """Small shared helpers: one home each for atomic writes, the cache folder, the file lock and
-single-threaded analytics."""
+single-threaded analytics.
+
+Temporary files and folders of every atomic write live in one place per output folder,
+``<folder>/.workbench-tmp/``, named ``<target>.<pid>.<random>.tmp``. They are removed on success and on
+any error; after a crash (``kill -9``) the next write into that folder (or the next ``prepare`` of the
+model cache) sweeps the ones whose writer process is gone (:func:`sweep_stale_temp`), and the folder
+itself is removed once empty.
+"""
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import functools
 import math
@@ -11,15 +19,90 @@ import numbers
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 
 __all__ = ["one_thread", "single_threaded", "atomic_write_bytes", "atomic_write_files", "atomic_dir",
-           "cache_dir", "file_lock", "jsonable", "CACHE_ENV"]
+           "cache_dir", "file_lock", "sweep_stale_temp", "LockBusy", "jsonable", "CACHE_ENV", "TMP_DIRNAME"]
 
 CACHE_ENV = "WORKBENCH_CACHE"
+TMP_DIRNAME = ".workbench-tmp"
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (this machine)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _tmp_pid(name: str) -> int | None:
+    """The writer's PID in a temp name ``<target>.<pid>.<random>.tmp`` (None if it has none)."""
+    parts = name.rsplit(".", 3)
+    if len(parts) == 4 and parts[3] == "tmp" and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def sweep_stale_temp(folder: os.PathLike | str) -> list[Path]:
+    """Remove the temp files and folders in ``folder/.workbench-tmp`` left by processes that are gone
+    (killed mid-write); returns what was removed. Temp files of live writers are kept."""
+    home = Path(folder) / TMP_DIRNAME
+    if not home.is_dir():
+        return []
+    removed = []
+    for p in list(home.iterdir()):
+        pid = _tmp_pid(p.name)
+        if pid is not None and _pid_alive(pid):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        removed.append(p)
+    _drop_home(home)
+    return removed
+
+
+def _drop_home(home: Path) -> None:
+    with contextlib.suppress(OSError):
+        home.rmdir()  # only when empty: another writer's files keep it
+
+
+def _tmp_home(parent: Path) -> Path:
+    parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_temp(parent)
+    home = parent / TMP_DIRNAME
+    home.mkdir(exist_ok=True)
+    return home
+
+
+def _mk(parent: Path, name: str, folder: bool) -> tuple[int | None, str]:
+    """A temp file (fd, path) or folder (None, path) in ``parent``'s temp home; retried when another
+    writer removes the empty home in between."""
+    for attempt in range(5):
+        home = _tmp_home(parent)
+        try:
+            if folder:
+                return None, tempfile.mkdtemp(prefix=f"{name}.{os.getpid()}.", suffix=".tmp", dir=home)
+            return tempfile.mkstemp(prefix=f"{name}.{os.getpid()}.", suffix=".tmp", dir=home)
+        except FileNotFoundError:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 @contextlib.contextmanager
@@ -59,8 +142,7 @@ def atomic_write_files(files: Mapping[os.PathLike | str, bytes]) -> list[Path]:
     created: list[Path] = []
     try:
         for path, data in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            fd, tmp = _mk(path.parent, path.name, folder=False)
             tmps[path] = tmp
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -70,14 +152,21 @@ def atomic_write_files(files: Mapping[os.PathLike | str, bytes]) -> list[Path]:
             os.replace(tmp, path)
             if not existed:
                 created.append(path)
-    except BaseException:
+    except BaseException as e:
         for tmp in tmps.values():
             if os.path.exists(tmp):
                 os.unlink(tmp)
         for p in created:
             if p.exists():
                 p.unlink()
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            size = sum(len(d) for d in files.values())
+            raise OSError(errno.ENOSPC, f"no space left on the device to write {', '.join(map(str, files))} "
+                                        f"({size} bytes); nothing was written") from e
         raise
+    finally:
+        for path in files:
+            _drop_home(path.parent / TMP_DIRNAME)
     return list(files)
 
 
@@ -92,18 +181,17 @@ def atomic_dir(target: os.PathLike | str) -> Iterator[Path]:
     """A temp folder beside ``target`` to fill; on success it replaces ``target`` (an old ``target`` is
     moved aside and removed), on any error it is removed and ``target`` is untouched."""
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    tmp = Path(_mk(target.parent, target.name, folder=True)[1])
     try:
         yield tmp
         if target.exists():
-            old = target.with_name(f".{target.name}.old.tmp")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(target, old)
+            old = Path(_mk(target.parent, target.name + "-old", folder=True)[1])
+            os.replace(target, old)  # onto the empty folder: atomic on POSIX
             shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        _drop_home(target.parent / TMP_DIRNAME)
 
 
 def cache_dir() -> Path:
@@ -114,17 +202,76 @@ def cache_dir() -> Path:
     return Path(base) / "attn-workbench"
 
 
+class LockBusy(RuntimeError):
+    """A lock another process holds (``pid`` is the holder's, or None if unknown)."""
+
+    def __init__(self, msg: str, pid: int | None):
+        super().__init__(msg)
+        self.pid = pid
+
+
+def _holder(path: Path) -> int | None:
+    try:
+        txt = path.read_text().strip()
+    except OSError:
+        return None
+    return int(txt) if txt.isdigit() else None
+
+
 @contextlib.contextmanager
-def file_lock(path: os.PathLike | str):
-    """An exclusive ``flock`` on ``path`` (created if missing) for the duration of the block."""
+def file_lock(path: os.PathLike | str, *, wait: bool = True, remove: bool = False,
+              on_wait: Callable[[int | None], None] | None = None, what: str = "file"):
+    """An exclusive ``flock`` on ``path`` (created if missing) for the duration of the block; the
+    holder's PID is written into it.
+
+    Args:
+        wait: block until the lock is free (``on_wait(pid)`` is called first, once); else raise
+            :class:`LockBusy` naming the holder's PID.
+        remove: unlink the lock file on release (safe: a waiter that locked the unlinked file retries).
+        what: what the lock protects (named in the error).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    told = False
+    while True:
+        fh = open(path, "a+")
         try:
-            yield
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = _holder(path)
+                if not wait:
+                    raise LockBusy(f"{what}: {path} is locked by process {pid if pid is not None else '?'} "
+                                   "(another writer is running); wait for it or use another output", pid) from None
+                if on_wait is not None and not told:
+                    on_wait(pid)
+                    told = True
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                same = os.fstat(fh.fileno()).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:  # the holder removed the file while we waited: lock the new one
+                fh.close()
+                continue
+            fh.seek(0)
+            fh.truncate()
+            fh.write(str(os.getpid()))
+            fh.flush()
+            try:
+                yield
+            finally:
+                if remove:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+                else:
+                    fh.seek(0)
+                    fh.truncate()
+                    fh.flush()
+                fcntl.flock(fh, fcntl.LOCK_UN)
+            return
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
 
 
 def jsonable(x):

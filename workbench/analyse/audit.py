@@ -18,6 +18,7 @@ import torch
 
 from workbench.analyse import priorities as P
 from workbench.analyse.params import AUDIT_MODES, EntroPrefillParams
+from workbench.analyse.rows import check_capture_rows, check_rows
 from workbench.analyse.selection import SelectionResult, mass_table
 from workbench.checks import check_int, check_real
 from workbench.util import single_threaded
@@ -120,6 +121,7 @@ def audit_bounds(
     if A_audit.dim() != 3:
         raise ValueError(f"A_audit: must have shape [H_Q, n_pop, T], got {tuple(A_audit.shape)}")
     H_Q, n_pop, T = A_audit.shape
+    check_rows(A_audit, "A_audit")
     if n_pop < 1:
         raise ValueError("A_audit: the audit population is empty (n_pop = 0)")
     removed = torch.as_tensor(removed, dtype=torch.bool)
@@ -343,7 +345,12 @@ def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = 
     is invalid, reset predecessor and streak and continue → stability ``d_l`` against the previous
     valid monitored layer and streak (``d_l`` undefined and streak 0 without a predecessor) → if the
     saving target is reached and ``streak >= params.streak``, audit on the capture's ``"audit"`` rows
-    after the documents (never used by the candidates) → accept when every head passes. The first
+    after the documents (never used by the candidates) → accept when every head passes.
+
+    **[decided]** The audit population is the audit rows after the documents *outside the proposal
+    observers* (SPEC §6 asks for audit rows independent of the proposal). Only when every audit row is
+    an observer (a query no longer than ``W_p``) are they used as they are, and ``notes`` says that
+    the audit then overlaps the proposal; rows left out are named in ``notes`` too. The first
     accepted layer is ``l*``; without one the decision is bypass (full prefill). Layers after ``l*``
     are still traced as counterfactuals (``executed = False``, decision prefixed ``after l*:``).
     Pooling and priorities are computed once for all layers.
@@ -358,6 +365,7 @@ def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = 
         ``TraceResult``.
     """
     params = params or EntroPrefillParams()
+    check_capture_rows(capture)  # every row finite, >= 0, summing to <= 1 (verdict cached on the capture)
     spans = capture.spans
     L, H_Q, k = capture.L, capture.H_Q, spans.k
     layers = params.monitored_layers(L)
@@ -389,8 +397,13 @@ def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = 
 
     inputs = proposal_inputs(capture, params)
     pooling, prio, S = inputs.pooling, inputs.priorities, inputs.S
+    too_big = params.target_tokens is not None and params.target_tokens > spans.N
+    if too_big:
+        notes.append(f"the target {params.target_tokens} tokens exceeds the N = {spans.N} candidate tokens: "
+                     "no layer can reach it (lower target_tokens, or give target as a fraction of N)")
 
-    # audit population: rows of kind "audit" after the documents (ν uniform over them)
+    # audit population: rows of kind "audit" after the documents (ν uniform over them), outside the
+    # proposal observers (SPEC §6: audit rows independent of the proposal)
     docs_end = max(e for _, e in spans.chunks)
     aud_idx = capture.rows_of("audit")
     if aud_idx.numel():
@@ -399,7 +412,16 @@ def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = 
         if int((~keep).sum()):
             notes.append(f"{int((~keep).sum())} audit rows before the end of the documents (position < {docs_end}) "
                          "were left out of the audit population")
-        aud_idx = aud_idx[keep]
+        aud_idx, pos = aud_idx[keep], pos[keep]
+        obs = torch.isin(pos, torch.tensor(spans.observers, dtype=pos.dtype))
+        if bool(obs.any()) and not bool(obs.all()):
+            notes.append(f"{int(obs.sum())} audit rows at observer positions {pos[obs].tolist()} were left out of "
+                         "the audit population (SPEC §6: the audit is independent of the proposal rows)")
+            aud_idx = aud_idx[~obs]
+        elif bool(obs.any()):
+            notes.append(f"the audit population overlaps the proposal observers: every audit row (positions "
+                         f"{pos.tolist()}) is also an observer, so the audit is not independent of the proposal "
+                         "(SPEC §6); capture audit rows outside the last W_p query tokens for an independent audit")
     if aud_idx.numel() == 0:
         notes.append(f"no audit rows after the documents in the capture: {NO_LAYER_CAN_PASS}")
         A_aud = None
@@ -464,7 +486,10 @@ def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = 
             rec["decision"] = "after l*: " + rec["decision"]
         records.append(rec)
 
-    if l_star is None:
+    if l_star is None and too_big:
+        decision = (f"bypass: the target {params.target_tokens} tokens exceeds the N = {spans.N} candidate tokens, "
+                    "full prefill")
+    elif l_star is None:
         decision = "bypass: no monitored layer accepted, full prefill"
     else:
         sel_star = selections[l_star]

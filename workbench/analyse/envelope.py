@@ -20,6 +20,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from workbench.analyse.rows import check_rows
+
 __all__ = [
     "EnvelopeResult",
     "envelope",
@@ -118,9 +120,11 @@ def envelope(A_rows: Tensor, mu: Tensor, omega: Tensor, removed: Tensor, *, atol
     Returns:
         :class:`EnvelopeResult` with rows flattened ``a = h*W + u``.
     """
-    A_rows = torch.as_tensor(A_rows).to(torch.float64)
+    A_rows = torch.as_tensor(A_rows)
     if A_rows.dim() != 3:
         raise ValueError(f"A_rows: must have shape [H, W, T], got {list(A_rows.shape)}")
+    check_rows(A_rows, "A_rows")
+    A_rows = A_rows.to(torch.float64)
     Hn, W, T = A_rows.shape
     mu = torch.as_tensor(mu).to(torch.float64)
     if mu.shape != (T,):

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from workbench.analyse.pooling import HeadPooling
 from workbench.analyse.priorities import ChunkPriorities
-from workbench.analyse.selection import GreedySelection
-from workbench.checks import check_int, check_real, check_target, is_int
+from workbench.analyse.selection import GreedySelection, resolve_target
+from workbench.checks import check_int, check_real, check_seed, is_int
 from workbench.choices import AUDIT_MODES, PRIORITIES, AuditMode, Priority
 
 
@@ -27,8 +27,8 @@ class EntroPrefillParams:
         rho_min: validity threshold for residual and document mass [(0, 1)] (SPEC §2, §3).
         eps_s: smoothing ε_s of the chunk priorities [> 0] (SPEC §3).
         lam: concentration weight λ [>= 0] (SPEC §3).
-        target: saving target: ``int >= 0`` tokens, or ``float`` in (0, 1] as a fraction of ``N``
-            (SPEC §5). ``1`` is one token, ``1.0`` is all of ``N``.
+        target: saving target as a fraction of ``N``, a float in (0, 1] (SPEC §5; default 0.3 when
+            ``target_tokens`` is not given either). An int is refused: tokens go to ``target_tokens``.
         eps_row: per-row tolerance ε_a of the selection problem (14) [(0, 1]].
         m0: keep at least ``m0`` chunks [int >= 0; also <= k, checked at selection time].
         monitored: monitored layers ℒ [None = 1 … L−1, or a non-empty collection of distinct
@@ -42,6 +42,8 @@ class EntroPrefillParams:
         seed: seed of the audit sample and of the ``"random"`` priority [int >= 0].
         priority: ``"renyi"`` (S = ln ℓ + λκ), ``"mass"`` (λ = 0), ``"uniform"`` (chunk order),
             ``"random"`` (seeded), ``"headmax"`` (max_h a^h(c_i)).
+        target_tokens: saving target in tokens [int >= 0], instead of ``target`` (exactly one of
+            the two is set; ``replace`` with one of them clears the other).
     """
 
     zeta: float = 0.5
@@ -49,7 +51,7 @@ class EntroPrefillParams:
     rho_min: float = 1e-6
     eps_s: float = 0.1
     lam: float = 0.5
-    target: int | float = 0.3
+    target: float | None = None
     eps_row: float = 0.05
     m0: int = 1
     monitored: tuple[int, ...] | None = None
@@ -61,6 +63,7 @@ class EntroPrefillParams:
     streak: int = 1
     seed: int = 0
     priority: Priority = "renyi"
+    target_tokens: int | None = None
 
     def __post_init__(self):
         check_real("zeta", self.zeta, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
@@ -68,7 +71,7 @@ class EntroPrefillParams:
         check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True, rng="(0, 1)")
         check_real("eps_s", self.eps_s, 0.0, None, lo_open=True, hi_open=False, rng="(0, inf)")
         check_real("lam", self.lam, 0.0, None, lo_open=False, hi_open=False, rng="[0, inf)")
-        check_target(self.target)
+        resolve_target(self, self.target, self.target_tokens)
         check_real("eps_row", self.eps_row, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
         check_int("m0", self.m0, 0, rng=">= 0")
         if self.monitored is not None:
@@ -88,7 +91,7 @@ class EntroPrefillParams:
         check_real("eps_audit", self.eps_audit, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
         check_real("d_max", self.d_max, 0.0, 1.0, lo_open=False, hi_open=False, rng="[0, 1]")
         check_int("streak", self.streak, 0, rng=">= 0")
-        check_int("seed", self.seed, 0, rng=">= 0")
+        check_seed(self.seed)
         if self.priority not in PRIORITIES:
             raise ValueError(f"priority: must be one of {PRIORITIES}, got {self.priority!r}")
 
@@ -112,7 +115,8 @@ class EntroPrefillParams:
     def selection(self):
         """The greedy proposer of SPEC §5 with these parameters (``GreedySelection``)."""
 
-        return GreedySelection(target=self.target, eps_row=float(self.eps_row), m0=int(self.m0))
+        return GreedySelection(target=self.target, eps_row=float(self.eps_row), m0=int(self.m0),
+                               target_tokens=self.target_tokens)
 
     def monitored_layers(self, L: int) -> tuple[int, ...]:
         """The monitored set ℒ for a model of ``L`` layers (default ``1 … L−1``)."""
@@ -126,7 +130,12 @@ class EntroPrefillParams:
         return self.monitored
 
     def replace(self, **changes) -> "EntroPrefillParams":
-        """A copy with ``changes`` applied (validated again)."""
+        """A copy with ``changes`` applied (validated again); setting ``target`` clears
+        ``target_tokens`` and vice versa."""
+        if "target" in changes and "target_tokens" not in changes:
+            changes["target_tokens"] = None
+        elif "target_tokens" in changes and "target" not in changes:
+            changes["target"] = None
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from workbench.analyse.rows import check_capture_rows, check_rows
 from workbench.checks import check_real
 
 __all__ = [
@@ -274,9 +275,9 @@ class HeadPooling:
     rho_min: float = 1e-6
 
     def __post_init__(self):
-        check_real("zeta", self.zeta, 0.0, 1.0, lo_open=True)
-        check_real("tau", self.tau, 0.0, lo_open=True)
-        check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_real("zeta", self.zeta, 0.0, 1.0, lo_open=True, rng="in (0, 1]")
+        check_real("tau", self.tau, 0.0, lo_open=True, rng="> 0")
+        check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True, rng="in (0, 1)")
 
     def pool(self, A_obs: Tensor, head_group: Tensor, n_sink: int, *, _stats=None) -> PoolingResult:
         """Pool the observer rows of every layer (SPEC §2).
@@ -304,6 +305,7 @@ class HeadPooling:
         onehot = group_onehot(head_group, Hn)
         G = onehot.shape[1]
         if _stats is None:
+            check_rows(A_obs, "A_obs")  # finite, >= 0, sums <= 1, per layer and head
             a = observer_mean(A_obs)  # [L, H_Q, T] float64
             z, valid_head, C, H = residual_stats(a, int(n_sink), self.rho_min)
         else:  # parameter-free statistics precomputed for this capture (slider path)
@@ -338,6 +340,7 @@ class HeadPooling:
         and ``ρ_min``; they are computed once per capture, so moving ``ζ`` or ``τ`` costs only the
         softmax, the floor and ``μ``.
         """
+        check_capture_rows(capture)  # once per capture (cached verdict)
         A_obs = capture.observer_attn()
         n_sink = capture.spans.n_sink
 

@@ -181,9 +181,9 @@ class ChunkPriorities:
     rho_min: float = 1e-6
 
     def __post_init__(self):
-        check_real("eps_s", self.eps_s, 0.0, lo_open=True)
-        check_real("lam", self.lam, 0.0)
-        check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_real("eps_s", self.eps_s, 0.0, lo_open=True, rng="> 0")
+        check_real("lam", self.lam, 0.0, rng=">= 0")
+        check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True, rng="in (0, 1)")
 
     def score(self, mu: Tensor, spans) -> PriorityResult:
         """Chunk priorities of every layer (SPEC §3).

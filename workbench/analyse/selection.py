@@ -13,7 +13,13 @@ heuristic; the certificate
 
 is an upper bound on ``D*_l`` for any nonnegative prices. Prices from the LP relaxation
 (``0 <= x <= 1``, scipy HiGHS) minimise ``U`` over all nonnegative prices, and then ``U`` equals the
-LP value. ``U < target`` proves the target infeasible; a greedy miss alone proves nothing.
+LP value. ``U < target`` proves the target infeasible; a greedy miss alone proves nothing. The
+solver's status is reported in every result (``lp_status``); a failed LP falls back to the trivial
+bound ``U = N`` and the verdict says so.
+
+The saving target is given either as a fraction of ``N`` (``target``, a float in ``(0, 1]``) or in
+tokens (``target_tokens``, an int ``>= 0``), exactly one of them; an ``int`` passed as ``target`` is
+refused (``1`` would read as one token or as all of ``N``).
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ import pandas as pd
 import torch
 from scipy.optimize import linprog
 
-from workbench.checks import check_int, check_real, check_target
+from workbench.analyse.rows import check_rows
+from workbench.checks import check_int, check_real, check_target, check_target_tokens
 
 VERDICT_INFEASIBLE = "target infeasible (proved: U < target)"
 VERDICT_NO_CANDIDATES = "no candidate chunks (k = 0): ordinary inference, nothing removed"
@@ -53,6 +60,7 @@ def mass_table(A_rows: torch.Tensor, spans) -> torch.Tensor:
     *batch, H, W, T = A_rows.shape
     if T != spans.T:
         raise ValueError(f"A_rows: last dim must be the prompt length T = {spans.T}, got {T}")
+    check_rows(A_rows, "A_rows")
     k = spans.k
     A = A_rows.to(torch.float64).reshape(*batch, H * W, T)
     idx = spans.chunk_of().clone()
@@ -62,12 +70,28 @@ def mass_table(A_rows: torch.Tensor, spans) -> torch.Tensor:
     return out[..., :k].contiguous()
 
 
-def target_tokens(target: int | float, N: int) -> int:
-    """Saving target in tokens: an ``int`` as is, a fraction ``f`` as ``ceil(f N)`` (to 1e-9)."""
-    check_target(target)
-    if isinstance(target, float):
-        return int(math.ceil(round(target * N, 9)))
-    return int(target)
+def target_tokens(target: float | None, N: int, tokens: int | None = None) -> int:
+    """Saving target in tokens: ``tokens`` as is when given, else the fraction ``target`` of ``N`` as
+    ``ceil(target N)`` (to 1e-9)."""
+    if tokens is not None:
+        return check_target_tokens(tokens)
+    return int(math.ceil(round(check_target(target) * N, 9)))
+
+
+def resolve_target(obj, target, tokens) -> None:
+    """Validate the pair ``(target, target_tokens)`` of a frozen dataclass ``obj``: exactly one is set;
+    when both are ``None`` the fraction defaults to ``DEFAULT_TARGET``."""
+    if target is not None and tokens is not None:
+        raise ValueError(f"target: give either target (a fraction of N) or target_tokens (tokens), not both; "
+                         f"got target={target!r}, target_tokens={tokens!r}")
+    if tokens is not None:
+        check_target_tokens(tokens)
+        object.__setattr__(obj, "target_tokens", int(tokens))
+    else:
+        object.__setattr__(obj, "target", check_target(DEFAULT_TARGET if target is None else target))
+
+
+DEFAULT_TARGET = 0.3
 
 
 def _eps_vector(eps, A: int, default: float | None = None) -> np.ndarray:
@@ -135,6 +159,12 @@ def certificate(n, m, eps, m0: int, y, t: float) -> float:
 
 
 def lp_certificate(n, m, eps, m0: int) -> tuple[float, torch.Tensor, float]:
+    """:func:`lp_certificate_status` without the solver status: ``(U, y, t)``."""
+    U, y, t, _ = lp_certificate_status(n, m, eps, m0)
+    return U, y, t
+
+
+def lp_certificate_status(n, m, eps, m0: int) -> tuple[float, torch.Tensor, float, str]:
     """Certificate with prices from the LP relaxation of (14) (``0 <= x <= 1``, scipy HiGHS).
 
     The row prices ``y`` and count price ``t`` are the duals of the row and count constraints (tiny
@@ -142,19 +172,21 @@ def lp_certificate(n, m, eps, m0: int) -> tuple[float, torch.Tensor, float]:
     whatever the solver's accuracy, and in exact arithmetic it equals the LP value, the smallest
     ``U_l(y, t)`` over all ``y, t >= 0``. Rows that can never bind (``Σ_i m_ai <= ε_a``) get price 0
     and are left out of the LP. If the solver fails, the trivial prices ``y = 0, t = 0``
-    (``U = N``) are returned.
+    (``U = N``) are returned and the status says why (never silently).
 
     Args:
         n: ``[k]``; m: ``[A, k]``; eps: scalar or ``[A]``; m0: int in ``[0, k]``.
 
     Returns:
-        ``(U, y [A] float64 tensor, t)``. Solutions are memoised by the inputs' bytes (last 512).
+        ``(U, y [A] float64 tensor, t, status)``; ``status`` is ``"optimal"`` (``"no candidates"`` when
+        ``k = 0``), else ``"failed: ..."`` with the solver's code and message. Solutions are memoised by
+        the inputs' bytes (last 512).
     """
     n, m, m0 = _check_problem(n, m, m0)
     A, k = m.shape
     e = _eps_vector(eps, A)
     if k == 0:
-        return 0.0, torch.zeros(A, dtype=torch.float64), 0.0
+        return 0.0, torch.zeros(A, dtype=torch.float64), 0.0, "no candidates"
     # The LP depends on (n, m, ε, m0) only, not on the priorities: a ζ/τ/λ/target slider re-uses it.
     key = (m.shape, np.ascontiguousarray(n, dtype=np.float64).tobytes(), np.ascontiguousarray(m).tobytes(),
            np.ascontiguousarray(e).tobytes(), int(m0))
@@ -164,16 +196,16 @@ def lp_certificate(n, m, eps, m0: int) -> tuple[float, torch.Tensor, float]:
         _LP_MEMO[key] = hit
         while len(_LP_MEMO) > _LP_MEMO_SIZE:
             _LP_MEMO.pop(next(iter(_LP_MEMO)))
-    U, y, t = hit
-    return U, torch.from_numpy(y.copy()), t
+    U, y, t, status = hit
+    return U, torch.from_numpy(y.copy()), t, status
 
 
 _LP_MEMO: dict = {}
 _LP_MEMO_SIZE = 512
 
 
-def _lp_solve(n: np.ndarray, m: np.ndarray, e: np.ndarray, m0: int) -> tuple[float, np.ndarray, float]:
-    """The LP of :func:`lp_certificate` (uncached): ``(U, y [A], t)``."""
+def _lp_solve(n: np.ndarray, m: np.ndarray, e: np.ndarray, m0: int) -> tuple[float, np.ndarray, float, str]:
+    """The LP of :func:`lp_certificate_status` (uncached): ``(U, y [A], t, status)``."""
 
     A, k = m.shape
     y = np.zeros(A)
@@ -181,16 +213,22 @@ def _lp_solve(n: np.ndarray, m: np.ndarray, e: np.ndarray, m0: int) -> tuple[flo
     active = m.sum(axis=1) > e
     A_ub = np.vstack([m[active], np.ones((1, k))])
     b_ub = np.concatenate([e[active], [float(k - m0)]])
-    res = linprog(-n, A_ub=A_ub, b_ub=b_ub, bounds=[(0.0, 1.0)] * k, method="highs")
-    if res.status == 0 and res.ineqlin is not None:
+    try:
+        res = linprog(-n, A_ub=A_ub, b_ub=b_ub, bounds=[(0.0, 1.0)] * k, method="highs")
+    except (ValueError, RuntimeError) as exc:  # a solver crash is reported like a solver failure
+        res, status = None, f"failed: {type(exc).__name__}: {exc}; trivial bound U = N used"
+    if res is not None and res.status == 0 and res.ineqlin is not None:
         duals = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
         y[active] = duals[:-1]
         t = float(duals[-1])
+        status = "optimal"
+    elif res is not None:
+        status = f"failed: HiGHS status {res.status} ({res.message}); trivial bound U = N used"
     U = certificate(n, m, e, m0, y, t)
     U0 = float(n.sum())  # U(0, 0): never worse than the trivial bound
     if U0 < U:
         y, t, U = np.zeros(A), 0.0, U0
-    return U, y, t
+    return U, y, t, status
 
 
 @dataclass
@@ -211,6 +249,8 @@ class SelectionResult:
         n: int64 ``[k]``; S: float64 ``[k]``; eps: float64 ``[A]``; chunk_max_mass: float64 ``[k]``
             (``max_a m_ai``); reduced_cost: float64 ``[k]`` (``n_i − Σ_a y_a m_ai − t``, or None).
         k, N, m0: problem sizes.
+        lp_status: the LP solver's status (``"optimal"``; ``"failed: ..."`` when the trivial bound
+            ``U = N`` was used instead, which the verdict then says); None when not certified.
     """
 
     removed: list[int]
@@ -232,6 +272,7 @@ class SelectionResult:
     k: int = 0
     N: int = 0
     m0: int = 0
+    lp_status: str | None = None
 
     @property
     def infeasible_proved(self) -> bool:
@@ -240,7 +281,7 @@ class SelectionResult:
     def to_frame(self) -> pd.DataFrame:
         """One row per chunk: chunk, n, S, scan rank, removed, max row mass, reduced cost.
 
-        Summary numbers (D, U, gap, target_tokens, reached, verdict) are in ``frame.attrs``.
+        Summary numbers (D, U, gap, target_tokens, reached, verdict, lp_status) are in ``frame.attrs``.
         """
         rank = {c: r for r, c in enumerate(self.scan_order)}
         rem = set(self.removed)
@@ -260,17 +301,39 @@ class SelectionResult:
         df = pd.DataFrame(rows, columns=["chunk", "n", "S", "scan_rank", "removed", "max_row_mass", "reduced_cost"])
         df.attrs.update(
             D=self.D, U=self.U, gap=self.gap, target_tokens=self.target_tokens, reached=self.reached,
-            verdict=self.verdict, k=self.k, N=self.N, m0=self.m0,
+            verdict=self.verdict, k=self.k, N=self.N, m0=self.m0, lp_status=self.lp_status,
         )
         return df
 
 
+TIE_RTOL = 1e-9
+"""**[decided]** (SPEC §5) two priorities are tied when ``|S_i - S_j| <= 1e-9 · max(1, |S_i|, |S_j|)``."""
+
+
 def scan_order(S, n) -> list[int]:
-    """Greedy scan order: increasing ``S_i``, ties by decreasing ``n_i``, then original index."""
+    """Greedy scan order: increasing ``S_i``, ties by decreasing ``n_i``, then original index.
+
+    **[decided]** (SPEC §5) priorities within ``TIE_RTOL · max(1, |S_i|, |S_j|)`` of each other are
+    tied, so float noise never orders values that are equal in exact arithmetic (the uniform null's
+    ``S = 0`` computed as ``±2e-16``). Sorted priorities are grouped greedily: a value joins the current
+    tie group while it is tied with the group's first (smallest) value; each group is then ordered by
+    decreasing ``n_i``, then index.
+    """
     S = _np(S).reshape(-1)
     n = _np(n).reshape(-1)
-    # np.lexsort sorts by the last key first; stable, so the index is the final tie-break.
-    return [int(i) for i in np.lexsort((np.arange(len(S)), -n, S))]
+    by_s = [int(i) for i in np.lexsort((np.arange(len(S)), -n, S))]
+    out: list[int] = []
+    group: list[int] = []
+    for i in by_s:
+        if group:
+            s0, si = S[group[0]], S[i]
+            tied = s0 == si or (math.isfinite(s0) and math.isfinite(si)
+                                and abs(si - s0) <= TIE_RTOL * max(1.0, abs(s0), abs(si)))
+            if not tied:
+                out += sorted(group, key=lambda j: (-n[j], j))
+                group = []
+        group.append(i)
+    return out + sorted(group, key=lambda j: (-n[j], j))
 
 
 @dataclass(frozen=True)
@@ -278,18 +341,21 @@ class GreedySelection:
     """Greedy proposer for (14) (SPEC §5).
 
     Attributes:
-        target: saving target: ``int >= 0`` tokens, or ``float`` in (0, 1] fraction of ``N``.
+        target: saving target as a fraction of ``N``, a float in (0, 1] (default 0.3 when
+            ``target_tokens`` is not given either); an int is refused.
         eps_row: default row tolerance ε_a, in (0, 1]; a per-row tensor ``[A]`` may be passed to
             ``select`` instead.
         m0: keep at least ``m0`` chunks (int >= 0; ``m0 <= k`` is checked in ``select``).
+        target_tokens: saving target in tokens, an int >= 0 (instead of ``target``).
     """
 
-    target: int | float = 0.3
+    target: float | None = None
     eps_row: float = 0.05
     m0: int = 1
+    target_tokens: int | None = None
 
     def __post_init__(self):
-        check_target(self.target)
+        resolve_target(self, self.target, self.target_tokens)
         check_real("eps_row", self.eps_row, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
         check_int("m0", self.m0, 0, rng=">= 0")
 
@@ -307,7 +373,10 @@ class GreedySelection:
             ``SelectionResult``. With ``k = 0`` the removal is empty and the verdict says so.
         """
         S_np = _np(S).reshape(-1)
-        n_np = _np(n, np.int64).reshape(-1)
+        n_raw = _np(n).reshape(-1)
+        if not np.all(np.isfinite(n_raw)) or np.any(n_raw != np.round(n_raw)) or isinstance(n, bool):
+            raise ValueError(f"n: chunk sizes must be integers >= 1 (never truncated), got {n_raw[:8].tolist()}")
+        n_np = n_raw.astype(np.int64)
         m_np = _np(m)
         k = n_np.shape[0]
         if S_np.shape != (k,):
@@ -319,7 +388,7 @@ class GreedySelection:
         A = m_np.shape[0]
         e = _eps_vector(eps, A, default=self.eps_row)
         N = int(n_np.sum())
-        tt = target_tokens(self.target, N)
+        tt = target_tokens(self.target, N, self.target_tokens)
         common = dict(
             n=torch.from_numpy(n_np.copy()), S=torch.from_numpy(S_np.copy()), eps=torch.from_numpy(e.copy()),
             chunk_max_mass=torch.from_numpy(m_np.max(axis=0) if A else np.zeros(k)), k=k, N=N, m0=int(self.m0),
@@ -350,20 +419,26 @@ class GreedySelection:
                 removed.append(i)
                 D += int(n_np[i])
         reached = D >= tt
-        U = y = t = gap = None
+        U = y = t = gap = status = None
         reduced = None
         if certify:
-            U, y, t = lp_certificate(n_np, m_np, e, self.m0)
+            U, y, t, status = lp_certificate_status(n_np, m_np, e, self.m0)
             gap = U - D
             reduced = torch.from_numpy(n_np - y.numpy() @ m_np - t)
         verdict = _verdict(D, tt, reached, U, N)
+        if status is not None and status != "optimal":
+            verdict += f"; LP certificate {status}"
         return SelectionResult(
             removed=sorted(removed), D=D, target_tokens=tt, reached=reached, row_load=torch.from_numpy(load),
-            U=U, y=y, t=t, gap=gap, verdict=verdict, scan_order=order, reduced_cost=reduced, **common,
+            U=U, y=y, t=t, gap=gap, verdict=verdict, scan_order=order, reduced_cost=reduced, lp_status=status,
+            **common,
         )
 
 
 def _verdict(D: int, tt: int, reached: bool, U: float | None, N: int) -> str:
+    if tt > N:
+        return (f"{VERDICT_INFEASIBLE}: the target {tt} tokens exceeds the N = {N} candidate tokens "
+                f"(greedy D = {D})")
     if reached:
         s = f"target reached: removed D = {D} of N = {N} tokens (target {tt})"
         if U is not None:

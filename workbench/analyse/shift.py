@@ -29,6 +29,7 @@ from torch import Tensor
 
 from workbench.analyse.pooling import group_onehot
 from workbench.analyse.ranking import topk_mask
+from workbench.analyse.rows import check_capture_rows
 
 __all__ = ["shift_rows", "group_rows", "jsd", "topk_recall", "ShiftAnalysis", "ShiftResult"]
 
@@ -51,6 +52,7 @@ def shift_rows(capture, W: int | None = None) -> tuple[Tensor, Tensor]:
     Returns:
         ``r`` int64 ``[R]`` (``-W+1 … 0, 1 … n``) and ``P`` float64 ``[L, H_Q, R, T]``.
     """
+    check_capture_rows(capture)  # finite, >= 0, summing to <= 1 (cached on the capture)
     T = capture.T
     tail, dec = capture.rows_of("tail"), capture.rows_of("decode")
     if dec.numel() == 0:

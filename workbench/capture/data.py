@@ -21,6 +21,9 @@ from workbench.choices import ROW_KINDS
 from workbench.run.spans import PromptSpans
 from workbench.util import atomic_write_bytes
 
+FORMAT_PREFIX = "workbench.capture/"
+FORMAT_VERSION = 1
+
 
 @dataclass
 class Capture:
@@ -142,7 +145,7 @@ class Capture:
         if self.learned_sink is not None:
             tensors["learned_sink"] = self.learned_sink.contiguous()
         meta = {
-            "format": "workbench.capture/1",
+            "format": f"{FORMAT_PREFIX}{FORMAT_VERSION}",
             "row_kind": json.dumps(self.row_kind),
             "spans": self.spans.to_json(),
             "model_id": self.model_id,
@@ -155,28 +158,108 @@ class Capture:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Capture":
+        """Read a capture written by :meth:`save` and :meth:`validate` it (shapes, spans, kinds, groups).
 
+        Raises:
+            ValueError: naming ``path`` when the file is not a workbench capture, was written by a newer
+                workbench (a newer format version), or is inconsistent (the field is named).
+        """
         path = Path(path)
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-        if meta.get("format") != "workbench.capture/1":
-            raise ValueError(f"path: {path} is not a workbench capture file")
-        t = load_file(str(path))
-        hidden = {int(k.split(".", 1)[1]): v for k, v in t.items() if k.startswith("hidden.")}
-        return cls(
-            attn=t["attn"],
-            row_pos=t["row_pos"],
-            row_kind=json.loads(meta["row_kind"]),
-            head_group=t["head_group"],
-            vnorm_max=t["vnorm_max"],
-            spans=PromptSpans.from_json(meta["spans"]),
-            model_id=meta["model_id"],
-            params=json.loads(meta["params"]),
-            version=meta["version"],
-            hidden=dict(sorted(hidden.items())),
-            generated_ids=json.loads(meta["generated_ids"]),
-            learned_sink=t.get("learned_sink"),
-        )
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+        except FileNotFoundError:
+            raise
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"path: {path} is not a workbench capture file ({type(e).__name__}: {e})") from None
+        fmt = meta.get("format", "")
+        if not fmt.startswith(FORMAT_PREFIX):
+            raise ValueError(f"path: {path} is not a workbench capture file (format tag {fmt or None!r})")
+        try:
+            ver = int(fmt[len(FORMAT_PREFIX):])
+        except ValueError:
+            raise ValueError(f"path: {path} has an unreadable capture format tag {fmt!r}") from None
+        if ver > FORMAT_VERSION:
+            raise ValueError(f"path: {path} was written by a newer workbench (capture format version {ver}, "
+                             f"version {meta.get('version') or '?'}); this one reads version {FORMAT_VERSION}: "
+                             "upgrade attn-workbench to read it")
+        try:
+            t = load_file(str(path))
+            hidden = {int(k.split(".", 1)[1]): v for k, v in t.items() if k.startswith("hidden.")}
+            cap = cls(
+                attn=t["attn"],
+                row_pos=t["row_pos"],
+                row_kind=json.loads(meta["row_kind"]),
+                head_group=t["head_group"],
+                vnorm_max=t["vnorm_max"],
+                spans=PromptSpans.from_json(meta["spans"]),
+                model_id=meta["model_id"],
+                params=json.loads(meta["params"]),
+                version=meta["version"],
+                hidden=dict(sorted(hidden.items())),
+                generated_ids=json.loads(meta["generated_ids"]),
+                learned_sink=t.get("learned_sink"),
+            )
+        except (KeyError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"path: {path} is a damaged workbench capture (missing or unreadable {e})") from None
+        return cap.validate(f"path: {path}")
+
+    def validate(self, where: str = "capture") -> "Capture":
+        """Check shapes, spans, row kinds, head groups and positions; ``ValueError`` naming the field.
+
+        ``attn [L, H_Q, R, K]`` floating point with ``K >= T``; ``row_pos [R]`` integer, prompt rows in
+        ``[0, T)`` and decode rows in ``[T-1, K)``; ``row_kind`` ``R`` labels from ``ROW_KINDS``;
+        ``head_group [H_Q]`` equal to ``h // r`` (every KV group of ``r = H_Q / G`` heads);
+        ``vnorm_max [L, G]``; the spans inside ``[0, T)`` (:meth:`PromptSpans.validate`); hidden states
+        ``[T, D]``; generated ids integers.
+        """
+
+        def bad(field_, msg):
+            raise ValueError(f"{where}: {field_} {msg}")
+
+        try:
+            self.spans.validate("spans")
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        T = self.spans.T
+        a = self.attn
+        if not isinstance(a, torch.Tensor) or a.dim() != 4 or not a.dtype.is_floating_point:
+            bad("attn", f"must be a floating-point tensor [L, H_Q, R, K], got {getattr(a, 'shape', type(a))}")
+        L, H_Q, R, K = a.shape
+        if L < 1 or H_Q < 1:
+            bad("attn", f"must have L >= 1 layers and H_Q >= 1 heads, got shape {list(a.shape)}")
+        if K < T:
+            bad("attn", f"key axis K = {K} must cover the prompt (K >= T = {T})")
+        rp = self.row_pos
+        if not isinstance(rp, torch.Tensor) or rp.shape != (R,) or rp.dtype.is_floating_point or rp.dtype == torch.bool:
+            bad("row_pos", f"must be an integer tensor [R] = [{R}], got {getattr(rp, 'shape', type(rp))}")
+        if not isinstance(self.row_kind, list) or len(self.row_kind) != R:
+            bad("row_kind", f"must be a list of R = {R} labels, got {len(self.row_kind) if hasattr(self.row_kind, '__len__') else self.row_kind!r}")
+        kinds = set(self.row_kind) - set(ROW_KINDS)
+        if kinds:
+            bad("row_kind", f"labels must be in {list(ROW_KINDS)}, got {sorted(map(str, kinds))}")
+        for i, (p, k) in enumerate(zip(rp.tolist(), self.row_kind)):
+            lo, hi = (T, K) if k == "decode" else (0, T)
+            if not lo <= p < hi:
+                bad("row_pos", f"row {i} ({k}) at position {p} is outside [{lo}, {hi})")
+        hg = self.head_group
+        if not isinstance(hg, torch.Tensor) or hg.shape != (H_Q,) or hg.dtype.is_floating_point or hg.dtype == torch.bool:
+            bad("head_group", f"must be an integer tensor [H_Q] = [{H_Q}], got {getattr(hg, 'shape', type(hg))}")
+        G = int(hg.max()) + 1 if int(hg.min()) >= 0 else 0
+        if G < 1 or H_Q % G or not torch.equal(hg.to(torch.int64), torch.arange(H_Q) // (H_Q // G)):
+            bad("head_group", f"must map query head h to KV group h // r (G groups of r = H_Q / G heads), "
+                              f"got {hg.tolist()}")
+        if not isinstance(self.vnorm_max, torch.Tensor) or tuple(self.vnorm_max.shape) != (L, G):
+            bad("vnorm_max", f"must have shape [L, G] = [{L}, {G}], got {list(getattr(self.vnorm_max, 'shape', []))}")
+        for l, h in self.hidden.items():
+            if not 0 <= int(l) <= L or h.dim() != 2 or h.shape[0] != T:
+                bad("hidden", f"layer {l} must be in [0, {L}] with states [T, D] = [{T}, D], got {list(h.shape)}")
+        ls = self.learned_sink
+        if ls is not None and (not isinstance(ls, torch.Tensor) or tuple(ls.shape) != (L, H_Q, R)):
+            bad("learned_sink", f"must have shape [L, H_Q, R] = [{L}, {H_Q}, {R}], got {list(getattr(ls, 'shape', []))}")
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.generated_ids):
+            bad("generated_ids", "must be integer token ids >= 0")
+        return self
 
     @classmethod
     def synthetic(

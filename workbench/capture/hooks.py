@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from workbench._version import __version__
 from workbench.capture.data import Capture
+from workbench.checks import check_bool, check_int, is_int
 from workbench.run import adapter
 from workbench.run.spans import PromptSpans
 
@@ -36,7 +37,8 @@ class RowSet:
 
     Attributes:
         observers: capture the proposal observers ``𝒬_p`` (kind ``"observer"``).
-        audit: ``"query"`` (every user-query position, the default audit population ``ν``),
+        audit: ``"query"`` (every user-query position; ``trace`` audits on those outside the observers,
+            SPEC §6),
             ``None`` for none, or explicit positions (kind ``"audit"``).
         tail: prompt-tail window ``W``: rows ``T-W … T-1`` (kind ``"tail"``; ``r = -W+1 … 0``).
         custom: extra prompt positions (kind ``"custom"``).
@@ -50,12 +52,18 @@ class RowSet:
     n_decode: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.tail, int) or self.tail < 0:
-            raise ValueError(f"tail: must be an integer >= 0, got {self.tail!r}")
-        if not isinstance(self.n_decode, int) or self.n_decode < 0:
-            raise ValueError(f"n_decode: must be an integer >= 0, got {self.n_decode!r}")
+        check_bool("observers", self.observers)
+        check_int("tail", self.tail, 0)
+        check_int("n_decode", self.n_decode, 0)
         if isinstance(self.audit, str) and self.audit != "query":
             raise ValueError(f"audit: must be 'query', None or a tuple of positions, got {self.audit!r}")
+        for name in ("audit", "custom"):
+            v = getattr(self, name)
+            if v is None or isinstance(v, str):
+                continue
+            if not hasattr(v, "__iter__") or not all(is_int(p) and p >= 0 for p in v):
+                raise ValueError(f"{name}: must hold integer positions >= 0 (no bools, no floats), got {v!r}")
+            object.__setattr__(self, name, tuple(int(p) for p in v))
 
     def rows(self, spans: PromptSpans) -> list[tuple[str, int]]:
         """``(kind, absolute position)`` of every requested row, prompt rows then decode rows."""
@@ -317,6 +325,9 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
     shape = adapter.model_shape(model)
     if shape.max_context and T + n > shape.max_context:
         raise ValueError(f"n_decode: T + n_decode = {T + n} exceeds the model's context {shape.max_context}")
+    if shape.vocab and max(spans.input_ids) >= shape.vocab:
+        raise ValueError(f"prompt: token id {max(spans.input_ids)} is outside this model's vocabulary (size "
+                         f"{shape.vocab}): the prompt was tokenised for another model")
     device = next(model.parameters()).device
     ids = torch.tensor([spans.input_ids], dtype=torch.int64, device=device)
     bar = tqdm(total=shape.L + n, desc="capture", disable=not progress, leave=False)

@@ -31,7 +31,8 @@ from workbench.analyse.audit import TraceResult, trace
 from workbench.analyse.params import EntroPrefillParams
 from workbench.capture import RowSet, capture_attention
 from workbench.capture.data import Capture
-from workbench.checks import check_max_new_tokens
+from workbench.capture.identity import check_model_match
+from workbench.checks import check_bool, check_max_new_tokens, is_int
 from workbench.run import adapter
 from workbench.run.generate import greedy_continue, stop_token_ids
 
@@ -212,6 +213,7 @@ def run_pruned(
     max_new_tokens: int = 16,
     keep_hidden: bool = False,
     progress: bool = True,
+    allow_foreign: bool = False,
 ) -> PruneResult:
     """Prefill with mid-prefill pruning, then greedy-decode ``max_new_tokens`` tokens.
 
@@ -226,13 +228,17 @@ def run_pruned(
             ``1 … L-1``; ``layer ∈ {-1, 0}`` needs an explicit ``removed``).
         max_new_tokens: greedy tokens to generate, ``≥ 1``.
         keep_hidden: keep the block inputs of layers ``> l*`` (for the stability diagnostics).
+        allow_foreign: run spans built by another tokenizer, or a capture of another model (refused
+            by default: :func:`~workbench.capture.identity.check_model_match`).
     """
     params = params or EntroPrefillParams()
     model, tok, model_id = _unwrap(model)
+    check_model_match(model, tok, prompt, allow_foreign=allow_foreign)
     spans = getattr(prompt, "spans", prompt)
     shape = adapter.model_shape(model)
     check_max_new_tokens(max_new_tokens)
-    if layer is not None and not (isinstance(layer, int) and -1 <= layer <= shape.L - 1):
+    check_bool("keep_hidden", keep_hidden)
+    if layer is not None and not (is_int(layer) and -1 <= layer <= shape.L - 1):
         raise ValueError(f"layer: must be an integer in [-1, {shape.L - 1}] (L = {shape.L}) or None, got {layer!r}")
     if layer is not None and layer in (-1, 0) and removed is None:
         raise ValueError(f"layer: the proposal E_l exists for monitored layers l in [1, {shape.L - 1}]; "

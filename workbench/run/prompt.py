@@ -7,6 +7,13 @@ is the run of tokens lying entirely inside the document's characters; a token th
 document boundary and a delimiter is protected (it is a delimiter token). Every token outside a
 candidate chunk is protected, and so are the first ``n_sink`` positions; a chunk that contains a
 sink is protected whole and leaves the candidate list.
+
+Documents and the query are text, never markup: a control-token string inside them (``<|im_start|>``
+and the other added tokens of the tokenizer) is tokenised as plain text (the text pieces are tokenised
+with ``split_special_tokens=True`` and their ids spliced between the template's pieces), so a retrieved
+document cannot inject a chat turn. Prompts without such strings are tokenised in one piece, exactly
+as before. ``spans.extra["tokenizer"]`` records a fingerprint of the tokenizer that built the spans
+(checked before a rerun: :mod:`workbench.capture.identity`).
 """
 from __future__ import annotations
 
@@ -15,7 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
+from workbench.checks import check_bool, check_int, check_str, is_int
 from workbench.run.spans import PromptSpans
+
+TOKENIZER_KEY = "tokenizer"
 
 DEFAULT_W_P = 8
 DEFAULT_INSTRUCTION = (
@@ -48,17 +58,55 @@ class Prompt:
 
 
 def _check_inputs(documents, query, instruction, n_sink, W_p):
-    if not isinstance(query, str) or not query.strip():
-        raise ValueError("query: must be a non-empty string")
-    if not isinstance(instruction, str):
-        raise ValueError("instruction: must be a string")
+    check_str("query", query)
+    check_str("instruction", instruction, empty=True)
     for i, d in enumerate(documents):
         if not isinstance(d, str) or not d.strip():
             raise ValueError(f"documents: document {i} is empty; every document must be a non-empty string")
-    if not isinstance(n_sink, int) or n_sink < 0:
-        raise ValueError(f"n_sink: must be an integer >= 0, got {n_sink!r}")
-    if not isinstance(W_p, int) or W_p < 1:
-        raise ValueError(f"W_p: must be an integer >= 1, got {W_p!r}")
+    check_int("n_sink", n_sink, 0)
+    check_int("W_p", W_p, 1)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A cheap identity of a tokenizer: its size and a hash of 64 token strings spread over the
+    vocabulary plus its added tokens (microseconds; equal for the same tokenizer saved and reloaded)."""
+    n = len(tokenizer)
+    step = max(1, n // 64)
+    sample = tokenizer.convert_ids_to_tokens(list(range(0, n, step)))
+    added = sorted(str(t) for t in getattr(tokenizer, "added_tokens_decoder", {}).values())
+    h = hashlib.sha256("\x00".join(map(str, sample + added)).encode()).hexdigest()[:12]
+    return f"{n}:{h}"
+
+
+def control_strings(tokenizer) -> list[str]:
+    """Strings the tokenizer would read as added (control) tokens: its added and special tokens."""
+    out = {str(getattr(t, "content", t)) for t in getattr(tokenizer, "added_tokens_decoder", {}).values()}
+    out |= set(getattr(tokenizer, "all_special_tokens", []) or [])
+    return sorted(t for t in out if t)
+
+
+def _encode(tokenizer, text, text_ranges, add_special):
+    """``(ids, offsets)`` of ``text``; the character ranges ``text_ranges`` (documents, query) are
+    tokenised as plain text (no control tokens) when they contain a control-token string."""
+    ctrl = control_strings(tokenizer)
+    plain = sorted(r for r in text_ranges if any(c in text[r[0]:r[1]] for c in ctrl))
+    if not plain:
+        enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=add_special)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+    ids, offsets, pos = [], [], 0
+    pieces = []
+    for lo, hi in plain:
+        pieces += [(pos, lo, False), (lo, hi, True)]
+        pos = hi
+    pieces.append((pos, len(text), False))
+    for i, (lo, hi, is_text) in enumerate(pieces):
+        if hi <= lo:
+            continue
+        enc = tokenizer(text[lo:hi], return_offsets_mapping=True, add_special_tokens=add_special and i == 0,
+                        split_special_tokens=is_text)
+        ids += list(enc["input_ids"])
+        offsets += [(a + lo, b + lo) if b > a else (a, b) for a, b in enc["offset_mapping"]]
+    return ids, offsets
 
 
 def render(tokenizer, documents, query, instruction, chat: bool | None = None):
@@ -141,17 +189,22 @@ def build_prompt(
         max_context: the model's context length; a longer prompt raises.
         answer_doc: index of the document holding the answer (for plots and evaluation).
     """
+    if isinstance(documents, (str, bytes)) or not hasattr(documents, "__iter__"):
+        raise ValueError(f"documents: must be a list of strings (one per document), got {type(documents).__name__} "
+                         f"{documents!r:.60}; wrap a single document as [document]")
     documents = tuple(documents)
     _check_inputs(documents, query, instruction, n_sink, 1 if W_p is None else W_p)
-    if answer_doc is not None and not 0 <= answer_doc < len(documents):
-        raise ValueError(f"answer_doc: must be in [0, {len(documents) - 1}], got {answer_doc}")
+    if chat is not None:
+        check_bool("chat", chat)
+    if max_context is not None:
+        check_int("max_context", max_context, 1)
+    if answer_doc is not None and not (is_int(answer_doc) and 0 <= answer_doc < len(documents)):
+        raise ValueError(f"answer_doc: must be None or an integer in [0, {len(documents) - 1}], got {answer_doc!r}")
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("tokenizer: a fast tokenizer is required (character offsets)")
     text, doc_chars, q_chars, instr_chars = render(tokenizer, documents, query, instruction, chat)
     use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
-    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=not use_chat)
-    ids = list(enc["input_ids"])
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    ids, offsets = _encode(tokenizer, text, list(doc_chars) + [q_chars], not use_chat)
     T = len(ids)
     if max_context is not None and T > max_context:
         raise ValueError(f"documents: the prompt has {T} tokens, longer than the model's context "
@@ -194,5 +247,6 @@ def build_prompt(
         n_sink=n_sink,
         observers=tuple(range(q_tok[1] - W_p, q_tok[1])),
         answer_doc=answer_doc,
+        extra={TOKENIZER_KEY: tokenizer_fingerprint(tokenizer)},
     )
     return Prompt(text=text, spans=spans, documents=documents, query=query, instruction=instruction)

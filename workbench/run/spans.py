@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from workbench.checks import is_int
+
 Range = tuple[int, int]
 
 
@@ -103,6 +105,49 @@ class PromptSpans:
         """``R = [T] \\ E`` in increasing order; int64 ``[T']``."""
         return torch.nonzero(~self.removal_mask(removed)).flatten()
 
+    def validate(self, name: str = "spans") -> "PromptSpans":
+        """Check that every span lies inside ``[0, T)`` and the fields agree; raise ``ValueError``
+        naming the field (what a loaded file must pass before any analytic runs on it)."""
+
+        def bad(field_, msg):
+            raise ValueError(f"{name}: {field_} {msg}")
+
+        T = self.T
+        if not is_int(T) or T < 1:
+            bad("T", f"must be an integer >= 1, got {T!r}")
+        if len(self.input_ids) != T or not all(is_int(i) and i >= 0 for i in self.input_ids):
+            bad("input_ids", f"must hold T = {T} integer token ids >= 0, got {len(self.input_ids)} entries")
+        if len(self.tokens) != T:
+            bad("tokens", f"must hold T = {T} strings, got {len(self.tokens)}")
+
+        def check_range(field_, r):
+            if (len(r) != 2 or not all(is_int(x) for x in r) or not 0 <= r[0] < r[1] <= T):
+                bad(field_, f"must be a range [start, end) inside [0, T) = [0, {T}), got {tuple(r)}")
+
+        for i, r in enumerate(self.chunks):
+            check_range(f"chunks[{i}]", r)
+        for a, b in zip(self.chunks, self.chunks[1:]):
+            if b[0] < a[1]:
+                bad("chunks", f"must be disjoint and in prompt order, got {a} then {b}")
+        for i, r in enumerate(self.documents):
+            check_range(f"documents[{i}]", r)
+        if len(self.chunk_doc) != len(self.chunks) or not all(
+                is_int(d) and 0 <= d < len(self.documents) for d in self.chunk_doc):
+            bad("chunk_doc", f"must hold one document index in [0, {len(self.documents)}) per chunk "
+                             f"({len(self.chunks)}), got {self.chunk_doc}")
+        if not all(is_int(d) and 0 <= d < len(self.documents) for d in self.protected_docs):
+            bad("protected_docs", f"must hold document indices in [0, {len(self.documents)}), got {self.protected_docs}")
+        check_range("query", self.query)
+        if self.instruction is not None:
+            check_range("instruction", self.instruction)
+        if not is_int(self.n_sink) or not 0 <= self.n_sink <= T:
+            bad("n_sink", f"must be an integer in [0, {T}], got {self.n_sink!r}")
+        if not all(is_int(p) and 0 <= p < T for p in self.observers):
+            bad("observers", f"must hold positions in [0, {T}), got {self.observers}")
+        if self.answer_doc is not None and not (is_int(self.answer_doc) and 0 <= self.answer_doc < len(self.documents)):
+            bad("answer_doc", f"must be None or a document index in [0, {len(self.documents)}), got {self.answer_doc!r}")
+        return self
+
     # ----- persistence -----
     def to_json(self) -> str:
         d = asdict(self)
@@ -142,8 +187,8 @@ class PromptSpans:
         pos = prefix
         docs = []
         for n in chunk_sizes:
-            if n < 1:
-                raise ValueError(f"chunk_sizes: every size must be >= 1, got {n}")
+            if not is_int(n) or n < 1:
+                raise ValueError(f"chunk_sizes: every size must be an integer >= 1, got {n!r}")
             docs.append((pos, pos + n))
             pos += n + gap
         q = (pos, pos + query_len)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from workbench.analyse.params import EntroPrefillParams
+from workbench.checks import is_int
 from workbench.rerun.eviction import (
     ALL_POLICIES,
     EvictionSession,
@@ -38,7 +39,7 @@ def run_full_context(lm, item: TaskItem, params: dict) -> dict:
 
 
 @register_method("entroprefill", replace=True,
-                 params=("priority", "layer", "target", "eps_row", "m0", "zeta", "tau", "eps_s", "lam",
+                 params=("priority", "layer", "target", "target_tokens", "eps_row", "m0", "zeta", "tau", "eps_s", "lam",
                          "eps_audit", "streak", "audit_mode", "m_a", "delta", "d_max"),
                  description="EntroPrefill pruned prefill (adaptive 7-step, or a fixed layer)")
 def entroprefill(lm, item: TaskItem, params: dict) -> dict:
@@ -46,6 +47,8 @@ def entroprefill(lm, item: TaskItem, params: dict) -> dict:
     p = {k: v for k, v in params.items() if k not in ("layer", "max_new_tokens", "seed")}
     ep = EntroPrefillParams(**p)
     layer = params.get("layer")
+    if layer is not None and layer != "adaptive" and not is_int(layer):
+        raise ValueError(f"layer: must be None, 'adaptive' or an integer layer (never truncated), got {layer!r}")
     layer = None if layer in (None, "adaptive") else int(layer)
     prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
     r = run_pruned(lm, prompt, ep, layer=layer, max_new_tokens=int(params["max_new_tokens"]), progress=False)

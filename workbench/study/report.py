@@ -31,6 +31,7 @@ import html
 import io
 import json
 import math
+import os
 import re
 import threading
 import time
@@ -48,6 +49,7 @@ import workbench.study.tasks as tasks
 from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
 from workbench.capture import RowSet, run_capture
+from workbench.checks import check_bool, check_device
 from workbench.rerun import eviction
 from workbench.rerun.eviction import POLICY_BY_NAME
 from workbench.run.examples import load_example
@@ -121,7 +123,15 @@ class ReportConfig:
         return cls(**base)
 
     def __post_init__(self):
+        if not isinstance(self.out, (str, os.PathLike)) or not str(self.out):
+            raise ValueError(f"out: must be a folder path, got {self.out!r}")
         object.__setattr__(self, "out", Path(self.out))
+        if self.model is not None and not isinstance(self.model, (str, os.PathLike)):
+            raise ValueError(f"model: must be None (the embedded default model), a local folder or a hub id, "
+                             f"got {self.model!r}")
+        check_device(self.device)
+        check_bool("progress", self.progress)
+        check_bool("tiny", self.tiny)
         for name, lo, hi in (("n_squad", 0, 1000), ("n_needle", 0, 1000), ("needle_length", 64, 8192),
                              ("n_distractors", 1, 20), ("max_new_tokens", 1, 4096), ("capture_tail", 0, 4096),
                              ("capture_decode", 0, 256), ("seed", 0, 2**31 - 1)):

@@ -55,10 +55,11 @@ import torch
 from tqdm.auto import tqdm
 
 import workbench.study.metrics as metrics
+from workbench.checks import SEED_MAX, check_choice, check_real, is_int
 from workbench.run.generate import decode_answer, stop_token_ids
 from workbench.run.models import DEFAULT_MODEL_NAME, LoadedModel, load_model
 from workbench.study.tasks import TaskItem
-from workbench.util import atomic_write_bytes
+from workbench.util import atomic_write_bytes, file_lock
 
 __all__ = ["Method", "register_method", "unregister_method", "get_method", "available_methods", "Cell",
            "expand_grid", "grid_frame", "run_cell", "sweep", "read_sweep", "comparable", "COLUMNS",
@@ -231,9 +232,9 @@ def _flatten_items(items) -> list[TaskItem]:
 
 def _check_seeds(seeds) -> list[int]:
     seeds = [seeds] if isinstance(seeds, int) else list(seeds)
-    if not seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in seeds):
-        raise ValueError(f"seeds: must be a non-empty list of integers >= 0, got {seeds!r}")
-    return list(dict.fromkeys(seeds))
+    if not seeds or any(not is_int(s) or not 0 <= s <= SEED_MAX for s in seeds):
+        raise ValueError(f"seeds: must be a non-empty list of integers in [0, 2^63 - 1], got {seeds!r}")
+    return list(dict.fromkeys(int(s) for s in seeds))
 
 
 def expand_grid(items, methods, seeds=(0,), *, reference: bool = True) -> list[Cell]:
@@ -320,10 +321,10 @@ def run_cell(lm, item: TaskItem, cell: Cell, *, model_id: str, max_new_tokens: i
     cuda = device.type == "cuda" and torch.cuda.is_available()
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    _seed_everything(cell.seed)
     params = dict(cell.params, max_new_tokens=max_new_tokens, seed=cell.seed)
     t0 = time.perf_counter()
     try:
+        _seed_everything(cell.seed)  # inside the try: on_error="record" records a seeding error too
         out = _method_row(fn(lm, item, params), cell)
     except Exception as e:  # noqa: BLE001 - recorded or re-raised
         if on_error == "raise":
@@ -577,7 +578,8 @@ def _run_ray(model_source, todo, items, fns, emit, *, model_id, max_new_tokens, 
 
 def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = None, max_new_tokens: int = 16,
           executor: str = "local", reference: bool = True, on_error: str = "raise", progress: bool = True,
-          checkpoint_s: float = 10.0, ray_address: str | None = None, ray_init: dict | None = None) -> pd.DataFrame:
+          checkpoint_s: float = 10.0, ray_address: str | None = None, ray_init: dict | None = None,
+          on_busy: str = "wait") -> pd.DataFrame:
     """Run a grid of (item, method, parameters, seed) cells and return one tidy DataFrame.
 
     Args:
@@ -595,7 +597,12 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
             local Ray instance; needs the ``[cluster]`` extra).
         reference: add the ``"full"`` cells that ``first_token_agree`` is measured against.
         on_error: ``"raise"`` (stop; finished rows are saved) or ``"record"`` (the row carries ``error``).
-        checkpoint_s: seconds between parquet rewrites while running (``0``: after every cell).
+        checkpoint_s: seconds between parquet rewrites while running, a finite real ``>= 0`` (``0``: after
+            every cell; NaN, infinities and bools are refused).
+        on_busy: one writer per ``out``: the sweep holds a lock file beside it (``.<name>.lock``, holding
+            its PID) from reading the old rows to the last write. ``"wait"``: a second sweep on the same
+            ``out`` waits for the first (and then skips the cells it finished: no row is lost);
+            ``"raise"``: it refuses, naming the holder's PID.
         ray_address, ray_init: passed to ``ray.init`` when Ray is not yet initialised (a Ray instance the
             sweep started is shut down at the end).
     Returns:
@@ -608,15 +615,32 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
         raise ValueError(f"executor: must be 'local' or 'ray', got {executor!r}")
     if on_error not in ("raise", "record"):
         raise ValueError(f"on_error: must be 'raise' or 'record', got {on_error!r}")
-    if not isinstance(checkpoint_s, (int, float)) or checkpoint_s < 0:
-        raise ValueError(f"checkpoint_s: must be a number >= 0, got {checkpoint_s!r}")
+    check_real("checkpoint_s", checkpoint_s, 0.0, rng=">= 0 (seconds; 0 = after every cell)")
+    check_choice("on_busy", on_busy, ("wait", "raise"))
 
     source, model_id = _model_source(model)
     item_list = _flatten_items(items)
     cells = expand_grid(item_list, methods, seeds, reference=reference)
+    path = Path(out) if out is not None else None
+    if path is None:
+        return _sweep(model, source, model_id, item_list, cells, None, max_new_tokens, executor, on_error, progress,
+                      checkpoint_s, ray_address, ray_init)
+
+    def waiting(pid):
+        print(f"sweep: {path} is being written by process {pid if pid is not None else '?'}; waiting for it",
+              file=sys.stderr, flush=True)
+
+    with file_lock(path.with_name(f".{path.name}.lock"), wait=on_busy == "wait", remove=True, on_wait=waiting,
+                   what="out"):
+        return _sweep(model, source, model_id, item_list, cells, path, max_new_tokens, executor, on_error, progress,
+                      checkpoint_s, ray_address, ray_init)
+
+
+def _sweep(model, source, model_id, item_list, cells, path, max_new_tokens, executor, on_error, progress,
+           checkpoint_s, ray_address, ray_init) -> pd.DataFrame:
+    """The body of :func:`sweep`, under the lock on ``path`` when there is one."""
     by_key = {(it.task, it.item_id): it for it in item_list}
     fns = {c.method: get_method(c.method).fn for c in cells}
-    path = Path(out) if out is not None else None
     old = read_sweep(path) if path is not None and path.exists() else pd.DataFrame(columns=list(COLUMNS))
     ok = old["error"].map(_is_null).astype(bool) if len(old) else pd.Series([], dtype=bool)
     done = set(old.loc[ok, "cell"]) if len(old) else set()  # rows with an error are run again

@@ -97,7 +97,7 @@ class TaskItem:
             raise ValueError("query: must be a non-empty string")
         if not self.answers or any(not isinstance(a, str) or not a.strip() for a in self.answers):
             raise ValueError(f"answers: must be a non-empty list of non-empty strings, got {self.answers!r}")
-        if not isinstance(self.answer_doc, int) or not 0 <= self.answer_doc < k:
+        if not isinstance(self.answer_doc, int) or isinstance(self.answer_doc, bool) or not 0 <= self.answer_doc < k:
             raise ValueError(f"answer_doc: must be an integer in [0, {k - 1}], got {self.answer_doc!r}")
         for e in self.evidence_docs:
             if not isinstance(e, int) or not 0 <= e < k:

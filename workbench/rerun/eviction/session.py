@@ -27,6 +27,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from workbench.capture import capture_attention
+from workbench.capture.identity import check_model_match
 from workbench.checks import check_int, check_max_new_tokens
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, preview_window, renorm_rows
 from workbench.run import adapter
@@ -177,7 +178,7 @@ class EvictionSession:
     @classmethod
     @torch.no_grad()
     def prepare(cls, model, prompt, needs: Needs, max_new_tokens: int, *, reusable: bool = True,
-                keep_logits: bool = False, progress: bool = True) -> "EvictionSession":
+                keep_logits: bool = False, progress: bool = True, allow_foreign: bool = False) -> "EvictionSession":
         """Prefill ``prompt`` with the capture ``needs`` asks for.
 
         Args:
@@ -187,9 +188,12 @@ class EvictionSession:
             needs: evidence to capture (merge the policies' :meth:`needs`).
             max_new_tokens: tokens to generate, ``≥ 1``.
             reusable: keep pristine caches so that :meth:`run` can be called more than once.
+            allow_foreign: run spans built by another tokenizer or a capture of another model (refused
+                by default: :func:`~workbench.capture.identity.check_model_match`).
         """
         self = object.__new__(cls)
         self.model, self.tokenizer = _unwrap(model)
+        check_model_match(self.model, self.tokenizer, prompt, allow_foreign=allow_foreign)
         n = check_max_new_tokens(max_new_tokens)
         ids, spans = _prompt_ids(prompt, self.tokenizer)
         T = len(ids)
@@ -445,7 +449,8 @@ class _RunState:
 
 
 def generate_with_policy(model, prompt, policy: EvictionPolicy, budget: int, max_new_tokens: int, *,
-                         keep_logits: bool = False, progress: bool = True) -> GenerationResult:
+                         keep_logits: bool = False, progress: bool = True,
+                         allow_foreign: bool = False) -> GenerationResult:
     """Greedy generation with one-shot eviction under ``policy`` at budget ``B``.
 
     Prefill (capturing only what the policy scores with), for DeferKV one decode step on the full cache,
@@ -459,12 +464,13 @@ def generate_with_policy(model, prompt, policy: EvictionPolicy, budget: int, max
         budget: ``B``, prompt positions kept per layer and KV group (``≥`` the protected count, or ``≥ T``).
         max_new_tokens: ``≥ 1``; generation also stops at the model's EOS token.
         keep_logits: also return the logits of every generated token.
+        allow_foreign: see :meth:`EvictionSession.prepare`.
 
     Returns:
         :class:`GenerationResult` (text, ids, kept positions ``[L, G, S']``, KV bytes before/after, timings).
     """
     sess = EvictionSession.prepare(model, prompt, policy.needs(), max_new_tokens, reusable=False,
-                                   keep_logits=keep_logits, progress=progress)
+                                   keep_logits=keep_logits, progress=progress, allow_foreign=allow_foreign)
     return sess.run(policy, budget)
 
 

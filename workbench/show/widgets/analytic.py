@@ -10,6 +10,7 @@ from workbench.analyse.pages import PageSelection
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.selection import target_tokens
 from workbench.analyse.shift import ShiftAnalysis
+from workbench.checks import check_int
 from workbench.show import plots
 from workbench.show.widgets.base import (
     SLIDERS,
@@ -37,7 +38,7 @@ class HeadsPanel(Panel):
         self.base = params or EntroPrefillParams()
         L = capture.L
         self.controls = _ep_controls(("zeta", "tau"), self.base)
-        self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else layer, lo=0, hi=L - 1)
+        self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1)
         self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=quantity, description="heatmap")
         self._finish()
 
@@ -71,7 +72,7 @@ class PriorityPanel(Panel):
         if k == 0:
             raise ValueError("capture: the prompt has no candidate chunks (k = 0); nothing to prioritise")
         self.controls = _ep_controls(("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0"), self.base, k=k)
-        self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else layer, lo=0, hi=L - 1)
+        self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1)
         self.controls["certify"] = W.Checkbox(value=certify, description="LP certificate U")
         self._finish()
 
@@ -143,7 +144,7 @@ class AuditPanel(Panel):
     def compute(self):
 
         tr = self._analyse()
-        budget = target_tokens(tr.params.target, self.capture.spans.N)
+        budget = target_tokens(tr.params.target, self.capture.spans.N, tr.params.target_tokens)
         figs = {"trace": plots.trace_layers(tr),
                 "certificate": plots.certificate(tr, budget)}
         st = _html_escape(tr.decision)
@@ -218,7 +219,7 @@ class PagesPanel(Panel):
             "page": SLIDERS["page"].make(),
             "K": SLIDERS["K"].make(),
             **_ep_controls(("zeta", "tau"), self.base),
-            "layer": SLIDERS["layer"].make(L // 2 if layer is None else layer, lo=0, hi=L - 1),
+            "layer": SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1),
         }
         self._finish()
 
