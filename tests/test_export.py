@@ -229,6 +229,12 @@ def test_renderer_error_midway_leaves_nothing(tmp_path, monkeypatch):
     stays as it was, and kaleido's private temporary folders are gone."""
     import tempfile
 
+    private_tmp = tmp_path / "system-tmp"  # this test's own temp root: other processes export too
+    private_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
+    out = tmp_path / "out"
+    out.mkdir()
+    tmp_path = out
     real = ex.render_all
     calls = []
 
