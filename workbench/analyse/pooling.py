@@ -81,6 +81,8 @@ def observer_mean(A_obs: Tensor) -> Tensor:
     if A_obs.device.type == "cpu" and not A_obs.requires_grad and A_obs.dtype in (torch.float32, torch.float64):
         # numpy's float64-accumulating reduction is ~8x faster than torch's dtype conversion on CPU
         return torch.from_numpy(A_obs.numpy().sum(axis=2, dtype=np.float64) / W)
+    if A_obs.dim() == 4 and A_obs.dtype in (torch.float16, torch.bfloat16):  # half storage: upcast one layer at a time
+        return torch.stack([observer_mean(A_obs[l].float()[None])[0] for l in range(A_obs.shape[0])])
     return A_obs.to(torch.float64).sum(dim=2) / W
 
 
@@ -346,6 +348,14 @@ class HeadPooling:
             return (a, *residual_stats(a, int(n_sink), self.rho_min))
 
         if hasattr(capture, "cached"):
-            st = capture.cached(("pool_stats", int(n_sink), float(self.rho_min)), stats)
-            return self.pool(A_obs, capture.head_group, n_sink, _stats=st)
+            # the last 4 pooling results of this capture: a slider that does not touch ζ, τ, ρ_min
+            # (ε_s, λ, the target, ε_row, ...) re-uses μ instead of an O(L·H_Q·T) product
+            memo = capture.cached("pool_results", dict)
+            key = (float(self.zeta), float(self.tau), float(self.rho_min), int(n_sink))
+            if key not in memo:
+                st = capture.cached(("pool_stats", int(n_sink), float(self.rho_min)), stats)
+                memo[key] = self.pool(A_obs, capture.head_group, n_sink, _stats=st)
+                while len(memo) > 4:
+                    memo.pop(next(iter(memo)))
+            return memo[key]
         return self.pool(A_obs, capture.head_group, n_sink)

@@ -25,6 +25,7 @@ import pandas as pd
 import torch
 from scipy.optimize import linprog
 
+from workbench.analyse.priorities import chunk_sums_idx
 from workbench.checks import check_int, check_real, check_target
 
 VERDICT_INFEASIBLE = "target infeasible (proved: U < target)"
@@ -54,12 +55,12 @@ def mass_table(A_rows: torch.Tensor, spans) -> torch.Tensor:
     if T != spans.T:
         raise ValueError(f"A_rows: last dim must be the prompt length T = {spans.T}, got {T}")
     k = spans.k
-    A = A_rows.to(torch.float64).reshape(*batch, H * W, T)
-    idx = spans.chunk_of().clone()
-    idx[idx < 0] = k  # positions outside chunks go to a dump column
-    out = torch.zeros(*batch, H * W, k + 1, dtype=torch.float64)
-    out.index_add_(-1, idx, A)
-    return out[..., :k].contiguous()
+    if A_rows.dim() > 3 and A_rows.shape[0] > 1:  # one leading slice (layer) at a time: no float64 copy of all layers
+        return torch.stack([mass_table(A_rows[i], spans) for i in range(A_rows.shape[0])])
+    cof = spans.chunk_of()
+    pos = torch.nonzero(cof >= 0).flatten()
+    A = A_rows.reshape(*batch, H * W, T).index_select(-1, pos)
+    return chunk_sums_idx(A, cof[pos], k).contiguous()
 
 
 def target_tokens(target: int | float, N: int) -> int:
@@ -345,7 +346,7 @@ class GreedySelection:
             if D >= tt or len(removed) >= cap:
                 break
             new = load + m_np[:, i]
-            if np.all(new <= e):
+            if (new <= e).all():  # ndarray method: no np.all dispatch per scanned chunk
                 load = new
                 removed.append(i)
                 D += int(n_np[i])
