@@ -183,7 +183,7 @@ def _row_chunk_mass(A: torch.Tensor, spans) -> torch.Tensor:
         return torch.stack([_row_chunk_mass(A[i], spans) for i in range(A.shape[0])])
     cof = spans.chunk_of()
     pos = torch.nonzero(cof >= 0).flatten()
-    return P.chunk_sums_idx(A.index_select(-1, pos), cof[pos], spans.k)
+    return P.chunk_sums_idx(P.take_last(A, pos), cof[pos], spans.k)
 
 
 def stability(R_l, R_prev) -> float:

@@ -36,6 +36,14 @@ __all__ = [
 ]
 
 
+def take_last(x: Tensor, idx: Tensor) -> Tensor:
+    """``x[..., idx]`` (a copy). On CPU through numpy's ``take`` (4-5x faster than ``index_select`` along the
+    last axis at T = 32k); bfloat16, autograd and other devices use ``index_select``."""
+    if x.device.type == "cpu" and not x.requires_grad and x.dtype != torch.bfloat16:
+        return torch.from_numpy(np.take(x.numpy(), idx.numpy(), axis=-1))
+    return x.index_select(-1, idx)
+
+
 def chunk_sums(x: Tensor, spans) -> Tensor:
     """Sum of ``x`` over every candidate chunk: ``x(c_i)``; ``x`` float ``[..., T]`` → float64 ``[..., k]``."""
     x = torch.as_tensor(x).to(torch.float64)
@@ -43,7 +51,7 @@ def chunk_sums(x: Tensor, spans) -> Tensor:
         raise ValueError(f"x: last axis must have length T={spans.T}, got {x.shape[-1]}")
     cof = spans.chunk_of()
     pos = torch.nonzero(cof >= 0).flatten()
-    return chunk_sums_idx(x.index_select(-1, pos), cof[pos], spans.k)
+    return chunk_sums_idx(take_last(x, pos), cof[pos], spans.k)
 
 
 def concentration(p: Tensor, M: Tensor, pi: Tensor, n: Tensor, eps_s: float, spans) -> Tensor:
@@ -71,7 +79,7 @@ def concentration(p: Tensor, M: Tensor, pi: Tensor, n: Tensor, eps_s: float, spa
     pos = torch.nonzero(cof >= 0).flatten()
     idx = cof[pos]
     den = M + eps_s * pi  # [L, k], > 0
-    dev = (p.index_select(-1, pos) - (M / n)[:, idx]) / den[:, idx]  # p̂ - 1/n on every document position
+    dev = (take_last(p, pos) - take_last(M / n, idx)) / take_last(den, idx)  # p̂ - 1/n on every document position
     ssq = chunk_sums_idx(dev.square(), idx, M.shape[-1])
     kappa = torch.log1p(n * ssq) / torch.where(n >= 2, torch.log(n), torch.ones_like(n))
     kappa = torch.where(n >= 2, kappa, torch.zeros_like(kappa))
@@ -219,7 +227,7 @@ class ChunkPriorities:
         cof = spans.chunk_of()
         pos = torch.nonzero(cof >= 0).flatten()  # index_select, not boolean masks: O(L·T) without nonzero per use
         idx = cof[pos]
-        mu_in = mu.index_select(1, pos)
+        mu_in = take_last(mu, pos)
         doc_mass = mu_in.sum(-1)
         valid = doc_mass > self.rho_min
         safe = torch.where(valid, doc_mass, torch.ones_like(doc_mass))

@@ -25,7 +25,7 @@ import pandas as pd
 import torch
 from scipy.optimize import linprog
 
-from workbench.analyse.priorities import chunk_sums_idx
+from workbench.analyse.priorities import chunk_sums_idx, take_last
 from workbench.checks import check_int, check_real, check_target
 
 VERDICT_INFEASIBLE = "target infeasible (proved: U < target)"
@@ -59,7 +59,7 @@ def mass_table(A_rows: torch.Tensor, spans) -> torch.Tensor:
         return torch.stack([mass_table(A_rows[i], spans) for i in range(A_rows.shape[0])])
     cof = spans.chunk_of()
     pos = torch.nonzero(cof >= 0).flatten()
-    A = A_rows.reshape(*batch, H * W, T).index_select(-1, pos)
+    A = take_last(A_rows.reshape(*batch, H * W, T), pos)
     return chunk_sums_idx(A, cof[pos], k).contiguous()
 
 
@@ -342,10 +342,11 @@ class GreedySelection:
         cap = k - self.m0
         removed: list[int] = []
         D = 0
+        mT = np.ascontiguousarray(m_np.T)  # one chunk's column contiguous: the scan reads [A] per step
         for i in order:
             if D >= tt or len(removed) >= cap:
                 break
-            new = load + m_np[:, i]
+            new = load + mT[i]
             if (new <= e).all():  # ndarray method: no np.all dispatch per scanned chunk
                 load = new
                 removed.append(i)
