@@ -55,13 +55,16 @@ SMOKE = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_
              vocab_size=512, num_hidden_layers=2, bos_token_id=1, eos_token_id=2)
 
 
-def build_model(*, layers: int | None, dtype: torch.dtype, impl: str, device: str, smoke: bool, vocab: int | None = None):
+def build_model(*, layers: int | None, dtype: torch.dtype, impl: str, device: str, smoke: bool, vocab: int | None = None,
+                intermediate: int | None = None):
     """A random-weight Llama-3.1-8B-shaped model (``layers`` decoder layers; ``smoke``: narrow layers)."""
     cfg = dict(LLAMA31_8B, **(SMOKE if smoke else {}))
     if layers is not None:
         cfg["num_hidden_layers"] = layers
     if vocab is not None:
-        cfg["vocab_size"] = vocab
+        cfg.update(vocab_size=vocab, bos_token_id=1, eos_token_id=2)
+    if intermediate is not None:
+        cfg["intermediate_size"] = intermediate
     config = AutoConfig.for_model("llama", **cfg)
     torch.manual_seed(0)
     with torch.device(device):

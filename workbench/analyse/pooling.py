@@ -213,12 +213,15 @@ class PoolingResult:
         """Observer-mean mass on the sinks ``Σ_{j∈𝒮} a^h_j``, float64 ``[L, H_Q]``."""
         return self.a[..., : self.n_sink].sum(-1)
 
-    def residual(self) -> Tensor:
+    def residual(self, layer: int | None = None) -> Tensor:
         """Residual distribution ``a^h_j / z_h`` over the non-sink keys ``j ≥ |𝒮|``, float64
-        ``[L, H, T-|𝒮|]`` (the distribution whose Rényi-2 entropy is ``H_h``; NaN for invalid heads)."""
-        res = self.a[..., self.n_sink:]
-        zs = torch.where(self.valid_head, self.z, torch.ones_like(self.z))
-        return torch.where(self.valid_head[..., None], res / zs[..., None], torch.full_like(res, math.nan))
+        ``[L, H, T-|𝒮|]`` (the distribution whose Rényi-2 entropy is ``H_h``; NaN for invalid heads);
+        ``[H, T-|𝒮|]`` of one ``layer`` (O(H·T), not O(L·H·T): what a layer slider needs)."""
+        sl = slice(None) if layer is None else layer
+        res = self.a[sl, ..., self.n_sink:]
+        valid, z = self.valid_head[sl], self.z[sl]
+        zs = torch.where(valid, z, torch.ones_like(z))
+        return torch.where(valid[..., None], res / zs[..., None], torch.full_like(res, math.nan))
 
     @property
     def n_heads(self) -> int:

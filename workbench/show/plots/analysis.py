@@ -145,16 +145,16 @@ def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | No
     """
     check_int("layer", layer, 0, pooling.L - 1)
     sp = _spans_of(spans)
-    res = _np(pooling.residual()[layer])  # [H_Q, T - n_sink]
+    res = _np(pooling.residual(layer))  # [H_Q, T - n_sink]
     H, Tn = res.shape
     ns = pooling.n_sink
     T = ns + Tn
-    toks = _tokens(sp, T)[ns:]
+    bins = token_bins(Tn, offset=ns)  # scale: ≤ DEFAULT_WIDTH_PX columns whatever T (max per bin of keys)
+    toks = _tokens(sp, T)[ns:] if bins.exact else None  # labels of every key only when shown
     hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
     Hh, w = _np(pooling.H[layer]), _np(pooling.w[layer])
     ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
             for h, lab in enumerate(_head_labels(hg))]
-    bins = token_bins(Tn, offset=ns)  # scale: ≤ DEFAULT_WIDTH_PX columns whatever T (max per bin of keys)
     if bins.exact:
         fig = _Draft(go.Heatmap(z=_z(res), x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
                                 customdata=_rows(toks, H),
@@ -171,7 +171,7 @@ def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | No
                    coloraxis=dict(colorbar=dict(title=dict(text="a/z"))), yaxis=dict(autorange="reversed"))
     if not bins.exact:  # every key in the export's CSV
         attach_full(fig, lambda: pd.DataFrame({"head": np.repeat(ylab, Tn), "key": np.tile(np.arange(ns, T), H),
-                                               "token": np.tile(np.asarray(toks, dtype=object), H),
+                                               "token": np.tile(np.asarray(_tokens(sp, T)[ns:], dtype=object), H),
                                                "a_over_z": res.reshape(-1)}))
     return fig
 
