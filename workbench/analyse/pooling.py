@@ -283,7 +283,7 @@ class HeadPooling:
         check_real("tau", self.tau, 0.0, lo_open=True)
         check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True)
 
-    def pool(self, A_obs: Tensor, head_group: Tensor, n_sink: int, *, _stats=None) -> PoolingResult:
+    def pool(self, A_obs: Tensor, head_group: Tensor, n_sink: int, *, _stats=None, _va: dict | None = None) -> PoolingResult:
         """Pool the observer rows of every layer (SPEC §2).
 
         Computes ``a``, ``z``, ``C``, ``H``, the within-group softmax ``v`` **[reconstructed]**
@@ -315,7 +315,17 @@ class HeadPooling:
             a, z, valid_head, C, H = _stats
         v = group_softmax(H, valid_head, onehot, self.tau)
         w = group_floor(v, onehot, self.zeta)
-        mu = torch.einsum("lh,lht->lt", w, a) / G
+        if _va is None:
+            mu = torch.einsum("lh,lht->lt", w, a) / G
+        else:  # slider path: Σ_h w_h a_h = ζ Σ_h a_h/r_h + (1-ζ) Σ_h v_h a_h, both sums memoised (ζ moves: O(L·T))
+            if "sa" not in _va:
+                _va["sa"] = torch.einsum("h,lht->lt", 1.0 / (onehot.sum(0) @ onehot.T), a)
+            tk = float(self.tau)
+            if tk not in _va:
+                _va[tk] = torch.einsum("lh,lht->lt", v, a)
+                while len(_va) > 5:
+                    _va.pop(next(k for k in _va if k != "sa"))
+            mu = (self.zeta * _va["sa"] + (1.0 - self.zeta) * _va[tk]) / G
         omega = w / (G * W)
         return PoolingResult(
             a=a,
@@ -357,7 +367,8 @@ class HeadPooling:
             key = (float(self.zeta), float(self.tau), float(self.rho_min), int(n_sink))
             if key not in memo:
                 st = capture.cached(("pool_stats", int(n_sink), float(self.rho_min)), stats)
-                memo[key] = self.pool(A_obs, capture.head_group, n_sink, _stats=st)
+                va = capture.cached(("pool_va", int(n_sink), float(self.rho_min)), dict)  # Σ_h v_h a_h per τ
+                memo[key] = self.pool(A_obs, capture.head_group, n_sink, _stats=st, _va=va)
                 while len(memo) > 4:
                     memo.pop(next(iter(memo)))
             return memo[key]
