@@ -82,8 +82,8 @@ class AttentionRecorder:
     """Receives attention calls and writes the requested rows into ``attn [L, H_Q, R, K]``.
 
     Rows are computed in float32 on the device of each layer's query (layers may sit on different
-    devices) and moved to the host as each attention call is recorded, rounded once to ``dtype``; the
-    host buffers are pinned when ``device`` is CUDA (asynchronous copies). So the accelerator holds at
+    devices) and moved to the host as each attention call is recorded, rounded once to ``dtype``; on CUDA
+    through one pinned staging buffer (asynchronous copy, then synchronised). So the accelerator holds at
     most one call's rows (one layer), never ``[L, H_Q, R, K]``. The H2O column sums are accumulated per
     call in float64 on the layer's device (``[H_Q, T]``) and added to the host ``colsum`` once per call.
     """
@@ -101,9 +101,10 @@ class AttentionRecorder:
         self.T = T
         # --- scale (issue 14): rows live on the host in their storage dtype, pinned for async copies on CUDA
         self.pinned = torch.device(device).type == "cuda" and torch.cuda.is_available()
-        self.attn = torch.zeros(shape.L, shape.H_Q, len(row_pos), K, dtype=dtype, pin_memory=self.pinned)
+        self.attn = torch.zeros(shape.L, shape.H_Q, len(row_pos), K, dtype=dtype)  # pageable; copies staged below
         self.vnorm_max = torch.zeros(shape.L, shape.G, dtype=torch.float32)
         self.device_peak_rows = 0  # largest rows block held on an accelerator at once (bytes), for checks
+        self._stage: torch.Tensor | None = None  # pinned staging buffer for device → host copies (CUDA)
         self.hidden_layers = tuple(hidden_layers)
         self.hidden: dict[int, torch.Tensor] = {}
         self.positions: torch.Tensor | None = None  # absolute positions of the current input tokens
@@ -165,10 +166,13 @@ class AttentionRecorder:
         x = probs.to(self.attn.dtype)
         if x.device.type == "cpu":
             return x
-        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=self.pinned)
-        host.copy_(x, non_blocking=self.pinned)
-        if self.pinned:
-            torch.cuda.current_stream(x.device).synchronize()
+        if not self.pinned:
+            return x.cpu()
+        if self._stage is None or self._stage.numel() < x.numel():  # one pinned buffer, grown to the largest call
+            self._stage = torch.empty(x.numel(), dtype=x.dtype, pin_memory=True)
+        host = self._stage[: x.numel()].view(x.shape)
+        host.copy_(x, non_blocking=True)
+        torch.cuda.current_stream(x.device).synchronize()  # the buffer is reused by the next call
         return host
 
     def _hits(self, q_abs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
