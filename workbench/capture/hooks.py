@@ -99,7 +99,7 @@ class AttentionRecorder:
         self.row_pos = torch.tensor(row_pos, dtype=torch.int64)
         self.K = K
         self.T = T
-        # --- scale (issue 14): rows live on the host in their storage dtype, pinned for async copies on CUDA
+        # --- scale (issue 14): rows live on the host in their storage dtype (staged through pinned memory on CUDA)
         self.pinned = torch.device(device).type == "cuda" and torch.cuda.is_available()
         self.attn = torch.zeros(shape.L, shape.H_Q, len(row_pos), K, dtype=dtype)  # pageable; copies staged below
         self.vnorm_max = torch.zeros(shape.L, shape.G, dtype=torch.float32)
