@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-__all__ = ["AuditMode", "Priority", "PolicyName", "HeadQuantity", "RowKind", "ShiftLevel", "Device",
+__all__ = ["AuditMode", "Priority", "PolicyName", "HeadQuantity", "RowKind", "ShiftLevel", "Device", "RowDtype",
+           "SyntheticStructure", "ROW_DTYPES", "SYNTHETIC_STRUCTURES",
            "AUDIT_MODES", "PRIORITIES", "POLICY_NAMES", "HEAD_QUANTITIES", "ROW_KINDS", "SHIFT_LEVELS"]
 
 AuditMode = Literal["sampled", "exact"]
@@ -30,9 +31,17 @@ ShiftLevel = Literal["group", "head"]
 
 Device = Literal["auto", "cpu", "cuda"]
 
+RowDtype = Literal["float32", "float16", "bfloat16"]
+"""SPEC §1: storage dtype of captured rows (always computed in float32; half precision halves the bytes)."""
+
+SyntheticStructure = Literal["random", "realistic"]
+"""``Capture.synthetic``: Gaussian-logit rows, or rows with attention sinks, locality and retrieval heads."""
+
 AUDIT_MODES: tuple[str, ...] = get_args(AuditMode)
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
 HEAD_QUANTITIES: tuple[str, ...] = get_args(HeadQuantity)
 ROW_KINDS: tuple[str, ...] = get_args(RowKind)
 SHIFT_LEVELS: tuple[str, ...] = get_args(ShiftLevel)
+ROW_DTYPES: tuple[str, ...] = get_args(RowDtype)
+SYNTHETIC_STRUCTURES: tuple[str, ...] = get_args(SyntheticStructure)

@@ -179,12 +179,13 @@ def audit_from_rows(
 
 
 def _row_chunk_mass(A: torch.Tensor, spans) -> torch.Tensor:
-    """``A_u(c_i)`` for rows ``A [..., T]`` → float64 ``[..., k]``."""
+    """``A_u(c_i)`` for rows ``A [..., T]`` → float64 ``[..., k]`` (one leading slice at a time: no float64
+    copy of every layer's rows)."""
+    if A.dim() > 2 and A.shape[0] > 1:
+        return torch.stack([_row_chunk_mass(A[i], spans) for i in range(A.shape[0])])
     cof = spans.chunk_of()
-    inside = cof >= 0
-    out = torch.zeros(*A.shape[:-1], spans.k, dtype=torch.float64)
-    out.index_add_(-1, cof[inside], A[..., inside].to(torch.float64))
-    return out
+    pos = torch.nonzero(cof >= 0).flatten()
+    return P.chunk_sums_idx(P.take_last(A, pos), cof[pos], spans.k)
 
 
 def stability(R_l, R_prev) -> float:

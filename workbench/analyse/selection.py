@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 from scipy.optimize import linprog
 
+from workbench.analyse.priorities import chunk_sums_idx, take_last
 from workbench.analyse.rows import check_rows
 from workbench.checks import check_int, check_real, check_target, check_target_tokens
 
@@ -62,12 +63,12 @@ def mass_table(A_rows: torch.Tensor, spans) -> torch.Tensor:
         raise ValueError(f"A_rows: last dim must be the prompt length T = {spans.T}, got {T}")
     check_rows(A_rows, "A_rows")
     k = spans.k
-    A = A_rows.to(torch.float64).reshape(*batch, H * W, T)
-    idx = spans.chunk_of().clone()
-    idx[idx < 0] = k  # positions outside chunks go to a dump column
-    out = torch.zeros(*batch, H * W, k + 1, dtype=torch.float64)
-    out.index_add_(-1, idx, A)
-    return out[..., :k].contiguous()
+    if A_rows.dim() > 3 and A_rows.shape[0] > 1:  # one leading slice (layer) at a time: no float64 copy of all layers
+        return torch.stack([mass_table(A_rows[i], spans) for i in range(A_rows.shape[0])])
+    cof = spans.chunk_of()
+    pos = torch.nonzero(cof >= 0).flatten()
+    A = take_last(A_rows.reshape(*batch, H * W, T), pos)
+    return chunk_sums_idx(A, cof[pos], k).contiguous()
 
 
 def target_tokens(target: float | None, N: int, tokens: int | None = None) -> int:
@@ -410,11 +411,12 @@ class GreedySelection:
         cap = k - self.m0
         removed: list[int] = []
         D = 0
+        mT = np.ascontiguousarray(m_np.T)  # one chunk's column contiguous: the scan reads [A] per step
         for i in order:
             if D >= tt or len(removed) >= cap:
                 break
-            new = load + m_np[:, i]
-            if np.all(new <= e):
+            new = load + mT[i]
+            if (new <= e).all():  # ndarray method: no np.all dispatch per scanned chunk
                 load = new
                 removed.append(i)
                 D += int(n_np[i])

@@ -2,7 +2,9 @@
 
 SPEC §1. A ``Capture`` holds only the rows that were asked for. ``attn[l, h, r, j]`` is the
 softmax probability ``A^{l,h}_{u,j}`` of query position ``u = row_pos[r]`` on key ``j`` in layer
-``l`` and query head ``h``, in float32, exactly as the model computes it; keys ``j > u`` are 0.
+``l`` and query head ``h``, computed in float32 exactly as the model computes it and stored in float32 (or,
+on request, float16/bfloat16: ``attn.dtype``; analytics upcast, see :mod:`workbench.capture.budget` for
+the error); keys ``j > u`` are 0.
 The key axis covers the prompt and, for decode rows, the generated tokens (``K = T + n_decode``).
 """
 from __future__ import annotations
@@ -17,7 +19,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_save
 
-from workbench.choices import ROW_KINDS
+from workbench.capture.synthetic import synthetic_rows
+from workbench.checks import check_choice
+from workbench.choices import ROW_DTYPES, ROW_KINDS, SYNTHETIC_STRUCTURES, RowDtype, SyntheticStructure
 from workbench.run.spans import PromptSpans
 from workbench.util import atomic_write_bytes
 
@@ -30,7 +34,7 @@ class Capture:
     """Captured attention rows and statistics of one run.
 
     Attributes:
-        attn: float32 ``[L, H_Q, R, K]`` attention rows (zeros beyond each row's causal limit).
+        attn: float32 (or float16/bfloat16 storage) ``[L, H_Q, R, K]`` attention rows (zeros beyond each row's causal limit).
         row_pos: int64 ``[R]`` absolute query position of each row (``T + t - 1`` for decode step ``t``).
         row_kind: length-``R`` labels from ``ROW_KINDS``.
         head_group: int64 ``[H_Q]``, the KV head ``g(h) = h // r`` read by each query head.
@@ -115,12 +119,12 @@ class Capture:
         return torch.tensor([where[int(p)] for p in positions], dtype=torch.int64)
 
     def observer_attn(self) -> torch.Tensor:
-        """Attention of the proposal observers over the prompt keys, float32 ``[L, H_Q, W_p, T]``."""
+        """Attention of the proposal observers over the prompt keys, ``[L, H_Q, W_p, T]`` in ``attn.dtype``."""
         return self.cached("observer_attn",
                            lambda: self.attn[:, :, self.rows_at(self.spans.observers), : self.T].contiguous())
 
     def prompt_rows(self, idx: torch.Tensor) -> torch.Tensor:
-        """Rows ``idx`` restricted to the prompt keys ``[0, T)``, float32 ``[L, H_Q, len(idx), T]``."""
+        """Rows ``idx`` restricted to the prompt keys ``[0, T)``, ``[L, H_Q, len(idx), T]`` in ``attn.dtype``."""
         return self.attn[:, :, idx, : self.T]
 
     def sink_mass(self, kind: str = "observer") -> torch.Tensor:
@@ -128,7 +132,7 @@ class Capture:
         idx = self.rows_of(kind)
         if idx.numel() == 0:
             raise ValueError(f"kind: no rows of kind {kind!r} in this capture")
-        return self.attn[:, :, idx, : self.spans.n_sink].sum(-1).mean(-1)
+        return self.attn[:, :, idx, : self.spans.n_sink].float().sum(-1).mean(-1)
 
     # ----- persistence -----
     def save(self, path: str | os.PathLike) -> Path:
@@ -272,25 +276,29 @@ class Capture:
         extra_rows: dict[str, list[int]] | None = None,
         seed: int = 0,
         concentration: float = 1.0,
+        structure: SyntheticStructure = "random",
+        dtype: RowDtype = "float32",
     ) -> "Capture":
-        """A capture with random causal attention rows, for tests of the analytics.
+        """A capture with synthetic causal attention rows, for tests and benchmarks of the analytics.
 
-        Rows: the observers, plus ``extra_rows`` ``{kind: positions}``. Each row is a softmax of
-        Gaussian logits (scale ``concentration``) over keys ``0 … u``.
+        Rows: the observers, plus ``extra_rows`` ``{kind: positions}``. ``structure="random"``: each row
+        is a softmax of Gaussian logits (scale ``concentration``) over keys ``0 … u``;
+        ``"realistic"``: attention sinks, locality and retrieval heads (:mod:`workbench.capture.synthetic`).
+        Generated one layer at a time in float32 and stored in ``dtype``: an 8B shape at T = 32k fits.
         """
         if H_Q % G:
             raise ValueError(f"G: must divide H_Q={H_Q}, got {G}")
+        check_choice("structure", structure, SYNTHETIC_STRUCTURES)
+        check_choice("dtype", dtype, ROW_DTYPES)
         g = torch.Generator().manual_seed(seed)
         pos, kinds = list(spans.observers), ["observer"] * len(spans.observers)
         for kind, ps in (extra_rows or {}).items():
             pos += list(ps)
             kinds += [kind] * len(ps)
-        R, T = len(pos), spans.T
+        T = spans.T
         K = max([T] + [p + 1 for p in pos])
-        z = torch.randn(L, H_Q, R, K, generator=g, dtype=torch.float64) * concentration
-        causal = torch.arange(K)[None, :] <= torch.tensor(pos)[:, None]
-        z = z.masked_fill(~causal, float("-inf"))
-        attn = torch.softmax(z, dim=-1).float()
+        attn = synthetic_rows(pos, K, L=L, H_Q=H_Q, generator=g, concentration=concentration, structure=structure,
+                              n_sink=spans.n_sink, dtype=getattr(torch, dtype))
         return cls(
             attn=attn,
             row_pos=torch.tensor(pos, dtype=torch.int64),
@@ -299,5 +307,5 @@ class Capture:
             vnorm_max=torch.rand(L, G, generator=g).float() + 0.5,
             spans=spans,
             model_id="synthetic",
-            params={"seed": seed},
+            params={"seed": seed, "structure": structure, "dtype": dtype},
         )

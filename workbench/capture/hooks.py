@@ -23,8 +23,10 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench._version import __version__
+from workbench.capture.budget import check_capture_budget, estimate_capture_bytes, max_capture_bytes, row_dtype
 from workbench.capture.data import Capture
 from workbench.checks import check_bool, check_int, is_int
+from workbench.choices import RowDtype
 from workbench.run import adapter
 from workbench.run.spans import PromptSpans
 
@@ -89,11 +91,18 @@ class RowSet:
 
 
 class AttentionRecorder:
-    """Receives attention calls and writes the requested rows into ``attn [L, H_Q, R, K]`` (fp32)."""
+    """Receives attention calls and writes the requested rows into ``attn [L, H_Q, R, K]``.
+
+    Rows are computed in float32 on the device of each layer's query (layers may sit on different
+    devices) and moved to the host as each attention call is recorded, rounded once to ``dtype``; on CUDA
+    through one pinned staging buffer (asynchronous copy, then synchronised). So the accelerator holds at
+    most one call's rows (one layer), never ``[L, H_Q, R, K]``. The H2O column sums are accumulated per
+    call in float64 on the layer's device (``[H_Q, T]``) and added to the host ``colsum`` once per call.
+    """
 
     def __init__(self, shape: adapter.ModelShape, row_pos: list[int], K: int, T: int | None,
                  device: torch.device, hidden_layers=(), progress=None, colsum: bool = False,
-                 colsum_tile: int = 128):
+                 colsum_tile: int = 128, dtype: torch.dtype = torch.float32):
         if colsum and T is None:
             raise ValueError("T: the prompt length is required when colsum=True")
         if not isinstance(colsum_tile, int) or colsum_tile < 1:
@@ -102,8 +111,12 @@ class AttentionRecorder:
         self.row_pos = torch.tensor(row_pos, dtype=torch.int64)
         self.K = K
         self.T = T
-        self.attn = torch.zeros(shape.L, shape.H_Q, len(row_pos), K, dtype=torch.float32, device=device)
-        self.vnorm_max = torch.zeros(shape.L, shape.G, dtype=torch.float32, device=device)
+        # --- scale (issue 14): rows live on the host in their storage dtype (staged through pinned memory on CUDA)
+        self.pinned = torch.device(device).type == "cuda" and torch.cuda.is_available()
+        self.attn = torch.zeros(shape.L, shape.H_Q, len(row_pos), K, dtype=dtype)  # pageable; copies staged below
+        self.vnorm_max = torch.zeros(shape.L, shape.G, dtype=torch.float32)
+        self.device_peak_rows = 0  # largest rows block held on an accelerator at once (bytes), for checks
+        self._stage: torch.Tensor | None = None  # pinned staging buffer for device → host copies (CUDA)
         self.hidden_layers = tuple(hidden_layers)
         self.hidden: dict[int, torch.Tensor] = {}
         self.positions: torch.Tensor | None = None  # absolute positions of the current input tokens
@@ -111,7 +124,7 @@ class AttentionRecorder:
         self.stop_after: int | None = None  # capture nothing in layers > stop_after
         self._calls = 0
         # H2O accumulator: Σ_u A^{l,h}_{u,j} over every prompt query u < T (float64 [L, H_Q, T])
-        self.colsum = torch.zeros(shape.L, shape.H_Q, T, dtype=torch.float64, device=device) if colsum else None
+        self.colsum = torch.zeros(shape.L, shape.H_Q, T, dtype=torch.float64) if colsum else None
         self.colsum_tile = colsum_tile
         self.learned_sink: torch.Tensor | None = None  # [L, H_Q, R]: mass on the learned sink (gpt-oss)
         self._sink_p: torch.Tensor | None = None
@@ -155,14 +168,30 @@ class AttentionRecorder:
                 self.learned_sink = torch.zeros(self.shape.L, self.shape.H_Q, len(self.row_pos), device=self.attn.device)
             self.learned_sink[l, :, r_idx.to(self.attn.device)] = self._sink_p.to(self.attn.device)
         lo = max(k0, 0)
-        src = probs[..., lo - k0:].to(self.attn.device)
+        src = self._to_host(probs[..., lo - k0:])
         n = r_idx.numel()
         if n == len(self.row_pos) and bool((r_idx == torch.arange(n)).all()):
             self.attn[l, :, :, lo: k0 + S] = src  # every row in this call (a prefill): a plain copy
         else:
-            self.attn[l, :, r_idx.to(self.attn.device), lo: k0 + S] = src
+            self.attn[l, :, r_idx, lo: k0 + S] = src
         if self.progress is not None and q_len > 1:
             self.progress.update(1)
+
+    def _to_host(self, probs: torch.Tensor) -> torch.Tensor:
+        """One call's float32 rows ``[H_Q, n, S]`` in the storage dtype on the host (rounded on the device:
+        half the bytes to move); on CUDA through a pinned staging buffer, synchronised before reuse."""
+        self.device_peak_rows = max(self.device_peak_rows, probs.numel() * probs.element_size())
+        x = probs.to(self.attn.dtype)
+        if x.device.type == "cpu":
+            return x
+        if not self.pinned:
+            return x.cpu()
+        if self._stage is None or self._stage.numel() < x.numel():  # one pinned buffer, grown to the largest call
+            self._stage = torch.empty(x.numel(), dtype=x.dtype, pin_memory=True)
+        host = self._stage[: x.numel()].view(x.shape)
+        host.copy_(x, non_blocking=True)
+        torch.cuda.current_stream(x.device).synchronize()  # the buffer is reused by the next call
+        return host
 
     def _hits(self, q_abs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(r_idx, q_idx)``: requested rows that are queries of this call, and their query indices."""
@@ -231,14 +260,18 @@ class AttentionRecorder:
         """
         S_all = call.key.shape[2]
         prompt_q = torch.nonzero(q_abs < self.T).flatten()
+        acc = None  # float64 [H_Q, S_all] on the layer's device: one host transfer per call
         for i in range(0, prompt_q.numel(), self.colsum_tile):
             q_idx = prompt_q[i: i + self.colsum_tile]
             S = min(S_all, int(q_abs[q_idx].max()) - k0 + 1)  # keys after the tile's last query are masked
             probs = self._probs(call, q_idx, q_abs, k0, S, contiguous=bool(q_idx[-1] - q_idx[0] + 1 == q_idx.numel()))
-            col = probs.sum(dim=1).double()  # [H_Q, S]
-            lo, hi = max(k0, 0), min(k0 + S, self.T)
+            if acc is None:
+                acc = torch.zeros(probs.shape[0], S_all, dtype=torch.float64, device=probs.device)
+            acc[:, :S] += probs.sum(dim=1).double()  # [H_Q, S]
+        if acc is not None:
+            lo, hi = max(k0, 0), min(k0 + S_all, self.T)
             if hi > lo:
-                self.colsum[l, :, lo:hi] += col[:, lo - k0: hi - k0].to(self.colsum.device)
+                self.colsum[l, :, lo:hi] += acc[:, lo - k0: hi - k0].cpu()
 
     # hidden-state hooks -------------------------------------------------------------
     def _hidden_hook(self, layer):
@@ -251,7 +284,8 @@ class AttentionRecorder:
 
 @contextlib.contextmanager
 def capture_attention(model, row_pos: list[int], *, K: int, T: int | None = None,
-                      hidden_layers=(), progress=None, colsum: bool = False, colsum_tile: int = 128):
+                      hidden_layers=(), progress=None, colsum: bool = False, colsum_tile: int = 128,
+                      dtype: RowDtype = "float32"):
     """Install the capture for one run; always restores the model's implementation and hooks.
 
     Args:
@@ -263,6 +297,8 @@ def capture_attention(model, row_pos: list[int], *, K: int, T: int | None = None
         colsum: also accumulate the H2O column sums ``Σ_{u<T} A^{l,h}_{u,j}`` over every prompt
             query (``rec.colsum``, float64 ``[L, H_Q, T]``; needs ``T``), in query tiles of
             ``colsum_tile`` rows, never a ``T × T`` matrix.
+        dtype: storage dtype of the rows (``ROW_DTYPES``; computed in float32, see
+            :mod:`workbench.capture.budget` for the error of half precision).
     Yields:
         the :class:`AttentionRecorder` (``attn [L, H_Q, R, K]``, ``vnorm_max [L, G]``, ``hidden``,
         ``colsum`` or ``None``).
@@ -270,7 +306,8 @@ def capture_attention(model, row_pos: list[int], *, K: int, T: int | None = None
     adapter.check_supported(model)
     shape = adapter.model_shape(model)
     device = next(model.parameters()).device
-    rec = AttentionRecorder(shape, row_pos, K, T, device, hidden_layers, progress, colsum, colsum_tile)
+    rec = AttentionRecorder(shape, row_pos, K, T, device, hidden_layers, progress, colsum, colsum_tile,
+                            dtype=row_dtype(dtype))
     old = adapter.current_attn_implementation(model)
     base = old[len(adapter.CAPTURE_PREFIX):] if old.startswith(adapter.CAPTURE_PREFIX) else old
     name = adapter.register_wrapped_attention(base, rec.make_wrapper)
@@ -290,6 +327,13 @@ def capture_attention(model, row_pos: list[int], *, K: int, T: int | None = None
         adapter.set_attn_implementation(model, old)
 
 
+def _input_device(model) -> torch.device:
+    """Device of the input embedding (with ``device_map="auto"`` the layers may sit elsewhere)."""
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    w = getattr(emb, "weight", None)
+    return w.device if w is not None else next(model.parameters()).device
+
+
 def _version() -> str:
 
     return __version__
@@ -303,7 +347,7 @@ def model_identity(model, model_id: str | None = None) -> str:
 
 @torch.no_grad()
 def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), model_id: str | None = None,
-                progress: bool = True) -> Capture:
+                progress: bool = True, dtype: RowDtype = "float32", max_bytes: int | None = None) -> Capture:
     """Prefill ``prompt`` (and greedily decode ``rows.n_decode`` steps) with capture on.
 
     Args:
@@ -312,6 +356,11 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
         rows: which rows to capture (default :class:`RowSet()`: observers, the query as audit
             population, a 32-token prompt tail).
         hidden_layers: block inputs to keep (for stability diagnostics).
+        dtype: storage dtype of the rows: ``"float32"`` (default), ``"float16"`` or ``"bfloat16"`` (half the
+            host bytes; rows are computed in float32 and rounded once, error in :mod:`workbench.capture.budget`).
+        max_bytes: refuse (``ValueError``, naming the estimate and the option that would fit) when the
+            capture's host bytes exceed this; default ``$WORKBENCH_CAPTURE_MAX_BYTES``, else no limit. The
+            estimate is printed before the run when ``progress`` is on.
     Returns:
         a :class:`Capture` with ``attn [L, H_Q, R, T + n_decode]``.
     """
@@ -328,12 +377,18 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
     if shape.vocab and max(spans.input_ids) >= shape.vocab:
         raise ValueError(f"prompt: token id {max(spans.input_ids)} is outside this model's vocabulary (size "
                          f"{shape.vocab}): the prompt was tokenised for another model")
-    device = next(model.parameters()).device
+    # --- scale (issue 14): estimate, print, refuse over the limit; inputs on the embedding's device
+    mem = estimate_capture_bytes(L=shape.L, H_Q=shape.H_Q, G=shape.G, R=len(wanted), T=T, n_decode=n, dtype=dtype,
+                                 hidden_layers=len(tuple(hidden_layers)), hidden_size=shape.hidden)
+    if progress:
+        print(mem.describe())
+    check_capture_budget(mem, max_capture_bytes(max_bytes), R=len(wanted))
+    device = _input_device(model)
     ids = torch.tensor([spans.input_ids], dtype=torch.int64, device=device)
     bar = tqdm(total=shape.L + n, desc="capture", disable=not progress, leave=False)
     generated: list[int] = []
     with capture_attention(model, [p for _, p in wanted], K=T + n, T=T, hidden_layers=hidden_layers,
-                           progress=bar) as rec:
+                           progress=bar, dtype=dtype) as rec:
         cache = adapter.new_cache(model)
         rec.positions = torch.arange(T)
         out = adapter.forward(model, ids, cache=cache, logits_to_keep=1)
@@ -357,7 +412,7 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
         vnorm_max=rec.vnorm_max.cpu(),
         spans=spans,
         model_id=model_identity(model, model_id),
-        params={"rows": rows.as_dict(), "hidden_layers": list(hidden_layers),
+        params={"rows": rows.as_dict(), "hidden_layers": list(hidden_layers), "dtype": dtype,
                 "attn_implementation": adapter.current_attn_implementation(model),
                 "transformers": adapter.TRANSFORMERS_VERSION},
         version=_version(),

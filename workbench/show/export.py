@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from workbench._version import __version__
 from workbench.show import plots
+from workbench.show.decimate import full_frame
 from workbench.show.kaleido_server import (
     FORMATS,
     PX_PER_INCH,
@@ -216,8 +217,10 @@ def _paper_fonts(fig_dict: dict, size: ExportSize, font_size) -> tuple[float, fl
 
 
 def figure_data(fig) -> pd.DataFrame:
-    """The plotted data as a tidy frame (:func:`workbench.show.plots.figure_frame`)."""
-    return plots.figure_frame(fig)
+    """The plotted data as a tidy frame (:func:`workbench.show.plots.figure_frame`); for a token-level figure
+    decimated to the screen, its full-resolution data (every token, :func:`workbench.show.decimate.full_frame`)."""
+    full = full_frame(fig)
+    return full if full is not None else plots.figure_frame(fig)
 
 
 # ----------------------------------------------------------------------------- public API

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from workbench.checks import check_choice, check_int
 from workbench.choices import HeadQuantity
+from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
     _Draft,
     _finish,
@@ -67,16 +68,29 @@ def attention_strip(capture, layer: int, head: int, row: int | None = None, *, p
         a = capture.attn[layer, head, row, : spans.T]
         label = f"row at position {int(capture.row_pos[row])}"
     chunk_of = spans.chunk_of().tolist()
-    colors = [NEUTRAL if c < 0 else (ANSWER if spans.chunk_doc[c] == spans.answer_doc else PALETTE[1])
-              for c in chunk_of]
     toks = _tokens(spans, spans.T)
-    fig = _Draft(go.Bar(x=np.arange(spans.T), y=_z(a), marker_color=colors, name="attention",
+    bins = token_bins(spans.T)  # scale: ≤ DEFAULT_WIDTH_PX bars (max per bin of tokens)
+    if not bins.exact:
+        cof = np.asarray(chunk_of)
+        ans = np.isin(cof, [i for i, d in enumerate(spans.chunk_doc) if d == spans.answer_doc])
+        chunk_of = bins.reduce(cof, "max").tolist()
+        colors = np.where(bins.any(ans), ANSWER, np.where(bins.any(cof >= 0), PALETTE[1], NEUTRAL)).tolist()
+        toks = bins.labels()
+        a_full, a = _z(a), bins.reduce(_z(a), "max")
+    else:
+        colors = [NEUTRAL if c < 0 else (ANSWER if spans.chunk_doc[c] == spans.answer_doc else PALETTE[1])
+                  for c in chunk_of]
+    fig = _Draft(go.Bar(x=bins.lo, y=_z(a), marker_color=colors, name="attention",
                            customdata=_cd(toks, chunk_of), meta={"customdata": ["token", "chunk"]},
                            hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4f}<extra></extra>"))
-    return _finish(fig, f"Attention, layer {layer}, head {head} ({label})",
+    fig = _finish(fig, f"Attention, layer {layer}, head {head} ({label})" + (f", {bins.describe()}" if not bins.exact else ""),
                    _meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row),
                    xaxis_title="prompt position (grey: protected, orange: chunks, green: answer chunk)",
                    yaxis_title="attention probability", bargap=0)
+    if not bins.exact:  # every token in the export's CSV
+        attach_full(fig, lambda: pd.DataFrame({"x": np.arange(spans.T), "token": _tokens(spans, spans.T),
+                                               "chunk": spans.chunk_of().numpy(), "attention": a_full}))
+    return fig
 
 
 # ============================================================================= pooling (SPEC §2)
@@ -131,23 +145,35 @@ def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | No
     """
     check_int("layer", layer, 0, pooling.L - 1)
     sp = _spans_of(spans)
-    res = _np(pooling.residual()[layer])  # [H_Q, T - n_sink]
+    res = _np(pooling.residual(layer))  # [H_Q, T - n_sink]
     H, Tn = res.shape
     ns = pooling.n_sink
     T = ns + Tn
-    toks = _tokens(sp, T)[ns:]
+    bins = token_bins(Tn, offset=ns)  # scale: ≤ DEFAULT_WIDTH_PX columns whatever T (max per bin of keys)
+    toks = _tokens(sp, T)[ns:] if bins.exact else None  # labels of every key only when shown
     hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
     Hh, w = _np(pooling.H[layer]), _np(pooling.w[layer])
     ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
             for h, lab in enumerate(_head_labels(hg))]
-    fig = _Draft(go.Heatmap(z=_z(res), x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
-                               customdata=_rows(toks, H),
-                               hovertemplate="%{y}<br>key %{x}: %{customdata}<br>a/z = %{z:.4g}<extra></extra>"))
-    return _finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}",
+    if bins.exact:
+        fig = _Draft(go.Heatmap(z=_z(res), x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
+                                customdata=_rows(toks, H),
+                                hovertemplate="%{y}<br>key %{x}: %{customdata}<br>a/z = %{z:.4g}<extra></extra>"))
+    else:
+        fig = _Draft(go.Heatmap(z=_z(bins.reduce(res, "max")), x=bins.lo, y=ylab, coloraxis="coloraxis",
+                                name="residual", hovertemplate="%{y}<br>keys from %{x} (bin of ≤ " + str(bins.width)
+                                + " tokens)<br>max a/z = %{z:.4g}<extra></extra>"))
+    fig = _finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}"
+                  + (f" ({bins.describe()})" if not bins.exact else ""),
                    _meta("residual_distribution", _model_id(model_id, pooling, spans), params, layer=layer,
                          n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None)),
                    xaxis_title="key position", yaxis_title="query head (KV group)",
                    coloraxis=dict(colorbar=dict(title=dict(text="a/z"))), yaxis=dict(autorange="reversed"))
+    if not bins.exact:  # every key in the export's CSV
+        attach_full(fig, lambda: pd.DataFrame({"head": np.repeat(ylab, Tn), "key": np.tile(np.arange(ns, T), H),
+                                               "token": np.tile(np.asarray(_tokens(sp, T)[ns:], dtype=object), H),
+                                               "a_over_z": res.reshape(-1)}))
+    return fig
 
 
 # ============================================================================= priorities (SPEC §3)

@@ -4,10 +4,12 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from workbench.checks import check_choice, check_int
+from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
     _Draft,
     _finish,
@@ -195,8 +197,11 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
                              marker=dict(symbol="square-open", size=14, color=REMOVED, line=dict(width=2)),
                              hovertemplate="kept: g%{y} page %{x}<extra></extra>"), 1, 1)
     tm = _np(pr.token_mask[layer])
+    bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX points per group (max per bin; kept = some token kept)
+    if not bins.exact:
+        toks, tm = bins.labels(), bins.any(tm)
     for g in range(G):
-        fig.add_trace(go.Scatter(x=np.arange(T), y=_z(pr.p[layer, g]), name=f"p g{g}", mode="lines+markers",
+        fig.add_trace(go.Scatter(x=bins.lo, y=bins.reduce(_z(pr.p[layer, g]), "max"), name=f"p g{g}", mode="lines+markers",
                                  line=dict(color=PALETTE[g % len(PALETTE)], width=1),
                                  # kept: filled; dropped: white with the group's outline (a numeric colour array:
                                  # a per-point symbol list costs plotly ~50 ms of validation per 2k points)
@@ -220,16 +225,22 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=2, col=2)
     fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)", row=1, col=1)
     fig.update_xaxes(title_text="prompt position", row=2, col=1)
-    fig.update_yaxes(title_text="group score p", row=2, col=1)
+    fig.update_yaxes(title_text="group score p" + (f" ({bins.describe()})" if not bins.exact else ""), row=2, col=1)
     fig.update_xaxes(title_text="layer", row=1, col=2)
     fig.update_yaxes(title_text="union U_l (pages)", row=1, col=2)
     fig.update_xaxes(title_text="layer", row=2, col=2)
     fig.update_yaxes(title_text=f"UOR (s = {pr.s})", row=2, col=2)
-    return _finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
+    fig = _finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
                    _meta("pages", _model_id(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
                          d=pr.d, bytes=pr.bytes),
                    coloraxis=dict(colorbar=dict(title=dict(text="I"), len=0.45, y=0.78)),
                    legend=dict(orientation="h", y=-0.15, x=0, yanchor="top"))
+    if not bins.exact:  # every token's group scores in the export's CSV
+        p_l, m_l = _np(pr.p[layer]), _np(pr.token_mask[layer])
+        attach_full(fig, lambda: pd.DataFrame({"group": np.repeat(np.arange(G), T), "x": np.tile(np.arange(T), G),
+                                               "token": np.tile(np.asarray(_tokens(sp, T), dtype=object), G),
+                                               "p": p_l.reshape(-1), "kept": m_l.reshape(-1)}))
+    return fig
 
 
 # ============================================================================= shift (SPEC §9)

@@ -9,6 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.checks import check_int
+from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
     _Draft,
     _finish,
@@ -106,13 +107,17 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
             lab += f" ({np.nanmean(sub):.0%} kept)" if np.isfinite(sub).any() else ""
         labels.append(lab)
     toks = _tokens(sp, T)
+    bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX cells per row (mean kept fraction per bin of tokens)
+    z_full = np.asarray(z, dtype=float)
+    cells = _z(bins.reduce(z_full, "mean")) if not bins.exact else _z(z)
+    cell_toks = bins.labels(toks)
     fig = _Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.01)
     fig.add_trace(go.Scatter(x=hi, y=[0] * len(hi), name="highlight", mode="markers", showlegend=False,
                              marker=dict(symbol="triangle-down", color=ANSWER, size=9),
                              customdata=np.array([toks[p] for p in hi], dtype=object), meta={"customdata": ["token"]},
                              hovertemplate="%{x}: %{customdata}<extra>highlight</extra>"), 1, 1)
-    fig.add_trace(go.Heatmap(z=_z(z), x=np.arange(T), y=labels, coloraxis="coloraxis", name="kept",
-                             customdata=_rows(toks, len(results)), meta={"customdata": ["token"]},
+    fig.add_trace(go.Heatmap(z=cells, x=bins.lo, y=labels, coloraxis="coloraxis", name="kept",
+                             customdata=_rows(cell_toks, len(results)), meta={"customdata": ["token"]},
                              hovertemplate="%{y}<br>%{x}: %{customdata}<br>kept %{z:.2f}<extra></extra>"), 2, 1)
     for p in hi:
         _span(fig, "vrect", p - 0.5, p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
@@ -128,10 +133,17 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     fig.update_xaxes(title_text="prompt position", range=[-0.5, T - 0.5], row=2, col=1)
     where = "fraction of compacted caches" if layer is None and group is None else \
         f"layer {'all' if layer is None else layer}, group {'all' if group is None else group}"
-    return _finish(fig, f"Kept prompt positions per policy ({where})",
+    if not bins.exact:
+        where += f"; {bins.describe('mean')}"
+    fig = _finish(fig, f"Kept prompt positions per policy ({where})",
                    _meta("kept_positions", _model_id(model_id, prompt), params, highlight=hi, layer=layer, group=group,
                          runs=[{"policy": r.policy, "budget": r.budget, **jsonable(r.params)} for r in results]),
                    coloraxis=dict(cmin=0, cmax=1, colorbar=dict(title=dict(text="kept"))), margin=dict(l=160))
+    if not bins.exact:  # every token of every run in the export's CSV
+        attach_full(fig, lambda: pd.DataFrame({"run": np.repeat(labels, T), "x": np.tile(np.arange(T), len(labels)),
+                                               "token": np.tile(np.asarray(toks, dtype=object), len(labels)),
+                                               "kept": z_full.reshape(-1)}))
+    return fig
 
 
 # ============================================================================= sweep tables
