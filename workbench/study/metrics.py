@@ -6,7 +6,10 @@ normalised words; the maximum over the gold answers). Scores here are fractions 
 (torchmetrics reports percentages). ``contains`` asks whether a normalised gold answer occurs as a
 whole-word run inside the normalised prediction, which suits chatty replies ("The answer is 1887.").
 
-The prediction is first reduced by :func:`clean_answer` (the first non-empty line, stripped).
+The whole reply is scored, not only its first line: ``contains`` (and ``contains_conflict``) read every
+line; EM and F1 take the best of the whole reply and each of its non-empty lines (a chatty model often
+puts the answer on the second line, "Sure!\n1887"). :func:`clean_answer` (the first non-empty line) is
+kept for display.
 """
 from __future__ import annotations
 
@@ -97,8 +100,18 @@ def first_token_agreement(ids: Sequence[int], reference_ids: Sequence[int] | Non
     return float(int(ids[0]) == int(reference_ids[0]))
 
 
+def _candidates(prediction: str) -> list[str]:
+    """The whole reply (stripped) and each non-empty line of it, distinct, in order."""
+    whole = str(prediction).strip()
+    lines = [ln.strip() for ln in whole.splitlines() if ln.strip()]
+    return list(dict.fromkeys([whole, *lines])) or [""]
+
+
 def answer_scores(prediction: str, answers, *, parts: Sequence[str] = (), conflict: Sequence[str] = ()) -> dict:
-    """EM, F1 and contains of one reply against its gold answers (after :func:`clean_answer`).
+    """EM, F1 and contains of one whole reply against its gold answers.
+
+    ``contains`` reads the whole reply (every line); EM and F1 are the maxima over the whole reply and
+    each of its non-empty lines.
 
     Args:
         prediction: the decoded reply.
@@ -107,8 +120,10 @@ def answer_scores(prediction: str, answers, *, parts: Sequence[str] = (), confli
         conflict: for contradictory items, the planted wrong answers: ``contains_conflict`` says
             whether the reply carries one (NaN when there are none).
     """
-    pred = clean_answer(prediction)
-    s = _squad_one(pred, answers)
+    cands = _candidates(prediction)
+    scored = [_squad_one(c, answers) for c in cands]
+    s = {"em": max(x["em"] for x in scored), "f1": max(x["f1"] for x in scored)}
+    pred = cands[0]
     s["contains"] = contains_all(pred, parts) if parts else contains_answer(pred, answers)
     s["contains_conflict"] = contains_answer(pred, conflict) if conflict else math.nan
     return s

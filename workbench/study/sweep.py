@@ -27,9 +27,12 @@ item (same seed when there is one; added to the grid at the first seed unless ``
 
 Columns (one row per cell): ``model, task, item_id, method, params`` (JSON), ``p_<name>`` (one per
 method parameter, missing where a method lacks it), ``seed, max_new_tokens``, ``answer`` (decoded reply),
-``gold`` (first gold answer), ``generated_ids, n_generated``, ``em, f1, contains`` (``[0, 1]``),
+``gold`` (first gold answer), ``generated_ids, n_generated``, ``hit_cap`` (the reply used all
+``max_new_tokens`` without a stop token: it may be cut before its answer), ``em, f1, contains`` (``[0, 1]``),
 ``contains_conflict`` (contradictory items), ``first_token_agree``, ``prompt_tokens, prefill_tokens,
-retained_tokens, kv_bytes`` (from the method), ``n_docs, answer_doc``, ``wall_s`` (the method call),
+retained_tokens, kv_bytes`` (from the method), ``n_docs, answer_doc``, ``wall_s`` (the method call; a step shared between cells, such as the eviction prefill, is charged to
+the cell that ran it), ``method_s`` (the cell's own work: ``wall_s`` less shared steps, which a method
+reports as ``shared_s``),
 ``peak_cuda_bytes`` (``max_memory_allocated`` during the cell; NaN on CPU), ``peak_rss_bytes`` (the
 process's resident high-water mark so far, not per cell), ``device, dtype, error, cell`` (resume key),
 then method extras and ``meta_<key>`` (the item's provenance: length, depth, qid ...).
@@ -68,8 +71,8 @@ Scalar = (int, float, str, bool, type(None))
 RESERVED_PARAMS = ("max_new_tokens", "seed")
 # front and back columns of every sweep frame; p_<name> parameter columns sit between, extras after
 FRONT = ("model", "task", "item_id", "method", "params")
-BACK = ("seed", "max_new_tokens", "answer", "gold", "generated_ids", "n_generated", "em", "f1", "contains",
-        "contains_conflict", "first_token_agree", "prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes",
+BACK = ("seed", "max_new_tokens", "answer", "gold", "generated_ids", "n_generated", "hit_cap", "em", "f1",
+        "contains", "contains_conflict", "first_token_agree", "prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes",
         "n_docs", "answer_doc", "wall_s", "peak_cuda_bytes", "peak_rss_bytes", "device", "dtype", "error", "cell")
 COLUMNS = FRONT + BACK
 MEASURED = ("wall_s", "peak_cuda_bytes", "peak_rss_bytes")
@@ -343,6 +346,8 @@ def run_cell(lm, item: TaskItem, cell: Cell, *, model_id: str, max_new_tokens: i
         answer = decode_answer(lm.tokenizer, ids, stop_token_ids(lm)) if ids else ""
     row["answer"] = answer
     row["n_generated"] = len(ids)
+    row["hit_cap"] = bool(error is None and len(ids) >= max_new_tokens and int(ids[-1]) not in set(stop_token_ids(lm)))
+    row.setdefault("method_s", row["wall_s"])
     if error is None:
         row.update(metrics.answer_scores(answer, item.answers, parts=item.answer_parts,
                                          conflict=item.conflict_answers))
@@ -387,6 +392,7 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
     for c in ("seed", "max_new_tokens", "n_generated"):
         df[c] = df[c].astype("int64")
     df["error"] = df["error"].map(lambda v: None if _is_null(v) else str(v)).astype(object)
+    df["hit_cap"] = df["hit_cap"].map(lambda v: False if _is_null(v) else bool(v)).astype(bool)
     df = df.sort_values(["model", "task", "item_id", "method", "params", "seed", "max_new_tokens"], kind="stable")
     return df.reset_index(drop=True)
 
