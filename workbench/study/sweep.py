@@ -583,7 +583,8 @@ def _run_ray(model_source, todo, items, fns, emit, *, model_id, max_new_tokens, 
 
 def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = None, max_new_tokens: int = 16,
           executor: str = "local", reference: bool = True, on_error: str = "raise", progress: bool = True,
-          checkpoint_s: float = 10.0, ray_address: str | None = None, ray_init: dict | None = None) -> pd.DataFrame:
+          checkpoint_s: float = 10.0, ray_address: str | None = None, ray_init: dict | None = None,
+          on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
     """Run a grid of (item, method, parameters, seed) cells and return one tidy DataFrame.
 
     Args:
@@ -604,6 +605,8 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
         checkpoint_s: seconds between parquet rewrites while running (``0``: after every cell).
         ray_address, ray_init: passed to ``ray.init`` when Ray is not yet initialised (a Ray instance the
             sweep started is shut down at the end).
+        on_row: called with each new row as it finishes (after it is checkpointed), e.g. a study-wide
+            progress bar.
     Returns:
         every row of ``out`` (or of this run when ``out`` is None), columns :data:`COLUMNS` plus
         ``p_<param>`` columns and method extras, sorted by model, task, item, method, params, seed.
@@ -645,6 +648,8 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
         bar.update(1)
         if time.monotonic() - last[0] >= checkpoint_s:
             save()
+        if on_row is not None:
+            on_row(row)
 
     try:
         if todo:
