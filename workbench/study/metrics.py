@@ -26,7 +26,7 @@ try:  # the official SQuAD normalisation, as shipped by torchmetrics
 except ImportError:  # pragma: no cover - a torchmetrics without the private helper
     _tm_normalize = None
 
-__all__ = ["normalize_answer", "clean_answer", "exact_match", "f1_score", "contains_answer", "contains_all",
+__all__ = ["string_match_all", "string_match_part", "normalize_answer", "clean_answer", "exact_match", "f1_score", "contains_answer", "contains_all",
            "first_token_agreement", "answer_scores", "squad_scores"]
 
 
@@ -92,6 +92,22 @@ def contains_all(prediction: str, parts: Sequence[str]) -> float:
     return float(all(_contains(p, g) for g in parts))
 
 
+def string_match_all(prediction: str, references: Sequence[str]) -> float:
+    """RULER's official scorer for tasks whose references are all wanted: the fraction of ``references``
+    that occur (case-insensitive substring) anywhere in the whole reply."""
+    refs = _golds(list(references))
+    p = str(prediction).lower()
+    return sum(r.lower() in p for r in refs) / len(refs)
+
+
+def string_match_part(prediction: str, references: Sequence[str]) -> float:
+    """RULER's official scorer for tasks with alternative answers: 1.0 when any reference occurs
+    (case-insensitive substring) anywhere in the whole reply."""
+    refs = _golds(list(references))
+    p = str(prediction).lower()
+    return float(any(r.lower() in p for r in refs))
+
+
 def first_token_agreement(ids: Sequence[int], reference_ids: Sequence[int] | None) -> float:
     """1.0 when the first generated token equals the reference's (full context), 0.0 when not,
     NaN when either run generated nothing or there is no reference."""
@@ -111,7 +127,8 @@ def answer_scores(prediction: str, answers, *, parts: Sequence[str] = (), confli
     """EM, F1 and contains of one whole reply against its gold answers.
 
     ``contains`` reads the whole reply (every line); EM and F1 are the maxima over the whole reply and
-    each of its non-empty lines.
+    each of its non-empty lines. ``match`` is RULER's scorer (:func:`string_match_all` over ``parts`` when
+    given, else :func:`string_match_part` over ``answers``), a fraction for partial recall of the parts.
 
     Args:
         prediction: the decoded reply.
@@ -126,6 +143,7 @@ def answer_scores(prediction: str, answers, *, parts: Sequence[str] = (), confli
     pred = cands[0]
     s["contains"] = contains_all(pred, parts) if parts else contains_answer(pred, answers)
     s["contains_conflict"] = contains_answer(pred, conflict) if conflict else math.nan
+    s["match"] = string_match_all(pred, parts) if parts else string_match_part(pred, answers)
     return s
 
 
@@ -135,4 +153,4 @@ def squad_scores(predictions: Sequence[str], answers: Sequence[Sequence[str]]) -
     if len(predictions) != len(answers):
         raise ValueError(f"answers: must have one entry per prediction ({len(predictions)}), got {len(answers)}")
     return pd.DataFrame([answer_scores(p, a) for p, a in zip(predictions, answers)],
-                        columns=["em", "f1", "contains", "contains_conflict"]).drop(columns="contains_conflict")
+                        columns=["em", "f1", "contains"])

@@ -29,6 +29,7 @@ Columns (one row per cell): ``model, task, item_id, method, params`` (JSON), ``p
 method parameter, missing where a method lacks it), ``seed, max_new_tokens``, ``answer`` (decoded reply),
 ``gold`` (first gold answer), ``generated_ids, n_generated``, ``hit_cap`` (the reply used all
 ``max_new_tokens`` without a stop token: it may be cut before its answer), ``em, f1, contains`` (``[0, 1]``),
+``match`` (RULER's string match over the whole reply),
 ``contains_conflict`` (contradictory items), ``first_token_agree``, ``prompt_tokens, prefill_tokens,
 retained_tokens, kv_bytes`` (from the method), ``n_docs, answer_doc``, ``wall_s`` (the method call; a step shared between cells, such as the eviction prefill, is charged to
 the cell that ran it), ``method_s`` (the cell's own work: ``wall_s`` less shared steps, which a method
@@ -72,7 +73,8 @@ RESERVED_PARAMS = ("max_new_tokens", "seed")
 # front and back columns of every sweep frame; p_<name> parameter columns sit between, extras after
 FRONT = ("model", "task", "item_id", "method", "params")
 BACK = ("seed", "max_new_tokens", "answer", "gold", "generated_ids", "n_generated", "hit_cap", "em", "f1",
-        "contains", "contains_conflict", "first_token_agree", "prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes",
+        "contains", "match", "contains_conflict", "first_token_agree", "prompt_tokens", "prefill_tokens",
+        "retained_tokens", "kv_bytes",
         "n_docs", "answer_doc", "wall_s", "peak_cuda_bytes", "peak_rss_bytes", "device", "dtype", "error", "cell")
 COLUMNS = FRONT + BACK
 MEASURED = ("wall_s", "peak_cuda_bytes", "peak_rss_bytes")
@@ -352,7 +354,7 @@ def run_cell(lm, item: TaskItem, cell: Cell, *, model_id: str, max_new_tokens: i
         row.update(metrics.answer_scores(answer, item.answers, parts=item.answer_parts,
                                          conflict=item.conflict_answers))
     else:
-        row.update(em=math.nan, f1=math.nan, contains=math.nan, contains_conflict=math.nan)
+        row.update(em=math.nan, f1=math.nan, contains=math.nan, match=math.nan, contains_conflict=math.nan)
     return row
 
 
@@ -386,7 +388,8 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
     for c in pcols + extras + mcols + ["prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes", "n_docs",
                                        "answer_doc"]:
         df[c] = _uniform(df[c])
-    for c in ("em", "f1", "contains", "contains_conflict", "first_token_agree", "wall_s", "peak_cuda_bytes",
+    for c in ("em", "f1", "contains", "match", "contains_conflict", "first_token_agree", "wall_s",
+              "peak_cuda_bytes",
               "peak_rss_bytes"):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
     for c in ("seed", "max_new_tokens", "n_generated"):

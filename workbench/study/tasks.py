@@ -657,7 +657,10 @@ TASKS: dict[str, TaskFamily] = {
 # greedy tokens a reply of each family needs (SmolLM2-class chat models preface the answer: "The secret number
 # of the amber heron is 48213." is ~17 tokens); a reply that uses them all is flagged `hit_cap` by the sweep
 TASK_MAX_NEW_TOKENS = {"squad_single": 32, "squad_reordered": 32, "squad_conflict": 32, "needle": 32,
-                       "needle_diffuse": 40, "needle_bridge": 32}
+                       "needle_diffuse": 40, "needle_bridge": 32,
+                       # RULER-style families (workbench.study.ruler; RULER's own budgets, raised for chatty replies)
+                       "niah_single": 32, "niah_multikey": 32, "niah_multivalue": 64, "niah_multiquery": 64,
+                       "variable_tracking": 48, "common_words": 120, "frequent_words": 50, "qa_distractors": 32}
 DEFAULT_MAX_NEW_TOKENS = 32
 
 
