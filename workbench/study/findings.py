@@ -83,7 +83,8 @@ def reference_check(df: pd.DataFrame, metric: str = "contains", *, min_accuracy:
             warns.append(f"REFERENCE FAILED on {task}: full context answers 0 of {acc.n} prompts right ({metric}); "
                          f"every method 'ties' at 0 there, so no comparison on {task} means anything.")
         elif not ok:
-            warns.append(f"Weak reference on {task}: full context is right on {acc} prompts ({metric}; needs "
+            warns.append(f"Weak reference on {task}: full context is right on {acc.k}/{acc.n} prompts ({acc.value:.2f} "
+                         f"{_ci(acc)}; {metric}; needs "
                          f">= {min_accuracy:.0%} and >= {min_right} right answers); comparisons on {task} rest on "
                          f"{acc.k} prompts and cannot show much.")
         if cap:
