@@ -228,3 +228,15 @@ def test_html_states_findings_cis_reference_and_provenance(report):
         assert ev["method_s"] < ev["wall_s"] and ev["amortised_s"] == pytest.approx(ev["method_s"] + ev["shared_s"])
         assert timing.loc[(task, "shared eviction prefill"), "method_s"] == pytest.approx(ev["shared_s"])
 
+
+
+def test_kv_bytes_table_never_pools_tasks_silently():
+    from workbench.show import plots
+
+    df = pd.DataFrame({"task": ["a", "a", "b", "b"], "method": ["full", "evict"] * 2, "item_id": ["1", "1", "2", "2"],
+                       "em": [1.0, 0.0, 0.0, 0.0], "kv_bytes": [2.0**20, 2.0**19, 2.0**21, 2.0**20], "error": None})
+    fr = plots.figure_frame(plots.kv_bytes_table(df))
+    assert list(fr["task"]) == ["a", "a", "b", "b"] and (fr["n"] == 1).all()
+    fig = plots.kv_bytes_table(df, by=["method"])
+    assert "pooled over 2 tasks" in fig.layout.title.text
+    assert "pooled" not in plots.kv_bytes_table(df[df.task == "a"], by=["method"]).layout.title.text
