@@ -452,8 +452,10 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
             notes["needle_survival"] = note
 
         fig_files: dict = {}
-        if not partial:  # an interrupted run writes its page quickly: no figure export
-            server_thread.join()
+        server_thread.join()  # a Chromium still starting would keep the process from exiting
+        if partial:  # an interrupted run writes its page quickly: no figure export
+            ex.shutdown_server()
+        else:
             if server_error:
                 raise server_error[0]
             widths = {n: cfg.widths.get(n, export_width(n, f)) for n, f in figures.items()}
