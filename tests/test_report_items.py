@@ -106,5 +106,5 @@ def test_items_report_end_to_end_stops_and_resumes(tmp_path):
     assert list(kept) == list(first["wall_s"])
     page = (out / "report.html").read_text()
     assert "PARTIAL REPORT" not in page and "<section id='findings'>" in page
-    assert page.count("<li class='finding'>") == 3  # streaming vs full, snapkv vs full, (no deferkv pairs)
+    assert page.count("<li class='finding'>") == 2  # streaming vs full, snapkv vs full (one task: no pooled line)
     assert "items:pets.jsonl" in page and json.loads((out / "manifest.json").read_text())["partial"] is False
