@@ -12,7 +12,7 @@ rows ``r = 1 … n`` (the query of the ``r``-th generated token, position ``T+r-
 - boundary leap: the recall gain across the prefill/decode boundary ``0 → 1`` against the gains
   ``1 → 2`` and ``2 → 3`` (the guide's claim is ``Δ(0→1) ≫ Δ(1→2) ≈ Δ(2→3)``).
 
-The default reference is **held out**: decode rows ``4 … n``, after the rows ``1 … 3`` that the leap
+**[decided]** The default reference is **held out**: decode rows ``4 … n``, after the rows ``1 … 3`` that the leap
 compares, so it does not favour them (``ref_start=None``; a capture with at most 3 decode rows has no
 held-out rows, and then the mean of all of them is used with a :class:`ShiftWarning`). ``ref_start = 1``
 is SPEC's definition (the mean of every decode row, which contains rows 1, 2, 3 themselves).
