@@ -48,7 +48,11 @@ def setting_label(row) -> str:
 
 
 def with_settings(df: pd.DataFrame) -> pd.DataFrame:
-    """The sweep rows without an error, with a ``setting`` column."""
+    """The sweep rows without an error, with a ``setting`` column (an empty frame with the key columns when
+    nothing finished)."""
+    if len(df) == 0:
+        cols = list(dict.fromkeys([*df.columns, "task", "item_id", "method", "params", "error", "setting"]))
+        return pd.DataFrame(columns=cols)
     ok = df["error"].map(lambda e: not (isinstance(e, str) and e)) if "error" in df.columns else True
     d = df[ok].copy()
     d["setting"] = [setting_label(r) for _, r in d.iterrows()] if len(d) else []
