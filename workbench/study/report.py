@@ -484,6 +484,11 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
                "figures": {n: [str(p.relative_to(out)) for p in ps] for n, ps in fig_files.items()},
                "tables": {n: [str(p.relative_to(out)) for p in ps] for n, ps in table_files.items()}}
         _atomic_bytes(manifest, (json.dumps(ex._jsonable(man), indent=2, ensure_ascii=False) + "\n").encode())
+    except BaseException:
+        # a Chromium still starting (or running) keeps the interpreter from exiting: stop it, then re-raise
+        server_thread.join(timeout=120)
+        ex.shutdown_server()
+        raise
     finally:
         torch.set_num_threads(threads_before)
     return ReportResult(out=out, html=html_path, manifest=manifest, figures=fig_files, tables=table_files,
