@@ -115,9 +115,18 @@ def test_paired_all_ties_is_no_detectable_difference():
 def test_paired_clear_difference_is_detected():
     r = paired([1.0] * 30, [0.0] * 30)
     assert r.detectable and r.verdict() == "A better" and r.p < 1e-6
-    assert "A is higher than B" in r.finding("A", "B")
+    assert "A is higher than B" in r.finding("A", "B") and "p < 0.05" in r.finding("A", "B")
     r = paired(np.linspace(0, 0.5, 20), np.linspace(0.3, 0.9, 20))
     assert r.test == "sign" and r.verdict() == "A worse" and not r.binary
+
+
+def test_few_prompts_are_no_evidence_however_narrow_the_interval():
+    r = paired([1, 1, 1], [0, 0, 0])  # bootstrap CI [1, 1] excludes 0, but McNemar p = 0.25
+    assert r.lo == r.hi == 1.0 and r.p == pytest.approx(0.25) and not r.detectable
+    s = r.finding("A", "B")
+    assert "no detectable difference" in s and "the test does not reject" in s and "3 prompts" in s
+    one = paired([0.1], [0.3])
+    assert not one.detectable and "no detectable difference" in one.finding("A", "B")
 
 
 def test_paired_rejects_unpaired():

@@ -11,7 +11,8 @@ confidence interval and paired wins / ties / losses:
   :func:`mcnemar` gives both the exact and the continuity-corrected chi-square p-value.
 * :func:`paired` — one comparison of two score vectors on the same prompts: the means, the mean paired
   difference with its bootstrap CI, wins / ties / losses, the test, and :meth:`Paired.finding`, one
-  sentence generated from the numbers ("no detectable difference" when the interval covers 0).
+  sentence generated from the numbers ("no detectable difference" when the interval covers 0, or when the
+  paired test does not reject at ``1 - level``: a bootstrap CI of two or three prompts is no evidence).
 
 Arithmetic is float64 numpy; p-values come from ``scipy.stats``.
 """
@@ -181,8 +182,10 @@ class Paired:
 
     @property
     def detectable(self) -> bool:
-        """Whether the interval of the difference excludes 0 (and there are pairs)."""
-        return self.n > 0 and not (self.lo <= 0.0 <= self.hi)
+        """Whether the difference is detected: the bootstrap interval excludes 0 **and** the paired test
+        rejects at ``1 - level`` (a bootstrap interval of very few prompts is narrow however few they are:
+        three wins out of three exclude 0, yet the sign test gives p = 0.25)."""
+        return self.n > 0 and not (self.lo <= 0.0 <= self.hi) and self.p < 1 - self.level
 
     def verdict(self) -> str:
         if self.n == 0:
@@ -206,10 +209,14 @@ class Paired:
                 f"{self.diff:+.2f} {fmt_ci(self.lo, self.hi, signed=True)} ({pct}% bootstrap CI); "
                 f"{self.wins} wins / {self.ties} ties / {self.losses} losses; "
                 f"{'McNemar exact' if self.test == 'mcnemar' else 'sign test'} p = {self.p:.3g}")
-        if not self.detectable:
+        alpha = f"{1 - self.level:.2g}"
+        if self.lo <= 0.0 <= self.hi:
             return body + f": no detectable difference (the {pct}% interval covers 0)."
+        if not self.detectable:
+            return body + (f": no detectable difference (the interval excludes 0 but the test does not reject: "
+                           f"p >= {alpha} with {self.n} prompts).")
         word = "higher" if self.diff > 0 else "lower"
-        return body + f": {a} is {word} than {b} (the {pct}% interval excludes 0)."
+        return body + f": {a} is {word} than {b} (the {pct}% interval excludes 0 and p < {alpha})."
 
     def to_dict(self) -> dict:
         d = asdict(self)
