@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -58,9 +59,21 @@ def _report(args) -> int:
         res = run_report(cfg)
     except ValueError as e:  # bad data (an items file, a filler): say where, without a traceback
         print(f"python -m workbench report: error: {e}", file=sys.stderr)
-        return 2
+        _exit(2)
+    except KeyboardInterrupt:
+        print("python -m workbench report: interrupted before the sweep; nothing to report", file=sys.stderr)
+        _exit(130)
     print(res.summary())
-    return 130 if res.partial else 0
+    if res.partial:  # every file is written; a Chromium still starting must not hold the exit
+        _exit(130)
+    return 0
+
+
+def _exit(code: int) -> None:
+    """Exit now: flush, then ``os._exit`` (an export Chromium still starting would keep a normal exit waiting)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv=None) -> int:

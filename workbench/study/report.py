@@ -457,10 +457,10 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
             notes["needle_survival"] = note
 
         fig_files: dict = {}
-        server_thread.join()  # a Chromium still starting would keep the process from exiting
         if partial:  # an interrupted run writes its page quickly: no figure export
-            ex.shutdown_server()
+            _stop_server(server_thread)
         else:
+            server_thread.join()
             if server_error:
                 raise server_error[0]
             widths = {n: cfg.widths.get(n, export_width(n, f)) for n, f in figures.items()}
@@ -485,14 +485,21 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
                "tables": {n: [str(p.relative_to(out)) for p in ps] for n, ps in table_files.items()}}
         _atomic_bytes(manifest, (json.dumps(ex._jsonable(man), indent=2, ensure_ascii=False) + "\n").encode())
     except BaseException:
-        # a Chromium still starting (or running) keeps the interpreter from exiting: stop it, then re-raise
-        server_thread.join(timeout=120)
-        ex.shutdown_server()
+        _stop_server(server_thread)
         raise
     finally:
         torch.set_num_threads(threads_before)
     return ReportResult(out=out, html=html_path, manifest=manifest, figures=fig_files, tables=table_files,
                         timings=timings, partial=partial)
+
+
+def _stop_server(server_thread: threading.Thread, wait_s: float = 20.0) -> None:
+    """Stop the figure-export Chromium of an unfinished report once it has started (a running one keeps the
+    interpreter from exiting); one still starting after ``wait_s`` is left to the caller (the command line
+    exits with ``os._exit``)."""
+    server_thread.join(timeout=wait_s)
+    if not server_thread.is_alive():
+        ex.shutdown_server()
 
 
 def _n_note(df: pd.DataFrame) -> str:
