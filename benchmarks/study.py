@@ -1,15 +1,20 @@
-"""The evaluation study on real data (issue 7): accuracy vs budget for every method on SQuAD v1.1 dev
-single-hop RAG prompts and a needle-in-a-haystack grid, on the embedded default model.
+"""The evaluation study (issues 7 and 15): SQuAD v1.1 dev single-hop RAG prompts and a RULER-style grid on the
+embedded default model, with paired statistics, the reference check and the leap-specificity table.
 
 Resumable (finished cells in the parquet are skipped), so it can be stopped and continued:
 
     python -m workbench.study.datasets fetch          # once: SQuAD dev and the essays, checksummed
-    python benchmarks/study.py [--n-squad 50] [--out benchmarks/out/study.parquet] [--threads 1]
+    python benchmarks/study.py                        # the full study (hours of CPU): 100 SQuAD prompts and
+                                                      # 4 RULER families x 3 lengths x 10 seeds
+    python benchmarks/study.py --n-squad 2 --ruler-seeds 1 --ruler-lengths 1024 --data sample \\
+        --policies snapkv --leap-prompts 2 --out /tmp/study_smoke.parquet     # a smoke run, minutes
 
-Prints the summary tables (markdown) and writes them beside the parquet (``study_summary.md``).
-Methods: full context; EntroPrefill with Rényi and mass-only priorities, adaptive (7-step, default
-thresholds) and at a fixed layer l* = 9 (proposal E_l with a loose row tolerance ε_a = 0.3 and target
-50 %); the eviction policies at 25 % and 50 % of the prompt.
+Methods: full context; EntroPrefill at the default ("paper") preset and the "loose" preset (adaptive);
+every eviction policy at 25 % and 50 % of the prompt. Each family decodes its own ``max_new_tokens``
+(``tasks.TASK_MAX_NEW_TOKENS``). Writes beside the parquet ``<stem>_summary.md``: the reference check,
+accuracies with Wilson CIs, one finding per comparison (paired: wins/ties/losses, McNemar, bootstrap CI),
+the timing rule's table, and the leap-specificity table (every adjacent step's recall gain across
+``--leap-prompts`` SQuAD prompts, held-out reference).
 """
 from __future__ import annotations
 
@@ -20,82 +25,98 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-POLICIES = ["streaming", "h2o", "snapkv", "deferkv", "page-entrokv", "random", "oracle"]
-METHODS = [
-    ("full", {}),
-    ("entroprefill", {"priority": ["renyi", "mass"]}),
-    ("entroprefill", {"priority": ["renyi", "mass"], "layer": 9, "eps_row": 0.3, "target": 0.5}),
-    ("evict", {"policy": POLICIES, "budget_frac": [0.25, 0.5]}),
-]
+from workbench.analyse.params import PRESETS
+from workbench.rerun.eviction import POLICY_BY_NAME
+
+POLICIES = sorted(set(POLICY_BY_NAME) - {"full"})
+RULER = ["niah_single", "niah_multikey", "variable_tracking", "common_words"]
 
 
-def items(n_squad: int, lengths, depths, tokenizer):
-    from workbench.study import datasets, tasks
-
-    out = {"squad": tasks.squad_single(datasets.load_squad(), n=n_squad, n_distractors=3, seed=0)}
-    if lengths:
-        out["needle"] = tasks.needle(tokenizer, datasets.load_essays(), lengths=lengths, depths=depths, n=1, seed=0)
-    return out
+def methods(policies) -> list:
+    return [("full", {}),
+            ("entroprefill", {}),                                  # the "paper" preset = the defaults
+            ("entroprefill", dict(PRESETS["loose"]["params"])),
+            ("evict", {"policy": list(policies), "budget_frac": [0.25, 0.5]})]
 
 
-def label(r) -> str:
-    if r.method == "full":
-        return "full context"
-    if r.method == "entroprefill":
-        where = "adaptive" if pd.isna(r.get("p_layer")) else f"l*={int(r.p_layer)}"
-        return f"EntroPrefill {r.p_priority}, {where}"
-    return f"{r.p_policy} @ {r.p_budget_frac:.0%}"
+def build_items(a, tokenizer) -> list:
+    from workbench.study import datasets, ruler, tasks
+
+    src = "cache" if a.data == "fetched" else "sample"
+    items = tasks.squad_single(datasets.load_squad(src), n=a.n_squad, n_distractors=3, seed=0) if a.n_squad else []
+    if a.ruler_seeds:
+        items += ruler.ruler_grid(tokenizer, a.ruler, lengths=a.ruler_lengths, seeds=range(a.ruler_seeds),
+                                  max_context=8192)
+    return items
 
 
-def summary(df: pd.DataFrame) -> pd.DataFrame:
-    df = df[df.error.isna()].copy()
-    df["setting"] = df.apply(label, axis=1)
-    df["prefill_saved"] = 1 - df.retained_tokens / df.prompt_tokens
-    g = df.groupby(["task", "setting"], sort=False)
-    out = g.agg(n=("item_id", "size"), em=("em", "mean"), f1=("f1", "mean"), contains=("contains", "mean"),
-                contains_se=("contains", lambda s: s.std(ddof=1) / max(len(s), 1) ** 0.5),
-                first_token_agree=("first_token_agree", "mean"), prompt_tokens=("prompt_tokens", "mean"),
-                kept_tokens=("retained_tokens", "mean"), saved=("prefill_saved", "mean"),
-                kv_mib=("kv_bytes", lambda s: s.mean() / 2**20), wall_s=("wall_s", "mean"))
-    if "l_star" in df:
-        ep = df[df.method == "entroprefill"]
-        out["bypass"] = ep.groupby(["task", "setting"])["bypass"].mean()
-        out["answer_removed"] = ep.groupby(["task", "setting"])["answer_chunk_removed"].mean()
-    return out.reset_index()
+def leap_table(lm, items, n: int):
+    """Every adjacent step's recall gain across ``n`` prompts (held-out reference: decode rows 4 … 12)."""
+    from workbench.analyse.shift import ShiftAnalysis, leap_specificity, step_gains
+    from workbench.capture import RowSet, run_capture
+
+    res = []
+    for it in items[:n]:
+        prompt = it.build(lm.tokenizer, max_context=lm.shape.max_context)
+        cap = run_capture(lm, prompt, RowSet(observers=False, audit=None, tail=8, n_decode=12), progress=False)
+        if len(cap.rows_of("decode")) > 4:
+            res.append(ShiftAnalysis(k=32)(cap))
+    if not res:
+        return None, None
+    return step_gains(res), leap_specificity(res)
 
 
 def markdown(df: pd.DataFrame) -> str:
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "---|" * len(df.columns)]
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join(lines)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n-squad", type=int, default=50)
-    ap.add_argument("--lengths", type=int, nargs="*", default=[512, 1024, 2048])
-    ap.add_argument("--depths", type=float, nargs="+", default=[0.1, 0.5, 0.9])
-    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--n-squad", type=int, default=100)
+    ap.add_argument("--data", choices=("fetched", "sample"), default="fetched")
+    ap.add_argument("--ruler", nargs="*", default=RULER)
+    ap.add_argument("--ruler-lengths", type=int, nargs="+", default=[1024, 2048, 4096])
+    ap.add_argument("--ruler-seeds", type=int, default=10)
+    ap.add_argument("--policies", nargs="+", default=POLICIES)
+    ap.add_argument("--leap-prompts", type=int, default=33)
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "study.parquet"))
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: fastest on the shared 2-core machine)")
     ap.add_argument("--summary-only", action="store_true")
     a = ap.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    torch.set_num_threads(a.threads)
     from workbench.run.models import load_model
+    from workbench.study import findings
     from workbench.study.sweep import read_sweep, sweep
+    from workbench.study.tasks import max_new_tokens_for
 
     out = Path(a.out)
+    lm = load_model(progress=False)
+    items = build_items(a, lm.tokenizer)
     if not a.summary_only:
-        lm = load_model(progress=False)
         t0 = time.perf_counter()
-        its = items(a.n_squad, a.lengths, a.depths, lm.tokenizer)
-        sweep(lm, its, METHODS, out=out, max_new_tokens=a.max_new_tokens, on_error="record", checkpoint_s=30)
+        groups: dict = {}
+        for it in items:
+            groups.setdefault(max_new_tokens_for(it.task), []).append(it)
+        for n, its in groups.items():
+            sweep(lm, its, methods(a.policies), out=out, max_new_tokens=n, on_error="record", checkpoint_s=30)
         print(f"sweep done in {time.perf_counter() - t0:.0f} s")
-    s = summary(read_sweep(out))
-    pd.set_option("display.width", 250)
-    md = markdown(s)
+    df = read_sweep(out)
+    ref, warns = findings.reference_check(df)
+    comp = findings.comparisons(df)
+    parts = ["## Reference check", markdown(ref), *[f"- **{w}**" for w in warns],
+             "## Accuracy (contains, Wilson 95% CI)", markdown(findings.accuracy_table(df)),
+             "## Findings", *[f"- {s}" for s in comp["finding"]],
+             "## Timing (rule: amortised_s = method_s + shared_s / sharing)", markdown(findings.timing_table(df))]
+    squad = [it for it in items if it.task == "squad_single"]
+    if a.leap_prompts and squad:
+        steps, lp = leap_table(lm, squad, a.leap_prompts)
+        if steps is not None:
+            parts += ["## Leap specificity (recall gain per adjacent step, mean over KV groups and layers, "
+                      "held-out reference)", markdown(steps), "- " + lp.finding("0→1", "−1→0", "recall gain")]
+    md = "\n\n".join(parts)
     print(md)
     out.with_name(out.stem + "_summary.md").write_text(md + "\n")
 

@@ -49,6 +49,16 @@ def test_clean_answer_takes_first_line():
     assert math.isnan(s["contains_conflict"])
 
 
+def test_whole_reply_is_scored_not_only_the_first_line():
+    s = metrics.answer_scores("Sure! Here is the answer.\nThe lighthouse was lit in 1887.", ["1887"])
+    assert s["contains"] == 1.0 and s["em"] == 0.0 and 0 < s["f1"] < 1
+    s = metrics.answer_scores("Let me see.\n1887", ["1887"])
+    assert (s["em"], s["f1"], s["contains"]) == (1.0, 1.0, 1.0)
+    s = metrics.answer_scores("No idea.\nMaybe 1888.", ["1887"], conflict=["1888"])
+    assert (s["contains"], s["contains_conflict"]) == (0.0, 1.0)
+    assert metrics.answer_scores("", ["1887"])["contains"] == 0.0
+
+
 def test_answer_scores_parts_and_conflict():
     s = metrics.answer_scores("figs, honey and almonds", ["figs, almonds and honey"], parts=["figs", "almonds", "honey"])
     assert s["em"] == 0.0 and s["f1"] == 1.0 and s["contains"] == 1.0   # same bag of words, other order

@@ -4,23 +4,29 @@ One subprocess run (module fixture) on the embedded model; needs Debian's chromi
 """
 from __future__ import annotations
 
+import hashlib
+import html
 import json
 import math
 import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import _figure_files as ff
 import pandas as pd
 import pytest
 
+import workbench
+from workbench.analyse.stats import wilson_ci
 from workbench.study.report import SINGLE_TITLE_CHARS, WIDE, ReportConfig, summary_table
 from workbench.study.sweep import COLUMNS
 
 FIGURES = {"sink_mass", "attention_strip", "head_weights", "chunk_priorities", "trace_layers", "certificate",
            "accuracy_vs_budget", "kv_bytes_table", "kept_positions"}
-TABLES = {"trace", "priorities", "head_pooling", "items", "sweep", "summary", "needle_survival"}
+TABLES = {"trace", "priorities", "head_pooling", "items", "sweep", "summary", "needle_survival", "reference_check",
+          "accuracy", "comparisons", "timing"}
 TINY_LIMIT_S = 300  # the tiny setting takes ~1 min on a loaded 2-core machine; this catches a runaway setting
 
 
@@ -180,3 +186,57 @@ def test_config_rejects_bad_values(kw, name):
 def test_tiny_config():
     c = ReportConfig.tiny_config(max_new_tokens=5)
     assert (c.n_squad, c.n_needle, c.max_new_tokens, c.policies, c.threads, c.tiny) == (1, 1, 5, ("deferkv",), 1, True)
+
+
+def test_html_states_findings_cis_reference_and_provenance(report):
+    """The page reads as a study: a findings section with one sentence per comparison (n, CI, wins/ties/losses),
+    n and a Wilson CI for every accuracy, the reference check (loud: tiny's 3 tokens score 0), the provenance."""
+    out, _, _ = report
+    page = (out / "report.html").read_text()
+    text = lambda s: html.unescape(re.sub(r"<[^>]+>", " ", s))  # noqa: E731
+
+    def section(name):
+        i = page.index(f"<section id='{name}'>")
+        return page[i:page.index("</section>", i)]
+
+    comp = pd.read_csv(out / "tables" / "comparisons.csv")
+    sentences = re.findall(r"<li class='finding'>(.*?)</li>", section("findings"))
+    assert len(sentences) == len(comp) == 6  # (entroprefill, deferkv) vs full x (2 tasks + pooled)
+    for s, row in zip(map(html.unescape, sentences), comp.itertuples()):
+        assert s.startswith(f"{row.a} vs {row.b} on {row.scope}")
+        assert f"n = {row.n} paired prompts" in s and f"{row.wins} wins / {row.ties} ties / {row.losses} losses" in s
+        assert re.search(r"difference [+-]\d\.\d\d \[[+-]\d\.\d\d, [+-]\d\.\d\d\]", s)
+        assert "no detectable difference" in s  # every run is cut at 3 tokens: all tie at 0
+    accs = re.findall(r"<li class='accuracy'>(.*?)</li>", section("findings"))
+    acc = pd.read_csv(out / "tables" / "accuracy.csv")
+    assert len(accs) == len(acc) == 6
+    for a, row in zip(map(html.unescape, accs), acc.itertuples()):
+        assert f"(n = {row.n}, {row.right} right" in a and f"[95% CI {row.lo:.2f}, {row.hi:.2f}]" in a
+        assert row.hi == pytest.approx(wilson_ci(int(row.right), int(row.n))[1])
+    ref = text(section("reference-check"))
+    assert "REFERENCE FAILED on needle" in ref and "REFERENCE FAILED on squad_single" in ref
+    assert "0/1 prompts" in ref and "hit the max_new_tokens cap" in ref
+    prov = text(section("provenance"))
+    assert "squad-v1.1-dev-sample" in prov and "paul-graham-essays-sample" in prov and "4 articles" in prov
+    sha = hashlib.sha256((Path(workbench.__file__).parents[1] / "data" / "squad_sample.json").read_bytes()).hexdigest()
+    assert sha in prov
+    sw = pd.read_parquet(out / "tables" / "sweep.parquet")
+    assert sw["hit_cap"].all() and set(sw["meta_source"]) == {"squad-v1.1-dev-sample", "paul-graham-essays-sample"}
+    timing = pd.read_csv(out / "tables" / "timing.csv").set_index(["task", "setting"])
+    for task in ("needle", "squad_single"):
+        ev = timing.loc[(task, "deferkv @ 0.5")]
+        assert ev["method_s"] < ev["wall_s"] and ev["amortised_s"] == pytest.approx(ev["method_s"] + ev["shared_s"])
+        assert timing.loc[(task, "shared eviction prefill"), "method_s"] == pytest.approx(ev["shared_s"])
+
+
+
+def test_kv_bytes_table_never_pools_tasks_silently():
+    from workbench.show import plots
+
+    df = pd.DataFrame({"task": ["a", "a", "b", "b"], "method": ["full", "evict"] * 2, "item_id": ["1", "1", "2", "2"],
+                       "em": [1.0, 0.0, 0.0, 0.0], "kv_bytes": [2.0**20, 2.0**19, 2.0**21, 2.0**20], "error": None})
+    fr = plots.figure_frame(plots.kv_bytes_table(df))
+    assert list(fr["task"]) == ["a", "a", "b", "b"] and (fr["n"] == 1).all()
+    fig = plots.kv_bytes_table(df, by=["method"])
+    assert "pooled over 2 tasks" in fig.layout.title.text
+    assert "pooled" not in plots.kv_bytes_table(df[df.task == "a"], by=["method"]).layout.title.text

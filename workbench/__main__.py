@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -42,15 +44,36 @@ def _report(args) -> int:
               policies=tuple(args.policies) if args.policies else None,
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
               methods=tuple(args.methods) if args.methods else None, threads=args.threads,
-              progress=not args.no_progress)
+              progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler)
+    if args.items is not None and not args.tiny:  # the items replace the built-in families unless asked for
+        kw["n_squad"] = 0 if args.n_squad is None else args.n_squad
+        kw["n_needle"] = 0 if args.n_needle is None else args.n_needle
     try:
         cfg = ReportConfig.tiny_config(**kw) if args.tiny else ReportConfig(**{k: v for k, v in kw.items() if v is not None})
     except ValueError as e:  # a bad option: say which, without a traceback
         print(f"python -m workbench report: error: {e}", file=sys.stderr)
         return 2
-    res = run_report(cfg)
+    # SIGTERM stops the sweep like Ctrl-C: finished cells are saved and a partial report is written
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        res = run_report(cfg)
+    except ValueError as e:  # bad data (an items file, a filler): say where, without a traceback
+        print(f"python -m workbench report: error: {e}", file=sys.stderr)
+        _exit(2)
+    except KeyboardInterrupt:
+        print("python -m workbench report: interrupted before the sweep; nothing to report", file=sys.stderr)
+        _exit(130)
     print(res.summary())
+    if res.partial:  # every file is written; a Chromium still starting must not hold the exit
+        _exit(130)
     return 0
+
+
+def _exit(code: int) -> None:
+    """Exit now: flush, then ``os._exit`` (an export Chromium still starting would keep a normal exit waiting)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv=None) -> int:
@@ -73,7 +96,15 @@ def main(argv=None) -> int:
     r.add_argument("--n-squad", type=int, default=None, help="SQuAD single-hop prompts (default 3; tiny 1)")
     r.add_argument("--n-needle", type=int, default=None, help="needle-in-a-haystack prompts (default 3; tiny 1)")
     r.add_argument("--needle-length", type=int, default=None, help="haystack tokens (default 1024; tiny 128)")
-    r.add_argument("--max-new-tokens", type=int, default=None, help="greedy tokens per run (default 16; tiny 3)")
+    r.add_argument("--max-new-tokens", type=int, default=None,
+                   help="greedy tokens per run (default: per task, tasks.TASK_MAX_NEW_TOKENS; tiny 3)")
+    r.add_argument("--data", choices=("auto", "fetched", "sample"), default=None,
+                   help="SQuAD and essays: fetched (python -m workbench.study.datasets fetch), the bundled samples, "
+                        "or auto (fetched when cached; default)")
+    r.add_argument("--items", default=None, help="a JSONL file of TaskItems (one object per line: task, documents, "
+                                                 "query, answers, answer_doc ...); replaces the built-in families "
+                                                 "unless --n-squad / --n-needle are given")
+    r.add_argument("--filler", default=None, help="a .txt file used as the needles' haystack instead of the essays")
     r.add_argument("--methods", nargs="+", default=None, help="sweep methods (default: full entroprefill evict)")
     r.add_argument("--policies", nargs="+", default=None,
                    help="eviction policies (default: streaming h2o snapkv deferkv; tiny: deferkv)")
@@ -82,7 +113,8 @@ def main(argv=None) -> int:
     r.add_argument("--model", default=None, help="local HF folder or cached hub id (default: embedded SmolLM2)")
     r.add_argument("--device", default="auto")
     r.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's; tiny: 1, faster on a loaded machine)")
+                   help="torch CPU threads (default 1: measured fastest on the shared 2-core machine, "
+                        "benchmarks/report_threads.py)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.set_defaults(fn=_report)
     args = ap.parse_args(argv)

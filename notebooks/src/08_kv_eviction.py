@@ -97,6 +97,41 @@ panel = EvictionPanel(cap, lm, prompt, budget=64, max_new_tokens=20)
 panel.widget
 
 # %% [markdown]
+# ## Your own task family, swept and compared
+#
+# A task family is any function that returns `TaskItem`s (documents = candidate chunks, a query, gold
+# answers inside `documents[answer_doc]`). Give each item a `meta["source"]` saying where its text comes
+# from; `sweep` runs it under any methods, and `findings.comparisons` states each comparison with n,
+# wins/ties/losses, McNemar's test and a bootstrap CI. (The same items as a JSONL file, one object per
+# line, run headless: `python -m workbench report --items my_items.jsonl`.)
+
+# %%
+from workbench.study import findings
+from workbench.study.sweep import sweep
+from workbench.study.tasks import TaskItem
+
+
+def pets(n=2, seed=0):
+    """A home-made family: which pet has which name, with one distractor passage."""
+    names = ["Biscuit", "Pepper", "Juniper", "Moss"]
+    out = []
+    for i in range(n):
+        name = names[(seed + i) % len(names)]
+        docs = (f"The harbour opened in {1900 + i} and ships still dock there.",
+                f"The keeper's cat number {i} is named {name}.")
+        out.append(TaskItem(task="pets", item_id=f"pets-{seed}-{i}", documents=docs,
+                            query=f"What is the name of the keeper's cat number {i}?", answers=(name,),
+                            answer_doc=1, meta={"source": "home-made (notebook 08)"}))
+    return out
+
+
+df = sweep(lm, pets(), {"full": {}, "evict": {"policy": ["streaming", "snapkv"], "budget_frac": 0.5}},
+           max_new_tokens=12, progress=False)
+for sentence in findings.comparisons(df)["finding"]:
+    print(sentence)
+findings.reference_check(df)[0]
+
+# %% [markdown]
 # ## Checks
 #
 # The numbers this notebook talks about, recomputed from its own results, printed and asserted.
@@ -127,3 +162,5 @@ assert (abs(counts.needle_kept.values - table[evicting.values].kept_mean.values)
 assert (table[table.policy == "streaming"].kept_mean == 0).all()      # sinks + recent never reach mid-prompt
 # one footing: after eviction every policy holds B prompt entries plus the tokens generated before it
 assert (frame.kv_bytes_after[evicting] == per_entry[evicting] * (frame.budget + frame.evicted_at)[evicting]).all()
+assert len(df) == 6 and df["error"].isna().all() and set(df["meta_source"]) == {"home-made (notebook 08)"}
+assert len(findings.comparisons(df)) == 2   # streaming and snapkv, each against full context

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -199,6 +200,15 @@ def stability(R_l, R_prev) -> float:
 
 
 # ----------------------------------------------------------------------------- trace
+class AuditWarning(UserWarning):
+    """The audit of a trace cannot bind (``b >= eps_audit``, ``eps_audit = 1``, or it accepted at the first
+    monitored layer and passed everywhere): its decision then says little about the removal."""
+
+
+def _warn_unbound(msg: str) -> None:
+    warnings.warn(msg, AuditWarning, stacklevel=3)
+
+
 @dataclass
 class TraceResult:
     """Per-layer trace of the adaptive procedure (paper §5 steps 1–7).
@@ -214,8 +224,12 @@ class TraceResult:
         J: number of monitored layers.
         notes: warnings (``b > eps_audit``, no audit rows, ``k = 0``, dropped audit rows ...).
         params: the parameters.
-        pooling: ``PoolingResult`` over all layers; priorities: ``PriorityResult`` over all layers
-            (None when ``k = 0``); S: float64 ``[L, k]`` priorities used by the proposer.
+        pooling: ``PoolingResult`` over all layers.
+        priorities: the SPEC §3 ``PriorityResult`` over all layers (ℓ, κ, its ``S = ln ℓ + λκ`` and the
+            document-mass validity; None when ``k = 0``). It is the priority the proposer used only for
+            ``priority`` ``"renyi"`` and ``"mass"``; use :attr:`priority_used` for the one actually used.
+        S: float64 ``[L, k]``, the priority the proposer used (``params.priority``); the documented name is
+            :attr:`priority_used`.
         audit_rows: int64 indices (into the capture's row axis) of the audit population used.
         model_id: the capture's model identity (for figure and export metadata).
     """
@@ -240,6 +254,18 @@ class TraceResult:
     @property
     def bypass(self) -> bool:
         return self.l_star is None
+
+    @property
+    def priority_used(self) -> torch.Tensor | None:
+        """float64 ``[L, k]``: the chunk priority the proposer ranked by (``params.priority``: Rényi, mass,
+        uniform, random or head-max; lower = removed first). Not ``priorities.S`` unless the priority is
+        ``"renyi"`` or ``"mass"``."""
+        return self.S
+
+    @property
+    def priority_name(self) -> str:
+        """The name of :attr:`priority_used` (``params.priority``)."""
+        return (self.params or EntroPrefillParams()).priority
 
     @property
     def layers(self) -> list[int]:
@@ -375,11 +401,16 @@ def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = 
     b = 0.0
     if params.audit_mode == "sampled":
         b = hoeffding_b(params.m_a, params.delta, J, H_Q)
-        if b > params.eps_audit and params.eps_audit < 1.0:
+        if b >= params.eps_audit and params.eps_audit < 1.0:
             notes.append(
-                f"b = {b:.4g} > eps_audit = {params.eps_audit:.4g}: {NO_LAYER_CAN_PASS}; enlarge m_a, audit the "
+                f"b = {b:.4g} >= eps_audit = {params.eps_audit:.4g}: {NO_LAYER_CAN_PASS}; enlarge m_a, audit the "
                 "finite population exactly, relax eps_audit with an explicit scope change, or bypass pruning"
             )
+            _warn_unbound(notes[-1])
+    if params.eps_audit >= 1.0:
+        notes.append("eps_audit = 1: a row's removed mass never exceeds 1, so the audit accepts any removal "
+                     "(it cannot bind)")
+        _warn_unbound(notes[-1])
     if k == 0:
         pooling = params.pooling()(capture)
         notes.append("no candidate chunks (k = 0): ordinary inference, nothing removed")
@@ -487,6 +518,13 @@ def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = 
             rec["decision"] = "after l*: " + rec["decision"]
         records.append(rec)
 
+    audited = [r for r in records if r["audited"]]
+    if l_star is not None and l_star == layers[0] and audited and all(r["passed"] for r in audited) \
+            and params.eps_audit < 1.0:
+        notes.append(f"the audit did not bind: it accepted at the first monitored layer (l* = {l_star}) and passed "
+                     f"at every audited layer (max bound {max(r['max_audit_bound'] for r in audited):.3g} <= "
+                     f"eps_audit = {params.eps_audit:.3g}); the selection alone decided")
+        _warn_unbound(notes[-1])
     if l_star is None and too_big:
         decision = (f"bypass: the target {params.target_tokens} tokens exceeds the N = {spans.N} candidate tokens, "
                     "full prefill")

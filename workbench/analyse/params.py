@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+__all__ = ["EntroPrefillParams", "PRESETS"]
+
 from workbench.analyse.pooling import HeadPooling
 from workbench.analyse.priorities import ChunkPriorities
 from workbench.analyse.selection import GreedySelection, resolve_target
@@ -129,6 +131,16 @@ class EntroPrefillParams:
             raise ValueError(f"monitored: layers must be in [1, L-1] = [1, {L - 1}], got {bad}")
         return self.monitored
 
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "EntroPrefillParams":
+        """A named setting (:data:`PRESETS`: ``"paper"``, ``"loose"``, ``"strict"``), with ``overrides`` applied.
+
+        Read each preset's ``consequence`` before reporting results under it: ``"loose"`` lets the audit
+        accept almost any removal (``trace`` warns when it does not bind)."""
+        if name not in PRESETS:
+            raise ValueError(f"name: must be one of {sorted(PRESETS)}, got {name!r}")
+        return cls(**{**PRESETS[name]["params"], **overrides})
+
     def replace(self, **changes) -> "EntroPrefillParams":
         """A copy with ``changes`` applied (validated again); setting ``target`` clears
         ``target_tokens`` and vice versa."""
@@ -140,3 +152,25 @@ class EntroPrefillParams:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+# Named settings and what they do. Targets are fractions of the candidate tokens N (unit-safe).
+PRESETS: dict[str, dict] = {
+    "paper": {
+        "params": {},
+        "consequence": "The defaults (SPEC §2-§6): eps_row 0.05, target 0.3, exact audit at eps_audit 0.1, streak 1. "
+                       "On SmolLM2 prompts of a few hundred tokens it often bypasses (full prefill): the audit binds.",
+    },
+    "loose": {
+        "params": {"eps_row": 0.3, "target": 0.2, "streak": 0, "eps_audit": 0.5},
+        "consequence": "Row tolerance 0.3, target 0.2, no stability streak, eps_audit 0.5 (the setting of "
+                       "benchmarks/RESULTS.md's prune table). The audit tolerates half of a row's attention on the "
+                       "removed chunks, so it accepts at the first monitored layer (l* = 1) on most prompts: the "
+                       "audit does not bind and the certificate, not the audit, decides. trace() warns.",
+    },
+    "strict": {
+        "params": {"eps_row": 0.02, "target": 0.3, "streak": 2, "eps_audit": 0.05},
+        "consequence": "Row tolerance 0.02, two stable layers, eps_audit 0.05: fewer and later accepts; prunes only "
+                       "when the removal is nearly invisible to every audit row, and bypasses more often.",
+    },
+}

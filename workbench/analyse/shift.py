@@ -12,14 +12,23 @@ rows ``r = 1 … n`` (the query of the ``r``-th generated token, position ``T+r-
 - boundary leap: the recall gain across the prefill/decode boundary ``0 → 1`` against the gains
   ``1 → 2`` and ``2 → 3`` (the guide's claim is ``Δ(0→1) ≫ Δ(1→2) ≈ Δ(2→3)``).
 
-With the default ``ref_start = 1`` the reference contains rows 1, 2, 3 themselves (SPEC's definition);
-``ref_start = 4`` gives a held-out reference of later steps only, which does not favour the rows it
-is compared with. All arithmetic is float64.
+**[decided]** The default reference is **held out**: decode rows ``4 … n``, after the rows ``1 … 3`` that the leap
+compares, so it does not favour them (``ref_start=None``; a capture with at most 3 decode rows has no
+held-out rows, and then the mean of all of them is used with a :class:`ShiftWarning`). ``ref_start = 1``
+is SPEC's definition (the mean of every decode row, which contains rows 1, 2, 3 themselves).
+
+Leap specificity: :meth:`ShiftResult.step_frame` gives the recall gain of *every* adjacent step
+(``… −2→−1, −1→0, 0→1, 1→2 …``), and :func:`step_gains` its mean with a bootstrap CI across prompts
+(one result per prompt), with the paired comparison of the boundary step ``0→1`` against the last step
+inside the prompt ``−1→0`` (:func:`leap_specificity`): a leap that is a boundary effect beats the step
+before it, a tail effect does not. All arithmetic is float64.
 """
 from __future__ import annotations
 
 import math
 import numbers
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,8 +39,16 @@ from torch import Tensor
 from workbench.analyse.pooling import group_onehot
 from workbench.analyse.ranking import topk_mask
 from workbench.analyse.rows import check_capture_rows
+from workbench.analyse.stats import bootstrap_ci, paired
 
-__all__ = ["shift_rows", "group_rows", "jsd", "topk_recall", "ShiftAnalysis", "ShiftResult"]
+__all__ = ["shift_rows", "group_rows", "jsd", "topk_recall", "ShiftAnalysis", "ShiftResult", "ShiftWarning",
+           "step_gains", "leap_specificity", "HELD_OUT_AFTER"]
+
+HELD_OUT_AFTER = 3  # the leap compares decode rows 1 … 3; the held-out reference starts after them
+
+
+class ShiftWarning(UserWarning):
+    """The default held-out reference is not available (too few decode rows)."""
 
 
 def _renorm(rows: Tensor) -> Tensor:
@@ -269,6 +286,32 @@ class ShiftResult:
             parts.append(df)
         return pd.concat(parts, ignore_index=True)
 
+    def step_frame(self) -> pd.DataFrame:
+        """The recall gain of every adjacent step, per level, layer and unit.
+
+        Columns: ``level, layer, unit, r_from, r_to, step`` (``"-1→0"``), ``gain`` (recall at ``r_to`` minus
+        recall at ``r_from``), ``jsd`` (JSD between the two rows), ``boundary`` (``r_from == 0``)."""
+        parts = []
+        rr = self.r.numpy()
+        for level, rec, js in self._levels():
+            L, U, R = rec.shape
+            if R < 2:
+                continue
+            gain = (rec[..., 1:] - rec[..., :-1]).reshape(-1).numpy()
+            parts.append(pd.DataFrame({
+                "level": level,
+                "layer": np.repeat(np.arange(L), U * (R - 1)),
+                "unit": np.tile(np.repeat(np.arange(U), R - 1), L),
+                "r_from": np.tile(rr[:-1], L * U),
+                "r_to": np.tile(rr[1:], L * U),
+                "gain": gain,
+                "jsd": js.reshape(-1).numpy(),
+            }))
+        df = pd.concat(parts, ignore_index=True)
+        df["step"] = [f"{a}→{b}" for a, b in zip(df["r_from"], df["r_to"])]
+        df["boundary"] = df["r_from"] == 0
+        return df[["level", "layer", "unit", "r_from", "r_to", "step", "gain", "jsd", "boundary"]]
+
     def summary(self) -> pd.DataFrame:
         """Per level: mean recall at ``r = -1, 0, 1, 2, 3``, mean gains and JSDs (``-1→0`` … ``2→3``) and
         the fraction of (layer, unit) pairs with a boundary leap."""
@@ -292,23 +335,27 @@ class ShiftAnalysis:
 
     Attributes:
         k: top-``k`` of the recall, ``≥ 1`` (capped at ``T``).
-        ref_start: the reference is the mean of decode rows ``ref_start … ref_end``, ``≥ 1``
-            (``1`` = SPEC's mean of all decode steps; ``4`` = held out from rows ``1 … 3``).
+        ref_start: the reference is the mean of decode rows ``ref_start … ref_end``, ``≥ 1``; ``None``
+            (default): held out, ``HELD_OUT_AFTER + 1 = 4`` (after the compared rows ``1 … 3``), or ``1`` with
+            a :class:`ShiftWarning` when the reference has no row after them; ``1`` = SPEC's mean of all
+            decode steps.
         ref_end: last decode row of the reference (default ``n``; e.g. the last answer token before EOS).
         W: tail rows used (default every captured tail row), ``≥ 1``.
     """
 
     k: int = 32
-    ref_start: int = 1
+    ref_start: int | None = None
     ref_end: int | None = None
     W: int | None = None
 
     def __post_init__(self):
         for name, lo in (("k", 1), ("ref_start", 1)):
             v = getattr(self, name)
+            if name == "ref_start" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
                 raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
-        for name, lo in (("ref_end", self.ref_start), ("W", 1)):
+        for name, lo in (("ref_end", self.ref_start or 1), ("W", 1)):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo):
                 raise ValueError(f"{name}: must be None or an integer >= {lo}, got {v!r}")
@@ -338,13 +385,24 @@ class ShiftAnalysis:
                 raise ValueError("reference: must be a capture of the same prompt")
             dec = src.rows_of("decode")
             n = dec.numel()
-            if not 1 <= self.ref_start <= n:
-                raise ValueError(f"ref_start: must be in [1, {n}] (decode rows of the reference), got {self.ref_start}")
+            rs = self.ref_start
+            if rs is None:
+                last = n if self.ref_end is None else self.ref_end
+                rs = HELD_OUT_AFTER + 1
+                if last <= HELD_OUT_AFTER:
+                    rs = 1
+                    if n:
+                        warnings.warn(f"ref_start: no held-out reference (decode rows after {HELD_OUT_AFTER} needed, "
+                                      f"the reference has {last}); using decode rows 1..{last}, which contain the "
+                                      "rows compared with it (capture more decode steps)", ShiftWarning, stacklevel=2)
+            if not 1 <= rs <= n:
+                raise ValueError(f"ref_start: must be in [1, {n}] (decode rows of the reference), got {rs}")
             ref_end = n if self.ref_end is None else self.ref_end
             if ref_end > n:
-                raise ValueError(f"ref_end: must be in [{self.ref_start}, {n}] (decode rows of the reference), got {ref_end}")
-            ref = lambda: _renorm(src.attn[:, :, dec[self.ref_start - 1: ref_end], :T].to(torch.float64)).mean(2)
+                raise ValueError(f"ref_end: must be in [{rs}, {n}] (decode rows of the reference), got {ref_end}")
+            ref = lambda: _renorm(src.attn[:, :, dec[rs - 1: ref_end], :T].to(torch.float64)).mean(2)
         else:
+            rs = self.ref_start or 1
             fixed = torch.as_tensor(reference).to(torch.float64)
             if fixed.shape != (L, H, T):
                 raise ValueError(f"reference: must have shape {[L, H, T]}, got {list(fixed.shape)}")
@@ -356,7 +414,7 @@ class ShiftAnalysis:
                     _hits_every_k(prep["rank_group"], _order(group_rows(F, hg))))
 
         # kept per reference from this capture's own decode rows; another reference is computed each call
-        key = (self.ref_start, ref_end)
+        key = (rs, ref_end)
         if reference is not None:
             hits = every_k()
         elif key in prep["hits"]:
@@ -371,6 +429,55 @@ class ShiftAnalysis:
             recall_head=hits[0][..., off:, k].to(torch.float64) / k,
             recall_group=hits[1][..., off:, k].to(torch.float64) / k,
             k=k,
-            ref_start=self.ref_start,
+            ref_start=rs,
             ref_end=ref_end,
         )
+
+
+def step_gains(results: Sequence[ShiftResult], level: str = "group", *, conf: float = 0.95) -> pd.DataFrame:
+    """Leap specificity across prompts: the recall gain of every adjacent step with a bootstrap CI.
+
+    Args:
+        results: one :class:`ShiftResult` per prompt (same ``k`` and reference rule).
+        level: ``"group"`` (KV groups) or ``"head"``.
+    Returns:
+        one row per step present in every result: ``step, r_from, r_to, n`` (prompts), ``mean`` (mean over
+        prompts of the per-prompt mean gain over layers and units), ``lo, hi`` (bootstrap CI), ``median``,
+        ``larger_than_boundary`` (prompts where this step gains more than ``0→1``).
+    """
+    if level not in ("group", "head"):
+        raise ValueError(f"level: must be 'group' or 'head', got {level!r}")
+    results = list(results)
+    if not results:
+        raise ValueError("results: must hold at least one ShiftResult")
+    per = []
+    for res in results:
+        sf = res.step_frame()
+        per.append(sf[sf.level == level].groupby(["r_from", "r_to"])["gain"].mean())
+    common = sorted(set.intersection(*(set(p.index) for p in per)))
+    rows = []
+    bnd = [p.get((0, 1), math.nan) for p in per]
+    for a, b in common:
+        x = np.array([p[(a, b)] for p in per], dtype=np.float64)
+        lo, hi = bootstrap_ci(x, conf)
+        rows.append(dict(step=f"{a}→{b}", r_from=a, r_to=b, n=len(x), mean=float(x.mean()), lo=lo, hi=hi,
+                         median=float(np.median(x)),
+                         larger_than_boundary=int(sum(v > g for v, g in zip(x, bnd) if not math.isnan(g)))))
+    return pd.DataFrame(rows)
+
+
+def leap_specificity(results: Sequence[ShiftResult], level: str = "group", *, conf: float = 0.95):
+    """Paired comparison, across prompts, of the boundary step ``0→1`` against the last step inside the prompt
+    ``−1→0`` (per prompt: mean gain over layers and units): a :class:`workbench.analyse.stats.Paired`
+    (wins = prompts where the boundary step gains more); ``.finding("0→1", "−1→0", "recall gain")`` says it."""
+    st = {}
+    for res in results:
+        sf = res.step_frame()
+        g = sf[sf.level == level].groupby(["r_from", "r_to"])["gain"].mean()
+        if (0, 1) not in g.index or (-1, 0) not in g.index:
+            raise ValueError("results: every result needs rows r = -1, 0 and 1 (a tail and a decode step)")
+        st.setdefault("b", []).append(float(g[(0, 1)]))
+        st.setdefault("i", []).append(float(g[(-1, 0)]))
+    if not st:
+        raise ValueError("results: must hold at least one ShiftResult")
+    return paired(st["b"], st["i"], conf)

@@ -309,6 +309,48 @@ def _sample_path(name: str) -> Path:
     return REPO_DATA_DIR / name
 
 
+class Articles(list):
+    """SQuAD articles (a plain list) that carry their ``provenance`` (see :func:`provenance`)."""
+
+    provenance: dict = {}
+
+
+class Texts(dict):
+    """``{name: text}`` (a plain dict) that carries its ``provenance`` (see :func:`provenance`)."""
+
+    provenance: dict = {}
+
+
+def _labelled(cls, data, **prov):
+    out = cls(data)
+    out.provenance = prov
+    return out
+
+
+def _texts_digest(texts: dict) -> str:
+    h = hashlib.sha256()
+    for name in sorted(texts):
+        h.update(f"{name}:{hashlib.sha256(texts[name].encode('utf-8')).hexdigest()}\n".encode())
+    return h.hexdigest()
+
+
+def provenance(data) -> dict:
+    """Where loaded data came from: ``label`` (what items' ``meta.source`` says), ``kind`` (``fetched``,
+    ``sample``, ``file``), ``path``, ``sha256``, its size and a description; data not from a loader here
+    is ``{"label": "unlabelled", ...}``."""
+    p = getattr(data, "provenance", None)
+    if p:
+        return dict(p)
+    return {"label": "unlabelled", "kind": "in-memory", "path": None, "sha256": None,
+            "size": len(data) if hasattr(data, "__len__") else None, "description": "data passed in by the caller"}
+
+
+def _squad_size(arts) -> str:
+    n_q = sum(len(p.get("qas", ())) for a in arts for p in a.get("paragraphs", ()))
+    n_p = sum(len(a.get("paragraphs", ())) for a in arts)
+    return f"{len(arts)} articles, {n_p} paragraphs, {n_q} questions"
+
+
 def load_squad(source: str | os.PathLike = "cache") -> list[dict]:
     """SQuAD v1.1 articles (``[{"title", "paragraphs": [{"context", "qas": [...]}]}]``).
 
@@ -317,17 +359,22 @@ def load_squad(source: str | os.PathLike = "cache") -> list[dict]:
             a few articles for tests), or a path to a SQuAD-format JSON file.
     """
     if source == "cache":
-        path = source_folder(SQUAD) / "dev-v1.1.json"
+        path, kind, label = source_folder(SQUAD) / "dev-v1.1.json", "fetched", "squad-v1.1-dev"
     elif source == "sample":
-        path = _sample_path("squad_sample.json")
+        path, kind, label = _sample_path("squad_sample.json"), "sample", "squad-v1.1-dev-sample"
     elif isinstance(source, (str, os.PathLike)) and Path(source).is_file():
-        path = Path(source)
+        path, kind = Path(source), "file"
+        label = f"squad-format-file:{path.name}"
     else:
         raise ValueError(f"source: must be 'cache', 'sample' or a SQuAD JSON file, got {source!r}")
-    d = json.loads(Path(path).read_text(encoding="utf-8"))
+    raw = Path(path).read_bytes()
+    d = json.loads(raw.decode("utf-8"))
     if "data" not in d:
         raise ValueError(f"source: {path} is not in SQuAD format (no 'data' key)")
-    return d["data"]
+    desc = {"fetched": SQUAD.description, "sample": f"bundled sample of SQuAD v1.1 dev: {d.get('selection', '')}",
+            "file": "a SQuAD-format file given by the user"}[kind]
+    return _labelled(Articles, d["data"], label=label, kind=kind, path=str(path),
+                     sha256=hashlib.sha256(raw).hexdigest(), size=_squad_size(d["data"]), description=desc)
 
 
 def load_essays(source: str | os.PathLike = "cache") -> dict[str, str]:
@@ -339,13 +386,39 @@ def load_essays(source: str | os.PathLike = "cache") -> dict[str, str]:
     """
     if source == "cache":
         folder = source_folder(ESSAYS)
-        return {n[:-4]: (folder / n).read_text(encoding="utf-8") for n in sorted(ESSAYS.files)}
+        texts = {n[:-4]: (folder / n).read_text(encoding="utf-8") for n in sorted(ESSAYS.files)}
+        return _labelled(Texts, texts, label="paul-graham-essays", kind="fetched", path=str(folder),
+                         sha256=_texts_digest(texts), size=f"{len(texts)} essays", description=ESSAYS.description)
     if source == "sample":
-        d = json.loads(_sample_path("essays_sample.json").read_text(encoding="utf-8"))
-        return dict(sorted(d["essays"].items()))
+        path = _sample_path("essays_sample.json")
+        d = json.loads(path.read_text(encoding="utf-8"))
+        texts = dict(sorted(d["essays"].items()))
+        return _labelled(Texts, texts, label="paul-graham-essays-sample", kind="sample", path=str(path),
+                         sha256=_texts_digest(texts), size=f"{len(texts)} essays ({', '.join(texts)})",
+                         description=f"bundled sample of the Paul Graham essays: {d.get('selection', '')}")
     if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
-        return {p.stem: p.read_text(encoding="utf-8") for p in sorted(Path(source).glob("*.txt"))}
+        texts = {p.stem: p.read_text(encoding="utf-8") for p in sorted(Path(source).glob("*.txt"))}
+        return _labelled(Texts, texts, label=f"text-folder:{Path(source).name}", kind="file", path=str(source),
+                         sha256=_texts_digest(texts), size=f"{len(texts)} texts",
+                         description="a folder of .txt files given by the user")
     raise ValueError(f"source: must be 'cache', 'sample' or a folder of .txt essays, got {source!r}")
+
+
+def load_filler(path: str | os.PathLike) -> Texts:
+    """One ``.txt`` file as a needle haystack ``{stem: text}``, labelled ``filler:<file name>`` with its sha256."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"filler: must be a readable .txt file, got {str(path)!r}")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"filler: {path} is not UTF-8 text ({e})") from None
+    if not text.strip():
+        raise ValueError(f"filler: {path} is empty")
+    return _labelled(Texts, {path.stem: text}, label=f"filler:{path.name}", kind="file", path=str(path),
+                     sha256=hashlib.sha256(raw).hexdigest(), size=f"{len(text)} characters",
+                     description="a text file given by the user as needle filler")
 
 
 # ----------------------------------------------------------------------------- samples in data/

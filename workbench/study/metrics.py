@@ -6,7 +6,10 @@ normalised words; the maximum over the gold answers). Scores here are fractions 
 (torchmetrics reports percentages). ``contains`` asks whether a normalised gold answer occurs as a
 whole-word run inside the normalised prediction, which suits chatty replies ("The answer is 1887.").
 
-The prediction is first reduced by :func:`clean_answer` (the first non-empty line, stripped).
+The whole reply is scored, not only its first line: ``contains`` (and ``contains_conflict``) read every
+line; EM and F1 take the best of the whole reply and each of its non-empty lines (a chatty model often
+puts the answer on the second line, "Sure!\n1887"). :func:`clean_answer` (the first non-empty line) is
+kept for display.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ try:  # the official SQuAD normalisation, as shipped by torchmetrics
 except ImportError:  # pragma: no cover - a torchmetrics without the private helper
     _tm_normalize = None
 
-__all__ = ["normalize_answer", "clean_answer", "exact_match", "f1_score", "contains_answer", "contains_all",
+__all__ = ["string_match_all", "string_match_part", "normalize_answer", "clean_answer", "exact_match", "f1_score", "contains_answer", "contains_all",
            "first_token_agreement", "answer_scores", "squad_scores"]
 
 
@@ -89,6 +92,22 @@ def contains_all(prediction: str, parts: Sequence[str]) -> float:
     return float(all(_contains(p, g) for g in parts))
 
 
+def string_match_all(prediction: str, references: Sequence[str]) -> float:
+    """RULER's official scorer for tasks whose references are all wanted: the fraction of ``references``
+    that occur (case-insensitive substring) anywhere in the whole reply."""
+    refs = _golds(list(references))
+    p = str(prediction).lower()
+    return sum(r.lower() in p for r in refs) / len(refs)
+
+
+def string_match_part(prediction: str, references: Sequence[str]) -> float:
+    """RULER's official scorer for tasks with alternative answers: 1.0 when any reference occurs
+    (case-insensitive substring) anywhere in the whole reply."""
+    refs = _golds(list(references))
+    p = str(prediction).lower()
+    return float(any(r.lower() in p for r in refs))
+
+
 def first_token_agreement(ids: Sequence[int], reference_ids: Sequence[int] | None) -> float:
     """1.0 when the first generated token equals the reference's (full context), 0.0 when not,
     NaN when either run generated nothing or there is no reference."""
@@ -97,8 +116,19 @@ def first_token_agreement(ids: Sequence[int], reference_ids: Sequence[int] | Non
     return float(int(ids[0]) == int(reference_ids[0]))
 
 
+def _candidates(prediction: str) -> list[str]:
+    """The whole reply (stripped) and each non-empty line of it, distinct, in order."""
+    whole = str(prediction).strip()
+    lines = [ln.strip() for ln in whole.splitlines() if ln.strip()]
+    return list(dict.fromkeys([whole, *lines])) or [""]
+
+
 def answer_scores(prediction: str, answers, *, parts: Sequence[str] = (), conflict: Sequence[str] = ()) -> dict:
-    """EM, F1 and contains of one reply against its gold answers (after :func:`clean_answer`).
+    """EM, F1 and contains of one whole reply against its gold answers.
+
+    ``contains`` reads the whole reply (every line); EM and F1 are the maxima over the whole reply and
+    each of its non-empty lines. ``match`` is RULER's scorer (:func:`string_match_all` over ``parts`` when
+    given, else :func:`string_match_part` over ``answers``), a fraction for partial recall of the parts.
 
     Args:
         prediction: the decoded reply.
@@ -107,10 +137,13 @@ def answer_scores(prediction: str, answers, *, parts: Sequence[str] = (), confli
         conflict: for contradictory items, the planted wrong answers: ``contains_conflict`` says
             whether the reply carries one (NaN when there are none).
     """
-    pred = clean_answer(prediction)
-    s = _squad_one(pred, answers)
+    cands = _candidates(prediction)
+    scored = [_squad_one(c, answers) for c in cands]
+    s = {"em": max(x["em"] for x in scored), "f1": max(x["f1"] for x in scored)}
+    pred = cands[0]
     s["contains"] = contains_all(pred, parts) if parts else contains_answer(pred, answers)
     s["contains_conflict"] = contains_answer(pred, conflict) if conflict else math.nan
+    s["match"] = string_match_all(pred, parts) if parts else string_match_part(pred, answers)
     return s
 
 
@@ -120,4 +153,4 @@ def squad_scores(predictions: Sequence[str], answers: Sequence[Sequence[str]]) -
     if len(predictions) != len(answers):
         raise ValueError(f"answers: must have one entry per prediction ({len(predictions)}), got {len(answers)}")
     return pd.DataFrame([answer_scores(p, a) for p, a in zip(predictions, answers)],
-                        columns=["em", "f1", "contains", "contains_conflict"]).drop(columns="contains_conflict")
+                        columns=["em", "f1", "contains"])

@@ -7,10 +7,19 @@ The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
    its analysis: the 7-step EntroPrefill trace (``audit.trace``: pooling, chunk priorities, selection with
    the certificate, audit). Figures: sink mass, one head's attention strip, head weights, chunk
    priorities at the decision layer, certificate, per-layer trace.
-2. **sweep** — SQuAD single-hop prompts (``data/squad_sample.json``) and needle-in-a-haystack prompts
-   built from the essays sample, under the methods ``full``, ``entroprefill`` and ``evict`` (every
-   eviction policy in ``policies`` at every budget fraction), scored with EM / F1 / contains
-   (:func:`workbench.study.sweep.sweep`). Figures: accuracy vs budget, accuracy / KV-bytes table.
+2. **sweep** — SQuAD single-hop prompts and needle-in-a-haystack prompts (``data``: the fetched SQuAD dev
+   set and essays when they are in the cache, else the bundled samples, labelled as samples; ``filler``:
+   another haystack text; ``items``: your own JSONL items), under the methods ``full``, ``entroprefill``
+   and ``evict`` (every eviction policy in ``policies`` at every budget fraction), scored over the whole
+   reply with EM / F1 / contains (:func:`workbench.study.sweep.sweep`), each family with its own
+   ``max_new_tokens`` (``tasks.TASK_MAX_NEW_TOKENS``; replies that use them all are flagged ``hit_cap``).
+   The sweep writes ``tables/sweep.parquet`` after every cell and resumes from it: a re-run recomputes no
+   finished cell, and an interrupted run (Ctrl-C, SIGTERM) still writes a report marked **partial**.
+   Figures: accuracy vs budget, accuracy / KV-bytes table (per task).
+   **Findings** (:mod:`workbench.study.findings`): the reference check (full-context accuracy with its
+   Wilson CI, and a loud warning when it is too low), one sentence per comparison with paired statistics
+   (n, wins/ties/losses, McNemar, bootstrap CI of the difference), accuracy conditional on the reference
+   being right, and the timing rule (shared eviction prefill as its own row, amortised over its cells).
 3. **needle eviction** — the first needle prompt under every policy from one shared prefill
    (``eviction.run_policies``) and how many of the needle's tokens each cache kept
    (``eviction.survival_table``). Figure: kept positions per policy.
@@ -27,7 +36,7 @@ Every file is written atomically (temporary file + ``os.replace``).
 from __future__ import annotations
 
 import datetime as _dt
-import html
+import hashlib
 import io
 import json
 import math
@@ -35,36 +44,40 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
-import plotly.io as pio
 import torch
-from plotly.offline import get_plotlyjs
 from tqdm.auto import tqdm
 
 import workbench.study.datasets as datasets
+import workbench.study.findings as fnd
+import workbench.study.methods as methods
 import workbench.study.tasks as tasks
 from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
 from workbench.capture import RowSet, run_capture
 from workbench.checks import check_bool, check_device
 from workbench.rerun import eviction
-from workbench.rerun.eviction import POLICY_BY_NAME
 from workbench.run.examples import load_example
 from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show.export import _versions, prompt_hash
-from workbench.study.sweep import sweep
-from workbench.study.tasks import items_frame
+from workbench.study.report_html import write_html
+from workbench.study.sweep import expand_grid, read_sweep, sweep
+from workbench.study.tasks import items_frame, max_new_tokens_for
 from workbench.util import atomic_write_bytes, jsonable
 
 __all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write_html", "write_table"]
 
 DEFAULT_POLICIES = ("streaming", "h2o", "snapkv", "deferkv")
 METHODS = ("full", "entroprefill", "evict")
+DATA = ("auto", "sample", "fetched")
+# torch threads of the report: benchmarks/report_threads.py on the shared 2-core machine (see RESULTS.md)
+DEFAULT_THREADS = 1
 
 
 # ----------------------------------------------------------------------------- settings
@@ -80,15 +93,22 @@ class ReportConfig:
         n_needle: needle prompts (needle depths spread over ``[0.1, 0.9]``) [int >= 0]; ``n_squad + n_needle >= 1``.
         needle_length: haystack length in tokens [int in [64, 8192]].
         n_distractors: SQuAD distractor paragraphs per prompt [int >= 1].
-        max_new_tokens: greedy tokens per run [int >= 1].
+        max_new_tokens: greedy tokens per run [int >= 1]; ``None``: each family's own
+            (``tasks.TASK_MAX_NEW_TOKENS``, 32 for custom items).
+        data: ``"fetched"`` (the cached SQuAD dev set and essays; ``python -m workbench.study.datasets
+            fetch``), ``"sample"`` (the bundled samples: 4 SQuAD articles, 5 essays) or ``"auto"`` (fetched
+            when cached, else the samples); the report header says which.
+        items: a JSONL file of TaskItems (``tasks.load_items``) run beside (or, with ``n_squad = n_needle =
+            0``, instead of) the built-in families.
+        filler: a ``.txt`` file used as the needles' haystack instead of the essays.
         methods: sweep methods, a subset of ``("full", "entroprefill", "evict")``.
         policies: eviction policies for ``evict`` and the needle survival table (``eviction.POLICY_BY_NAME``).
         budget_fracs: eviction budgets as fractions of the prompt length [each in (0, 1]].
         entroprefill: EntroPrefill parameters for the sweep's ``entroprefill`` cells (``{}``: defaults).
         capture_tail, capture_decode: rows of the example capture (prompt tail, decode steps) [ints >= 0].
         seed: task-building and run seed [int >= 0].
-        threads: torch CPU threads for the run (``None``: torch's default). On a loaded machine one thread is
-            several times faster than oversubscribed OpenMP threads; the tiny setting uses 1.
+        threads: torch CPU threads for the run [None: torch's default, or int >= 1]; default
+            ``DEFAULT_THREADS`` (1: measured fastest on the shared 2-core machine, ``benchmarks/report_threads.py``).
         widths: export width per figure name (others: :func:`export_width`).
         progress: show tqdm progress bars.
     """
@@ -100,7 +120,10 @@ class ReportConfig:
     n_needle: int = 3
     needle_length: int = 1024
     n_distractors: int = 4
-    max_new_tokens: int = 16
+    max_new_tokens: int | None = None
+    data: str = "auto"
+    items: Path | None = None
+    filler: Path | None = None
     methods: tuple[str, ...] = METHODS
     policies: tuple[str, ...] = DEFAULT_POLICIES
     budget_fracs: tuple[float, ...] = (0.25, 0.5)
@@ -108,7 +131,7 @@ class ReportConfig:
     capture_tail: int = 32
     capture_decode: int = 4
     seed: int = 0
-    threads: int | None = None
+    threads: int | None = DEFAULT_THREADS
     widths: dict = field(default_factory=dict)
     progress: bool = True
     tiny: bool = False
@@ -136,22 +159,33 @@ class ReportConfig:
                              ("n_distractors", 1, 20), ("max_new_tokens", 1, 4096), ("capture_tail", 0, 4096),
                              ("capture_decode", 0, 256), ("seed", 0, 2**31 - 1)):
             v = getattr(self, name)
+            if name == "max_new_tokens" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}: must be an integer in [{lo}, {hi}], got {v!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
                                          or not 1 <= self.threads <= 1024):
             raise ValueError(f"threads: must be None or an integer in [1, 1024], got {self.threads!r}")
-        if self.n_squad + self.n_needle < 1:
-            raise ValueError("n_squad: n_squad + n_needle must be >= 1 (the study needs a prompt)")
+        if self.data not in DATA:
+            raise ValueError(f"data: must be one of {DATA}, got {self.data!r}")
+        for name in ("items", "filler"):
+            v = getattr(self, name)
+            if v is not None:
+                object.__setattr__(self, name, Path(v))
+                if not Path(v).is_file():
+                    raise ValueError(f"{name}: must be an existing file, got {str(v)!r}")
+        if self.n_squad + self.n_needle < 1 and self.items is None:
+            raise ValueError("n_squad: n_squad + n_needle must be >= 1 when no items file is given (the study "
+                             "needs a prompt)")
         methods = tuple(self.methods)
         if not methods or any(m not in METHODS for m in methods) or len(set(methods)) != len(methods):
             raise ValueError(f"methods: must be distinct entries of {METHODS}, got {self.methods!r}")
         object.__setattr__(self, "methods", methods)
 
         pols = tuple(self.policies)
-        bad = [p for p in pols if p not in POLICY_BY_NAME or p == "full"]
+        bad = [p for p in pols if p not in eviction.POLICY_BY_NAME or p == "full"]
         if bad or len(set(pols)) != len(pols):
-            raise ValueError(f"policies: must be distinct entries of {sorted(set(POLICY_BY_NAME) - {'full'})}, "
+            raise ValueError(f"policies: must be distinct entries of {sorted(set(eviction.POLICY_BY_NAME) - {'full'})}, "
                              f"got {self.policies!r}")
         if "evict" in methods and not pols:
             raise ValueError("policies: the 'evict' method needs at least one policy")
@@ -167,7 +201,8 @@ class ReportConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["out"] = str(self.out)
+        for k in ("out", "items", "filler"):
+            d[k] = None if d[k] is None else str(d[k])
         return d
 
 
@@ -182,11 +217,13 @@ class ReportResult:
     figures: dict
     tables: dict
     timings: dict
+    partial: bool = False
 
     def summary(self) -> str:
         n_fig = sum(len(v) for v in self.figures.values())
         n_tab = sum(len(v) for v in self.tables.values())
-        return (f"wrote {self.html}\n  figures: {self.out / 'figures'} ({len(self.figures)} figures, {n_fig} files)\n"
+        head = "PARTIAL report (the sweep was interrupted; re-run to resume)\n" if self.partial else ""
+        return (f"{head}wrote {self.html}\n  figures: {self.out / 'figures'} ({len(self.figures)} figures, {n_fig} files)\n"
                 f"  tables:  {self.out / 'tables'} ({len(self.tables)} tables, {n_tab} files)\n"
                 f"  manifest: {self.manifest}\n  total {self.timings.get('total', float('nan')):.1f} s")
 
@@ -261,18 +298,40 @@ def export_width(name: str, fig) -> str:
     return "double" if name in WIDE or len(plain) > SINGLE_TITLE_CHARS else "single"
 
 
-def _items(cfg: ReportConfig, tokenizer):
+def _data_source(cfg: ReportConfig) -> str:
+    """``"cache"`` or ``"sample"`` for the datasets loaders (``auto``: the cache when both sources are fetched)."""
+    if cfg.data == "fetched":
+        return "cache"
+    if cfg.data == "sample":
+        return "sample"
+    return "cache" if datasets.is_fetched("squad") and datasets.is_fetched("essays") else "sample"
 
-    items = []
+
+def _items(cfg: ReportConfig, tokenizer) -> tuple[list, list[dict]]:
+    """The study's items and the provenance of every source they come from (label, kind, path, sha256, size,
+    items used)."""
+    items, sources = [], []
+    src = _data_source(cfg)
     if cfg.n_squad:
-        items += tasks.squad_single(datasets.load_squad("sample"), n=cfg.n_squad, n_distractors=cfg.n_distractors,
-                                    seed=cfg.seed)
+        arts = datasets.load_squad(src)
+        new = tasks.squad_single(arts, n=cfg.n_squad, n_distractors=cfg.n_distractors, seed=cfg.seed)
+        items += new
+        sources.append({**datasets.provenance(arts), "task": "squad_single", "items": len(new)})
     if cfg.n_needle:
         n = cfg.n_needle
         depths = (0.5,) if n == 1 else tuple(round(0.1 + 0.8 * i / (n - 1), 3) for i in range(n))
-        items += tasks.needle(tokenizer, datasets.load_essays("sample"), lengths=(cfg.needle_length,), depths=depths,
-                              n=1, seed=cfg.seed)
-    return items
+        hay = datasets.load_filler(cfg.filler) if cfg.filler is not None else datasets.load_essays(src)
+        new = tasks.needle(tokenizer, hay, lengths=(cfg.needle_length,), depths=depths, n=1, seed=cfg.seed)
+        items += new
+        sources.append({**datasets.provenance(hay), "task": "needle", "items": len(new)})
+    if cfg.items is not None:
+        new = tasks.load_items(cfg.items)
+        items += new
+        prov = {"label": new[0].meta["source"], "kind": "file", "path": str(cfg.items),
+                "sha256": hashlib.sha256(cfg.items.read_bytes()).hexdigest(), "size": f"{len(new)} items",
+                "description": "TaskItems given by the user (JSONL)"}
+        sources.append({**prov, "task": ", ".join(sorted({it.task for it in new})), "items": len(new)})
+    return items, sources
 
 
 def _method_grid(cfg: ReportConfig) -> dict:
@@ -293,7 +352,7 @@ def _sweep_figures(df: pd.DataFrame, model_id: str) -> dict:
     d = df.copy()
     pol = d["p_policy"] if "p_policy" in d.columns else pd.Series([None] * len(d), index=d.index)
     d["line"] = [p if m == "evict" and isinstance(p, str) else m for m, p in zip(d["method"], pol)]
-    by = ["method"] + [c for c in ("p_policy", "p_budget_frac", "p_budget") if c in d.columns]
+    by = ["task", "method"] + [c for c in ("p_policy", "p_budget_frac", "p_budget") if c in d.columns]  # per task
     return {"accuracy_vs_budget": plots.accuracy_vs_budget(d, metric="contains", x="retained_fraction", by="line",
                                                            model_id=model_id),
             "kv_bytes_table": plots.kv_bytes_table(d, by=by, metrics=["em", "f1", "contains"], model_id=model_id)}
@@ -305,16 +364,48 @@ def _needle_sentence(item) -> str:
     return m.group(0) if m else item.answers[0]
 
 
+def _run_sweep(cfg: ReportConfig, lm, items, path: Path) -> tuple[pd.DataFrame, bool]:
+    """The study's sweep, one call per decode length (each family its own ``max_new_tokens``), resuming from
+    and writing to ``path`` after every cell, under one progress bar with an ETA over the whole study.
+    Returns ``(rows of this study's grid, interrupted)``: Ctrl-C / SIGTERM stops it with every finished
+    cell saved."""
+    grid = _method_grid(cfg)
+    groups: dict[int, list] = {}
+    for it in items:
+        groups.setdefault(cfg.max_new_tokens or max_new_tokens_for(it.task), []).append(it)
+    keys = {c.key(lm.model_id, n) for n, its in groups.items() for c in expand_grid(its, grid, (cfg.seed,))}
+    old = read_sweep(path) if path.exists() else pd.DataFrame(columns=["cell", "error"])
+    done = set(old.loc[old["error"].isna(), "cell"]) & keys if len(old) else set()
+    bar = tqdm(total=len(keys), initial=len(done), desc="study", unit="cell", disable=not cfg.progress,
+               smoothing=0.1)
+    interrupted = False
+    ev = grid.get("evict")  # batched decoding: each prompt's evictions decode together from its shared prefill
+    methods.plan_evict_batches(items, [{"policy": p, "budget_frac": f} for p in ev["policy"] for f in ev["budget_frac"]]
+                               if ev else [])
+    try:
+        for n, its in groups.items():
+            sweep(lm, its, grid, seeds=(cfg.seed,), out=path, max_new_tokens=n, progress=False, on_error="record",
+                  checkpoint_s=0.0, on_row=lambda row: bar.update(1))
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+        methods.plan_evict_batches([], [])
+    df = read_sweep(path) if path.exists() else pd.DataFrame(columns=["cell"])
+    df = df[df["cell"].isin(keys)].reset_index(drop=True) if len(df) else df
+    return df, interrupted or len(df) < len(keys)
+
+
 def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     """Run the study of ``cfg`` and write the report (see the module docstring); ``lm``: a loaded model to
-    use instead of loading ``cfg.model``."""
-
+    use instead of loading ``cfg.model``. An interrupted sweep still writes the report, marked partial
+    (``ReportResult.partial``; the figures are then not exported), and a re-run resumes it."""
 
     cfg = cfg or ReportConfig()
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
     out = cfg.out
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "tables").mkdir(parents=True, exist_ok=True)
     # Chromium starts while the model loads (figure export needs it at the end)
     server_error: list[BaseException] = []
 
@@ -327,82 +418,73 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     server_thread = threading.Thread(target=start_server, daemon=True, name="report-kaleido")
     server_thread.start()
 
-    stages = ["load model", "capture + analysis", "sweep", "needle eviction", "export figures", "tables + html"]
-    bar = tqdm(total=len(stages), desc="report", unit="stage", disable=not cfg.progress)
-
-    def stage(name):
-        bar.set_postfix_str(name)
-        return time.perf_counter()
-
     figures: dict = {}
     tables: dict[str, pd.DataFrame] = {}
     notes: dict[str, str] = {}
+    info_extra: dict = {}
+
+    def timed(name: str, fn: Callable):
+        t0 = time.perf_counter()
+        r = fn()
+        timings[name] = time.perf_counter() - t0
+        return r
 
     threads_before = torch.get_num_threads()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
     try:
-        # 1. model
-        t0 = stage("load model")
         if lm is None:
-
-            lm = load_model(cfg.model, device=cfg.device, progress=cfg.progress)
-        timings["load_model"] = time.perf_counter() - t0
-        bar.update(1)
-
-        # 2. capture + analysis of the bundled example
-        t0 = stage("capture + analysis")
-        figures_c, tables_c, notes_c, prompt_info = _capture_part(cfg, lm)
+            lm = timed("load_model", lambda: load_model(cfg.model, device=cfg.device, progress=cfg.progress))
+        figures_c, tables_c, notes_c, prompt_info = timed("capture_analysis", lambda: _capture_part(cfg, lm))
         figures.update(figures_c)
         tables.update(tables_c)
         notes.update(notes_c)
-        timings["capture_analysis"] = time.perf_counter() - t0
-        bar.update(1)
 
-        # 3. sweep
-        t0 = stage("sweep")
-
-        items = _items(cfg, lm.tokenizer)
-        df = sweep(lm, items, _method_grid(cfg), seeds=(cfg.seed,), max_new_tokens=cfg.max_new_tokens,
-                   progress=cfg.progress, on_error="record")
+        items, sources = _items(cfg, lm.tokenizer)
+        df, partial = timed("sweep", lambda: _run_sweep(cfg, lm, items, out / "tables" / "sweep.parquet"))
         tables["items"] = items_frame(items)
         tables["sweep"] = df
         tables["summary"] = summary_table(df)
+        _findings(df, tables, notes, info_extra)
+        mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
         notes["sweep"] = (f"{len(items)} prompts × methods {list(cfg.methods)} (evict: policies {list(cfg.policies)} "
-                          f"at budget fractions {list(cfg.budget_fracs)}), {cfg.max_new_tokens} greedy tokens; "
-                          f"{int(df['error'].map(lambda e: isinstance(e, str)).sum())} runs with errors.")
-        figures.update(_sweep_figures(df, lm.model_id))
-        timings["sweep"] = time.perf_counter() - t0
-        bar.update(1)
+                          f"at budget fractions {list(cfg.budget_fracs)}), max_new_tokens {mnt} (per task); "
+                          f"{len(df)} runs, {int(df['error'].map(lambda e: isinstance(e, str)).sum()) if len(df) else 0}"
+                          f" with errors, {int(df['hit_cap'].sum()) if len(df) else 0} replies hit the cap.")
+        if len(df):
+            figures.update(_sweep_figures(df, lm.model_id))
+            notes["accuracy_vs_budget"] = ("Mean contains-accuracy ± its standard error over prompts; n per "
+                                           "point: " + _n_note(df) + ". Confidence intervals: the accuracy table.")
+            notes["kv_bytes_table"] = "Means per task (tasks are not pooled) with the n of each row."
 
-        # 4. needle eviction: survival of the needle's tokens per policy
-        t0 = stage("needle eviction")
         needles = [it for it in items if it.task == "needle"]
-        if needles:
-            f_n, t_n, note = _needle_part(cfg, lm, needles[0])
+        if needles and not partial:
+            f_n, t_n, note = timed("needle_eviction", lambda: _needle_part(cfg, lm, needles[0]))
             figures.update(f_n)
             tables.update(t_n)
             notes["needle_survival"] = note
-        timings["needle_eviction"] = time.perf_counter() - t0
-        bar.update(1)
 
-        # 5. figures for papers
-        t0 = stage("export figures")
-        server_thread.join()
-        if server_error:
-            raise server_error[0]
-        widths = {n: cfg.widths.get(n, export_width(n, f)) for n, f in figures.items()}
-        fig_files = ex.export_all(figures, out / "figures", widths=widths, prompt_hash=prompt_info.get("prompt_hash"),
-                                  progress=cfg.progress)
-        timings["export"] = time.perf_counter() - t0
-        bar.update(1)
+        fig_files: dict = {}
+        if partial:  # an interrupted run writes its page quickly: no figure export
+            _stop_server(server_thread)
+        else:
+            server_thread.join()
+            if server_error:
+                raise server_error[0]
+            widths = {n: cfg.widths.get(n, export_width(n, f)) for n, f in figures.items()}
+            fig_files = timed("export", lambda: ex.export_all(figures, out / "figures", widths=widths,
+                                                              prompt_hash=prompt_info.get("prompt_hash"),
+                                                              progress=cfg.progress))
 
-        # 6. tables and the HTML page
-        t0 = stage("tables + html")
-        table_files = {name: write_table(t, out / "tables", name) for name, t in tables.items()}
-        timings["tables_html"] = time.perf_counter() - t0  # the html below is quick
+        t0 = time.perf_counter()
+        table_files = {name: write_table(t, out / "tables", name) for name, t in tables.items() if name != "sweep"}
+        if len(df):  # the sweep's own parquet stays the resumable store; its csv is written beside it
+            csv = out / "tables" / "sweep.csv"
+            atomic_write_bytes(csv, df.to_csv(index=False).encode("utf-8"))
+            table_files["sweep"] = [csv, out / "tables" / "sweep.parquet"]
+        timings["tables_html"] = time.perf_counter() - t0
         timings["total"] = time.perf_counter() - t_start
-        info = _run_info(cfg, lm, prompt_info, timings)
+        info = {**_run_info(cfg, lm, prompt_info, timings), "sources": sources, "partial": partial, **info_extra}
         html_path = write_html(out / "report.html", figures, tables, fig_files, table_files, info, notes)
         timings["total"] = time.perf_counter() - t_start
         manifest = out / "manifest.json"
@@ -410,12 +492,51 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
                "figures": {n: [str(p.relative_to(out)) for p in ps] for n, ps in fig_files.items()},
                "tables": {n: [str(p.relative_to(out)) for p in ps] for n, ps in table_files.items()}}
         atomic_write_bytes(manifest, (json.dumps(jsonable(man), indent=2, ensure_ascii=False) + "\n").encode())
-        bar.update(1)
+    except BaseException:
+        _stop_server(server_thread)
+        raise
     finally:
-        bar.close()
         torch.set_num_threads(threads_before)
     return ReportResult(out=out, html=html_path, manifest=manifest, figures=fig_files, tables=table_files,
-                        timings=timings)
+                        timings=timings, partial=partial)
+
+
+def _stop_server(server_thread: threading.Thread, wait_s: float = 20.0) -> None:
+    """Stop the figure-export Chromium of an unfinished report once it has started (a running one keeps the
+    interpreter from exiting); one still starting after ``wait_s`` is left to the caller (the command line
+    exits with ``os._exit``)."""
+    server_thread.join(timeout=wait_s)
+    if not server_thread.is_alive():
+        ex.shutdown_server()
+
+
+def _n_note(df: pd.DataFrame) -> str:
+    d = fnd.with_settings(df)
+    g = d.groupby("setting")["item_id"].nunique()
+    return ", ".join(f"{k} {v}" for k, v in g.items())
+
+
+def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict) -> None:
+    """The reference check, the comparisons with their sentences, accuracies with Wilson CIs and the timing rule."""
+    ref, warns = fnd.reference_check(df)
+    comp = fnd.comparisons(df)
+    tables["reference_check"] = ref
+    tables["accuracy"] = fnd.accuracy_table(df)
+    tables["comparisons"] = comp.drop(columns=["finding"], errors="ignore")
+    tables["timing"] = fnd.timing_table(df)
+    info["reference_warnings"] = warns
+    info["findings"] = list(comp["finding"]) if len(comp) else []
+    notes["reference_check"] = ("Full-context (reference) accuracy per task, contains metric, with its 95% Wilson "
+                                f"interval; a task needs >= {fnd.MIN_REFERENCE_ACCURACY:.0%} and >= "
+                                f"{fnd.MIN_REFERENCE_RIGHT} right answers for comparisons against it to mean much.")
+    notes["accuracy"] = "Contains-accuracy per task and setting: right/n with the 95% Wilson interval (lo, hi)."
+    notes["comparisons"] = ("Paired comparisons (same prompts): wins/ties/losses, McNemar exact p, mean difference "
+                            "with its 95% bootstrap CI; cond_*: accuracy where the reference is right.")
+    notes["timing"] = ("Timing rule: wall_s charges the shared eviction prefill (and the batched decode of a prompt's "
+                       "evictions) to the cell that ran it; method_s is each cell's own work, a batched eviction's "
+                       "being the batch time divided by the batch size; amortised_s = method_s + shared_s / sharing "
+                       "(cells of the prompt that evict from the same prefill); the 'shared eviction prefill' row "
+                       "is that step alone.")
 
 
 def _capture_part(cfg: ReportConfig, lm):
@@ -458,7 +579,8 @@ def _needle_part(cfg: ReportConfig, lm, item):
     prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
     pols = [eviction.policy_from_params("full")] + [eviction.policy_from_params(p) for p in cfg.policies]
     budgets = sorted({max(1, math.ceil(f * prompt.T)) for f in cfg.budget_fracs})
-    results = eviction.run_policies(lm, prompt, pols, budgets, cfg.max_new_tokens, progress=cfg.progress)
+    results = eviction.run_policies(lm, prompt, pols, budgets, cfg.max_new_tokens or max_new_tokens_for(item.task),
+                                      progress=cfg.progress)
     sentence = _needle_sentence(item)
     positions = eviction.token_positions(prompt, lm.tokenizer, sentence)
     surv = eviction.survival_table(results, positions, answer=item.answers[0])
@@ -476,69 +598,3 @@ def _run_info(cfg: ReportConfig, lm, prompt_info: dict, timings: dict) -> dict:
             "dtype": str(lm.dtype).replace("torch.", ""),
             "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "config": cfg.to_dict(), "versions": _versions(), "example": prompt_info}
-
-
-# ----------------------------------------------------------------------------- html
-_CSS = """
-body{font-family:"DejaVu Sans","Liberation Sans",Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-h1{font-size:1.6em}h2{font-size:1.25em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
-h3{font-size:1.05em;margin-bottom:.2em}.note{color:#555;font-size:.92em}.files a{margin-right:.6em;font-size:.9em}
-table.data{border-collapse:collapse;font-size:.8em;margin:.5em 0}table.data td,table.data th{border:1px solid #ddd;
-padding:2px 6px;text-align:right}table.data th{background:#f4f4f4}.scroll{max-height:420px;overflow:auto}
-dl.meta{display:grid;grid-template-columns:max-content auto;gap:.2em 1em;font-size:.9em}dl.meta dt{font-weight:bold}
-nav a{margin-right:.8em}
-"""
-MAX_HTML_ROWS = 200
-
-
-def _table_html(df: pd.DataFrame) -> str:
-    show = df.head(MAX_HTML_ROWS).copy()
-    for c in show.columns:  # long lists (generated ids) and floats kept readable
-        if show[c].dtype == object:
-            show[c] = show[c].map(lambda v: (str(v)[:80] + "…") if isinstance(v, (list, tuple, str)) and len(str(v)) > 80
-                                  else v)
-    h = show.to_html(index=False, classes="data", border=0, escape=True, na_rep="", float_format=lambda v: f"{v:.4g}")
-    more = f"<p class='note'>first {MAX_HTML_ROWS} of {len(df)} rows</p>" if len(df) > MAX_HTML_ROWS else ""
-    return f"<div class='scroll'>{h}</div>{more}"
-
-
-def write_html(path, figures: dict, tables: dict, fig_files: dict, table_files: dict, info: dict,
-               notes: dict | None = None) -> Path:
-    """One self-contained HTML page: plotly.js inlined once, each figure as an interactive div with links to
-    its exported files, each table as HTML with links to its CSV/parquet. Written atomically."""
-
-    path = Path(path)
-    notes = notes or {}
-    e = html.escape
-    rel = lambda p: Path(p).relative_to(path.parent).as_posix()  # noqa: E731
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(info.get('title', 'report'))}"
-             f"</title><style>{_CSS}</style><script type='text/javascript'>{get_plotlyjs()}</script></head><body>",
-             f"<h1>{e(info.get('title', 'Report'))}</h1>"]
-    meta = {"model": info.get("model_id"), "device / dtype": f"{info.get('device')} / {info.get('dtype')}",
-            "created (UTC)": info.get("created_utc"),
-            "settings": json.dumps({k: v for k, v in info.get("config", {}).items() if k not in ("widths", "progress")},
-                                   default=str),
-            "versions": ", ".join(f"{k} {v}" for k, v in info.get("versions", {}).items()),
-            "example prompt sha256": info.get("example", {}).get("prompt_hash")}
-    parts.append("<dl class='meta'>" + "".join(f"<dt>{e(k)}</dt><dd>{e(str(v))}</dd>" for k, v in meta.items())
-                 + "</dl>")
-    parts.append("<nav><b>Figures:</b> " + "".join(f"<a href='#fig-{e(n)}'>{e(n)}</a>" for n in figures)
-                 + "<br><b>Tables:</b> " + "".join(f"<a href='#tab-{e(n)}'>{e(n)}</a>" for n in tables) + "</nav>")
-    parts.append("<h2>Figures</h2>")
-    for name, fig in figures.items():
-        title = getattr(getattr(fig.layout, "title", None), "text", None) or name
-        links = " ".join(f"<a href='{e(rel(p))}'>{e(Path(p).suffix[1:])}</a>" for p in fig_files.get(name, []))
-        div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"plot-{name}",
-                          config={"displaylogo": False, "responsive": True})
-        parts.append(f"<section id='fig-{e(name)}'><h3>{e(name)}: {e(title)}</h3>"
-                     + (f"<p class='note'>{e(notes[name])}</p>" if name in notes else "")
-                     + f"{div}<p class='files'>files: {links}</p></section>")
-    parts.append("<h2>Tables</h2>")
-    for name, df in tables.items():
-        links = " ".join(f"<a href='{e(rel(p))}'>{e(Path(p).suffix[1:])}</a>" for p in table_files.get(name, []))
-        parts.append(f"<section id='tab-{e(name)}'><h3>{e(name)} ({len(df)} rows × {len(df.columns)} columns)</h3>"
-                     + (f"<p class='note'>{e(notes[name])}</p>" if name in notes else "")
-                     + f"{_table_html(df)}<p class='files'>files: {links}</p></section>")
-    parts.append("</body></html>")
-    atomic_write_bytes(path, "\n".join(parts).encode("utf-8"))
-    return path

@@ -27,9 +27,13 @@ item (same seed when there is one; added to the grid at the first seed unless ``
 
 Columns (one row per cell): ``model, task, item_id, method, params`` (JSON), ``p_<name>`` (one per
 method parameter, missing where a method lacks it), ``seed, max_new_tokens``, ``answer`` (decoded reply),
-``gold`` (first gold answer), ``generated_ids, n_generated``, ``em, f1, contains`` (``[0, 1]``),
+``gold`` (first gold answer), ``generated_ids, n_generated``, ``hit_cap`` (the reply used all
+``max_new_tokens`` without a stop token: it may be cut before its answer), ``em, f1, contains`` (``[0, 1]``),
+``match`` (RULER's string match over the whole reply),
 ``contains_conflict`` (contradictory items), ``first_token_agree``, ``prompt_tokens, prefill_tokens,
-retained_tokens, kv_bytes`` (from the method), ``n_docs, answer_doc``, ``wall_s`` (the method call),
+retained_tokens, kv_bytes`` (from the method), ``n_docs, answer_doc``, ``wall_s`` (the method call; a step shared between cells, such as the eviction prefill, is charged to
+the cell that ran it), ``method_s`` (the cell's own work: ``wall_s`` less shared steps, which a method
+reports as ``shared_s``),
 ``peak_cuda_bytes`` (``max_memory_allocated`` during the cell; NaN on CPU), ``peak_rss_bytes`` (the
 process's resident high-water mark so far, not per cell), ``device, dtype, error, cell`` (resume key),
 then method extras and ``meta_<key>`` (the item's provenance: length, depth, qid ...).
@@ -69,8 +73,9 @@ Scalar = (int, float, str, bool, type(None))
 RESERVED_PARAMS = ("max_new_tokens", "seed")
 # front and back columns of every sweep frame; p_<name> parameter columns sit between, extras after
 FRONT = ("model", "task", "item_id", "method", "params")
-BACK = ("seed", "max_new_tokens", "answer", "gold", "generated_ids", "n_generated", "em", "f1", "contains",
-        "contains_conflict", "first_token_agree", "prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes",
+BACK = ("seed", "max_new_tokens", "answer", "gold", "generated_ids", "n_generated", "hit_cap", "em", "f1",
+        "contains", "match", "contains_conflict", "first_token_agree", "prompt_tokens", "prefill_tokens",
+        "retained_tokens", "kv_bytes",
         "n_docs", "answer_doc", "wall_s", "peak_cuda_bytes", "peak_rss_bytes", "device", "dtype", "error", "cell")
 COLUMNS = FRONT + BACK
 MEASURED = ("wall_s", "peak_cuda_bytes", "peak_rss_bytes")
@@ -344,11 +349,13 @@ def run_cell(lm, item: TaskItem, cell: Cell, *, model_id: str, max_new_tokens: i
         answer = decode_answer(lm.tokenizer, ids, stop_token_ids(lm)) if ids else ""
     row["answer"] = answer
     row["n_generated"] = len(ids)
+    row["hit_cap"] = bool(error is None and len(ids) >= max_new_tokens and int(ids[-1]) not in set(stop_token_ids(lm)))
+    row.setdefault("method_s", row["wall_s"])
     if error is None:
         row.update(metrics.answer_scores(answer, item.answers, parts=item.answer_parts,
                                          conflict=item.conflict_answers))
     else:
-        row.update(em=math.nan, f1=math.nan, contains=math.nan, contains_conflict=math.nan)
+        row.update(em=math.nan, f1=math.nan, contains=math.nan, match=math.nan, contains_conflict=math.nan)
     return row
 
 
@@ -382,12 +389,14 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
     for c in pcols + extras + mcols + ["prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes", "n_docs",
                                        "answer_doc"]:
         df[c] = _uniform(df[c])
-    for c in ("em", "f1", "contains", "contains_conflict", "first_token_agree", "wall_s", "peak_cuda_bytes",
+    for c in ("em", "f1", "contains", "match", "contains_conflict", "first_token_agree", "wall_s",
+              "peak_cuda_bytes",
               "peak_rss_bytes"):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype(float)
     for c in ("seed", "max_new_tokens", "n_generated"):
         df[c] = df[c].astype("int64")
     df["error"] = df["error"].map(lambda v: None if _is_null(v) else str(v)).astype(object)
+    df["hit_cap"] = df["hit_cap"].map(lambda v: False if _is_null(v) else bool(v)).astype(bool)
     df = df.sort_values(["model", "task", "item_id", "method", "params", "seed", "max_new_tokens"], kind="stable")
     return df.reset_index(drop=True)
 
@@ -579,7 +588,7 @@ def _run_ray(model_source, todo, items, fns, emit, *, model_id, max_new_tokens, 
 def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = None, max_new_tokens: int = 16,
           executor: str = "local", reference: bool = True, on_error: str = "raise", progress: bool = True,
           checkpoint_s: float = 10.0, ray_address: str | None = None, ray_init: dict | None = None,
-          on_busy: str = "wait") -> pd.DataFrame:
+          on_busy: str = "wait", on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
     """Run a grid of (item, method, parameters, seed) cells and return one tidy DataFrame.
 
     Args:
@@ -605,6 +614,8 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
             ``"raise"``: it refuses, naming the holder's PID.
         ray_address, ray_init: passed to ``ray.init`` when Ray is not yet initialised (a Ray instance the
             sweep started is shut down at the end).
+        on_row: called with each new row as it finishes (after it is checkpointed), e.g. a study-wide
+            progress bar.
     Returns:
         every row of ``out`` (or of this run when ``out`` is None), columns :data:`COLUMNS` plus
         ``p_<param>`` columns and method extras, sorted by model, task, item, method, params, seed.
@@ -624,7 +635,7 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
     path = Path(out) if out is not None else None
     if path is None:
         return _sweep(model, source, model_id, item_list, cells, None, max_new_tokens, executor, on_error, progress,
-                      checkpoint_s, ray_address, ray_init)
+                      checkpoint_s, ray_address, ray_init, on_row)
 
     def waiting(pid):
         print(f"sweep: {path} is being written by process {pid if pid is not None else '?'}; waiting for it",
@@ -633,11 +644,11 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
     with file_lock(path.with_name(f".{path.name}.lock"), wait=on_busy == "wait", remove=True, on_wait=waiting,
                    what="out"):
         return _sweep(model, source, model_id, item_list, cells, path, max_new_tokens, executor, on_error, progress,
-                      checkpoint_s, ray_address, ray_init)
+                      checkpoint_s, ray_address, ray_init, on_row)
 
 
 def _sweep(model, source, model_id, item_list, cells, path, max_new_tokens, executor, on_error, progress,
-           checkpoint_s, ray_address, ray_init) -> pd.DataFrame:
+           checkpoint_s, ray_address, ray_init, on_row=None) -> pd.DataFrame:
     """The body of :func:`sweep`, under the lock on ``path`` when there is one."""
     by_key = {(it.task, it.item_id): it for it in item_list}
     fns = {c.method: get_method(c.method).fn for c in cells}
@@ -663,6 +674,8 @@ def _sweep(model, source, model_id, item_list, cells, path, max_new_tokens, exec
         bar.update(1)
         if time.monotonic() - last[0] >= checkpoint_s:
             save()
+        if on_row is not None:
+            on_row(row)
 
     try:
         if todo:

@@ -36,6 +36,7 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import pandas as pd
 
@@ -44,8 +45,9 @@ from workbench.checks import check_int
 from workbench.run.prompt import DEFAULT_INSTRUCTION, build_prompt
 from workbench.study.metrics import normalize_answer
 
-__all__ = ["TaskItem", "items_frame", "squad_single", "squad_reordered", "squad_conflict", "needle",
-           "needle_diffuse", "needle_bridge", "TASKS", "build_task", "split_sentences"]
+__all__ = ["TaskItem", "items_frame", "load_items", "squad_single", "squad_reordered", "squad_conflict", "needle",
+           "needle_diffuse", "needle_bridge", "TASKS", "build_task", "split_sentences", "TASK_MAX_NEW_TOKENS",
+           "max_new_tokens_for"]
 
 
 # ----------------------------------------------------------------------------- the item
@@ -153,6 +155,68 @@ def items_frame(items: Sequence[TaskItem]) -> pd.DataFrame:
     return pd.DataFrame([it.summary() for it in items])
 
 
+ITEM_FIELDS = ("task", "item_id", "documents", "query", "answers", "answer_doc", "evidence_docs", "answer_parts",
+               "conflict_answers", "conflict_doc", "instruction", "meta")
+REQUIRED_FIELDS = ("task", "documents", "query", "answers", "answer_doc")
+
+
+def load_items(path) -> list[TaskItem]:
+    """TaskItems from a JSONL file: one JSON object per line with :class:`TaskItem` fields (``task,
+    documents, query, answers, answer_doc`` required; ``item_id`` optional, else ``line<N>``); blank lines
+    and lines starting with ``#`` are skipped. Every item gets a content digest in its id (``<id>#<8 hex>``)
+    and ``meta.source = "items:<file name>"`` unless it names its own source.
+
+    Raises:
+        ValueError: naming the file, the line and the field (``items: f.jsonl line 3: answer_doc: ...``);
+            nothing is returned unless every line is valid.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"items: must be a readable JSONL file, got {str(path)!r}")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    out, seen = [], set()
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"items: {path.name} line {i}"
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: must be a JSON object of TaskItem fields, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(ITEM_FIELDS))
+        if unknown:
+            raise ValueError(f"{where}: {unknown[0]}: not a TaskItem field (fields: {', '.join(ITEM_FIELDS)})")
+        missing = [f for f in REQUIRED_FIELDS if f not in d]
+        if missing:
+            raise ValueError(f"{where}: {missing[0]}: required field missing")
+        for f in ("documents", "answers", "evidence_docs", "answer_parts", "conflict_answers"):
+            if f in d and not isinstance(d[f], list):
+                raise ValueError(f"{where}: {f}: must be a JSON list, got {type(d[f]).__name__}")
+        for f in ("answer_doc", "conflict_doc"):
+            if f in d and d[f] is not None and (isinstance(d[f], bool) or not isinstance(d[f], int)):
+                raise ValueError(f"{where}: {f}: must be an integer, got {d[f]!r}")
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ValueError(f"{where}: meta: must be a JSON object, got {type(meta).__name__}")
+        d["meta"] = {"source": f"items:{path.name}", "items_sha256": digest[:16], "line": i, **meta}
+        base = d.pop("item_id", None) or f"line{i}"
+        if not isinstance(base, str):
+            raise ValueError(f"{where}: item_id: must be a string, got {base!r}")
+        try:
+            item = _finish(TaskItem(item_id="-", **d), base)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        if (item.task, base) in seen:
+            raise ValueError(f"{where}: item_id: duplicate id {base!r} in task {item.task!r}")
+        seen.add((item.task, base))
+        out.append(item)
+    if not out:
+        raise ValueError(f"items: {path.name} holds no item")
+    return out
+
+
 def _finish(item: TaskItem, base_id: str) -> TaskItem:
     """Give an item its content-addressed id ``<base_id>#<digest8>``."""
 
@@ -207,7 +271,8 @@ def _squad_item(task, q: _SquadQ, articles, docs_idx: list[int], gold_pos: int, 
                 documents=None, **kw) -> TaskItem:
     paras = articles[q.article]["paragraphs"]
     docs = documents if documents is not None else [paras[i]["context"] for i in docs_idx]
-    meta = dict(source="squad-v1.1-dev", title=articles[q.article]["title"], qid=q.qid, paragraph=q.paragraph,
+    meta = dict(source=datasets.provenance(articles)["label"], title=articles[q.article]["title"], qid=q.qid,
+                paragraph=q.paragraph,
                 gold_position=gold_pos, seed=seed)
     meta.update(extra_meta or {})
     return TaskItem(task=task, item_id=q.qid, documents=tuple(docs), query=q.question, answers=q.answers,
@@ -477,7 +542,7 @@ def _needle_family(task, tokenizer, essays, lengths, n, seed, passage_tokens, la
                 evidence = tuple(dict.fromkeys(where))
                 answer_doc = where[facts.get("answer_fact", 0)]
                 depth_tag = "-".join(f"{d:.2f}" for d in depths)
-                meta = dict(source="paul-graham-essays", length=L, depth=float(depths[0]),
+                meta = dict(source=datasets.provenance(essays)["label"], length=L, depth=float(depths[0]),
                             depths=depth_tag, rep=rep, seed=seed, haystack_tokens=hay.total + need,
                             passages=len(docs), essays=",".join(hay.essays))
                 item = TaskItem(task=task, item_id="-", documents=tuple(docs), query=facts["query"],
@@ -587,6 +652,21 @@ TASKS: dict[str, TaskFamily] = {
     "needle_diffuse": TaskFamily("needle_diffuse", needle_diffuse, "essays", True, "diffuse evidence"),
     "needle_bridge": TaskFamily("needle_bridge", needle_bridge, "essays", True, "multi-hop bridge"),
 }
+
+
+# greedy tokens a reply of each family needs (SmolLM2-class chat models preface the answer: "The secret number
+# of the amber heron is 48213." is ~17 tokens); a reply that uses them all is flagged `hit_cap` by the sweep
+TASK_MAX_NEW_TOKENS = {"squad_single": 32, "squad_reordered": 32, "squad_conflict": 32, "needle": 32,
+                       "needle_diffuse": 40, "needle_bridge": 32,
+                       # RULER-style families (workbench.study.ruler; RULER's own budgets, raised for chatty replies)
+                       "niah_single": 32, "niah_multikey": 32, "niah_multivalue": 64, "niah_multiquery": 64,
+                       "variable_tracking": 48, "common_words": 120, "frequent_words": 50, "qa_distractors": 32}
+DEFAULT_MAX_NEW_TOKENS = 32
+
+
+def max_new_tokens_for(task: str) -> int:
+    """The default decode length of a family (:data:`TASK_MAX_NEW_TOKENS`, else ``DEFAULT_MAX_NEW_TOKENS``)."""
+    return TASK_MAX_NEW_TOKENS.get(task, DEFAULT_MAX_NEW_TOKENS)
 
 
 def build_task(name: str, tokenizer=None, *, source="cache", **kw) -> list[TaskItem]:

@@ -240,7 +240,9 @@ def kv_bytes_table(df: pd.DataFrame, *, by: Sequence[str] | None = None, metrics
     mean retained tokens and the mean ``retained/prompt`` fraction when those columns exist.
 
     Args:
-        by: grouping columns (default ``method`` + the budget column, or ``policy, budget``).
+        by: grouping columns (default ``method`` + the budget column, or ``policy, budget``; ``task`` first when
+            the frame holds several tasks, so tasks are never pooled silently). A ``by`` without ``task`` on
+            several tasks pools them, and the title says so.
         metrics: metric columns (default: those of ``em, f1, contains, correct, first_token_agree, kept_mean``
             present).
     """
@@ -250,6 +252,8 @@ def kv_bytes_table(df: pd.DataFrame, *, by: Sequence[str] | None = None, metrics
     if by is None:
         if "method" in d.columns:
             by = ["method"] + [c for c in ("p_budget", "p_target", "p_layer") if c in d.columns]
+            if "task" in d.columns and d["task"].nunique() > 1:  # never pool tasks silently
+                by = ["task"] + by
         elif "policy" in d.columns:
             by = ["policy"] + (["budget"] if "budget" in d.columns else [])
         else:
@@ -288,7 +292,10 @@ def kv_bytes_table(df: pd.DataFrame, *, by: Sequence[str] | None = None, metrics
                    format=fmt, font=dict(size=11), fill_color="white", line_color="#ddd"),
         name="table"))
     models = sorted(str(m) for m in d["model"].unique()) if "model" in d.columns else []
-    return _finish(fig, "Accuracy and KV cache per method and budget",
+    pooled = "task" in d.columns and "task" not in by and d["task"].nunique() > 1
+    title = "Accuracy and KV cache per method and budget" + (
+        f" (pooled over {d['task'].nunique()} tasks)" if pooled else "")
+    return _finish(fig, title,
                    _meta("kv_bytes_table", model_id or (", ".join(models) or None), params, by=by,
                          metrics=list(metrics), bytes_column=bcol, n_rows=int(len(d))),
                    margin=dict(l=10, r=10, t=40, b=10))

@@ -1,0 +1,139 @@
+"""Paired statistics (workbench.analyse.stats): Wilson and bootstrap coverage, McNemar against scipy,
+hand-made tables, and the finding sentence."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sps
+
+from workbench.analyse.stats import accuracy, bootstrap_ci, mcnemar, paired, sign_test, wilson_ci
+
+
+def test_wilson_hand_values():
+    # k = 0, n = 10 at 95 %: upper bound z^2 / (n + z^2) = 3.8415 / 13.8415
+    lo, hi = wilson_ci(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(3.841459 / 13.841459, abs=1e-6)
+    lo, hi = wilson_ci(5, 10)  # symmetric about 0.5
+    assert lo == pytest.approx(1 - hi) and lo == pytest.approx(0.2366, abs=1e-4)
+    assert all(math.isnan(v) for v in wilson_ci(0, 0))
+
+
+@given(st.integers(1, 400), st.floats(0.0, 1.0))
+def test_wilson_contains_the_estimate_and_stays_in_unit_interval(n, f):
+    k = int(round(f * n))
+    lo, hi = wilson_ci(k, n)
+    assert 0.0 <= lo <= k / n + 1e-12 and k / n - 1e-12 <= hi <= 1.0
+    lo90, hi90 = wilson_ci(k, n, 0.9)
+    assert lo <= lo90 + 1e-12 and hi90 <= hi + 1e-12  # a lower level gives a narrower interval
+
+
+@pytest.mark.parametrize("p, n", [(0.1, 30), (0.5, 20), (0.8, 50)])
+def test_wilson_coverage(p, n):
+    """Over 2000 simulated samples the 95 % Wilson interval covers the true p at least ~93 % of the time."""
+    rng = np.random.default_rng(1)
+    ks = rng.binomial(n, p, size=2000)
+    cover = np.mean([wilson_ci(int(k), n)[0] <= p <= wilson_ci(int(k), n)[1] for k in ks])
+    assert cover >= 0.93, cover
+
+
+def test_bootstrap_coverage_of_a_mean():
+    rng = np.random.default_rng(2)
+    hits = 0
+    for i in range(300):
+        x = rng.normal(1.0, 2.0, size=40)
+        lo, hi = bootstrap_ci(x, n_boot=500, seed=i)
+        hits += lo <= 1.0 <= hi
+    assert 0.88 <= hits / 300 <= 0.99, hits / 300
+
+
+@given(st.lists(st.floats(-5, 5, allow_nan=False), min_size=2, max_size=30))
+@settings(max_examples=40, deadline=None)
+def test_bootstrap_interval_brackets_the_mean_range(x):
+    lo, hi = bootstrap_ci(x, n_boot=200)
+    assert min(x) - 1e-9 <= lo <= hi <= max(x) + 1e-9
+
+
+def test_bootstrap_degenerate_cases():
+    assert bootstrap_ci([3.0]) == (3.0, 3.0) and bootstrap_ci([0.0] * 7) == (0.0, 0.0)
+    assert all(math.isnan(v) for v in bootstrap_ci([]))
+    with pytest.raises(ValueError, match="^x:"):
+        bootstrap_ci([1.0, float("nan")])
+    with pytest.raises(ValueError, match="^n_boot:"):
+        bootstrap_ci([1.0, 2.0], n_boot=5)
+
+
+@given(st.integers(0, 60), st.integers(0, 60))
+@settings(max_examples=60, deadline=None)
+def test_mcnemar_against_scipy(b, c):
+    m = mcnemar(b, c)
+    if b + c == 0:
+        assert m["p_exact"] == 1.0 and m["p_chi2"] == 1.0
+        return
+    assert m["p_exact"] == pytest.approx(sps.binomtest(b, b + c, 0.5).pvalue)
+    chi2 = (abs(b - c) - 1) ** 2 / (b + c)
+    assert m["p_chi2"] == pytest.approx(sps.chi2.sf(chi2, 1))
+    assert 0.0 <= m["p_exact"] <= 1.0
+
+
+def test_mcnemar_hand_table():
+    # b = 10 discordant pairs one way, c = 0 the other: p = 2 * 0.5^10
+    assert mcnemar(10, 0)["p_exact"] == pytest.approx(2 * 0.5 ** 10)
+    assert mcnemar(3, 3)["p_exact"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="^b:"):
+        mcnemar(-1, 2)
+
+
+def test_sign_test_counts():
+    assert sign_test([0.5, -0.25, 0.0, 0.0, 1.0]) == (2, 2, 1, pytest.approx(sps.binomtest(2, 3, 0.5).pvalue))
+    assert sign_test([0.0, 0.0])[3] == 1.0
+
+
+def test_paired_hand_table_binary():
+    # 12 prompts: A right and B wrong on 5, A wrong and B right on 1, 6 ties
+    a = [1] * 5 + [0] + [1] * 4 + [0] * 2
+    b = [0] * 5 + [1] + [1] * 4 + [0] * 2
+    r = paired(a, b)
+    assert (r.n, r.wins, r.ties, r.losses, r.test, r.binary) == (12, 5, 6, 1, "mcnemar", True)
+    assert r.diff == pytest.approx(4 / 12) and r.mean_a == pytest.approx(9 / 12)
+    assert r.p == pytest.approx(sps.binomtest(5, 6, 0.5).pvalue)
+    assert r.lo <= r.diff <= r.hi
+    assert (r.acc_a.k, r.acc_a.n) == (9, 12) and (r.acc_b.k, r.acc_b.n) == (5, 12)
+    s = r.finding("deferkv", "snapkv", "contains")
+    assert "n = 12" in s and "5 wins / 6 ties / 1 losses" in s and "McNemar" in s and "9/12" in s
+
+
+def test_paired_all_ties_is_no_detectable_difference():
+    r = paired([1, 0, 1], [1, 0, 1])
+    assert not r.detectable and r.verdict() == "no detectable difference" and r.p == 1.0
+    assert "no detectable difference" in r.finding("A", "B")
+
+
+def test_paired_clear_difference_is_detected():
+    r = paired([1.0] * 30, [0.0] * 30)
+    assert r.detectable and r.verdict() == "A better" and r.p < 1e-6
+    assert "A is higher than B" in r.finding("A", "B") and "p < 0.05" in r.finding("A", "B")
+    r = paired(np.linspace(0, 0.5, 20), np.linspace(0.3, 0.9, 20))
+    assert r.test == "sign" and r.verdict() == "A worse" and not r.binary
+
+
+def test_few_prompts_are_no_evidence_however_narrow_the_interval():
+    r = paired([1, 1, 1], [0, 0, 0])  # bootstrap CI [1, 1] excludes 0, but McNemar p = 0.25
+    assert r.lo == r.hi == 1.0 and r.p == pytest.approx(0.25) and not r.detectable
+    s = r.finding("A", "B")
+    assert "no detectable difference" in s and "the test does not reject" in s and "3 prompts" in s
+    one = paired([0.1], [0.3])
+    assert not one.detectable and "no detectable difference" in one.finding("A", "B")
+
+
+def test_paired_rejects_unpaired():
+    with pytest.raises(ValueError, match="^b:"):
+        paired([1, 0], [1])
+    assert paired([], []).finding("A", "B").endswith("nothing to compare.")
+    acc = accuracy([1, 1, 0])
+    assert (acc.k, acc.n) == (2, 3) and "2/3" in str(acc)
+    with pytest.raises(ValueError, match="^x:"):
+        accuracy([0.5])

@@ -1,0 +1,196 @@
+"""What a sweep shows: paired comparisons, the reference check and honest timing, as tables and sentences.
+
+Every comparison pairs two settings on the same prompts (rows without an error at both; the ``"full"``
+setting is the reference) and goes through :func:`workbench.analyse.stats.paired`: wins / ties /
+losses, McNemar's exact test on 0/1 scores, a bootstrap CI of the mean paired difference, Wilson
+CIs of the accuracies, and one sentence generated from those numbers ("no detectable difference"
+when the interval covers 0). Comparisons are made per task; a pooled line is added, and says that
+it pools, when there are several tasks.
+
+* :func:`reference_check` — the full-context accuracy per task with its Wilson CI, and a loud warning
+  when it is too low for comparisons against it to mean anything.
+* :func:`comparisons` — every setting against full context (and DeferKV against each other policy at
+  the same budget), plus the accuracy *conditional on the reference being right* (how many of the
+  reference's right answers a setting keeps).
+* :func:`timing_table` — the timing rule: a shared step (the eviction prefill that every policy of a
+  prompt evicts from) is its own row, and each setting's ``amortised_s`` = its own ``method_s`` + the
+  shared step divided by the number of cells that share it.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from workbench.analyse.stats import accuracy, paired
+
+__all__ = ["setting_label", "with_settings", "reference_check", "comparisons", "accuracy_table", "timing_table", "REFERENCE",
+           "MIN_REFERENCE_ACCURACY", "MIN_REFERENCE_RIGHT"]
+
+REFERENCE = "full"
+MIN_REFERENCE_ACCURACY = 0.5   # below this the reference is too weak to compare against
+MIN_REFERENCE_RIGHT = 5        # fewer right reference answers than this: conditional accuracies are anecdotes
+
+
+def setting_label(row) -> str:
+    """``full``, ``entroprefill`` (``, k=v`` for non-default parameters) or ``<policy> @ <budget>``."""
+    try:
+        p = json.loads(row["params"]) if isinstance(row["params"], str) else {}
+    except json.JSONDecodeError:
+        p = {}
+    if row["method"] == "evict":
+        b = p.get("budget_frac", p.get("budget"))
+        return f"{p.get('policy', 'full')} @ {b}" if b is not None else str(p.get("policy", "full"))
+    extra = ", ".join(f"{k}={v}" for k, v in sorted(p.items()))
+    return f"{row['method']} ({extra})" if extra else str(row["method"])
+
+
+def with_settings(df: pd.DataFrame) -> pd.DataFrame:
+    """The sweep rows without an error, with a ``setting`` column (an empty frame with the key columns when
+    nothing finished)."""
+    if len(df) == 0:
+        cols = list(dict.fromkeys([*df.columns, "task", "item_id", "method", "params", "error", "setting"]))
+        return pd.DataFrame(columns=cols)
+    ok = df["error"].map(lambda e: not (isinstance(e, str) and e)) if "error" in df.columns else True
+    d = df[ok].copy()
+    d["setting"] = [setting_label(r) for _, r in d.iterrows()] if len(d) else []
+    return d
+
+
+def _scores(d: pd.DataFrame, setting: str, metric: str) -> pd.Series:
+    s = d[d["setting"] == setting].drop_duplicates("item_id").set_index("item_id")[metric]
+    return pd.to_numeric(s, errors="coerce").dropna().astype(float)
+
+
+def reference_check(df: pd.DataFrame, metric: str = "contains", *, min_accuracy: float = MIN_REFERENCE_ACCURACY,
+                    min_right: int = MIN_REFERENCE_RIGHT) -> tuple[pd.DataFrame, list[str]]:
+    """Full-context accuracy per task: ``(table, warnings)``.
+
+    Table columns: ``task, n, right, accuracy, lo, hi, hit_cap, ok``. A task warns when its reference
+    accuracy is below ``min_accuracy`` or fewer than ``min_right`` reference answers are right; a
+    reference at 0 says that every comparison on the task is void.
+    """
+    d = with_settings(df)
+    rows, warns = [], []
+    for task, g in d[d["setting"] == REFERENCE].groupby("task", sort=True):
+        x = pd.to_numeric(g[metric], errors="coerce").dropna().to_numpy()
+        if not x.size:
+            continue
+        acc = accuracy((x >= 0.5).astype(float))
+        cap = int(g["hit_cap"].astype(bool).sum()) if "hit_cap" in g.columns else 0
+        ok = acc.value >= min_accuracy and acc.k >= min_right
+        rows.append(dict(task=task, n=acc.n, right=acc.k, accuracy=acc.value, lo=acc.lo, hi=acc.hi, hit_cap=cap,
+                         ok=ok))
+        if acc.k == 0:
+            warns.append(f"REFERENCE FAILED on {task}: full context answers 0 of {acc.n} prompts right ({metric}); "
+                         f"every method 'ties' at 0 there, so no comparison on {task} means anything.")
+        elif not ok:
+            warns.append(f"Weak reference on {task}: full context is right on {acc.k}/{acc.n} prompts ({acc.value:.2f} "
+                         f"{_ci(acc)}; {metric}; needs "
+                         f">= {min_accuracy:.0%} and >= {min_right} right answers); comparisons on {task} rest on "
+                         f"{acc.k} prompts and cannot show much.")
+        if cap:
+            warns.append(f"{cap} of {acc.n} full-context replies on {task} hit the max_new_tokens cap "
+                         f"(they may be cut before their answer).")
+    cols = ["task", "n", "right", "accuracy", "lo", "hi", "hit_cap", "ok"]
+    return pd.DataFrame(rows, columns=cols), warns
+
+
+def _pairs(d: pd.DataFrame) -> list[tuple[str, str]]:
+    settings = sorted(set(d["setting"]) - {REFERENCE})
+    out = [(s, REFERENCE) for s in settings] if REFERENCE in set(d["setting"]) else []
+    evict = d[d["method"] == "evict"]
+    for s in sorted(set(evict["setting"])):  # DeferKV against every other policy at the same budget
+        pol, _, budget = s.partition(" @ ")
+        if pol == "deferkv":
+            out += [(s, o) for o in sorted(set(evict["setting"]))
+                    if o != s and o.partition(" @ ")[2] == budget and o.partition(" @ ")[0] not in ("full",)]
+    return out
+
+
+def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.95) -> pd.DataFrame:
+    """One row per (scope, A, B): paired statistics and the finding sentence.
+
+    Columns: ``scope`` (a task, or ``all tasks (pooled)``), ``a, b, metric, n, mean_a, mean_b, diff, lo,
+    hi, wins, ties, losses, test, p, verdict, finding`` and, against the reference, ``cond_n`` (prompts
+    the reference gets right), ``cond_right`` (of those, how many A keeps right) with ``cond_lo``,
+    ``cond_hi`` (Wilson).
+    """
+    d = with_settings(df)
+    if d.empty:
+        return pd.DataFrame(columns=["scope", "a", "b", "metric", "n", "finding"])
+    d = d.assign(item_id=d["task"].astype(str) + "/" + d["item_id"].astype(str))
+    scopes = [(t, g) for t, g in d.groupby("task", sort=True)]
+    if len(scopes) > 1:
+        scopes.append((f"all tasks (pooled over {len(scopes)})", d))
+    rows = []
+    for scope, g in scopes:
+        for a, b in _pairs(g):
+            sa, sb = _scores(g, a, metric), _scores(g, b, metric)
+            common = sa.index.intersection(sb.index)
+            if not len(common):
+                continue
+            xa, xb = sa[common].to_numpy(), sb[common].to_numpy()
+            r = paired(xa, xb, level)
+            row = dict(scope=scope, a=a, b=b, metric=metric, **{k: v for k, v in r.to_dict().items()
+                                                                   if k not in ("level", "binary")})
+            sentence = r.finding(a, b, metric, where=scope)
+            if b == REFERENCE and r.binary:
+                right = xb == 1.0
+                cond = accuracy(xa[right]) if right.any() else None
+                row.update(cond_n=int(right.sum()), cond_right=cond.k if cond else 0,
+                           cond_lo=cond.lo if cond else math.nan, cond_hi=cond.hi if cond else math.nan)
+                if cond is None:
+                    sentence += " The reference is right on no prompt here, so nothing is conditional on it."
+                else:
+                    sentence += (f" Where full context is right, {a} keeps {cond.k} of {cond.n} answers "
+                                 f"({cond.value:.2f} {_ci(cond)}).")
+            row["finding"] = sentence
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _ci(acc) -> str:
+    return f"[{acc.lo:.2f}, {acc.hi:.2f}]"
+
+
+def accuracy_table(df: pd.DataFrame, metric: str = "contains") -> pd.DataFrame:
+    """Per task and setting: ``n, right, accuracy`` with its Wilson ``lo, hi`` and replies that hit the cap."""
+    d = with_settings(df)
+    rows = []
+    for (task, s), g in d.groupby(["task", "setting"], sort=True):
+        x = pd.to_numeric(g[metric], errors="coerce").dropna().to_numpy()
+        acc = accuracy((x >= 0.5).astype(float)) if x.size else None
+        rows.append(dict(task=task, setting=s, n=acc.n if acc else 0, right=acc.k if acc else 0,
+                         accuracy=acc.value if acc else math.nan, lo=acc.lo if acc else math.nan,
+                         hi=acc.hi if acc else math.nan,
+                         hit_cap=int(g["hit_cap"].astype(bool).sum()) if "hit_cap" in g.columns else 0))
+    return pd.DataFrame(rows, columns=["task", "setting", "n", "right", "accuracy", "lo", "hi", "hit_cap"])
+
+
+def timing_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per task and setting: ``n``, mean ``wall_s`` (as charged), mean ``method_s`` (own work), the mean shared
+    step per prompt ``shared_s``, ``sharing`` (cells per prompt that share it) and ``amortised_s`` =
+    ``method_s + shared_s / sharing``; a ``shared eviction prefill`` row per task gives the shared step itself."""
+    d = with_settings(df)
+    cols = ["task", "setting", "n", "wall_s", "method_s", "shared_s", "sharing", "amortised_s"]
+    if d.empty:
+        return pd.DataFrame(columns=cols)
+    for c in ("wall_s", "method_s", "shared_s"):
+        d[c] = pd.to_numeric(d[c], errors="coerce") if c in d.columns else np.nan
+    d["method_s"] = d["method_s"].fillna(d["wall_s"])
+    shared = d[d["shared_s"].notna()]
+    sharing = shared.groupby(["task", "item_id"]).size().rename("sharing")
+    d = d.join(sharing, on=["task", "item_id"])
+    d["sharing"] = d["sharing"].where(d["shared_s"].notna())
+    d["amortised_s"] = d["method_s"] + (d["shared_s"] / d["sharing"]).fillna(0.0)
+    out = d.groupby(["task", "setting"], sort=True).agg(
+        n=("item_id", "size"), wall_s=("wall_s", "mean"), method_s=("method_s", "mean"),
+        shared_s=("shared_s", "mean"), sharing=("sharing", "mean"), amortised_s=("amortised_s", "mean")).reset_index()
+    extra = [dict(task=t, setting="shared eviction prefill", n=len(g.drop_duplicates("item_id")),
+                  wall_s=math.nan, method_s=float(g.drop_duplicates("item_id")["shared_s"].mean()),
+                  shared_s=math.nan, sharing=math.nan, amortised_s=math.nan)
+             for t, g in shared.groupby("task", sort=True)]
+    return pd.concat([out, pd.DataFrame(extra, columns=cols)], ignore_index=True)[cols]
