@@ -19,10 +19,14 @@ from workbench.rerun.eviction import (
     ALL_POLICIES,
     H2O,
     POLICY_BY_NAME,
+    TOVA,
+    CriticalKV,
     DeferKV,
     EvictionSession,
     Evidence,
     FullCache,
+    KeyDiff,
+    KNorm,
     Needs,
     OracleKV,
     PageEntroKV,
@@ -45,6 +49,10 @@ POLICIES = [  # one line per policy
     PageEntroKV(**SMALL, page=4),
     RandomKV(**SMALL, seed=3),
     OracleKV(**SMALL),
+    TOVA(**SMALL),
+    KNorm(**SMALL),
+    KeyDiff(**SMALL),
+    CriticalKV(base=H2O(**SMALL, normalise="mean")),
 ]
 N_NEW = 4
 
@@ -75,7 +83,7 @@ def test_policy_contract(policy, session):
     assert s.shape == (L, G, T) and not torch.isnan(torch.as_tensor(s, dtype=torch.float64)).any()
     need = policy.needs()
     for name, field in (("tail", "tail"), ("observers", "observers"), ("colsum", "colsum"),
-                        ("decode1", "decode"), ("answer", "decode")):
+                        ("decode1", "decode"), ("answer", "decode"), ("keys", "keys"), ("wov", "wov")):
         if getattr(need, name):
             bare = dataclasses.replace(ev, **{field: None}, _scores={})
             with pytest.raises(ValueError, match="needs|rows"):

@@ -10,6 +10,7 @@ from workbench.rerun.eviction.evidence import (
     Evidence,
     Needs,
     deferkv_alpha,
+    pool,
     preview,
     protected_mask,
     resolve_budget,
@@ -19,8 +20,12 @@ from workbench.rerun.eviction.policies import (
     ALL_POLICIES,
     H2O,
     POLICY_BY_NAME,
+    TOVA,
+    CriticalKV,
     DeferKV,
     FullCache,
+    KeyDiff,
+    KNorm,
     OracleKV,
     PageEntroKV,
     RandomKV,
@@ -40,8 +45,8 @@ from workbench.rerun.eviction.session import (
 
 __all__ = [
     "Needs", "Evidence", "EvictionPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV",
-    "PageEntroKV", "RandomKV", "OracleKV", "ALL_POLICIES", "POLICY_BY_NAME", "default_policies",
-    "policy_from_params", "select_keep", "preview", "protected_mask", "deferkv_alpha", "resolve_budget",
+    "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm", "KeyDiff", "CriticalKV", "ALL_POLICIES", "POLICY_BY_NAME", "default_policies",
+    "policy_from_params", "select_keep", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
     "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "token_positions",
     "survival_table",
 ]

@@ -29,7 +29,7 @@ from workbench.analyse.shift import group_rows
 from workbench.checks import check_int, is_int
 
 __all__ = ["Needs", "Evidence", "EvictionPolicy", "select_keep", "preview", "protected_mask", "deferkv_alpha",
-           "resolve_budget", "group_mean", "row_sum", "maxpool", "renorm_rows"]
+           "resolve_budget", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
 
 
 # ----------------------------------------------------------------------------- evidence
@@ -44,6 +44,9 @@ class Needs:
         colsum: H2O column sums ``Σ_{u<T} A_{u,j}`` over every prompt query.
         decode1: the first decode row ``r = 1`` (the query of the first generated token, full cache).
         answer: the decode rows ``1 … n`` of the full-cache answer (``n`` = ``max_new_tokens``).
+        keys: the prompt's keys and values as stored in the cache after prefill (post-RoPE keys), for the
+            attention-free policies (KNorm, KeyDiff) and the value norms.
+        wov: the value-output norms ``‖W_O^h v_j‖_1`` per query head (CriticalKV).
     """
 
     tail: int = 0
@@ -51,11 +54,13 @@ class Needs:
     colsum: bool = False
     decode1: bool = False
     answer: bool = False
+    keys: bool = False
+    wov: bool = False
 
     def merge(self, other: "Needs") -> "Needs":
         return Needs(tail=max(self.tail, other.tail), observers=max(self.observers, other.observers),
                      colsum=self.colsum or other.colsum, decode1=self.decode1 or other.decode1,
-                     answer=self.answer or other.answer)
+                     answer=self.answer or other.answer, keys=self.keys or other.keys, wov=self.wov or other.wov)
 
 
 @dataclass
@@ -72,6 +77,8 @@ class Evidence:
             renormalised (row 1 is DeferKV's ``q_dec,1``; rows ``1 … n`` are the full-cache answer).
         observers: float ``[L, H_Q, W_p, T]`` observer rows.
         colsum: float64 ``[L, H_Q, T]`` H2O accumulated attention ``Σ_{u<T} A^{l,h}_{u,j}``.
+        keys, values: float ``[L, G, T, d]`` the prompt's cache entries after prefill (keys post-RoPE).
+        wov: float64 ``[L, H_Q, T]`` ``‖W_O^h v_{g(h),j}‖_1`` (the value's contribution to the layer output).
     """
 
     T: int
@@ -82,6 +89,9 @@ class Evidence:
     decode: Tensor | None = None
     observers: Tensor | None = None
     colsum: Tensor | None = None
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    wov: Tensor | None = None
     _scores: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -200,6 +210,18 @@ def maxpool(x: Tensor, kernel: int) -> Tensor:
         return x
     L, G, T = x.shape
     y = F.max_pool1d(x.reshape(L * G, 1, T), kernel_size=kernel, stride=1, padding=kernel // 2)
+    return y.reshape(L, G, T)
+
+
+def pool(x: Tensor, kernel: int, mode: str = "max") -> Tensor:
+    """Pool ``x [L, G, T]`` over the key axis (stride 1, same length): ``"max"``, or ``"avg"`` (zero
+    padding counted, as ``F.avg_pool1d`` and kvpress's SnapKV do)."""
+    if mode not in ("max", "avg"):
+        raise ValueError(f"pooling: must be 'max' or 'avg', got {mode!r}")
+    if mode == "max" or kernel == 1:
+        return maxpool(x, kernel)
+    L, G, T = x.shape
+    y = F.avg_pool1d(x.reshape(L * G, 1, T), kernel_size=kernel, stride=1, padding=kernel // 2)
     return y.reshape(L, G, T)
 
 

@@ -253,6 +253,8 @@ class EvictionSession:
                 ev.decode = renorm_rows(d)
             if needs.colsum:
                 ev.colsum = rec.colsum.cpu()
+        if needs.keys or needs.wov:
+            _cache_evidence(self.model, self.cache0, ev, keys=needs.keys, wov=needs.wov)
         self.evidence = ev
         self._used = False
         return self
@@ -368,6 +370,34 @@ class EvictionSession:
             ))
             st.cache = None
         return out
+
+
+def _cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None:
+    """The prompt's keys and values from the cache after prefill (``ev.keys``, ``ev.values``
+    ``[L, G, T, d]``), and ``ev.wov [L, H_Q, T]`` = ``‖W_O^h v_{g(h),j}‖_1`` (CriticalKV). A
+    sliding-window layer stores only its window: the positions it dropped read as zero keys and values."""
+    T, L = ev.T, ev.L
+    K, V = [], []
+    for l in range(L):
+        k, v = adapter.cache_kv(cache, l)
+        k, v = k[0, :, :T].float().cpu(), v[0, :, :T].float().cpu()  # [G, S, d], S = T (or the window)
+        if k.shape[1] < T:
+            pad = T - k.shape[1]
+            k = torch.cat([k.new_zeros(k.shape[0], pad, k.shape[2]), k], 1)
+            v = torch.cat([v.new_zeros(v.shape[0], pad, v.shape[2]), v], 1)
+        K.append(k)
+        V.append(v)
+    if keys:
+        ev.keys, ev.values = torch.stack(K), torch.stack(V)
+    if wov:
+        hg = ev.head_group
+        out = torch.empty(L, len(hg), T, dtype=torch.float64)
+        for l in range(L):
+            W_O = adapter.block_weights(model, l).W_O.float().cpu()  # [D, H_Q d]
+            d = V[l].shape[-1]
+            for h in range(len(hg)):
+                out[l, h] = (V[l][int(hg[h])] @ W_O[:, h * d:(h + 1) * d].T).abs().sum(-1).double()
+        ev.wov = out
 
 
 @dataclass(eq=False)
