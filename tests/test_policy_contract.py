@@ -20,8 +20,10 @@ from workbench.rerun.eviction import (
     H2O,
     POLICY_BY_NAME,
     TOVA,
+    AdaKV,
     CriticalKV,
     DeferKV,
+    EntroBudget,
     EvictionSession,
     Evidence,
     FullCache,
@@ -30,6 +32,7 @@ from workbench.rerun.eviction import (
     Needs,
     OracleKV,
     PageEntroKV,
+    PyramidKV,
     RandomKV,
     SnapKV,
     StreamingLLM,
@@ -53,6 +56,9 @@ POLICIES = [  # one line per policy
     KNorm(**SMALL),
     KeyDiff(**SMALL),
     CriticalKV(base=H2O(**SMALL, normalise="mean")),
+    PyramidKV(base=SnapKV(**SMALL, window=8, kernel=3), beta=4.0),
+    AdaKV(base=SnapKV(**SMALL, window=8, kernel=3, pooling="avg")),
+    EntroBudget(base=H2O(**SMALL), W_p=6),
 ]
 N_NEW = 4
 
@@ -87,7 +93,7 @@ def test_policy_contract(policy, session):
         if getattr(need, name):
             bare = dataclasses.replace(ev, **{field: None}, _scores={})
             with pytest.raises(ValueError, match="needs|rows"):
-                policy.scores(bare)
+                preview(policy, bare, T // 2)  # scores and, for a budget allocation, allocate
     prot = policy.protected(T)
     assert prot.shape == (T,) and prot.dtype == torch.bool
     full = session.run(FullCache(), T)
@@ -95,10 +101,13 @@ def test_policy_contract(policy, session):
         if policy.keeps_all:
             break
         kept = preview(policy, ev, B)
-        assert kept.shape == (L, G, B)
-        assert (kept[..., 1:] > kept[..., :-1]).all(), "kept positions are sorted and distinct"
-        assert bool(((kept >= 0) & (kept < T)).all())
-        for row in kept.reshape(-1, B).tolist():
+        alloc = policy.allocate(ev, B)  # a budget allocation: B_{l,g} per cell, L·G·B in all
+        counts = torch.full((L, G), B) if alloc is None else alloc
+        assert int(counts.sum()) == L * G * B and kept.shape == (L, G, int(counts.max()))
+        assert torch.equal((kept >= 0).sum(-1), counts) and bool((kept < T).all())
+        for row in kept.reshape(L * G, -1).tolist():
+            row = [p for p in row if p >= 0]
+            assert row == sorted(set(row)), "kept positions are sorted and distinct"
             assert set(torch.nonzero(prot).flatten().tolist()) <= set(row), "a protected position was evicted"
         r = session.run(policy, B)
         assert torch.equal(r.kept_prompt, kept), "the session keeps what preview() says"

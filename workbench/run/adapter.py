@@ -416,7 +416,8 @@ def compact_cache_positions(cache, keep: torch.Tensor) -> list[int]:
         cache: a dynamic cache that holds every position ``0 … S-1`` in its full-attention layers
             (storage index = position: a cache never compacted before).
         keep: int64 ``[L, G, S']``, the positions to keep, sorted, the same count ``S'`` for every
-            layer and KV head (the cache stays rectangular).
+            layer and KV head (the cache stays rectangular); or a list with one int64 ``[G, S_l]`` (or
+            ``None``: untouched) per layer, a count per layer.
 
     Returns:
         the layers that were compacted. Sliding-window layers (``DynamicSlidingWindowLayer``) are
@@ -430,16 +431,18 @@ def compact_cache_positions(cache, keep: torch.Tensor) -> list[int]:
 
     done = []
     layers = cache_layers(cache)
-    if keep.dim() != 3 or keep.shape[0] != len(layers):
+    if isinstance(keep, torch.Tensor) and (keep.dim() != 3 or keep.shape[0] != len(layers)):
         raise ValueError(f"keep: must have shape [L={len(layers)}, G, S'], got {list(keep.shape)}")
+    if not isinstance(keep, torch.Tensor) and len(keep) != len(layers):
+        raise ValueError(f"keep: must hold one entry per layer ({len(layers)}), got {len(keep)}")
     for l, lay in enumerate(layers):
-        if getattr(lay, "is_sliding", False):
+        if getattr(lay, "is_sliding", False) or keep[l] is None:
             continue
         if type(lay) is not DynamicLayer:
             raise TypeError(f"cache: layer {l} is a {type(lay).__name__}; eviction needs a dynamic cache")
         k, v = lay.keys, lay.values
-        if k.shape[1] != keep.shape[1]:
-            raise ValueError(f"keep: has {keep.shape[1]} KV heads, the cache has {k.shape[1]}")
+        if k.shape[1] != keep[l].shape[0]:
+            raise ValueError(f"keep: has {keep[l].shape[0]} KV heads, the cache has {k.shape[1]}")
         if int(keep[l].max()) >= k.shape[-2]:
             raise ValueError(f"keep: position {int(keep[l].max())} beyond the {k.shape[-2]} entries of layer {l}")
         idx = keep[l].to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
@@ -496,3 +499,78 @@ def transformers_progress(enabled: bool):
         yield
     finally:
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+# ----------------------------------------------------------------------------- eviction: per-head masks and RoPE
+KEYMASK_PREFIX = "workbench_keymask_"
+
+
+def _masked(attention_mask, query: torch.Tensor, key: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """The call's mask as an additive float ``[B, H_Q, q, S]`` plus ``extra [H_Q, S]`` (0 or -inf)."""
+    B, H, q, _ = query.shape
+    S = key.shape[-2]
+    if attention_mask is None:  # plain causal: query i sees the keys up to S - q + i
+        i = torch.arange(q, device=query.device)[:, None]
+        j = torch.arange(S, device=query.device)[None, :]
+        base = torch.zeros(q, S, dtype=query.dtype, device=query.device).masked_fill(j > S - q + i, float("-inf"))
+        base = base[None, None]
+    elif attention_mask.dtype == torch.bool:
+        base = torch.zeros(attention_mask[..., :S].shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attention_mask[..., :S], float("-inf"))
+    else:
+        base = attention_mask[..., :S].to(query.dtype)
+    return (base + extra.to(query.device, query.dtype)[None, :, None, :]).expand(B, H, q, S)
+
+
+@contextlib.contextmanager
+def per_head_key_mask(model, drop: dict, head_group: torch.Tensor):
+    """Hide cache entries from single KV heads: ``drop[l]`` (bool ``[G, S0]``, True = hidden) masks the first
+    ``S0`` storage slots of layer ``l`` for the query heads of each group (``head_group [H_Q]``), in every
+    forward inside the block (per-head budgets in a dense cache; the hidden entries still take memory).
+    Uses a registered attention implementation wrapping the current one; always restores it."""
+    old = current_attn_implementation(model)
+    base = old[len(KEYMASK_PREFIX):] if old.startswith(KEYMASK_PREFIX) else old
+    fn = base_attention_function(base)
+    hg = head_group.to(torch.int64)
+
+    def wrapped(module, query, key, value, attention_mask, **kwargs):
+        d = drop.get(int(getattr(module, "layer_idx", -1)))
+        if d is None or not bool(d.any()):
+            return fn(module, query, key, value, attention_mask, **kwargs)
+        S = key.shape[-2]
+        extra = torch.zeros(len(hg), S)
+        extra[:, : d.shape[1]] = torch.zeros(d.shape).masked_fill(d, float("-inf"))[hg]
+        return fn(module, query, key, value, _masked(attention_mask, query, key, extra), **kwargs)
+
+    name = KEYMASK_PREFIX + base.replace("|", "_")
+    AttentionInterface.register(name, wrapped)
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(base)
+    if mask_fn is None:
+        raise TypeError(f"attn_implementation: no mask function for base implementation {base!r}")
+    AttentionMaskInterface.register(name, mask_fn)
+    set_attn_implementation(model, name)
+    try:
+        yield
+    finally:
+        set_attn_implementation(model, old)
+
+
+def rope_cos_sin(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's rotary embedding at ``positions`` (int64 ``[P]``): ``cos, sin`` float32 ``[P, d]`` on CPU
+    (the ``rotate_half`` convention of Llama-family models: ``x·cos + rotate_half(x)·sin``)."""
+    inner = getattr(model, "model", model)
+    rot = getattr(inner, "rotary_emb", None)
+    if rot is None:
+        raise ValueError(f"model: {type(model).__name__} has no shared rotary embedding (rotary_emb)")
+    p = next(model.parameters())
+    cos, sin = rot(torch.zeros(1, device=p.device, dtype=torch.float32), positions[None].to(p.device))
+    return cos[0].float().cpu(), sin[0].float().cpu()
+
+
+def rotate_cache_keys(cache, layers, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Turn the stored keys of ``layers`` in place by ``cos, sin [L, G, S, d]`` (``k·cos + rotate_half(k)·sin``;
+    RoPE is a rotation, so ``R(-δ) R(p) k = R(p - δ) k``: StreamingLLM-style re-positioning)."""
+    for l in layers:
+        lay = cache_layers(cache)[l]
+        k, h = lay.keys, lay.keys.shape[-1] // 2
+        lay.keys = k * cos[l].to(k)[None] + torch.cat([-k[..., h:], k[..., :h]], -1) * sin[l].to(k)[None]

@@ -15,19 +15,23 @@ from workbench.rerun.eviction.evidence import (
     protected_mask,
     resolve_budget,
     select_keep,
+    split_budget,
 )
 from workbench.rerun.eviction.policies import (
     ALL_POLICIES,
     H2O,
     POLICY_BY_NAME,
     TOVA,
+    AdaKV,
     CriticalKV,
     DeferKV,
+    EntroBudget,
     FullCache,
     KeyDiff,
     KNorm,
     OracleKV,
     PageEntroKV,
+    PyramidKV,
     RandomKV,
     SnapKV,
     StreamingLLM,
@@ -45,8 +49,9 @@ from workbench.rerun.eviction.session import (
 
 __all__ = [
     "Needs", "Evidence", "EvictionPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV",
-    "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm", "KeyDiff", "CriticalKV", "ALL_POLICIES", "POLICY_BY_NAME", "default_policies",
-    "policy_from_params", "select_keep", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
+    "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm", "KeyDiff", "CriticalKV", "PyramidKV", "AdaKV",
+    "EntroBudget", "ALL_POLICIES", "POLICY_BY_NAME", "default_policies",
+    "policy_from_params", "select_keep", "split_budget", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
     "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "token_positions",
     "survival_table",
 ]

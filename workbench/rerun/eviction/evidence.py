@@ -29,7 +29,7 @@ from workbench.analyse.shift import group_rows
 from workbench.checks import check_int, is_int
 
 __all__ = ["Needs", "Evidence", "EvictionPolicy", "select_keep", "preview", "protected_mask", "deferkv_alpha",
-           "resolve_budget", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
+           "resolve_budget", "split_budget", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
 
 
 # ----------------------------------------------------------------------------- evidence
@@ -149,20 +149,27 @@ def protected_mask(T: int, n_sink: int, recent: int) -> Tensor:
     return m
 
 
-def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor | None = None) -> Tensor:
+def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor | None = None,
+                budgets: Tensor | None = None) -> Tensor:
     """The shared selection step: ``B`` prompt positions per layer and KV group.
 
     Protected positions always; then the highest ``scores`` (ties: higher ``tiebreak``, then lower
     position). ``B ≥ T`` keeps every position.
+
+    Budget allocations (PyramidKV, AdaKV, EntroPrefill weights): ``budgets`` int ``[L, G]`` gives each
+    layer and KV group its own count ``B_{l,g}`` (each ``≥ |protected|``, at most ``T``); the rows are then
+    padded with ``-1`` after their sorted kept positions to the largest count.
 
     Args:
         scores: float ``[L, G, T]``.
         budget: ``B``, an integer ``≥ |protected|`` (or ``≥ T``).
         protected: bool ``[T]``.
         tiebreak: optional float ``[L, G, T]`` secondary key.
+        budgets: optional int64 ``[L, G]`` per-cell counts (an allocation of ``B``).
 
     Returns:
-        int64 ``[L, G, min(B, T)]`` kept positions, sorted increasingly in every row.
+        int64 ``[L, G, min(B, T)]`` kept positions, sorted increasingly in every row (with ``budgets``:
+        ``[L, G, max B_{l,g}]``, ``-1``-padded).
     """
     if scores.dim() != 3:
         raise ValueError(f"scores: must have shape [L, G, T], got {list(scores.shape)}")
@@ -187,7 +194,15 @@ def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor
         key = torch.gather(key, -1, o)
     o2 = torch.sort(key, dim=-1, descending=True, stable=True).indices
     order = torch.gather(order, -1, o2)
-    return torch.sort(order[..., :B], dim=-1).values
+    if budgets is None:
+        return torch.sort(order[..., :B], dim=-1).values
+    budgets = torch.as_tensor(budgets, dtype=torch.int64)
+    if budgets.shape != (L, G) or int(budgets.min()) < n_prot or int(budgets.max()) > T:
+        raise ValueError(f"budgets: must be [L={L}, G={G}] counts in [{n_prot}, {T}], got {budgets.tolist()}")
+    M = int(budgets.max())
+    rank = torch.arange(M).expand(L, G, M)
+    sel = order[..., :M].masked_fill(rank >= budgets[..., None], T)  # T sorts after every position
+    return torch.sort(sel, dim=-1).values.masked_fill(rank >= budgets[..., None], -1)
 
 
 def row_sum(parts, weights) -> Tensor:
@@ -257,6 +272,11 @@ class EvictionPolicy(abc.ABC):
     def tiebreak(self, ev: Evidence) -> Tensor | None:
         return None
 
+    def allocate(self, ev: Evidence, budget: int) -> Tensor | None:
+        """Per layer and KV group counts int64 ``[L, G]`` (a budget allocation, see :func:`select_keep`), or
+        ``None``: ``B`` everywhere."""
+        return None
+
     def protected(self, T: int) -> Tensor:
         return protected_mask(T, getattr(self, "n_sink", 0), getattr(self, "recent", 0))
 
@@ -280,6 +300,9 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     A policy that keeps everything (the full cache) or ``B ≥ T`` keeps every position ``0 … T-1``;
     otherwise :func:`select_keep` over the policy's scores, protected set and tie-break.
 
+    A policy with a budget allocation (:meth:`EvictionPolicy.allocate`) keeps ``B_{l,g}`` positions per
+    layer and group (``L·G·B`` in all): rows are ``-1``-padded to the largest count.
+
     Returns:
         int64 ``[L, G, min(B, T)]`` (``[L, G, T]`` when everything is kept), sorted in every row.
     """
@@ -289,7 +312,35 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     T, L, G = evidence.T, evidence.L, evidence.G
     if policy.keeps_all or B >= T:
         return torch.arange(T).expand(L, G, T).clone()
-    return select_keep(evidence.scores_of(policy), B, policy.protected(T), policy.tiebreak(evidence))
+    return select_keep(evidence.scores_of(policy), B, policy.protected(T), policy.tiebreak(evidence),
+                       policy.allocate(evidence, B))
+
+
+def split_budget(total: int, weights: Tensor, floor: int, cap: int) -> Tensor:
+    """Integer counts ``[n]`` in ``[floor, cap]`` summing to ``total``: ``floor`` plus the rest in proportion to
+    ``weights ≥ 0`` (water-filling: a share over ``cap`` is fixed at ``cap`` and the others re-shared; then
+    one rounding by largest remainders, so equal weights get counts at most 1 apart)."""
+    n = weights.numel()
+    if not n * floor <= total <= n * cap:
+        raise ValueError(f"budget: {total} cannot be split into {n} counts in [{floor}, {cap}]")
+    w = weights.to(torch.float64).clamp_min(0).flatten()
+    w = w if float(w.sum()) > 0 else torch.ones_like(w)
+    capped = torch.zeros(n, dtype=torch.bool)
+    while True:
+        free = ~capped
+        rest = total - cap * int(capped.sum()) - floor * int(free.sum())
+        ww = torch.where(free, w, torch.zeros_like(w))
+        ww = ww if float(ww.sum()) > 0 else free.to(torch.float64)
+        x = torch.where(free, floor + rest * ww / ww.sum(), torch.full_like(w, float(cap)))
+        over = free & (x > cap)
+        if not bool(over.any()):
+            break
+        capped |= over
+    out = x.floor().to(torch.int64)
+    left = total - int(out.sum())
+    if left:
+        out[torch.argsort(x - out, descending=True, stable=True)[:left]] += 1
+    return out
 
 
 def resolve_budget(T: int, budget=None, budget_frac=None) -> int:

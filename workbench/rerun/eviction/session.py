@@ -41,10 +41,13 @@ class GenerationResult:
         T: prompt length.
         ids: generated token ids; text: their decoded text (``None`` without a tokenizer).
         kept: int64 ``[L, G, S']`` positions kept at eviction (the ``min(B, T)`` prompt positions, then
-            the generated tokens held at that moment), sorted; for the full cache every position.
+            the generated tokens held at that moment), sorted; for the full cache every position. With a
+            budget allocation the prompt part is ``-1``-padded to the largest count.
         evicted_at: decode step after which the eviction ran (0 or 1).
         compacted_layers: layers whose cache was compacted (sliding-window layers keep their window).
-        kv_bytes_before / kv_bytes_after: cache bytes just before and just after eviction.
+        kv_bytes_before / kv_bytes_after: cache bytes just before and just after eviction (with per-head
+            budgets the dense cache keeps each layer's largest head count: masked entries still count).
+        kv_bytes_masked: bytes of the entries held but masked out of attention (per-head budgets).
         timings: seconds: ``prefill`` (with capture when needed), ``defer`` (decode step 1 on the full
             cache), ``answer`` (full-cache answer for the oracle), ``score`` (scores + selection),
             ``evict`` (cache compaction).
@@ -67,11 +70,12 @@ class GenerationResult:
     timings: dict
     step_s: list[float] = field(default_factory=list)
     logits: Tensor | None = None
+    kv_bytes_masked: int = 0
 
     @property
     def kept_prompt(self) -> Tensor:
-        """Kept prompt positions; int64 ``[L, G, min(B, T)]``."""
-        return self.kept[..., : min(self.budget, self.T)] if self.policy != "full" else self.kept[..., : self.T]
+        """Kept prompt positions; int64 ``[L, G, min(B, T)]`` (``-1``-padded with a budget allocation)."""
+        return self.kept[..., : self.kept.shape[-1] - self.evicted_at]
 
     def survival(self, positions) -> Tensor:
         """Fraction of ``positions`` kept, per layer and group (NaN for layers not compacted); float64 ``[L, G]``."""
@@ -92,7 +96,7 @@ class GenerationResult:
         d = {
             "policy": self.policy, "budget": self.budget, "T": self.T, "n_new": len(self.ids), "text": self.text,
             "evicted_at": self.evicted_at, "kv_bytes_before": self.kv_bytes_before,
-            "kv_bytes_after": self.kv_bytes_after,
+            "kv_bytes_after": self.kv_bytes_after, "kv_bytes_masked": self.kv_bytes_masked,
             "kv_ratio": self.kv_bytes_after / self.kv_bytes_before if self.kv_bytes_before else float("nan"),
             **{f"{k}_s": v for k, v in self.timings.items()},
             "step_s_median": steps[len(steps) // 2] if steps else float("nan"),
@@ -271,6 +275,8 @@ class EvictionSession:
         :meth:`run`'s up to float rounding of the batched matrix products). Per-step times are the
         batch's; ``timings["batch"]`` is the largest batch a run was part of."""
         states = [self._evict(p, b) for p, b in jobs]
+        if any(st.drop is not None or bool((st.kept < 0).any()) for st in states):
+            return [self._decode([st])[0] for st in states]  # a count per layer: no shared batch
         return self._decode(states)
 
     def _evict(self, policy: EvictionPolicy, budget: int) -> "_RunState":
@@ -307,7 +313,14 @@ class EvictionSession:
         timings["score"] = time.perf_counter() - t0 if keep.shape[-1] < T else 0.0
         kept = torch.cat([keep, gen.expand(L, G, defer)], dim=-1)
         t0 = time.perf_counter()
-        if keep.shape[-1] < T:
+        drop, masked = None, 0
+        if bool((keep < 0).any()):  # a budget allocation: a count per layer, per-head counts masked
+            per_layer, drop = _ragged(keep, gen)
+            compacted = tuple(adapter.compact_cache_positions(cache, per_layer))
+            drop = {l: d for l, d in drop.items() if l in compacted}
+            k0, _ = adapter.cache_kv(cache, compacted[0]) if compacted else (None, None)
+            masked = sum(int(d.sum()) for d in drop.values()) * 2 * k0.shape[-1] * k0.element_size() if compacted else 0
+        elif keep.shape[-1] < T:
             compacted = tuple(adapter.compact_cache_positions(cache, kept))
         else:
             compacted = tuple(l for l in range(L) if not adapter.cache_layer_is_sliding(cache, l))
@@ -315,7 +328,8 @@ class EvictionSession:
         timings["batch"] = 1
         after = adapter.cache_bytes(cache)
         return _RunState(policy=policy, B=B, defer=defer, kept=kept, compacted=compacted, before=before,
-                         after=after, timings=timings, ids=ids, logits=logits, cache=cache)
+                         after=after, timings=timings, ids=ids, logits=logits, cache=cache,
+                         drop=drop or None, masked=masked)
 
     def _decode(self, states: list["_RunState"]) -> list[GenerationResult]:
         """Greedy decoding of every state to ``max_new_tokens`` (or EOS), batching states whose caches have
@@ -342,8 +356,11 @@ class EvictionSession:
             cache = grp[0].cache
             x = torch.tensor([[st.ids[-1]] for st in grp], device=self.device)
             pos = torch.full((len(grp), 1), T + m - 1, device=self.device)
+            mask = adapter.per_head_key_mask(self.model, grp[0].drop, self.evidence.head_group) \
+                if grp[0].drop else contextlib.nullcontext()
             t0 = time.perf_counter()
-            fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
+            with mask:
+                fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
             dt = time.perf_counter() - t0
             new = adapter.output_cache(fwd)
             logit = fwd.logits[:, -1].float()
@@ -365,7 +382,7 @@ class EvictionSession:
             out.append(GenerationResult(
                 policy=st.policy.name, params=st.policy.params(), budget=st.B, T=T, ids=ids, text=text,
                 kept=st.kept, evicted_at=st.defer, compacted_layers=st.compacted, kv_bytes_before=st.before,
-                kv_bytes_after=st.after, timings=st.timings, step_s=st.steps,
+                kv_bytes_after=st.after, timings=st.timings, step_s=st.steps, kv_bytes_masked=st.masked,
                 logits=torch.stack(st.logits[: len(ids)]) if st.logits else None,
             ))
             st.cache = None
@@ -418,6 +435,24 @@ class _RunState:
     row: int = 0
     steps: list = field(default_factory=list)
     done: bool = False
+    drop: dict | None = None
+    masked: int = 0
+
+
+def _ragged(keep: Tensor, gen: Tensor) -> tuple[list, dict]:
+    """A ``-1``-padded allocation ``keep [L, G, M]`` as one ``[G, S_l + n_gen]`` storage list per layer
+    (``S_l`` its largest head count; a shorter head repeats its first kept position in the extra slots)
+    and the masks ``{l: bool [G, S_l + n_gen]}`` hiding those extra slots."""
+    per_layer, drop = [], {}
+    for l in range(keep.shape[0]):
+        valid = keep[l] >= 0
+        S = int(valid.sum(-1).max())
+        k = torch.where(valid[:, :S], keep[l, :, :S], keep[l, :, :1])
+        per_layer.append(torch.cat([k, gen.expand(k.shape[0], -1)], -1))
+        d = torch.cat([~valid[:, :S], torch.zeros(k.shape[0], gen.numel(), dtype=torch.bool)], -1)
+        if bool(d.any()):
+            drop[l] = d
+    return per_layer, drop
 
 
 def generate_with_policy(model, prompt, policy: EvictionPolicy, budget: int, max_new_tokens: int, *,

@@ -11,25 +11,28 @@ from dataclasses import fields
 
 from workbench.choices import PolicyName
 from workbench.rerun.eviction.evidence import EvictionPolicy
+from workbench.rerun.eviction.policies.adakv import AdaKV
 from workbench.rerun.eviction.policies.criticalkv import CriticalKV
 from workbench.rerun.eviction.policies.deferkv import DeferKV
+from workbench.rerun.eviction.policies.entro_budget import EntroBudget
 from workbench.rerun.eviction.policies.full import FullCache
 from workbench.rerun.eviction.policies.h2o import H2O
 from workbench.rerun.eviction.policies.keydiff import KeyDiff
 from workbench.rerun.eviction.policies.knorm import KNorm
 from workbench.rerun.eviction.policies.oracle import OracleKV
 from workbench.rerun.eviction.policies.page_entrokv import PageEntroKV
+from workbench.rerun.eviction.policies.pyramidkv import PyramidKV
 from workbench.rerun.eviction.policies.random_kv import RandomKV
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 from workbench.rerun.eviction.policies.streaming_llm import StreamingLLM
 from workbench.rerun.eviction.policies.tova import TOVA
 
 __all__ = ["FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV", "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm",
-           "KeyDiff", "CriticalKV", "ALL_POLICIES", "POLICY_BY_NAME",
+           "KeyDiff", "CriticalKV", "PyramidKV", "AdaKV", "EntroBudget", "ALL_POLICIES", "POLICY_BY_NAME",
            "default_policies", "policy_from_params"]
 
 ALL_POLICIES = (FullCache, StreamingLLM, H2O, SnapKV, DeferKV, PageEntroKV, RandomKV, OracleKV, TOVA, KNorm, KeyDiff,
-                CriticalKV)
+                CriticalKV, PyramidKV, AdaKV, EntroBudget)
 POLICY_BY_NAME = {cls.name: cls for cls in ALL_POLICIES}
 
 
