@@ -26,6 +26,7 @@ from workbench.rerun.eviction import (
     EntroBudget,
     EvictionSession,
     Evidence,
+    ExpectedAttention,
     FullCache,
     KeyDiff,
     KNorm,
@@ -56,6 +57,7 @@ POLICIES = [  # one line per policy
     KNorm(**SMALL),
     KeyDiff(**SMALL),
     CriticalKV(base=H2O(**SMALL, normalise="mean")),
+    ExpectedAttention(**SMALL, n_future=16),
     PyramidKV(base=SnapKV(**SMALL, window=8, kernel=3), beta=4.0),
     AdaKV(base=SnapKV(**SMALL, window=8, kernel=3, pooling="avg")),
     EntroBudget(base=H2O(**SMALL), W_p=6),
@@ -89,7 +91,8 @@ def test_policy_contract(policy, session):
     assert s.shape == (L, G, T) and not torch.isnan(torch.as_tensor(s, dtype=torch.float64)).any()
     need = policy.needs()
     for name, field in (("tail", "tail"), ("observers", "observers"), ("colsum", "colsum"),
-                        ("decode1", "decode"), ("answer", "decode"), ("keys", "keys"), ("wov", "wov")):
+                        ("decode1", "decode"), ("answer", "decode"), ("keys", "keys"), ("wov", "wov"),
+                        ("qstats", "q_sum")):
         if getattr(need, name):
             bare = dataclasses.replace(ev, **{field: None}, _scores={})
             with pytest.raises(ValueError, match="needs|rows"):

@@ -17,7 +17,8 @@ Priority = Literal["renyi", "mass", "uniform", "random", "headmax"]
 """SPEC §3: Rényi priority, mass-only (``λ = 0``), chunk order, seeded random, per-head max."""
 
 PolicyName = Literal["full", "streaming", "h2o", "snapkv", "deferkv", "page-entrokv", "random", "oracle", "tova",
-                     "knorm", "keydiff", "criticalkv", "pyramidkv", "adakv", "entro-budget"]
+                     "knorm", "keydiff", "criticalkv", "expected-attention", "pyramidkv", "adakv",
+                     "entro-budget"]
 """SPEC §9: the eviction policies by name (``workbench.rerun.eviction.POLICY_BY_NAME``)."""
 
 Pooling = Literal["max", "avg"]

@@ -80,3 +80,24 @@ def jaccard(a: list[list[set]], kept) -> list[float]:
             w = set(kept[l, g].tolist())
             out.append(len(s & w) / len(s | w))
     return out
+
+
+def near_tie_cells(a: list[list[set]], kept, scores, protected, rtol: float = 1e-5) -> tuple[int, int]:
+    """``(cells that differ, of them cells where every differing position is a near-tie)``: a differing
+    position's workbench score lies within ``rtol`` (relative) of the lowest kept unprotected score. Exact
+    ties happen: RoPE preserves norms, so at layer 0 every repeat of a token has the same key norm, and
+    float rounding alone orders them."""
+    differ = ties = 0
+    for l, row in enumerate(a):
+        for g, theirs in enumerate(row):
+            ours = set(kept[l, g].tolist())
+            diff = sorted(theirs ^ ours)
+            if not diff:
+                continue
+            differ += 1
+            s = scores[l, g].double()
+            free = [p for p in ours if not protected[p]]
+            cut = float(s[free].min())
+            if all(abs(float(s[p]) - cut) <= rtol * max(abs(cut), 1e-12) for p in diff):
+                ties += 1
+    return differ, ties

@@ -32,7 +32,7 @@ def pytest_terminal_summary(terminalreporter):
     df = pd.DataFrame(ROWS)
     agg = df.groupby(["policy", "ratio"], sort=False).agg(
         prompts=("prompt", "nunique"), cells=("cells", "sum"), jaccard_mean=("jaccard_mean", "mean"),
-        jaccard_min=("jaccard_min", "min"), identical_tokens=("identical_tokens", "sum"))
+        jaccard_min=("jaccard_min", "min"), tie_cells=("tie_cells", "sum"), identical_tokens=("identical_tokens", "sum"))
     agg["identical_tokens"] = agg["identical_tokens"].astype(int).astype(str) + "/" + agg["prompts"].astype(str)
     terminalreporter.write_sep("=", "kvpress parity (workbench policy <-> kvpress press, per layer x KV head)")
     terminalreporter.write_line(agg.round(4).to_string())

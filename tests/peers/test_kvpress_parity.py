@@ -1,7 +1,8 @@
 """Parity with NVIDIA kvpress 0.5.5, live, on the default model (peer environment: ``make test-peers``).
 
 Each workbench policy in a kvpress-aligned configuration keeps, per layer and KV head, exactly the
-positions the press keeps, and generates the same tokens, on the needle prompt and two SQuAD prompts
+positions the press keeps (a cell may differ only by an exact tie that float rounding orders: KNorm at
+layer 0, where RoPE gives every repeat of a token the same key norm), and generates the same tokens, on the needle prompt and two SQuAD prompts
 at compression ratios 0.5 / 0.75 / 0.9 (budget ``B = int(T · (1 − ratio))``, kvpress's rule). Where the
 defaults differ the difference is one formula, and a test here names it.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _kvpress_oracle import ROWS, greedy, jaccard, kept_positions, press_prefill
+from _kvpress_oracle import ROWS, greedy, jaccard, kept_positions, near_tie_cells, press_prefill
 from kvpress import (
     CriticalKVPress,
     KeyDiffPress,
@@ -77,11 +78,14 @@ def test_aligned_policy_keeps_what_kvpress_keeps(case, ratio, smollm, sessions):
         theirs = kept_positions(sess.cache0, cache, T)
         res = sess.run(policy, B)
         jac = jaccard(theirs, res.kept_prompt)
+        differ, ties = near_tie_cells(theirs, res.kept_prompt, sess.evidence.scores_of(policy), policy.protected(T))
         ids = greedy(model, tok, cache, first, T, N_NEW)
         ROWS.append({"policy": name, "ratio": ratio, "prompt": pname, "cells": len(jac),
-                     "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac),
+                     "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "tie_cells": ties,
                      "identical_tokens": ids == res.ids})
-        assert min(jac) == 1.0, f"{name} {pname} ratio {ratio}: kept sets differ (min Jaccard {min(jac):.3f})"
+        # identical kept sets, except cells that differ only by exact ties (float rounding orders them)
+        assert differ == ties, f"{name} {pname} ratio {ratio}: {differ - ties} cells differ beyond near-ties"
+        assert ties <= 1, f"{name} {pname} ratio {ratio}: {ties} tie cells"
         assert ids == res.ids, f"{name} {pname} ratio {ratio}: tokens differ"
 
 

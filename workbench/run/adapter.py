@@ -527,7 +527,9 @@ def per_head_key_mask(model, drop: dict, head_group: torch.Tensor):
     """Hide cache entries from single KV heads: ``drop[l]`` (bool ``[G, S0]``, True = hidden) masks the first
     ``S0`` storage slots of layer ``l`` for the query heads of each group (``head_group [H_Q]``), in every
     forward inside the block (per-head budgets in a dense cache; the hidden entries still take memory).
-    Uses a registered attention implementation wrapping the current one; always restores it."""
+    A mask sized for another layer (layers compacted to different lengths) is rebuilt as plain causal: every
+    stored key precedes the new queries. Uses a registered attention implementation wrapping the current
+    one; always restores it."""
     old = current_attn_implementation(model)
     base = old[len(KEYMASK_PREFIX):] if old.startswith(KEYMASK_PREFIX) else old
     fn = base_attention_function(base)
@@ -535,9 +537,13 @@ def per_head_key_mask(model, drop: dict, head_group: torch.Tensor):
 
     def wrapped(module, query, key, value, attention_mask, **kwargs):
         d = drop.get(int(getattr(module, "layer_idx", -1)))
-        if d is None or not bool(d.any()):
-            return fn(module, query, key, value, attention_mask, **kwargs)
         S = key.shape[-2]
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.shape[-1] != S:
+            attention_mask = None  # sized from another layer's length (a count per layer): plain causal
+        if d is None or not bool(d.any()):
+            if attention_mask is None and query.shape[2] > 1:
+                return fn(module, query, key, value, _masked(None, query, key, torch.zeros(len(hg), S)), **kwargs)
+            return fn(module, query, key, value, attention_mask, **kwargs)
         extra = torch.zeros(len(hg), S)
         extra[:, : d.shape[1]] = torch.zeros(d.shape).masked_fill(d, float("-inf"))[hg]
         return fn(module, query, key, value, _masked(attention_mask, query, key, extra), **kwargs)
@@ -574,3 +580,23 @@ def rotate_cache_keys(cache, layers, cos: torch.Tensor, sin: torch.Tensor) -> No
         lay = cache_layers(cache)[l]
         k, h = lay.keys, lay.keys.shape[-1] // 2
         lay.keys = k * cos[l].to(k)[None] + torch.cat([-k[..., h:], k[..., :h]], -1) * sin[l].to(k)[None]
+
+
+@contextlib.contextmanager
+def query_projections(model, fn: Callable):
+    """Call ``fn(layer, q)`` with every layer's pre-RoPE queries ``q [B, S, H_Q, d]`` (the ``q_proj`` output)
+    in each forward inside the block. Refuses models that normalise queries after the projection."""
+    shape = model_shape(model)
+    handles = []
+    try:
+        for l, layer in enumerate(decoder_layers(model)):
+            att = layer.self_attn
+            if getattr(att, "q_norm", None) is not None:
+                raise ValueError(f"model: {shape.model_type} normalises its queries (q_norm); query statistics "
+                                 "from q_proj would be wrong")
+            handles.append(att.q_proj.register_forward_hook(
+                lambda m, a, out, l=l: fn(l, out.reshape(out.shape[0], out.shape[1], shape.H_Q, -1))))
+        yield
+    finally:
+        for h in handles:
+            h.remove()

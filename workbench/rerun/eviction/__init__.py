@@ -3,8 +3,11 @@
 - :mod:`.evidence`: what a policy scores with (:class:`Needs`, :class:`Evidence`) and the one budget
   rule (:func:`preview`, :func:`select_keep`);
 - :mod:`.policies`: one short file per policy, citing its paper;
-- :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions) and :class:`GenerationResult`.
+- :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions) and :class:`GenerationResult`;
+- :mod:`.cache_evidence`: keys, values, ``‖W_O v‖`` and query statistics read from the model;
+- :mod:`.agnostic`: question-agnostic eviction (context compressed once, several questions answered).
 """
+from workbench.rerun.eviction.agnostic import run_question_agnostic, split_question
 from workbench.rerun.eviction.evidence import (
     EvictionPolicy,
     Evidence,
@@ -26,6 +29,7 @@ from workbench.rerun.eviction.policies import (
     CriticalKV,
     DeferKV,
     EntroBudget,
+    ExpectedAttention,
     FullCache,
     KeyDiff,
     KNorm,
@@ -50,8 +54,8 @@ from workbench.rerun.eviction.session import (
 __all__ = [
     "Needs", "Evidence", "EvictionPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV",
     "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm", "KeyDiff", "CriticalKV", "PyramidKV", "AdaKV",
-    "EntroBudget", "ALL_POLICIES", "POLICY_BY_NAME", "default_policies",
+    "EntroBudget", "ExpectedAttention", "ALL_POLICIES", "POLICY_BY_NAME", "default_policies",
     "policy_from_params", "select_keep", "split_budget", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
-    "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "token_positions",
+    "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "run_question_agnostic", "split_question", "token_positions",
     "survival_table",
 ]

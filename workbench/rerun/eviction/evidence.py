@@ -47,6 +47,8 @@ class Needs:
         keys: the prompt's keys and values as stored in the cache after prefill (post-RoPE keys), for the
             attention-free policies (KNorm, KeyDiff) and the value norms.
         wov: the value-output norms ``‖W_O^h v_j‖_1`` per query head (CriticalKV).
+        qstats: statistics of the prompt's pre-RoPE queries and the RoPE of the next ``qstats`` positions
+            ``T … T+qstats-1`` (ExpectedAttention); ``0`` = none.
     """
 
     tail: int = 0
@@ -56,11 +58,13 @@ class Needs:
     answer: bool = False
     keys: bool = False
     wov: bool = False
+    qstats: int = 0
 
     def merge(self, other: "Needs") -> "Needs":
         return Needs(tail=max(self.tail, other.tail), observers=max(self.observers, other.observers),
                      colsum=self.colsum or other.colsum, decode1=self.decode1 or other.decode1,
-                     answer=self.answer or other.answer, keys=self.keys or other.keys, wov=self.wov or other.wov)
+                     answer=self.answer or other.answer, keys=self.keys or other.keys, wov=self.wov or other.wov,
+                     qstats=max(self.qstats, other.qstats))
 
 
 @dataclass
@@ -79,6 +83,9 @@ class Evidence:
         colsum: float64 ``[L, H_Q, T]`` H2O accumulated attention ``Σ_{u<T} A^{l,h}_{u,j}``.
         keys, values: float ``[L, G, T, d]`` the prompt's cache entries after prefill (keys post-RoPE).
         wov: float64 ``[L, H_Q, T]`` ``‖W_O^h v_{g(h),j}‖_1`` (the value's contribution to the layer output).
+        q_sum, q_outer: float64 ``[L, H_Q, d]`` and ``[L, H_Q, d, d]``, ``Σ_i q_i`` and ``Σ_i q_i q_iᵀ`` over
+            the prompt's pre-RoPE queries; q_first: float64 ``[L, H_Q, Q0, d]`` the first ``Q0 ≤ 16`` queries
+            (to leave the sinks out); rope_cos, rope_sin: float32 ``[F, d]`` RoPE at ``T … T+F-1``.
     """
 
     T: int
@@ -92,6 +99,11 @@ class Evidence:
     keys: Tensor | None = None
     values: Tensor | None = None
     wov: Tensor | None = None
+    q_sum: Tensor | None = None
+    q_outer: Tensor | None = None
+    q_first: Tensor | None = None
+    rope_cos: Tensor | None = None
+    rope_sin: Tensor | None = None
     _scores: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from workbench.capture import capture_attention
 from workbench.checks import check_int, check_max_new_tokens
+from workbench.rerun.eviction.cache_evidence import QueryStats, cache_evidence
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, renorm_rows
 from workbench.run import adapter
 from workbench.run.generate import stop_token_ids
@@ -204,10 +205,15 @@ class EvictionSession:
             cache = adapter.new_cache(self.model)
             if rec is not None:
                 rec.positions = torch.arange(T)
+            qs = QueryStats(shape.L) if needs.qstats else None
+            if qs is not None:
+                stack.enter_context(adapter.query_projections(self.model, qs))
             t0 = time.perf_counter()
             out = adapter.forward(self.model, x, cache=cache, logits_to_keep=1)
             self.timings["prefill"] = time.perf_counter() - t0
             bar.update(1)
+            if qs is not None:
+                qs.active = False  # prompt queries only
             cache = adapter.output_cache(out) or cache
             logit = out.logits[0, -1].float()
             self.first_logits = [logit.cpu()] if keep_logits else []
@@ -257,8 +263,11 @@ class EvictionSession:
                 ev.decode = renorm_rows(d)
             if needs.colsum:
                 ev.colsum = rec.colsum.cpu()
+        if qs is not None:
+            ev.q_sum, ev.q_outer, ev.q_first = qs.tensors()
+            ev.rope_cos, ev.rope_sin = adapter.rope_cos_sin(self.model, torch.arange(T, T + needs.qstats))
         if needs.keys or needs.wov:
-            _cache_evidence(self.model, self.cache0, ev, keys=needs.keys, wov=needs.wov)
+            cache_evidence(self.model, self.cache0, ev, keys=needs.keys, wov=needs.wov)
         self.evidence = ev
         self._used = False
         return self
@@ -278,6 +287,47 @@ class EvictionSession:
         if any(st.drop is not None or bool((st.kept < 0).any()) for st in states):
             return [self._decode([st])[0] for st in states]  # a count per layer: no shared batch
         return self._decode(states)
+
+    @torch.no_grad()
+    def run_questions(self, policy: EvictionPolicy, budget: int, questions) -> list[GenerationResult]:
+        """Question-agnostic eviction: the session's prompt is the context alone; evict it once with
+        ``policy`` at budget ``B``, then answer every question (token ids appended at positions ``T …``)
+        from a copy of the same compressed cache, reset after each answer (kvpress's pipeline does this).
+
+        Policies that evict after a decode step or score with the answer (DeferKV, the oracle) are refused:
+        without the question there is no first decode step to wait for.
+
+        Returns one :class:`GenerationResult` per question (``T`` = the context length; ``kept`` the
+        context positions; the question's tokens are kept whole and not counted in ``B``).
+        """
+        if policy.defer or policy.needs().answer:
+            raise ValueError(f"policy: {policy.name} needs the question (a decode step or the answer); "
+                             "question-agnostic eviction compresses the context alone")
+        if not self.reusable:
+            raise ValueError("reusable: question-agnostic runs need a reusable session")
+        st0 = self._evict(policy, budget)
+        out = []
+        for q in questions:
+            q = [int(i) for i in torch.as_tensor(q).flatten().tolist()]
+            if not q:
+                raise ValueError("questions: a question has no tokens")
+            cache = adapter.clone_cache(st0.cache)
+            x = torch.tensor([q], device=self.device)
+            pos = torch.arange(self.T, self.T + len(q), device=self.device)[None]
+            ragged = st0.drop is not None or bool((st0.kept < 0).any())  # a count per layer
+            mask = adapter.per_head_key_mask(self.model, st0.drop or {}, self.evidence.head_group) if ragged \
+                else contextlib.nullcontext()
+            t0 = time.perf_counter()
+            with mask:
+                fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
+            timings = dict(st0.timings, question=time.perf_counter() - t0)
+            logit = fwd.logits[0, -1].float()
+            st = _RunState(policy=policy, B=st0.B, defer=0, kept=st0.kept, compacted=st0.compacted,
+                           before=st0.before, after=st0.after, timings=timings, ids=[int(logit.argmax())],
+                           logits=[logit.cpu()] if self.keep_logits else [], cache=adapter.output_cache(fwd) or cache,
+                           drop=_extend(st0.drop, len(q)), masked=st0.masked, offset=len(q))
+            out.append(self._decode([st])[0])
+        return out
 
     def _evict(self, policy: EvictionPolicy, budget: int) -> "_RunState":
         if not isinstance(policy, EvictionPolicy):
@@ -345,8 +395,8 @@ class EvictionSession:
                 break
             m = min(len(st.ids) for st in live)
             first = [st for st in live if len(st.ids) == m]
-            length = first[0].kept.shape[-1] + len(first[0].steps)  # stored entries of a compacted layer
-            grp = [st for st in first if st.kept.shape[-1] + len(st.steps) == length]
+            length = first[0].kept.shape[-1] + first[0].offset + len(first[0].steps)  # entries of a compacted layer
+            grp = [st for st in first if st.kept.shape[-1] + st.offset + len(st.steps) == length]
             same = len({id(st.cache) for st in grp}) == 1 and [st.row for st in grp] == list(range(len(grp))) \
                 and adapter.cache_batch_size(grp[0].cache) == len(grp)
             if not same:
@@ -355,7 +405,7 @@ class EvictionSession:
                     st.cache, st.row = cache, i
             cache = grp[0].cache
             x = torch.tensor([[st.ids[-1]] for st in grp], device=self.device)
-            pos = torch.full((len(grp), 1), T + m - 1, device=self.device)
+            pos = torch.full((len(grp), 1), T + grp[0].offset + m - 1, device=self.device)
             mask = adapter.per_head_key_mask(self.model, grp[0].drop, self.evidence.head_group) \
                 if grp[0].drop else contextlib.nullcontext()
             t0 = time.perf_counter()
@@ -389,34 +439,6 @@ class EvictionSession:
         return out
 
 
-def _cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None:
-    """The prompt's keys and values from the cache after prefill (``ev.keys``, ``ev.values``
-    ``[L, G, T, d]``), and ``ev.wov [L, H_Q, T]`` = ``‖W_O^h v_{g(h),j}‖_1`` (CriticalKV). A
-    sliding-window layer stores only its window: the positions it dropped read as zero keys and values."""
-    T, L = ev.T, ev.L
-    K, V = [], []
-    for l in range(L):
-        k, v = adapter.cache_kv(cache, l)
-        k, v = k[0, :, :T].float().cpu(), v[0, :, :T].float().cpu()  # [G, S, d], S = T (or the window)
-        if k.shape[1] < T:
-            pad = T - k.shape[1]
-            k = torch.cat([k.new_zeros(k.shape[0], pad, k.shape[2]), k], 1)
-            v = torch.cat([v.new_zeros(v.shape[0], pad, v.shape[2]), v], 1)
-        K.append(k)
-        V.append(v)
-    if keys:
-        ev.keys, ev.values = torch.stack(K), torch.stack(V)
-    if wov:
-        hg = ev.head_group
-        out = torch.empty(L, len(hg), T, dtype=torch.float64)
-        for l in range(L):
-            W_O = adapter.block_weights(model, l).W_O.float().cpu()  # [D, H_Q d]
-            d = V[l].shape[-1]
-            for h in range(len(hg)):
-                out[l, h] = (V[l][int(hg[h])] @ W_O[:, h * d:(h + 1) * d].T).abs().sum(-1).double()
-        ev.wov = out
-
-
 @dataclass(eq=False)
 class _RunState:
     """One eviction being decoded (internal to :class:`EvictionSession`)."""
@@ -437,6 +459,14 @@ class _RunState:
     done: bool = False
     drop: dict | None = None
     masked: int = 0
+    offset: int = 0  # question tokens appended after the eviction (question-agnostic mode)
+
+
+def _extend(drop: dict | None, n: int) -> dict | None:
+    """Per-head masks ``{l: [G, S]}`` extended by ``n`` unmasked slots (tokens appended to the cache)."""
+    if not drop:
+        return drop
+    return {l: torch.cat([d, torch.zeros(d.shape[0], n, dtype=torch.bool)], -1) for l, d in drop.items()}
 
 
 def _ragged(keep: Tensor, gen: Tensor) -> tuple[list, dict]:

@@ -15,6 +15,7 @@ from workbench.rerun.eviction.policies.adakv import AdaKV
 from workbench.rerun.eviction.policies.criticalkv import CriticalKV
 from workbench.rerun.eviction.policies.deferkv import DeferKV
 from workbench.rerun.eviction.policies.entro_budget import EntroBudget
+from workbench.rerun.eviction.policies.expected_attention import ExpectedAttention
 from workbench.rerun.eviction.policies.full import FullCache
 from workbench.rerun.eviction.policies.h2o import H2O
 from workbench.rerun.eviction.policies.keydiff import KeyDiff
@@ -28,11 +29,12 @@ from workbench.rerun.eviction.policies.streaming_llm import StreamingLLM
 from workbench.rerun.eviction.policies.tova import TOVA
 
 __all__ = ["FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV", "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm",
-           "KeyDiff", "CriticalKV", "PyramidKV", "AdaKV", "EntroBudget", "ALL_POLICIES", "POLICY_BY_NAME",
+           "KeyDiff", "CriticalKV", "PyramidKV", "AdaKV", "EntroBudget",
+           "ExpectedAttention", "ALL_POLICIES", "POLICY_BY_NAME",
            "default_policies", "policy_from_params"]
 
 ALL_POLICIES = (FullCache, StreamingLLM, H2O, SnapKV, DeferKV, PageEntroKV, RandomKV, OracleKV, TOVA, KNorm, KeyDiff,
-                CriticalKV, PyramidKV, AdaKV, EntroBudget)
+                CriticalKV, ExpectedAttention, PyramidKV, AdaKV, EntroBudget)
 POLICY_BY_NAME = {cls.name: cls for cls in ALL_POLICIES}
 
 

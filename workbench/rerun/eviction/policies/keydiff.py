@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -33,6 +32,6 @@ class KeyDiff(EvictionPolicy):
         return Needs(keys=True)
 
     def scores(self, ev: Evidence) -> Tensor:
-        k = ev.require("keys", "KeyDiff").to(torch.float64)  # [L, G, T, d]
+        k = ev.require("keys", "KeyDiff").float()  # [L, G, T, d], as stored (float32: kvpress's rounding)
         anchor = F.normalize(k, p=2, dim=-1).mean(dim=2, keepdim=True)  # [L, G, 1, d]
-        return -F.cosine_similarity(k, anchor, dim=-1)
+        return -F.cosine_similarity(k, anchor, dim=-1).double()

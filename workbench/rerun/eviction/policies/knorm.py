@@ -31,5 +31,7 @@ class KNorm(EvictionPolicy):
         return Needs(keys=True)
 
     def scores(self, ev: Evidence) -> Tensor:
-        k = ev.require("keys", "KNorm").to(torch.float64)  # [L, G, T, d]
-        return -torch.linalg.vector_norm(k, dim=-1)
+        k = ev.require("keys", "KNorm")  # [L, G, T, d]
+        # in at least float32 from the keys as stored (kvpress does the same): a float64 norm of float32 keys
+        # orders near-ties differently (seen once in 90 cells on the needle prompt)
+        return -torch.linalg.vector_norm(k, dim=-1, dtype=torch.promote_types(k.dtype, torch.float32)).double()
