@@ -13,6 +13,7 @@ import torch
 from _kvpress_oracle import ROWS, greedy, jaccard, kept_positions, near_tie_cells, press_prefill
 from kvpress import (
     CriticalKVPress,
+    ExpectedAttentionPress,
     KeyDiffPress,
     KnormPress,
     ObservedAttentionPress,
@@ -26,6 +27,7 @@ from workbench.rerun.eviction import (
     TOVA,
     CriticalKV,
     EvictionSession,
+    ExpectedAttention,
     KeyDiff,
     KNorm,
     Needs,
@@ -50,6 +52,7 @@ ALIGNED = [
     ("tova", TOVA(n_sink=0, recent=1), lambda r: TOVAPress(compression_ratio=r), False),
     ("knorm", KNorm(n_sink=0, recent=0), lambda r: KnormPress(compression_ratio=r), False),
     ("keydiff", KeyDiff(n_sink=0, recent=0), lambda r: KeyDiffPress(compression_ratio=r), False),
+    ("expected attention", ExpectedAttention(recent=0), lambda r: ExpectedAttentionPress(compression_ratio=r), False),
     ("criticalkv (first stage 0)", CriticalKV(base=H2O(n_sink=0, recent=0, normalise="mean")),
      lambda r: CriticalKVPress(ObservedAttentionPress(compression_ratio=r), first_stage_ratio=0.0), True),
 ]
@@ -58,7 +61,7 @@ ALIGNED = [
 @pytest.fixture(scope="module")
 def sessions(smollm, prompts):
     """One workbench prefill per prompt with every aligned policy's evidence, and its full cache."""
-    needs = Needs(tail=64, colsum=True, keys=True, wov=True)
+    needs = Needs(tail=64, colsum=True, keys=True, wov=True, qstats=512)
     for _, pol, _, _ in ALIGNED:
         assert pol.needs().merge(needs) == needs
     return {name: EvictionSession.prepare(smollm, p, needs, N_NEW, reusable=True, progress=False)

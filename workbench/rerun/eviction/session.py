@@ -49,6 +49,7 @@ class GenerationResult:
         kv_bytes_before / kv_bytes_after: cache bytes just before and just after eviction (with per-head
             budgets the dense cache keeps each layer's largest head count: masked entries still count).
         kv_bytes_masked: bytes of the entries held but masked out of attention (per-head budgets).
+        rerotated: the kept keys were re-positioned to ``0 … S'-1`` (``run(..., rerotate=True)``).
         timings: seconds: ``prefill`` (with capture when needed), ``defer`` (decode step 1 on the full
             cache), ``answer`` (full-cache answer for the oracle), ``score`` (scores + selection),
             ``evict`` (cache compaction).
@@ -72,6 +73,7 @@ class GenerationResult:
     step_s: list[float] = field(default_factory=list)
     logits: Tensor | None = None
     kv_bytes_masked: int = 0
+    rerotated: bool = False
 
     @property
     def kept_prompt(self) -> Tensor:
@@ -97,7 +99,7 @@ class GenerationResult:
         d = {
             "policy": self.policy, "budget": self.budget, "T": self.T, "n_new": len(self.ids), "text": self.text,
             "evicted_at": self.evicted_at, "kv_bytes_before": self.kv_bytes_before,
-            "kv_bytes_after": self.kv_bytes_after, "kv_bytes_masked": self.kv_bytes_masked,
+            "kv_bytes_after": self.kv_bytes_after, "kv_bytes_masked": self.kv_bytes_masked, "rerotated": self.rerotated,
             "kv_ratio": self.kv_bytes_after / self.kv_bytes_before if self.kv_bytes_before else float("nan"),
             **{f"{k}_s": v for k, v in self.timings.items()},
             "step_s_median": steps[len(steps) // 2] if steps else float("nan"),
@@ -273,9 +275,14 @@ class EvictionSession:
         return self
 
     @torch.no_grad()
-    def run(self, policy: EvictionPolicy, budget: int) -> GenerationResult:
-        """Evict with ``policy`` at budget ``B`` and decode ``max_new_tokens`` tokens (stops at EOS)."""
-        return self._decode([self._evict(policy, budget)])[0]
+    def run(self, policy: EvictionPolicy, budget: int, *, rerotate: bool = False) -> GenerationResult:
+        """Evict with ``policy`` at budget ``B`` and decode ``max_new_tokens`` tokens (stops at EOS).
+
+        ``rerotate=True`` re-positions the kept keys after compaction (StreamingLLM paper style): the key
+        in storage slot ``s`` is turned from its original position to position ``s``, and decoding continues
+        at the compacted length; the default keeps every key at its original position (decoding at
+        ``T + t - 1``). Needs the same count in every layer and KV head (no budget allocation)."""
+        return self._decode([self._evict(policy, budget, rerotate=rerotate)])[0]
 
     @torch.no_grad()
     def run_batch(self, jobs) -> list[GenerationResult]:
@@ -289,7 +296,8 @@ class EvictionSession:
         return self._decode(states)
 
     @torch.no_grad()
-    def run_questions(self, policy: EvictionPolicy, budget: int, questions) -> list[GenerationResult]:
+    def run_questions(self, policy: EvictionPolicy, budget: int, questions, *,
+                      rerotate: bool = False) -> list[GenerationResult]:
         """Question-agnostic eviction: the session's prompt is the context alone; evict it once with
         ``policy`` at budget ``B``, then answer every question (token ids appended at positions ``T …``)
         from a copy of the same compressed cache, reset after each answer (kvpress's pipeline does this).
@@ -305,7 +313,7 @@ class EvictionSession:
                              "question-agnostic eviction compresses the context alone")
         if not self.reusable:
             raise ValueError("reusable: question-agnostic runs need a reusable session")
-        st0 = self._evict(policy, budget)
+        st0 = self._evict(policy, budget, rerotate=rerotate)
         out = []
         for q in questions:
             q = [int(i) for i in torch.as_tensor(q).flatten().tolist()]
@@ -313,7 +321,7 @@ class EvictionSession:
                 raise ValueError("questions: a question has no tokens")
             cache = adapter.clone_cache(st0.cache)
             x = torch.tensor([q], device=self.device)
-            pos = torch.arange(self.T, self.T + len(q), device=self.device)[None]
+            pos = torch.arange(self.T - st0.shift, self.T - st0.shift + len(q), device=self.device)[None]
             ragged = st0.drop is not None or bool((st0.kept < 0).any())  # a count per layer
             mask = adapter.per_head_key_mask(self.model, st0.drop or {}, self.evidence.head_group) if ragged \
                 else contextlib.nullcontext()
@@ -325,11 +333,11 @@ class EvictionSession:
             st = _RunState(policy=policy, B=st0.B, defer=0, kept=st0.kept, compacted=st0.compacted,
                            before=st0.before, after=st0.after, timings=timings, ids=[int(logit.argmax())],
                            logits=[logit.cpu()] if self.keep_logits else [], cache=adapter.output_cache(fwd) or cache,
-                           drop=_extend(st0.drop, len(q)), masked=st0.masked, offset=len(q))
+                           drop=_extend(st0.drop, len(q)), masked=st0.masked, offset=len(q), shift=st0.shift)
             out.append(self._decode([st])[0])
         return out
 
-    def _evict(self, policy: EvictionPolicy, budget: int) -> "_RunState":
+    def _evict(self, policy: EvictionPolicy, budget: int, rerotate: bool = False) -> "_RunState":
         if not isinstance(policy, EvictionPolicy):
             raise ValueError(f"policy: must be an EvictionPolicy, got {type(policy).__name__}")
         B = check_int("budget", budget, 1)
@@ -377,9 +385,19 @@ class EvictionSession:
         timings["evict"] = time.perf_counter() - t0 if keep.shape[-1] < T else 0.0
         timings["batch"] = 1
         after = adapter.cache_bytes(cache)
+        shift = 0
+        if rerotate and keep.shape[-1] < T:
+            if drop is not None or bool((keep < 0).any()):
+                raise ValueError("rerotate: needs the same count in every layer and KV head (no budget allocation)")
+            S = kept.shape[-1]
+            delta = kept - torch.arange(S)  # [L, G, S] positions to turn back
+            cos, sin = adapter.rope_cos_sin(self.model, delta.flatten())
+            d = cos.shape[-1]
+            adapter.rotate_cache_keys(cache, compacted, cos.reshape(L, G, S, d), -sin.reshape(L, G, S, d))
+            shift = T - keep.shape[-1]
         return _RunState(policy=policy, B=B, defer=defer, kept=kept, compacted=compacted, before=before,
                          after=after, timings=timings, ids=ids, logits=logits, cache=cache,
-                         drop=drop or None, masked=masked)
+                         drop=drop or None, masked=masked, shift=shift)
 
     def _decode(self, states: list["_RunState"]) -> list[GenerationResult]:
         """Greedy decoding of every state to ``max_new_tokens`` (or EOS), batching states whose caches have
@@ -405,7 +423,7 @@ class EvictionSession:
                     st.cache, st.row = cache, i
             cache = grp[0].cache
             x = torch.tensor([[st.ids[-1]] for st in grp], device=self.device)
-            pos = torch.full((len(grp), 1), T + grp[0].offset + m - 1, device=self.device)
+            pos = torch.full((len(grp), 1), T - grp[0].shift + grp[0].offset + m - 1, device=self.device)
             mask = adapter.per_head_key_mask(self.model, grp[0].drop, self.evidence.head_group) \
                 if grp[0].drop else contextlib.nullcontext()
             t0 = time.perf_counter()
@@ -433,6 +451,7 @@ class EvictionSession:
                 policy=st.policy.name, params=st.policy.params(), budget=st.B, T=T, ids=ids, text=text,
                 kept=st.kept, evicted_at=st.defer, compacted_layers=st.compacted, kv_bytes_before=st.before,
                 kv_bytes_after=st.after, timings=st.timings, step_s=st.steps, kv_bytes_masked=st.masked,
+                rerotated=bool(st.shift),
                 logits=torch.stack(st.logits[: len(ids)]) if st.logits else None,
             ))
             st.cache = None
@@ -460,6 +479,7 @@ class _RunState:
     drop: dict | None = None
     masked: int = 0
     offset: int = 0  # question tokens appended after the eviction (question-agnostic mode)
+    shift: int = 0  # positions removed by re-rotation (decoding continues at the compacted length)
 
 
 def _extend(drop: dict | None, n: int) -> dict | None:
