@@ -19,6 +19,7 @@ from workbench.rerun.eviction import (
     ALL_POLICIES,
     H2O,
     POLICY_BY_NAME,
+    POLICY_GROUPS,
     TOVA,
     AdaKV,
     CriticalKV,
@@ -37,6 +38,7 @@ from workbench.rerun.eviction import (
     RandomKV,
     SnapKV,
     StreamingLLM,
+    every_policy,
     preview,
 )
 from workbench.run import adapter
@@ -68,6 +70,9 @@ N_NEW = 4
 def test_every_policy_is_in_the_contract():
     assert {type(p) for p in POLICIES} == set(ALL_POLICIES), "a policy in ALL_POLICIES has no contract line"
     assert set(POLICY_NAMES) == set(POLICY_BY_NAME), "choices.PolicyName and the policies disagree"
+    grouped = [n for g in POLICY_GROUPS.values() for n in g]
+    assert sorted(grouped) == sorted(POLICY_BY_NAME), "every policy in exactly one group (notebook, panel)"
+    assert [p.name for p in every_policy(n_sink=2, recent=4)] == grouped
 
 
 @pytest.fixture(scope="module")

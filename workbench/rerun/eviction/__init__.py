@@ -24,6 +24,7 @@ from workbench.rerun.eviction.policies import (
     ALL_POLICIES,
     H2O,
     POLICY_BY_NAME,
+    POLICY_GROUPS,
     TOVA,
     AdaKV,
     CriticalKV,
@@ -40,6 +41,7 @@ from workbench.rerun.eviction.policies import (
     SnapKV,
     StreamingLLM,
     default_policies,
+    every_policy,
     policy_from_params,
 )
 from workbench.rerun.eviction.session import (
@@ -54,7 +56,7 @@ from workbench.rerun.eviction.session import (
 __all__ = [
     "Needs", "Evidence", "EvictionPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV",
     "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm", "KeyDiff", "CriticalKV", "PyramidKV", "AdaKV",
-    "EntroBudget", "ExpectedAttention", "ALL_POLICIES", "POLICY_BY_NAME", "default_policies",
+    "EntroBudget", "ExpectedAttention", "ALL_POLICIES", "POLICY_BY_NAME", "POLICY_GROUPS", "default_policies", "every_policy",
     "policy_from_params", "select_keep", "split_budget", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
     "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "run_question_agnostic", "split_question", "token_positions",
     "survival_table",
