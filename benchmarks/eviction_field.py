@@ -16,6 +16,9 @@ For each policy and budget (greedy, ``--new`` tokens):
 - ``score/prefill``: scoring + selection time over the time of one prefill of the same prompt (mean; the
   policy's memoised scores are cleared before each run, so wrappers pay for their base's scores).
 
+Runs with equal cache lengths are decoded as one batch (as ``EvictionSession.run_batch``: equal to single
+runs up to float rounding); runs with a count per layer are decoded alone.
+
     python benchmarks/eviction_field.py [--budgets 128 256 512] [--contexts 4] [--questions 5] [--new 16] [--distractors 6]
 
 Prints a markdown table and writes ``benchmarks/out/eviction_field.json``.
@@ -124,16 +127,24 @@ def run_prompt(model, prompt, pols, budgets, n_new, answers, survive_text):
     del plain
     sess = EvictionSession.prepare(model, prompt, needs, n_new, reusable=True, progress=False)
     pos = token_positions(prompt, model.tokenizer, survive_text) if survive_text else None
-    rows = []
+    rows, jobs, states = [], [], []
     for group, label, p in pols:
         for B in (budgets[:1] if p.keeps_all else budgets):
             sess.evidence._scores.clear()  # each run pays for its own (and its base's) scores
-            r = sess.run(p, B)
-            surv = float(r.survival(pos).nanmean()) if pos else float("nan")
-            rows.append({"group": group, "policy": label, "budget": "all" if p.keeps_all else B, "T": sess.T,
-                         "correct": correct(r.text, answers), "survival": surv,
-                         "kv_MiB": r.kv_bytes_after / 2**20, "masked_MiB": r.kv_bytes_masked / 2**20,
-                         "score_over_prefill": r.timings["score"] / prefill_s, "text": r.text})
+            jobs.append((group, label, p, B))
+            states.append(sess._evict(p, B))
+    # decode: runs with equal cache lengths batched (as EvictionSession.run_batch; equal to single runs up
+    # to float rounding), a count per layer alone
+    ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]
+    flat = sess._decode([st for st, g in zip(states, ragged) if not g])
+    alone = [sess._decode([st])[0] for st, g in zip(states, ragged) if g]
+    res = [alone.pop(0) if g else flat.pop(0) for g in ragged]
+    for (group, label, p, B), r in zip(jobs, res):
+        surv = float(r.survival(pos).nanmean()) if pos else float("nan")
+        rows.append({"group": group, "policy": label, "budget": "all" if p.keeps_all else B, "T": sess.T,
+                     "correct": correct(r.text, answers), "survival": surv,
+                     "kv_MiB": r.kv_bytes_after / 2**20, "masked_MiB": r.kv_bytes_masked / 2**20,
+                     "score_over_prefill": r.timings["score"] / prefill_s, "text": r.text})
     return rows, time.perf_counter() - t0
 
 
