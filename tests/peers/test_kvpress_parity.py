@@ -12,6 +12,7 @@ import pytest
 import torch
 from _kvpress_oracle import ROWS, greedy, jaccard, kept_positions, near_tie_cells, press_prefill
 from kvpress import (
+    AdaKVPress,
     CriticalKVPress,
     ExpectedAttentionPress,
     KeyDiffPress,
@@ -25,6 +26,7 @@ from kvpress import (
 from workbench.rerun.eviction import (
     H2O,
     TOVA,
+    AdaKV,
     CriticalKV,
     EvictionSession,
     ExpectedAttention,
@@ -36,6 +38,7 @@ from workbench.rerun.eviction import (
     preview,
     select_keep,
 )
+from workbench.run import adapter
 
 RATIOS = (0.5, 0.75, 0.9)
 N_NEW = 6
@@ -146,3 +149,43 @@ def test_the_workbench_refuses_a_budget_below_its_window(sessions):
     ev = sessions["needle"].evidence
     with pytest.raises(ValueError, match="budget"):
         preview(SnapKV(n_sink=0, recent=64, window=64), ev, 40)
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_adakv_keeps_what_adakvpress_keeps(ratio, smollm, sessions):
+    """Per-head budgets: AdaKVPress keeps the whole cache and masks the evicted keys of each head (fake keys
+    whose attention underflows); its masked indices are read from the attention modules. The workbench's
+    AdaKV over the aligned SnapKV gives every layer and KV head the same budget and generates the same
+    tokens; the kept members agree to Jaccard >= 0.98 per cell (the residual, on the needle prompt, is open)."""
+    model, tok = smollm.model, smollm.tokenizer
+    policy = AdaKV(base=SnapKV(n_sink=0, recent=64, window=64, kernel=5, pooling="avg"), alpha_safeguard=0.2)
+    layers = adapter.decoder_layers(model)
+    for pname, sess in sessions.items():
+        T = sess.T
+        B = int(T * (1 - ratio))
+        res = sess.run(policy, B)  # before the press: its masks stay on the modules until the next prefill
+        try:
+            cache, first = press_prefill(model, sess.ids, AdaKVPress(SnapKVPress(compression_ratio=ratio)))
+            theirs = []
+            for lay in layers:
+                _, heads, seq = lay.self_attn.masked_key_indices
+                row = []
+                for g in range(sess.evidence.G):
+                    gone = set(seq[heads == g].tolist())
+                    row.append(set(range(T)) - gone)
+                theirs.append(row)
+            ids = greedy(model, tok, cache, first, T, N_NEW)
+        finally:
+            for lay in layers:
+                lay.self_attn.masked_key_indices = None
+        jac = jaccard(theirs, res.kept_prompt)
+        differ, ties = near_tie_cells(theirs, res.kept_prompt, sess.evidence.scores_of(policy), policy.protected(T))
+        ROWS.append({"policy": "adakv (snapkv avg)", "ratio": ratio, "prompt": pname, "cells": len(jac),
+                     "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "tie_cells": ties,
+                     "identical_tokens": ids == res.ids})
+        # the per-head budgets are identical in every cell; the members agree to Jaccard >= 0.98 (on the
+        # needle prompt a few cells swap positions that are not near-ties of our scores: not yet explained)
+        counts = (res.kept_prompt >= 0).sum(-1)
+        assert [[len(c) for c in row] for row in theirs] == counts.tolist(), f"adakv {pname} {ratio}: budgets differ"
+        assert sum(jac) / len(jac) >= 0.99 and min(jac) >= 0.98, f"adakv {pname} ratio {ratio}: {differ} cells differ"
+        assert ids == res.ids, f"adakv {pname} ratio {ratio}: tokens differ"
