@@ -22,6 +22,7 @@ from workbench.rerun.eviction.evidence import (
 )
 from workbench.rerun.eviction.policies import (
     ALL_POLICIES,
+    CLASSIC,
     H2O,
     POLICY_BY_NAME,
     POLICY_GROUPS,
@@ -56,7 +57,7 @@ from workbench.rerun.eviction.session import (
 __all__ = [
     "Needs", "Evidence", "EvictionPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV",
     "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm", "KeyDiff", "CriticalKV", "PyramidKV", "AdaKV",
-    "EntroBudget", "ExpectedAttention", "ALL_POLICIES", "POLICY_BY_NAME", "POLICY_GROUPS", "default_policies", "every_policy",
+    "EntroBudget", "ExpectedAttention", "ALL_POLICIES", "CLASSIC", "POLICY_BY_NAME", "POLICY_GROUPS", "default_policies", "every_policy",
     "policy_from_params", "select_keep", "split_budget", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
     "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "run_question_agnostic", "split_question", "token_positions",
     "survival_table",
