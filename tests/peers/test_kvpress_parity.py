@@ -4,7 +4,9 @@ Each workbench policy in a kvpress-aligned configuration keeps, per layer and KV
 positions the press keeps (a cell may differ only by an exact tie that float rounding orders: KNorm at
 layer 0, where RoPE gives every repeat of a token the same key norm), and generates the same tokens, on the needle prompt and two SQuAD prompts
 at compression ratios 0.5 / 0.75 / 0.9 (budget ``B = int(T · (1 − ratio))``, kvpress's rule). Where the
-defaults differ the difference is one formula, and a test here names it.
+defaults differ the difference is one formula, and a test here names it. Where the budget is below a
+policy's protected window (SnapKV's W at ratio 0.9 on a short prompt) kvpress silently keeps part of the
+window and nothing else; the workbench refuses the budget, and the table counts those cells as refused.
 """
 from __future__ import annotations
 
@@ -82,13 +84,20 @@ def test_aligned_policy_keeps_what_kvpress_keeps(case, ratio, smollm, sessions):
         cache, first = press_prefill(model, sess.ids, make_press(ratio), eager=eager)
         assert first == sess.y1
         theirs = kept_positions(sess.cache0, cache, T)
+        n_prot = int(policy.protected(T).sum())
+        if B < n_prot:  # kvpress's footgun: a budget below the window silently keeps part of the window only
+            assert all(s <= set(range(T - n_prot, T)) for row in theirs for s in row)
+            with pytest.raises(ValueError, match="budget"):
+                sess.run(policy, B)  # the workbench refuses such a budget
+            ROWS.append({"policy": name, "ratio": ratio, "prompt": pname, "cells": 0, "refused": 1})
+            continue
         res = sess.run(policy, B)
         jac = jaccard(theirs, res.kept_prompt)
         differ, ties = near_tie_cells(theirs, res.kept_prompt, sess.evidence.scores_of(policy), policy.protected(T))
         ids = greedy(model, tok, cache, first, T, N_NEW)
         ROWS.append({"policy": name, "ratio": ratio, "prompt": pname, "cells": len(jac),
                      "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "tie_cells": ties,
-                     "identical_tokens": ids == res.ids})
+                     "identical_tokens": ids == res.ids, "refused": 0})
         # identical kept sets, except cells that differ only by exact ties (float rounding orders them)
         assert differ == ties, f"{name} {pname} ratio {ratio}: {differ - ties} cells differ beyond near-ties"
         assert ties <= 1, f"{name} {pname} ratio {ratio}: {ties} tie cells"
