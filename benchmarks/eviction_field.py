@@ -20,6 +20,7 @@ Runs with equal cache lengths are decoded as one batch (as ``EvictionSession.run
 runs up to float rounding); runs with a count per layer are decoded alone.
 
     python benchmarks/eviction_field.py [--budgets 128 256 512] [--contexts 4] [--questions 5] [--new 16] [--distractors 6]
+        [--no-squad] [--no-needle]
 
 Prints a markdown table and writes ``benchmarks/out/eviction_field.json``.
 """
@@ -156,13 +157,14 @@ def main(argv=None) -> int:
     ap.add_argument("--distractors", type=int, default=6)
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--no-needle", action="store_true")
+    ap.add_argument("--no-squad", action="store_true", help="the needle prompt only")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     m = load_model(device="cpu", progress=False)
     tok, mc = m.tokenizer, m.shape.max_context
     pols = policies()
     rows = []
-    ctxs = squad_contexts(tok, args.contexts, args.questions, args.distractors, mc)
+    ctxs = [] if args.no_squad else squad_contexts(tok, args.contexts, args.questions, args.distractors, mc)
     jobs = [(c, q) for c, prompts in enumerate(ctxs) for q in range(len(prompts))]
     for c, q in tqdm(jobs, desc="squad (question-aware)"):
         prompt, answers = ctxs[c][q]
@@ -189,13 +191,16 @@ def main(argv=None) -> int:
     df = pd.DataFrame(rows)
     OUT.mkdir(exist_ok=True)
     meta = {"machine": platform.platform(), "torch": torch.__version__, "args": vars(args)}
-    (OUT / "eviction_field.json").write_text(json.dumps({"meta": meta, "rows": rows}, default=str, indent=1))
+    (OUT / ("eviction_field_needle.json" if args.no_squad else "eviction_field.json")).write_text(json.dumps({"meta": meta, "rows": rows}, default=str, indent=1))
     print(markdown(summary(df)))
     return 0
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     key = ["group", "policy", "budget"]
+    if not (df.task == "squad").any():  # the needle prompt only
+        return df.rename(columns={"correct": "needle_ok", "survival": "needle_kept"})[
+            key + ["needle_ok", "needle_kept", "kv_MiB", "masked_MiB", "score_over_prefill"]].round(3)
     sq = df[df.task == "squad"].groupby(key, sort=False).agg(
         acc=("correct", "mean"), answer_kept=("survival", "mean"), kv_MiB=("kv_MiB", "mean"),
         masked_MiB=("masked_MiB", "mean"), score_over_prefill=("score_over_prefill", "mean"), n=("correct", "size"))
