@@ -574,8 +574,7 @@ def rope_cos_sin(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def rotate_cache_keys(cache, layers, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Turn the stored keys of ``layers`` in place by ``cos, sin [L, G, S, d]`` (``k·cos + rotate_half(k)·sin``;
-    RoPE is a rotation, so ``R(-δ) R(p) k = R(p - δ) k``: StreamingLLM-style re-positioning)."""
+    """Turn stored keys in place by ``cos, sin [L, G, S, d]``: ``R(-δ) R(p) k = R(p - δ) k`` (re-positioning)."""
     for l in layers:
         lay = cache_layers(cache)[l]
         k, h = lay.keys, lay.keys.shape[-1] // 2
@@ -584,8 +583,7 @@ def rotate_cache_keys(cache, layers, cos: torch.Tensor, sin: torch.Tensor) -> No
 
 @contextlib.contextmanager
 def query_projections(model, fn: Callable):
-    """Call ``fn(layer, q)`` with every layer's pre-RoPE queries ``q [B, S, H_Q, d]`` (the ``q_proj`` output)
-    in each forward inside the block. Refuses models that normalise queries after the projection."""
+    """``fn(layer, q)`` on every layer's pre-RoPE queries ``q [B, S, H_Q, d]`` (``q_proj``; no ``q_norm`` models)."""
     shape = model_shape(model)
     handles = []
     try:
