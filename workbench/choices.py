@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-__all__ = ["AuditMode", "Priority", "PolicyName", "HeadQuantity", "RowKind", "ShiftLevel", "Device", "RowDtype",
-           "SyntheticStructure", "ROW_DTYPES", "SYNTHETIC_STRUCTURES",
+__all__ = ["AuditMode", "Priority", "PolicyName", "Pooling", "H2ONormalise", "HeadQuantity", "RowKind", "ShiftLevel",
+           "Device", "RowDtype", "SyntheticStructure", "ROW_DTYPES", "SYNTHETIC_STRUCTURES",
            "AUDIT_MODES", "PRIORITIES", "POLICY_NAMES", "HEAD_QUANTITIES", "ROW_KINDS", "SHIFT_LEVELS"]
 
 AuditMode = Literal["sampled", "exact"]
@@ -17,8 +17,17 @@ AuditMode = Literal["sampled", "exact"]
 Priority = Literal["renyi", "mass", "uniform", "random", "headmax"]
 """SPEC §3: Rényi priority, mass-only (``λ = 0``), chunk order, seeded random, per-head max."""
 
-PolicyName = Literal["full", "streaming", "h2o", "snapkv", "deferkv", "page-entrokv", "random", "oracle"]
+PolicyName = Literal["full", "streaming", "h2o", "snapkv", "deferkv", "page-entrokv", "random", "oracle", "tova",
+                     "knorm", "keydiff", "criticalkv", "expected-attention", "pyramidkv", "adakv",
+                     "entro-budget"]
 """SPEC §9: the eviction policies by name (``workbench.rerun.eviction.POLICY_BY_NAME``)."""
+
+Pooling = Literal["max", "avg"]
+"""SnapKV/DeferKV key-axis smoothing: max-pool (the workbench's default) or average-pool (kvpress, SnapKV's code)."""
+
+H2ONormalise = Literal["sum", "mean"]
+"""H2O's column score: the raw sum of attention (H2O paper), or the mean over the queries that see the key,
+``Σ_u A_{u,j} / (T − j)`` ("mean observed attention", kvpress's ObservedAttentionPress)."""
 
 HeadQuantity = Literal["w", "H", "sink", "z"]
 """What a head heatmap shows: weights ``w_h``, entropy ``H_h``, sink mass, residual mass ``z_h``."""

@@ -67,6 +67,31 @@ frame[["policy", "budget", "kv_bytes_before", "kv_bytes_after", "kv_ratio", "cor
 plots.kv_bytes_table(frame)
 
 # %% [markdown]
+# ## The whole field, by family
+#
+# Every policy the workbench has, at `B = 64`: **attention-based** (scores read observed attention: H2O,
+# SnapKV, TOVA, Page-EntroKV, CriticalKV's value-aware rescaling of SnapKV), **attention-free** (the cache
+# alone: StreamingLLM, key norms, key diversity), **forecasts** (the attention of future queries:
+# ExpectedAttention predicts it from the prompt's query statistics, DeferKV waits for the first real decode
+# query) and **budget allocations** on top of SnapKV's scores (PyramidKV per layer; AdaKV and the
+# EntroPrefill head entropies per KV head). Per-head budgets keep each layer's largest head count in a dense
+# cache and mask the rest: their KV bytes are higher than `B` alone would give, and `kv_bytes_masked` says
+# how much of that is masked.
+
+# %%
+from workbench.rerun.eviction import POLICY_GROUPS, every_policy
+
+family = {n: g for g, names in POLICY_GROUPS.items() for n in names}
+field = run_policies(lm, prompt, every_policy(n_sink=4, recent=32), budgets=[64], max_new_tokens=20, batch=True,
+                     progress=False)
+field_frame = pd.concat([r.to_frame() for r in field], ignore_index=True)
+field_table = survival_table(field, needle, answer=ex.answer)
+field_table.insert(0, "family", field_table.policy.map(family))
+field_table["kv_bytes_after"] = field_frame.kv_bytes_after.values
+field_table["kv_bytes_masked"] = field_frame.kv_bytes_masked.values
+field_table.sort_values(["family", "policy"])
+
+# %% [markdown]
 # ## DeferKV's row weights
 #
 # DeferKV scores `S_i = Σ_r α_r A_{r,i}` over `r = −W+1 … 1` with `α_r ∝ exp(λr)`. With the guide's
@@ -164,3 +189,11 @@ assert (table[table.policy == "streaming"].kept_mean == 0).all()      # sinks + 
 assert (frame.kv_bytes_after[evicting] == per_entry[evicting] * (frame.budget + frame.evicted_at)[evicting]).all()
 assert len(df) == 6 and df["error"].isna().all() and set(df["meta_source"]) == {"home-made (notebook 08)"}
 assert len(findings.comparisons(df)) == 2   # streaming and snapkv, each against full context
+# the field: every policy in one family; every evicting policy keeps L·G·B prompt entries in all (budget
+# allocations move them between layers and heads), and only per-head budgets hold masked entries
+assert sorted(field_table.policy) == sorted(family) and set(field_table.family) == set(POLICY_GROUPS)
+for r in field:
+    if r.policy != "full":
+        assert int((r.kept_prompt >= 0).sum()) == L * G * 64, r.policy
+        if r.policy not in ("adakv", "entro-budget"):
+            assert r.kv_bytes_masked == 0, r.policy

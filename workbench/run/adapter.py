@@ -540,3 +540,102 @@ def transformers_progress(enabled: bool):
         yield
     finally:
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+# ----------------------------------------------------------------------------- eviction: per-head masks and RoPE
+KEYMASK_PREFIX = "workbench_keymask_"
+
+
+def _masked(attention_mask, query: torch.Tensor, key: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """The call's mask as an additive float ``[B, H_Q, q, S]`` plus ``extra [H_Q, S]`` (0 or -inf)."""
+    B, H, q, _ = query.shape
+    S = key.shape[-2]
+    if attention_mask is None:  # plain causal: query i sees the keys up to S - q + i
+        i = torch.arange(q, device=query.device)[:, None]
+        j = torch.arange(S, device=query.device)[None, :]
+        base = torch.zeros(q, S, dtype=query.dtype, device=query.device).masked_fill(j > S - q + i, float("-inf"))
+        base = base[None, None]
+    elif attention_mask.dtype == torch.bool:
+        base = torch.zeros(attention_mask[..., :S].shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~attention_mask[..., :S], float("-inf"))
+    else:
+        base = attention_mask[..., :S].to(query.dtype)
+    return (base + extra.to(query.device, query.dtype)[None, :, None, :]).expand(B, H, q, S)
+
+
+@contextlib.contextmanager
+def per_head_key_mask(model, drop: dict, head_group: torch.Tensor):
+    """Hide cache entries from single KV heads: ``drop[l]`` (bool ``[G, S0]``, True = hidden) masks the first
+    ``S0`` storage slots of layer ``l`` for the query heads of each group (``head_group [H_Q]``), in every
+    forward inside the block (per-head budgets in a dense cache; the hidden entries still take memory).
+    A mask sized for another layer (layers compacted to different lengths) is rebuilt as plain causal: every
+    stored key precedes the new queries. Uses a registered attention implementation wrapping the current
+    one; always restores it."""
+    old = current_attn_implementation(model)
+    base = old[len(KEYMASK_PREFIX):] if old.startswith(KEYMASK_PREFIX) else old
+    fn = base_attention_function(base)
+    hg = head_group.to(torch.int64)
+
+    def wrapped(module, query, key, value, attention_mask, **kwargs):
+        d = drop.get(int(getattr(module, "layer_idx", -1)))
+        S = key.shape[-2]
+        if isinstance(attention_mask, torch.Tensor) and attention_mask.shape[-1] != S:
+            attention_mask = None  # sized from another layer's length (a count per layer): plain causal
+        if d is None or not bool(d.any()):
+            if attention_mask is None and query.shape[2] > 1:
+                return fn(module, query, key, value, _masked(None, query, key, torch.zeros(len(hg), S)), **kwargs)
+            return fn(module, query, key, value, attention_mask, **kwargs)
+        extra = torch.zeros(len(hg), S)
+        extra[:, : d.shape[1]] = torch.zeros(d.shape).masked_fill(d, float("-inf"))[hg]
+        return fn(module, query, key, value, _masked(attention_mask, query, key, extra), **kwargs)
+
+    name = KEYMASK_PREFIX + base.replace("|", "_")
+    AttentionInterface.register(name, wrapped)
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(base)
+    if mask_fn is None:
+        raise TypeError(f"attn_implementation: no mask function for base implementation {base!r}")
+    AttentionMaskInterface.register(name, mask_fn)
+    set_attn_implementation(model, name)
+    try:
+        yield
+    finally:
+        set_attn_implementation(model, old)
+
+
+def rope_cos_sin(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's rotary embedding at ``positions`` (int64 ``[P]``): ``cos, sin`` float32 ``[P, d]`` on CPU
+    (the ``rotate_half`` convention of Llama-family models: ``x·cos + rotate_half(x)·sin``)."""
+    inner = getattr(model, "model", model)
+    rot = getattr(inner, "rotary_emb", None)
+    if rot is None:
+        raise ValueError(f"model: {type(model).__name__} has no shared rotary embedding (rotary_emb)")
+    p = next(model.parameters())
+    cos, sin = rot(torch.zeros(1, device=p.device, dtype=torch.float32), positions[None].to(p.device))
+    return cos[0].float().cpu(), sin[0].float().cpu()
+
+
+def rotate_cache_keys(cache, layers, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Turn stored keys in place by ``cos, sin [L, G, S, d]``: ``R(-δ) R(p) k = R(p - δ) k`` (re-positioning)."""
+    for l in layers:
+        lay = cache_layers(cache)[l]
+        k, h = lay.keys, lay.keys.shape[-1] // 2
+        lay.keys = k * cos[l].to(k)[None] + torch.cat([-k[..., h:], k[..., :h]], -1) * sin[l].to(k)[None]
+
+
+@contextlib.contextmanager
+def query_projections(model, fn: Callable):
+    """``fn(layer, q)`` on every layer's pre-RoPE queries ``q [B, S, H_Q, d]`` (``q_proj``; no ``q_norm`` models)."""
+    shape = model_shape(model)
+    handles = []
+    try:
+        for l, layer in enumerate(decoder_layers(model)):
+            att = layer.self_attn
+            if getattr(att, "q_norm", None) is not None:
+                raise ValueError(f"model: {shape.model_type} normalises its queries (q_norm); query statistics "
+                                 "from q_proj would be wrong")
+            handles.append(att.q_proj.register_forward_hook(
+                lambda m, a, out, l=l: fn(l, out.reshape(out.shape[0], out.shape[1], shape.H_Q, -1))))
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -3,45 +3,56 @@
 - :mod:`.evidence`: what a policy scores with (:class:`Needs`, :class:`Evidence`) and the one budget
   rule (:func:`preview`, :func:`select_keep`);
 - :mod:`.policies`: one short file per policy, citing its paper;
-- :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions) and :class:`GenerationResult`.
+- :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions) and :class:`GenerationResult`;
+- :mod:`.cache_evidence`: keys, values, ``‖W_O v‖`` and query statistics read from the model;
+- :mod:`.agnostic`: question-agnostic eviction (context compressed once, several questions answered).
 """
+from workbench.rerun.eviction.agnostic import run_question_agnostic, split_question
 from workbench.rerun.eviction.evidence import (
     EvictionPolicy,
     Evidence,
     Needs,
     deferkv_alpha,
+    pool,
     preview,
     protected_mask,
     resolve_budget,
     select_keep,
+    split_budget,
 )
 from workbench.rerun.eviction.policies import (
     ALL_POLICIES,
+    CLASSIC,
     H2O,
     POLICY_BY_NAME,
+    POLICY_GROUPS,
+    TOVA,
+    AdaKV,
+    CriticalKV,
     DeferKV,
+    EntroBudget,
+    ExpectedAttention,
     FullCache,
+    KeyDiff,
+    KNorm,
     OracleKV,
     PageEntroKV,
+    PyramidKV,
     RandomKV,
     SnapKV,
     StreamingLLM,
     default_policies,
+    every_policy,
     policy_from_params,
 )
-from workbench.rerun.eviction.session import (
-    EvictionSession,
-    GenerationResult,
-    generate_with_policy,
-    run_policies,
-    survival_table,
-    token_positions,
-)
+from workbench.rerun.eviction.result import GenerationResult, survival_table, token_positions
+from workbench.rerun.eviction.session import EvictionSession, generate_with_policy, run_policies
 
 __all__ = [
     "Needs", "Evidence", "EvictionPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV",
-    "PageEntroKV", "RandomKV", "OracleKV", "ALL_POLICIES", "POLICY_BY_NAME", "default_policies",
-    "policy_from_params", "select_keep", "preview", "protected_mask", "deferkv_alpha", "resolve_budget",
-    "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "token_positions",
+    "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm", "KeyDiff", "CriticalKV", "PyramidKV", "AdaKV",
+    "EntroBudget", "ExpectedAttention", "ALL_POLICIES", "CLASSIC", "POLICY_BY_NAME", "POLICY_GROUPS", "default_policies", "every_policy",
+    "policy_from_params", "select_keep", "split_budget", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
+    "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "run_question_agnostic", "split_question", "token_positions",
     "survival_table",
 ]

@@ -28,8 +28,8 @@ from torch import Tensor
 from workbench.analyse.shift import group_rows
 from workbench.checks import check_int, is_int
 
-__all__ = ["Needs", "Evidence", "EvictionPolicy", "select_keep", "preview", "preview_window", "protected_mask", "deferkv_alpha",
-           "resolve_budget", "group_mean", "row_sum", "maxpool", "renorm_rows"]
+__all__ = ["Needs", "Evidence", "EvictionPolicy", "select_keep", "preview", "preview_window", "protected_mask",
+           "deferkv_alpha", "resolve_budget", "split_budget", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
 
 
 # ----------------------------------------------------------------------------- evidence
@@ -44,6 +44,11 @@ class Needs:
         colsum: H2O column sums ``Σ_{u<T} A_{u,j}`` over every prompt query.
         decode1: the first decode row ``r = 1`` (the query of the first generated token, full cache).
         answer: the decode rows ``1 … n`` of the full-cache answer (``n`` = ``max_new_tokens``).
+        keys: the prompt's keys and values as stored in the cache after prefill (post-RoPE keys), for the
+            attention-free policies (KNorm, KeyDiff) and the value norms.
+        wov: the value-output norms ``‖W_O^h v_j‖_1`` per query head (CriticalKV).
+        qstats: statistics of the prompt's pre-RoPE queries and the RoPE of the next ``qstats`` positions
+            ``T … T+qstats-1`` (ExpectedAttention); ``0`` = none.
     """
 
     tail: int = 0
@@ -51,11 +56,15 @@ class Needs:
     colsum: bool = False
     decode1: bool = False
     answer: bool = False
+    keys: bool = False
+    wov: bool = False
+    qstats: int = 0
 
     def merge(self, other: "Needs") -> "Needs":
         return Needs(tail=max(self.tail, other.tail), observers=max(self.observers, other.observers),
                      colsum=self.colsum or other.colsum, decode1=self.decode1 or other.decode1,
-                     answer=self.answer or other.answer)
+                     answer=self.answer or other.answer, keys=self.keys or other.keys, wov=self.wov or other.wov,
+                     qstats=max(self.qstats, other.qstats))
 
 
 @dataclass
@@ -72,6 +81,11 @@ class Evidence:
             renormalised (row 1 is DeferKV's ``q_dec,1``; rows ``1 … n`` are the full-cache answer).
         observers: float ``[L, H_Q, W_p, T]`` observer rows.
         colsum: float64 ``[L, H_Q, T]`` H2O accumulated attention ``Σ_{u<T} A^{l,h}_{u,j}``.
+        keys, values: float ``[L, G, T, d]`` the prompt's cache entries after prefill (keys post-RoPE).
+        wov: float64 ``[L, H_Q, T]`` ``‖W_O^h v_{g(h),j}‖_1`` (the value's contribution to the layer output).
+        q_sum, q_outer: float64 ``[L, H_Q, d]`` and ``[L, H_Q, d, d]``, ``Σ_i q_i`` and ``Σ_i q_i q_iᵀ`` over
+            the prompt's pre-RoPE queries; q_first: float64 ``[L, H_Q, Q0, d]`` the first ``Q0 ≤ 16`` queries
+            (to leave the sinks out); rope_cos, rope_sin: float32 ``[F, d]`` RoPE at ``T … T+F-1``.
     """
 
     T: int
@@ -82,6 +96,14 @@ class Evidence:
     decode: Tensor | None = None
     observers: Tensor | None = None
     colsum: Tensor | None = None
+    keys: Tensor | None = None
+    values: Tensor | None = None
+    wov: Tensor | None = None
+    q_sum: Tensor | None = None
+    q_outer: Tensor | None = None
+    q_first: Tensor | None = None
+    rope_cos: Tensor | None = None
+    rope_sin: Tensor | None = None
     _scores: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -139,20 +161,27 @@ def protected_mask(T: int, n_sink: int, recent: int) -> Tensor:
     return m
 
 
-def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor | None = None) -> Tensor:
+def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor | None = None,
+                budgets: Tensor | None = None) -> Tensor:
     """The shared selection step: ``B`` prompt positions per layer and KV group.
 
     Protected positions always; then the highest ``scores`` (ties: higher ``tiebreak``, then lower
     position). ``B ≥ T`` keeps every position.
+
+    Budget allocations (PyramidKV, AdaKV, EntroPrefill weights): ``budgets`` int ``[L, G]`` gives each
+    layer and KV group its own count ``B_{l,g}`` (each ``≥ |protected|``, at most ``T``); the rows are then
+    padded with ``-1`` after their sorted kept positions to the largest count.
 
     Args:
         scores: float ``[L, G, T]``.
         budget: ``B``, an integer ``≥ |protected|`` (or ``≥ T``).
         protected: bool ``[T]``.
         tiebreak: optional float ``[L, G, T]`` secondary key.
+        budgets: optional int64 ``[L, G]`` per-cell counts (an allocation of ``B``).
 
     Returns:
-        int64 ``[L, G, min(B, T)]`` kept positions, sorted increasingly in every row.
+        int64 ``[L, G, min(B, T)]`` kept positions, sorted increasingly in every row (with ``budgets``:
+        ``[L, G, max B_{l,g}]``, ``-1``-padded).
     """
     if scores.dim() != 3:
         raise ValueError(f"scores: must have shape [L, G, T], got {list(scores.shape)}")
@@ -177,7 +206,15 @@ def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor
         key = torch.gather(key, -1, o)
     o2 = torch.sort(key, dim=-1, descending=True, stable=True).indices
     order = torch.gather(order, -1, o2)
-    return torch.sort(order[..., :B], dim=-1).values
+    if budgets is None:
+        return torch.sort(order[..., :B], dim=-1).values
+    budgets = torch.as_tensor(budgets, dtype=torch.int64)
+    if budgets.shape != (L, G) or int(budgets.min()) < n_prot or int(budgets.max()) > T:
+        raise ValueError(f"budgets: must be [L={L}, G={G}] counts in [{n_prot}, {T}], got {budgets.tolist()}")
+    M = int(budgets.max())
+    rank = torch.arange(M).expand(L, G, M)
+    sel = order[..., :M].masked_fill(rank >= budgets[..., None], T)  # T sorts after every position
+    return torch.sort(sel, dim=-1).values.masked_fill(rank >= budgets[..., None], -1)
 
 
 def row_sum(parts, weights) -> Tensor:
@@ -200,6 +237,18 @@ def maxpool(x: Tensor, kernel: int) -> Tensor:
         return x
     L, G, T = x.shape
     y = F.max_pool1d(x.reshape(L * G, 1, T), kernel_size=kernel, stride=1, padding=kernel // 2)
+    return y.reshape(L, G, T)
+
+
+def pool(x: Tensor, kernel: int, mode: str = "max") -> Tensor:
+    """Pool ``x [L, G, T]`` over the key axis (stride 1, same length): ``"max"``, or ``"avg"`` (zero
+    padding counted, as ``F.avg_pool1d`` and kvpress's SnapKV do)."""
+    if mode not in ("max", "avg"):
+        raise ValueError(f"pooling: must be 'max' or 'avg', got {mode!r}")
+    if mode == "max" or kernel == 1:
+        return maxpool(x, kernel)
+    L, G, T = x.shape
+    y = F.avg_pool1d(x.reshape(L * G, 1, T), kernel_size=kernel, stride=1, padding=kernel // 2)
     return y.reshape(L, G, T)
 
 
@@ -235,6 +284,11 @@ class EvictionPolicy(abc.ABC):
     def tiebreak(self, ev: Evidence) -> Tensor | None:
         return None
 
+    def allocate(self, ev: Evidence, budget: int) -> Tensor | None:
+        """Per layer and KV group counts int64 ``[L, G]`` (a budget allocation, see :func:`select_keep`), or
+        ``None``: ``B`` everywhere."""
+        return None
+
     def protected(self, T: int) -> Tensor:
         return protected_mask(T, getattr(self, "n_sink", 0), getattr(self, "recent", 0))
 
@@ -258,6 +312,9 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     A policy that keeps everything (the full cache) or ``B ≥ T`` keeps every position ``0 … T-1``;
     otherwise :func:`select_keep` over the policy's scores, protected set and tie-break.
 
+    A policy with a budget allocation (:meth:`EvictionPolicy.allocate`) keeps ``B_{l,g}`` positions per
+    layer and group (``L·G·B`` in all): rows are ``-1``-padded to the largest count.
+
     Returns:
         int64 ``[L, G, min(B, T)]`` (``[L, G, T]`` when everything is kept), sorted in every row.
     """
@@ -267,7 +324,35 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     T, L, G = evidence.T, evidence.L, evidence.G
     if policy.keeps_all or B >= T:
         return torch.arange(T).expand(L, G, T).clone()
-    return select_keep(evidence.scores_of(policy), B, policy.protected(T), policy.tiebreak(evidence))
+    return select_keep(evidence.scores_of(policy), B, policy.protected(T), policy.tiebreak(evidence),
+                       policy.allocate(evidence, B))
+
+
+def split_budget(total: int, weights: Tensor, floor: int, cap: int) -> Tensor:
+    """Integer counts ``[n]`` in ``[floor, cap]`` summing to ``total``: ``floor`` plus the rest in proportion to
+    ``weights ≥ 0`` (water-filling: a share over ``cap`` is fixed at ``cap`` and the others re-shared; then
+    one rounding by largest remainders, so equal weights get counts at most 1 apart)."""
+    n = weights.numel()
+    if not n * floor <= total <= n * cap:
+        raise ValueError(f"budget: {total} cannot be split into {n} counts in [{floor}, {cap}]")
+    w = weights.to(torch.float64).clamp_min(0).flatten()
+    w = w if float(w.sum()) > 0 else torch.ones_like(w)
+    capped = torch.zeros(n, dtype=torch.bool)
+    while True:
+        free = ~capped
+        rest = total - cap * int(capped.sum()) - floor * int(free.sum())
+        ww = torch.where(free, w, torch.zeros_like(w))
+        ww = ww if float(ww.sum()) > 0 else free.to(torch.float64)
+        x = torch.where(free, floor + rest * ww / ww.sum(), torch.full_like(w, float(cap)))
+        over = free & (x > cap)
+        if not bool(over.any()):
+            break
+        capped |= over
+    out = x.floor().to(torch.int64)
+    left = total - int(out.sum())
+    if left:
+        out[torch.argsort(x - out, descending=True, stable=True)[:left]] += 1
+    return out
 
 
 def preview_window(policy: EvictionPolicy, evidence: Evidence, budget: int, layer: int, held: Tensor) -> Tensor:

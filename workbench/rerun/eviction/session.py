@@ -21,7 +21,6 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-import pandas as pd
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -29,105 +28,15 @@ from tqdm.auto import tqdm
 from workbench.capture import capture_attention
 from workbench.capture.identity import check_model_match
 from workbench.checks import check_int, check_max_new_tokens
+from workbench.rerun.eviction.cache_evidence import QueryStats, cache_evidence
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, preview_window, renorm_rows
+from workbench.rerun.eviction.result import GenerationResult
 from workbench.run import adapter
 from workbench.run.generate import stop_token_ids
 
-__all__ = ["GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "token_positions",
-           "survival_table"]
+__all__ = ["EvictionSession", "generate_with_policy", "run_policies"]
 
 
-@dataclass
-class GenerationResult:
-    """One generation under a policy and budget.
-
-    Attributes:
-        policy: policy name; params: its parameters; budget: ``B`` (prompt positions per layer and group).
-        T: prompt length.
-        ids: generated token ids; text: their decoded text (``None`` without a tokenizer).
-        kept: int64 ``[L, G, S']`` positions kept at eviction (the ``min(B, T)`` prompt positions, then
-            the generated tokens held at that moment), sorted; for the full cache every position.
-        evicted_at: decode step after which the eviction ran (0 or 1).
-        compacted_layers: layers whose cache was compacted (every layer the budget applies to; with
-            ``B ≥ T`` nothing is evicted and every layer is listed).
-        kv_bytes_before / kv_bytes_after: cache bytes just before and just after eviction.
-        kept_layers: per layer, int64 ``[G, S_l]`` original positions the layer holds after eviction (a
-            sliding-window layer: at most ``B`` prompt positions its window still sees, then the generated
-            tokens; a full layer: ``kept[l]``).
-        not_compacted: ``{layer: reason}`` for layers that could not be compacted (a warning was issued).
-        kv_layer_bytes_before / kv_layer_bytes_after: cache bytes per layer just before and after eviction.
-        timings: seconds: ``prefill`` (with capture when needed), ``defer`` (decode step 1 on the full
-            cache), ``answer`` (full-cache answer for the oracle), ``score`` (scores + selection),
-            ``evict`` (cache compaction).
-        step_s: seconds of every decode forward after eviction (one per generated token after the
-            eviction, the last generated token needs none).
-        logits: optional float32 ``[n, V]`` logits of every generated token.
-    """
-
-    policy: str
-    params: dict
-    budget: int
-    T: int
-    ids: list[int]
-    text: str | None
-    kept: Tensor
-    evicted_at: int
-    compacted_layers: tuple[int, ...]
-    kv_bytes_before: int
-    kv_bytes_after: int
-    timings: dict
-    step_s: list[float] = field(default_factory=list)
-    logits: Tensor | None = None
-    kept_layers: tuple = ()
-    not_compacted: dict = field(default_factory=dict)
-    kv_layer_bytes_before: tuple = ()
-    kv_layer_bytes_after: tuple = ()
-
-    @property
-    def kept_prompt(self) -> Tensor:
-        """Kept prompt positions; int64 ``[L, G, min(B, T)]``."""
-        return self.kept[..., : min(self.budget, self.T)] if self.policy != "full" else self.kept[..., : self.T]
-
-    def survival(self, positions) -> Tensor:
-        """Fraction of ``positions`` kept, per layer and group (NaN for layers not compacted); float64 ``[L, G]``."""
-        pos = torch.as_tensor(list(positions), dtype=torch.int64)
-        if pos.numel() == 0:
-            raise ValueError("positions: must not be empty")
-        if self.kept_layers:  # what every layer really holds (sliding-window layers: their window)
-            hit = torch.stack([(k[..., None] == pos).any(-2).to(torch.float64).mean(-1) for k in self.kept_layers])
-            for l in self.not_compacted:
-                hit[l] = float("nan")
-            return hit
-        hit = (self.kept_prompt[..., None] == pos).any(-2).to(torch.float64).mean(-1)
-        if self.policy != "full":
-            mask = torch.ones(hit.shape[0], dtype=torch.bool)
-            mask[list(self.compacted_layers)] = False
-            hit[mask] = float("nan")
-        return hit
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row: ``policy, budget, T, n_new, text, kv_bytes_before, kv_bytes_after, kv_ratio,
-        prefill_s, score_s, evict_s, step_s_median`` and the parameters (``param_*``)."""
-        steps = sorted(self.step_s)
-        d = {
-            "policy": self.policy, "budget": self.budget, "T": self.T, "n_new": len(self.ids), "text": self.text,
-            "evicted_at": self.evicted_at, "kv_bytes_before": self.kv_bytes_before,
-            "kv_bytes_after": self.kv_bytes_after,
-            "kv_ratio": self.kv_bytes_after / self.kv_bytes_before if self.kv_bytes_before else float("nan"),
-            "layers_not_compacted": len(self.not_compacted),
-            **{f"{k}_s": v for k, v in self.timings.items()},
-            "step_s_median": steps[len(steps) // 2] if steps else float("nan"),
-        }
-        d.update({f"param_{k}": v for k, v in self.params.items()})
-        return pd.DataFrame([d])
-
-    def steps_frame(self) -> pd.DataFrame:
-        """One row per decode forward after eviction: ``step, seconds``."""
-        start = self.evicted_at + 1
-        return pd.DataFrame({"step": range(start, start + len(self.step_s)), "seconds": self.step_s})
-
-
-# ----------------------------------------------------------------------------- running
 def _unwrap(model):
     if hasattr(model, "tokenizer") and hasattr(model, "model"):
         return model.model, model.tokenizer
@@ -149,20 +58,6 @@ def _prompt_ids(prompt, tokenizer) -> tuple[list[int], object]:
     if not ids:
         raise ValueError("prompt: is empty")
     return [int(i) for i in ids], None
-
-
-def token_positions(prompt, tokenizer, text: str) -> list[int]:
-    """Prompt positions of the tokens lying inside the first occurrence of ``text`` in the prompt's text
-    (e.g. a needle); from the tokenizer's character offsets on the rendered text."""
-    full = prompt.text
-    at = full.find(text)
-    if at < 0:
-        raise ValueError("text: does not occur in the prompt")
-    chat = bool(getattr(tokenizer, "chat_template", None))
-    enc = tokenizer(full, return_offsets_mapping=True, add_special_tokens=not chat)
-    if list(enc["input_ids"]) != list(prompt.spans.input_ids):
-        raise ValueError("tokenizer: does not reproduce the prompt's token ids")
-    return [t for t, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a < at + len(text) and b > at]
 
 
 class EvictionSession:
@@ -224,10 +119,15 @@ class EvictionSession:
             cache = adapter.new_cache(self.model)
             if rec is not None:
                 rec.positions = torch.arange(T)
+            qs = QueryStats(shape.L) if needs.qstats else None
+            if qs is not None:
+                stack.enter_context(adapter.query_projections(self.model, qs))
             t0 = time.perf_counter()
             out = adapter.forward(self.model, x, cache=cache, logits_to_keep=1)
             self.timings["prefill"] = time.perf_counter() - t0
             bar.update(1)
+            if qs is not None:
+                qs.active = False  # prompt queries only
             cache = adapter.output_cache(out) or cache
             logit = out.logits[0, -1].float()
             self.first_logits = [logit.cpu()] if keep_logits else []
@@ -277,14 +177,24 @@ class EvictionSession:
                 ev.decode = renorm_rows(d)
             if needs.colsum:
                 ev.colsum = rec.colsum.cpu()
+        if qs is not None:
+            ev.q_sum, ev.q_outer, ev.q_first = qs.tensors()
+            ev.rope_cos, ev.rope_sin = adapter.rope_cos_sin(self.model, torch.arange(T, T + needs.qstats))
+        if needs.keys or needs.wov:
+            cache_evidence(self.model, self.cache0, ev, keys=needs.keys, wov=needs.wov)
         self.evidence = ev
         self._used = False
         return self
 
     @torch.no_grad()
-    def run(self, policy: EvictionPolicy, budget: int) -> GenerationResult:
-        """Evict with ``policy`` at budget ``B`` and decode ``max_new_tokens`` tokens (stops at EOS)."""
-        return self._decode([self._evict(policy, budget)])[0]
+    def run(self, policy: EvictionPolicy, budget: int, *, rerotate: bool = False) -> GenerationResult:
+        """Evict with ``policy`` at budget ``B`` and decode ``max_new_tokens`` tokens (stops at EOS).
+
+        ``rerotate=True`` re-positions the kept keys after compaction (StreamingLLM paper style): the key
+        in storage slot ``s`` is turned from its original position to position ``s``, and decoding continues
+        at the compacted length; the default keeps every key at its original position (decoding at
+        ``T + t - 1``). Needs the same count in every layer and KV head (no budget allocation)."""
+        return self._decode([self._evict(policy, budget, rerotate=rerotate)])[0]
 
     @torch.no_grad()
     def run_batch(self, jobs) -> list[GenerationResult]:
@@ -293,9 +203,53 @@ class EvictionSession:
         :meth:`run`'s up to float rounding of the batched matrix products). Per-step times are the
         batch's; ``timings["batch"]`` is the largest batch a run was part of."""
         states = [self._evict(p, b) for p, b in jobs]
+        if any(st.drop is not None or bool((st.kept < 0).any()) for st in states):
+            return [self._decode([st])[0] for st in states]  # a count per layer: no shared batch
         return self._decode(states)
 
-    def _evict(self, policy: EvictionPolicy, budget: int) -> "_RunState":
+    @torch.no_grad()
+    def run_questions(self, policy: EvictionPolicy, budget: int, questions, *,
+                      rerotate: bool = False) -> list[GenerationResult]:
+        """Question-agnostic eviction: the session's prompt is the context alone; evict it once with
+        ``policy`` at budget ``B``, then answer every question (token ids appended at positions ``T …``)
+        from a copy of the same compressed cache, reset after each answer (kvpress's pipeline does this).
+
+        Policies that evict after a decode step or score with the answer (DeferKV, the oracle) are refused:
+        without the question there is no first decode step to wait for.
+
+        Returns one :class:`GenerationResult` per question (``T`` = the context length; ``kept`` the
+        context positions; the question's tokens are kept whole and not counted in ``B``).
+        """
+        if policy.defer or policy.needs().answer:
+            raise ValueError(f"policy: {policy.name} needs the question (a decode step or the answer); "
+                             "question-agnostic eviction compresses the context alone")
+        if not self.reusable:
+            raise ValueError("reusable: question-agnostic runs need a reusable session")
+        st0 = self._evict(policy, budget, rerotate=rerotate)
+        out = []
+        for q in questions:
+            q = [int(i) for i in torch.as_tensor(q).flatten().tolist()]
+            if not q:
+                raise ValueError("questions: a question has no tokens")
+            cache = adapter.clone_cache(st0.cache)
+            x = torch.tensor([q], device=self.device)
+            pos = torch.arange(self.T - st0.shift, self.T - st0.shift + len(q), device=self.device)[None]
+            ragged = st0.drop is not None or bool((st0.kept < 0).any())  # a count per layer
+            mask = adapter.per_head_key_mask(self.model, st0.drop or {}, self.evidence.head_group) if ragged \
+                else contextlib.nullcontext()
+            t0 = time.perf_counter()
+            with mask:
+                fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
+            timings = dict(st0.timings, question=time.perf_counter() - t0)
+            logit = fwd.logits[0, -1].float()
+            st = _RunState(policy=policy, B=st0.B, defer=0, kept=st0.kept, compacted=st0.compacted,
+                           before=st0.before, after=st0.after, timings=timings, ids=[int(logit.argmax())],
+                           logits=[logit.cpu()] if self.keep_logits else [], cache=adapter.output_cache(fwd) or cache,
+                           drop=_extend(st0.drop, len(q)), masked=st0.masked, offset=len(q), shift=st0.shift)
+            out.append(self._decode([st])[0])
+        return out
+
+    def _evict(self, policy: EvictionPolicy, budget: int, rerotate: bool = False) -> "_RunState":
         if not isinstance(policy, EvictionPolicy):
             raise ValueError(f"policy: must be an EvictionPolicy, got {type(policy).__name__}")
         B = check_int("budget", budget, 1)
@@ -326,18 +280,23 @@ class EvictionSession:
         layer_before = tuple(adapter.layer_bytes(cache))
         gen = torch.arange(T, T + defer)
         t0 = time.perf_counter()
-        keep = preview(policy, self.evidence, B)  # [L, G, min(B, T)]; every position when nothing is evicted
-        evict = keep.shape[-1] < T
+        keep = preview(policy, self.evidence, B)  # [L, G, M]; -1-padded with a budget allocation
+        ragged = bool((keep < 0).any())  # a budget allocation: a count per layer, per-head counts masked
+        evict = ragged or keep.shape[-1] < T
         kept = torch.cat([keep, gen.expand(L, G, defer)], dim=-1)
-        if evict:  # sliding-window layers: the policy's choice among what the window still sees
-            per_layer = []
-            for l in range(L):
+        drop, masked = None, 0
+        if evict:
+            if ragged:
+                per_layer, drop = _ragged(keep, gen)
+            else:
+                per_layer = [kept[l] for l in range(L)]
+            for l in range(L):  # sliding-window layers: the policy's choice among what the window still sees
                 if adapter.cache_layer_is_sliding(cache, l):
                     held = adapter.layer_positions(cache, l)[0]
                     w = preview_window(policy, self.evidence, B, l, held)
-                    per_layer.append(torch.cat([w, held[held >= T].expand(G, -1)], dim=-1))
-                else:
-                    per_layer.append(kept[l])
+                    per_layer[l] = torch.cat([w, held[held >= T].expand(G, -1)], dim=-1)
+                    if drop:
+                        drop.pop(l, None)
         timings["score"] = time.perf_counter() - t0 if evict else 0.0
         t0 = time.perf_counter()
         skipped: dict = {}
@@ -347,15 +306,34 @@ class EvictionSession:
             if skipped:
                 warnings.warn(f"eviction: {len(skipped)} layer(s) not compacted (they keep every entry; see "
                               f"GenerationResult.not_compacted and kv_layer_bytes_after): {skipped}", stacklevel=3)
+            if drop:
+                drop = {l: d for l, d in drop.items() if l in compacted}
+                if drop:
+                    k0, _ = adapter.cache_kv(cache, next(iter(drop)))
+                    masked = sum(int(d.sum()) for d in drop.values()) * 2 * k0.shape[-1] * k0.element_size()
         else:
             compacted = tuple(range(L))
         kept_layers = tuple(adapter.layer_positions(cache, l) for l in range(L))
         timings["evict"] = time.perf_counter() - t0 if evict else 0.0
         timings["batch"] = 1
         after = adapter.cache_bytes(cache)
+        shift = 0
+        if rerotate and evict:
+            if drop or ragged:
+                raise ValueError("rerotate: needs the same count in every layer and KV head (no budget allocation)")
+            if any(adapter.cache_layer_is_sliding(cache, l) for l in range(L)):
+                raise ValueError("rerotate: not with sliding-window layers (their window is measured in original "
+                                 "positions)")
+            S = kept.shape[-1]
+            delta = kept - torch.arange(S)  # [L, G, S] positions to turn back
+            cos, sin = adapter.rope_cos_sin(self.model, delta.flatten())
+            d = cos.shape[-1]
+            adapter.rotate_cache_keys(cache, compacted, cos.reshape(L, G, S, d), -sin.reshape(L, G, S, d))
+            shift = T - keep.shape[-1]
         return _RunState(policy=policy, B=B, defer=defer, kept=kept, compacted=compacted, before=before,
                          after=after, timings=timings, ids=ids, logits=logits, cache=cache, kept_layers=kept_layers,
-                         not_compacted=skipped, layer_before=layer_before, layer_after=tuple(adapter.layer_bytes(cache)))
+                         not_compacted=skipped, layer_before=layer_before, layer_after=tuple(adapter.layer_bytes(cache)),
+                         drop=drop or None, masked=masked, shift=shift)
 
     def _decode(self, states: list["_RunState"]) -> list[GenerationResult]:
         """Greedy decoding of every state to ``max_new_tokens`` (or EOS), batching states whose caches have
@@ -378,8 +356,8 @@ class EvictionSession:
                 break
             m = min(len(st.ids) for st in live)
             first = [st for st in live if len(st.ids) == m]
-            length = first[0].kept.shape[-1] + len(first[0].steps)  # stored entries of a compacted layer
-            grp = [st for st in first if st.kept.shape[-1] + len(st.steps) == length]
+            length = first[0].kept.shape[-1] + first[0].offset + len(first[0].steps)  # entries of a compacted layer
+            grp = [st for st in first if st.kept.shape[-1] + st.offset + len(st.steps) == length]
             same = len({id(st.cache) for st in grp}) == 1 and [st.row for st in grp] == list(range(len(grp))) \
                 and adapter.cache_batch_size(grp[0].cache) == len(grp)
             if not same:
@@ -388,10 +366,14 @@ class EvictionSession:
                     st.cache, st.row = cache, i
             cache = grp[0].cache
             x = torch.tensor([[st.ids[-1]] for st in grp], device=self.device)
-            pos = torch.full((len(grp), 1), T + m - 1, device=self.device)
-            pstate.cache, pstate.q_pos = cache, torch.tensor([T + m - 1])
+            p = T - grp[0].shift + grp[0].offset + m - 1  # original position (re-rotated: the compacted one)
+            pos = torch.full((len(grp), 1), p, device=self.device)
+            pstate.cache, pstate.q_pos = cache, torch.tensor([p])
+            mask = adapter.per_head_key_mask(self.model, grp[0].drop, self.evidence.head_group) \
+                if grp[0].drop else contextlib.nullcontext()
             t0 = time.perf_counter()
-            fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
+            with mask:
+                fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
             dt = time.perf_counter() - t0
             new = adapter.output_cache(fwd)
             logit = fwd.logits[:, -1].float()
@@ -415,7 +397,8 @@ class EvictionSession:
             out.append(GenerationResult(
                 policy=st.policy.name, params=st.policy.params(), budget=st.B, T=T, ids=ids, text=text,
                 kept=st.kept, evicted_at=st.defer, compacted_layers=st.compacted, kv_bytes_before=st.before,
-                kv_bytes_after=st.after, timings=st.timings, step_s=st.steps,
+                kv_bytes_after=st.after, timings=st.timings, step_s=st.steps, kv_bytes_masked=st.masked,
+                rerotated=bool(st.shift),
                 logits=torch.stack(st.logits[: len(ids)]) if st.logits else None, kept_layers=st.kept_layers,
                 not_compacted=st.not_compacted, kv_layer_bytes_before=st.layer_before,
                 kv_layer_bytes_after=st.layer_after,
@@ -446,6 +429,33 @@ class _RunState:
     row: int = 0
     steps: list = field(default_factory=list)
     done: bool = False
+    drop: dict | None = None
+    masked: int = 0
+    offset: int = 0  # question tokens appended after the eviction (question-agnostic mode)
+    shift: int = 0  # positions removed by re-rotation (decoding continues at the compacted length)
+
+
+def _extend(drop: dict | None, n: int) -> dict | None:
+    """Per-head masks ``{l: [G, S]}`` extended by ``n`` unmasked slots (tokens appended to the cache)."""
+    if not drop:
+        return drop
+    return {l: torch.cat([d, torch.zeros(d.shape[0], n, dtype=torch.bool)], -1) for l, d in drop.items()}
+
+
+def _ragged(keep: Tensor, gen: Tensor) -> tuple[list, dict]:
+    """A ``-1``-padded allocation ``keep [L, G, M]`` as one ``[G, S_l + n_gen]`` storage list per layer
+    (``S_l`` its largest head count; a shorter head repeats its first kept position in the extra slots)
+    and the masks ``{l: bool [G, S_l + n_gen]}`` hiding those extra slots."""
+    per_layer, drop = [], {}
+    for l in range(keep.shape[0]):
+        valid = keep[l] >= 0
+        S = int(valid.sum(-1).max())
+        k = torch.where(valid[:, :S], keep[l, :, :S], keep[l, :, :1])
+        per_layer.append(torch.cat([k, gen.expand(k.shape[0], -1)], -1))
+        d = torch.cat([~valid[:, :S], torch.zeros(k.shape[0], gen.numel(), dtype=torch.bool)], -1)
+        if bool(d.any()):
+            drop[l] = d
+    return per_layer, drop
 
 
 def generate_with_policy(model, prompt, policy: EvictionPolicy, budget: int, max_new_tokens: int, *,
@@ -499,27 +509,5 @@ def run_policies(model, prompt, policies, budgets, max_new_tokens: int, *, progr
     for p, b in tqdm(jobs, desc="policies", disable=not progress, leave=False):
         out.append(sess.run(p, b))
     return out
-
-
-def survival_table(results, positions, answer: str | None = None) -> pd.DataFrame:
-    """One row per result: ``policy, budget, answer`` (the text), ``correct`` (``answer`` occurs in it,
-    case-insensitive), and how many of ``positions`` (e.g. the needle's tokens) the cache kept:
-    ``kept_mean`` (over compacted layers and groups), ``kept_min_layer`` (the worst layer's mean over
-    its groups) and ``layers_all_kept`` (layers where every group kept every position)."""
-    rows = []
-    for r in results:
-        surv = r.survival(positions)
-        per_layer = surv.nanmean(-1)
-        rows.append({
-            "policy": r.policy,
-            "budget": "all" if r.policy == "full" else r.budget,
-            "answer": (r.text or "").strip().replace("\n", " "),
-            "correct": bool(answer is not None and r.text is not None and answer.lower() in r.text.lower()),
-            "kept_mean": round(float(surv.nanmean()), 3),
-            "kept_min_layer": round(float(per_layer[~per_layer.isnan()].min()), 3) if (~per_layer.isnan()).any()
-            else float("nan"),
-            "layers_all_kept": int((surv == 1.0).all(-1).sum()),
-        })
-    return pd.DataFrame(rows)
 
 

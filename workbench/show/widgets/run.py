@@ -11,12 +11,14 @@ from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
 from workbench.rerun.eviction import (
     ALL_POLICIES,
+    POLICY_GROUPS,
     EvictionSession,
     Evidence,
     FullCache,
     GenerationResult,
     Needs,
-    default_policies,
+    SnapKV,
+    every_policy,
     preview,
 )
 from workbench.rerun.prune import run_full, run_pruned
@@ -209,7 +211,8 @@ class EvictionPanel(_RunMixin, Panel):
             self.common["window"] = n_tail
         lo = min(self.common["n_sink"] + self.common["recent"], T)
         self.controls = {
-            "policy": W.Dropdown(options=list(self.classes), value=policy, description="policy"),
+            "policy": W.Dropdown(options=[(f"{g} · {n}", n) for g, names in POLICY_GROUPS.items() for n in names],
+                                 value=policy, description="policy"),
             "budget": SLIDERS["budget"].make(budget if budget is not None else max(lo, T // 4), lo=max(lo, 1), hi=T),
             "defer_lam": SLIDERS["defer_lam"].make(),
             "page": SLIDERS["page"].make(),
@@ -223,6 +226,8 @@ class EvictionPanel(_RunMixin, Panel):
         cls = self.classes[self.controls["policy"].value]
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in self.common.items() if k in names}
+        if "base" in names:  # rescaling and budget allocations act on SnapKV's scores
+            kw["base"] = SnapKV(**{k: v for k, v in self.common.items() if k in {f.name for f in fields(SnapKV)}})
         if "lam" in names:
             kw["lam"] = float(self.controls["defer_lam"].value)
         if "page" in names:
@@ -245,12 +250,10 @@ class EvictionPanel(_RunMixin, Panel):
         ev = cap.cached("eviction_evidence", lambda: Evidence.from_capture(cap))
         T, L = cap.T, cap.L
         B = int(self.controls["budget"].value)
-        if not pol.keeps_all:
-            try:
-                ev.scores_of(pol)  # memoised: a budget move re-selects from the same scores
-            except ValueError:  # evidence a capture does not hold (e.g. H2O's column sums)
-                return None
-        kept = preview(pol, ev, B)  # the one budget rule
+        try:
+            kept = preview(pol, ev, B)  # the one budget rule (scores memoised: a budget move re-selects)
+        except ValueError:  # evidence a capture does not hold (H2O's column sums, the cache's keys ...)
+            return None
         return GenerationResult(policy=pol.name, params=pol.params(), budget=B, T=T, ids=[], text=None, kept=kept,
                                 evicted_at=pol.defer, compacted_layers=tuple(range(L)), kv_bytes_before=0,
                                 kv_bytes_after=0, timings={})
@@ -272,7 +275,7 @@ class EvictionPanel(_RunMixin, Panel):
 
         if self._session is None:
             needs = Needs()
-            for p in default_policies(**self.common):
+            for p in every_policy(**self.common):
                 needs = needs.merge(p.needs())
             self._session = EvictionSession.prepare(self.model, self.prompt, needs, self.max_new_tokens,
                                                     reusable=True, progress=False)

@@ -6,14 +6,15 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from workbench.checks import check_int, check_kernel, check_real
+from workbench.checks import check_choice, check_int, check_kernel, check_real
+from workbench.choices import Pooling
 from workbench.rerun.eviction.evidence import (
     EvictionPolicy,
     Evidence,
     Needs,
     deferkv_alpha,
     group_mean,
-    maxpool,
+    pool,
     row_sum,
 )
 
@@ -21,14 +22,16 @@ from workbench.rerun.eviction.evidence import (
 @dataclass(frozen=True)
 class DeferKV(EvictionPolicy):
     """DeferKV (evict after decode step ``t = 1``): ``S_i = Σ_r α_r A_{r,i}`` over ``r = -W+1 … 1``,
-    ``α_r = exp(λ r)`` normalised (SPEC §9), averaged over the group's heads, max-pooled with ``kernel``.
+    ``α_r = exp(λ r)`` normalised (SPEC §9), averaged over the group's heads, pooled over every prompt key with ``kernel`` (``pooling``: ``"max"``,
+    or ``"avg"``, zero padded as kvpress's SnapKV).
     The first generated token is protected.
 
     Attributes:
         n_sink, recent: protected sinks and recent prompt window.
         window: prompt-tail rows ``W ≥ 1``.
         lam: ``λ`` (real; ``λ > 0`` favours later rows, ``0`` = uniform).
-        kernel: max-pool kernel, odd ``≥ 1``.
+        kernel: pool kernel, odd ``≥ 1``.
+        pooling: ``"max"`` (default) or ``"avg"``.
         decode_weight: ``None`` for SPEC's ``α``; a number in ``[0, 1]`` fixes ``α_1`` and spreads the
             rest over the tail by ``exp(λ r)`` (``0`` with ``λ = 0`` reproduces SnapKV's selection).
     """
@@ -39,6 +42,7 @@ class DeferKV(EvictionPolicy):
     lam: float = 0.1
     kernel: int = 7
     decode_weight: float | None = None
+    pooling: Pooling = "max"
     name: ClassVar[str] = "deferkv"
     defer: ClassVar[int] = 1
 
@@ -49,6 +53,7 @@ class DeferKV(EvictionPolicy):
         check_kernel(self.kernel)
         if self.decode_weight is not None:
             check_real("decode_weight", self.decode_weight, 0.0, 1.0)
+        check_choice("pooling", self.pooling, ("max", "avg"))
 
     def needs(self) -> Needs:
         return Needs(tail=self.window, decode1=True)
@@ -63,4 +68,4 @@ class DeferKV(EvictionPolicy):
         if tail.shape[2] < self.window:
             raise ValueError(f"window: {self.window} rows needed, the evidence has {tail.shape[2]}")
         s = row_sum([tail[:, :, -self.window:], dec[:, :, :1]], self.alpha())  # Σ_r α_r A_r over W+1 rows: [L, H_Q, T]
-        return maxpool(group_mean(s, ev), self.kernel)
+        return pool(group_mean(s, ev), self.kernel, self.pooling)

@@ -4,8 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
+from workbench.checks import check_choice
+from workbench.choices import H2ONormalise
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean
 
 
@@ -15,17 +18,31 @@ class H2O(EvictionPolicy):
     averaged over the group's heads, plus the protected sinks and recent window.
 
     The column sums are accumulated inside the attention call over query tiles (never ``T × T``).
+
+    ``normalise="sum"`` (default) is the H2O paper's accumulated attention. ``normalise="mean"``, named
+    "mean observed attention" in plots and docs, divides key ``j``'s column sum by the number of prompt
+    queries that see it, ``T − j``, per query head before the group mean: kvpress's
+    ``ObservedAttentionPress`` (tests/peers/). It favours recent keys (fewer queries see them).
+
+    Attributes:
+        n_sink, recent: protected sinks and recent window.
+        normalise: ``"sum"`` or ``"mean"``.
     """
 
     n_sink: int = 4
     recent: int = 32
+    normalise: H2ONormalise = "sum"
     name: ClassVar[str] = "h2o"
 
     def __post_init__(self):
         self._check_common()
+        check_choice("normalise", self.normalise, ("sum", "mean"))
 
     def needs(self) -> Needs:
         return Needs(colsum=True)
 
     def scores(self, ev: Evidence) -> Tensor:
-        return group_mean(ev.require("colsum", "H2O"), ev)
+        c = ev.require("colsum", "H2O")
+        if self.normalise == "mean":
+            c = c / torch.arange(ev.T, 0, -1, dtype=c.dtype)  # T - j queries see key j
+        return group_mean(c, ev)

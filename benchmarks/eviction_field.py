@@ -1,0 +1,214 @@
+"""The eviction field on one bench (issue 16): every policy and budget allocation at B = 128/256/512.
+
+Prompts: the bundled needle prompt (``data/needle_haystack.json``, ~1.5k tokens) and ``--contexts`` SQuAD
+contexts from the bundled sample (``data/squad_sample.json``): each context is one article's gold
+paragraph plus ``--distractors`` other paragraphs of the same article (~0.8–1.1k tokens), asked
+``--questions`` questions about its gold paragraph (4 × 5 = 20 SQuAD prompts by default).
+
+For each policy and budget (greedy, ``--new`` tokens):
+- ``acc``: the answer contains a gold answer (case-insensitive), over the 20 SQuAD prompts (question-aware:
+  the whole prompt prefilled, then evicted); ``agnostic_acc``: the same questions answered from one
+  compressed cache per context, compressed *without* the question (``run_question_agnostic``);
+- ``needle``: the needle prompt answered (contains the password) and the needle tokens' survival (mean over
+  compacted layers and KV heads); ``answer_kept``: survival of the gold answer's tokens in the SQuAD contexts;
+- ``kv_MiB``: cache bytes after eviction (mean over prompts; per-head budgets hold each layer's largest head
+  count, ``masked_MiB`` of it masked), against the full cache's;
+- ``score/prefill``: scoring + selection time over the time of one prefill of the same prompt (mean; the
+  policy's memoised scores are cleared before each run, so wrappers pay for their base's scores).
+
+Runs with equal cache lengths are decoded as one batch (as ``EvictionSession.run_batch``: equal to single
+runs up to float rounding); runs with a count per layer are decoded alone.
+
+    python benchmarks/eviction_field.py [--budgets 128 256 512] [--contexts 4] [--questions 5] [--new 16] [--distractors 6]
+        [--no-squad] [--no-needle]
+
+Prints a markdown table and writes ``benchmarks/out/eviction_field.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+from eviction import markdown  # benchmarks/eviction.py (the script's folder is on the path)
+from tqdm.auto import tqdm
+
+from workbench.rerun.eviction import (
+    H2O,
+    TOVA,
+    AdaKV,
+    CriticalKV,
+    DeferKV,
+    EntroBudget,
+    EvictionSession,
+    ExpectedAttention,
+    FullCache,
+    KeyDiff,
+    KNorm,
+    Needs,
+    OracleKV,
+    PageEntroKV,
+    PyramidKV,
+    RandomKV,
+    SnapKV,
+    StreamingLLM,
+    run_question_agnostic,
+    token_positions,
+)
+from workbench.run.examples import load_example
+from workbench.run.models import load_model
+from workbench.run.prompt import build_prompt
+from workbench.study.datasets import load_squad
+
+OUT = Path(__file__).parent / "out"
+INSTRUCTION = "Answer the question using only the documents. Reply with a short answer."
+
+
+def policies():
+    """(group, label, policy): every policy and budget allocation, on the workbench's one footing
+    (4 sinks, 32 recent positions protected)."""
+    snap = SnapKV()
+    return [
+        ("reference", "full", FullCache()),
+        ("reference", "oracle", OracleKV()),
+        ("reference", "random", RandomKV()),
+        ("attention-free", "streaming", StreamingLLM()),
+        ("attention-free", "knorm", KNorm()),
+        ("attention-free", "keydiff", KeyDiff()),
+        ("attention-based", "h2o (sum)", H2O()),
+        ("attention-based", "h2o mean observed", H2O(normalise="mean")),
+        ("attention-based", "tova", TOVA()),
+        ("attention-based", "snapkv max", snap),
+        ("attention-based", "snapkv avg", SnapKV(pooling="avg", kernel=5)),
+        ("attention-based", "page-entrokv", PageEntroKV()),
+        ("attention-based", "criticalkv(snapkv)", CriticalKV(base=snap)),
+        ("forecast", "expected-attention", ExpectedAttention()),
+        ("forecast", "deferkv", DeferKV()),
+        ("budgets", "pyramidkv(snapkv)", PyramidKV(base=snap)),
+        ("budgets", "adakv(snapkv)", AdaKV(base=snap)),
+        ("budgets", "entro-budget(snapkv)", EntroBudget(base=snap)),
+    ]
+
+
+def squad_contexts(tok, n_ctx: int, n_q: int, n_dist: int, max_context: int):
+    """``n_ctx`` contexts (gold paragraph + ``n_dist`` same-article paragraphs, seeded order), each with up
+    to ``n_q`` prompts (one per question on the gold paragraph whose answer occurs in it)."""
+    out = []
+    for art in load_squad("sample")[:n_ctx]:
+        paras = art["paragraphs"]
+        gold = paras[0]
+        docs = [p["context"] for p in paras[1:1 + n_dist]] + [gold["context"]]
+        g = torch.Generator().manual_seed(len(out))
+        docs = [docs[i] for i in torch.randperm(len(docs), generator=g).tolist()]
+        pos = docs.index(gold["context"])
+        qs = [qa for qa in gold["qas"] if any(a["text"] in gold["context"] for a in qa["answers"])][:n_q]
+        prompts = [(build_prompt(tok, docs, qa["question"], INSTRUCTION, answer_doc=pos, max_context=max_context),
+                    sorted({a["text"] for a in qa["answers"]})) for qa in qs]
+        out.append(prompts)
+    return out
+
+
+def correct(text, answers) -> bool:
+    t = (text or "").lower()
+    return any(a.lower() in t for a in answers)
+
+
+def run_prompt(model, prompt, pols, budgets, n_new, answers, survive_text):
+    """Every policy at every budget from one prefill; one row per (policy, budget)."""
+    needs = Needs()
+    for _, _, p in pols:
+        needs = needs.merge(p.needs())
+    t0 = time.perf_counter()
+    plain = EvictionSession.prepare(model, prompt, Needs(), 1, reusable=False, progress=False)
+    prefill_s = plain.timings["prefill"]
+    del plain
+    sess = EvictionSession.prepare(model, prompt, needs, n_new, reusable=True, progress=False)
+    pos = token_positions(prompt, model.tokenizer, survive_text) if survive_text else None
+    rows, jobs, states = [], [], []
+    for group, label, p in pols:
+        for B in (budgets[:1] if p.keeps_all else budgets):
+            sess.evidence._scores.clear()  # each run pays for its own (and its base's) scores
+            jobs.append((group, label, p, B))
+            states.append(sess._evict(p, B))
+    # decode: runs with equal cache lengths batched (as EvictionSession.run_batch; equal to single runs up
+    # to float rounding), a count per layer alone
+    ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]
+    flat = sess._decode([st for st, g in zip(states, ragged) if not g])
+    alone = [sess._decode([st])[0] for st, g in zip(states, ragged) if g]
+    res = [alone.pop(0) if g else flat.pop(0) for g in ragged]
+    for (group, label, p, B), r in zip(jobs, res):
+        surv = float(r.survival(pos).nanmean()) if pos else float("nan")
+        rows.append({"group": group, "policy": label, "budget": "all" if p.keeps_all else B, "T": sess.T,
+                     "correct": correct(r.text, answers), "survival": surv,
+                     "kv_MiB": r.kv_bytes_after / 2**20, "masked_MiB": r.kv_bytes_masked / 2**20,
+                     "score_over_prefill": r.timings["score"] / prefill_s, "text": r.text})
+    return rows, time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[128, 256, 512])
+    ap.add_argument("--contexts", type=int, default=4)
+    ap.add_argument("--questions", type=int, default=5)
+    ap.add_argument("--distractors", type=int, default=6)
+    ap.add_argument("--new", type=int, default=16)
+    ap.add_argument("--no-needle", action="store_true")
+    ap.add_argument("--no-squad", action="store_true", help="the needle prompt only")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    m = load_model(device="cpu", progress=False)
+    tok, mc = m.tokenizer, m.shape.max_context
+    pols = policies()
+    rows = []
+    ctxs = [] if args.no_squad else squad_contexts(tok, args.contexts, args.questions, args.distractors, mc)
+    jobs = [(c, q) for c, prompts in enumerate(ctxs) for q in range(len(prompts))]
+    for c, q in tqdm(jobs, desc="squad (question-aware)"):
+        prompt, answers = ctxs[c][q]
+        r, _ = run_prompt(m, prompt, pols, args.budgets, args.new, answers, answers[0] if answers[0] in prompt.text else None)
+        rows += [dict(x, task="squad", item=f"{c}.{q}") for x in r]
+    agn = [(g, lbl, p) for g, lbl, p in pols if not p.defer and not p.needs().answer]
+    for c, prompts in enumerate(tqdm(ctxs, desc="squad (question-agnostic)")):
+        res = run_question_agnostic(m, [p for p, _ in prompts], [p for _, _, p in agn], args.budgets, args.new,
+                                    progress=False)
+        k = 0
+        for g, lbl, p in agn:
+            for B in (args.budgets[:1] if p.keeps_all else args.budgets):
+                for q, (_, answers) in enumerate(prompts):
+                    rows.append({"group": g, "policy": lbl, "budget": "all" if p.keeps_all else B, "task": "agnostic",
+                                 "item": f"{c}.{q}", "correct": correct(res[k].text, answers), "text": res[k].text,
+                                 "kv_MiB": res[k].kv_bytes_after / 2**20})
+                    k += 1
+    if not args.no_needle:
+        ex = load_example("needle_haystack")
+        prompt = ex.build(tok, max_context=mc)
+        needle = json.loads(Path("data/needle_haystack.json").read_text())["needle"]
+        r, _ = run_prompt(m, prompt, pols, args.budgets, args.new, [ex.answer], needle)
+        rows += [dict(x, task="needle", item="needle") for x in r]
+    df = pd.DataFrame(rows)
+    OUT.mkdir(exist_ok=True)
+    meta = {"machine": platform.platform(), "torch": torch.__version__, "args": vars(args)}
+    (OUT / ("eviction_field_needle.json" if args.no_squad else "eviction_field.json")).write_text(json.dumps({"meta": meta, "rows": rows}, default=str, indent=1))
+    print(markdown(summary(df)))
+    return 0
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    key = ["group", "policy", "budget"]
+    if not (df.task == "squad").any():  # the needle prompt only
+        return df.rename(columns={"correct": "needle_ok", "survival": "needle_kept"})[
+            key + ["needle_ok", "needle_kept", "kv_MiB", "masked_MiB", "score_over_prefill"]].round(3)
+    sq = df[df.task == "squad"].groupby(key, sort=False).agg(
+        acc=("correct", "mean"), answer_kept=("survival", "mean"), kv_MiB=("kv_MiB", "mean"),
+        masked_MiB=("masked_MiB", "mean"), score_over_prefill=("score_over_prefill", "mean"), n=("correct", "size"))
+    ag = df[df.task == "agnostic"].groupby(key, sort=False).agg(agnostic_acc=("correct", "mean"))
+    nd = df[df.task == "needle"].set_index(key)[["correct", "survival"]].rename(
+        columns={"correct": "needle_ok", "survival": "needle_kept"})
+    return sq.join(ag, how="left").join(nd, how="left").reset_index().round(3)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""Evidence read from the model rather than from attention rows: the prompt's keys and values from the cache
+after prefill, the value-output norms ``‖W_O v‖`` (CriticalKV), and the statistics of the prompt's pre-RoPE
+queries (ExpectedAttention). Filled by :meth:`~workbench.rerun.eviction.session.EvictionSession.prepare`."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from workbench.rerun.eviction.evidence import Evidence
+from workbench.run import adapter, blocks
+
+__all__ = ["QueryStats", "cache_evidence"]
+
+
+class QueryStats:
+    """Accumulates ``Σ q``, ``Σ q qᵀ`` (float64) and the first 16 pre-RoPE queries of a prefill, per layer."""
+
+    def __init__(self, L: int):
+        self.sum, self.outer, self.first = [None] * L, [None] * L, [None] * L
+        self.active = True
+
+    def __call__(self, l: int, q: Tensor) -> None:
+        if not self.active:
+            return
+        x = q[0].detach().to("cpu", torch.float64).transpose(0, 1)  # [H_Q, T, d]
+        self.sum[l] = x.sum(1)
+        self.outer[l] = torch.einsum("hti,htj->hij", x, x)
+        self.first[l] = x[:, :16].clone()
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
+        return torch.stack(self.sum), torch.stack(self.outer), torch.stack(self.first)
+
+
+def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None:
+    """The prompt's keys and values from the cache after prefill (``ev.keys``, ``ev.values``
+    ``[L, G, T, d]``), and ``ev.wov [L, H_Q, T]`` = ``‖W_O^h v_{g(h),j}‖_1`` (CriticalKV). A
+    sliding-window layer stores only its window: the positions it dropped read as zero keys and values."""
+    T, L = ev.T, ev.L
+    K, V = [], []
+    for l in range(L):
+        k, v = adapter.cache_kv(cache, l)
+        k, v = k[0, :, :T].float().cpu(), v[0, :, :T].float().cpu()  # [G, S, d], S = T (or the window)
+        if k.shape[1] < T:
+            pad = T - k.shape[1]
+            k = torch.cat([k.new_zeros(k.shape[0], pad, k.shape[2]), k], 1)
+            v = torch.cat([v.new_zeros(v.shape[0], pad, v.shape[2]), v], 1)
+        K.append(k)
+        V.append(v)
+    if keys:
+        ev.keys, ev.values = torch.stack(K), torch.stack(V)
+    if wov:
+        hg = ev.head_group
+        out = torch.empty(L, len(hg), T, dtype=torch.float64)
+        for l in range(L):
+            W_O = blocks.block_weights(model, l).W_O.float().cpu()  # [D, H_Q d]
+            d = V[l].shape[-1]
+            for h in range(len(hg)):
+                out[l, h] = (V[l][int(hg[h])] @ W_O[:, h * d:(h + 1) * d].T).abs().sum(-1).double()
+        ev.wov = out

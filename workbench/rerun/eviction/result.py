@@ -1,0 +1,146 @@
+"""What one eviction run returns (:class:`GenerationResult`), and the tables built from results: needle
+survival (:func:`survival_table`) and the prompt positions of a piece of text (:func:`token_positions`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+__all__ = ["GenerationResult", "survival_table", "token_positions"]
+
+
+@dataclass
+class GenerationResult:
+    """One generation under a policy and budget.
+
+    Attributes:
+        policy: policy name; params: its parameters; budget: ``B`` (prompt positions per layer and group).
+        T: prompt length.
+        ids: generated token ids; text: their decoded text (``None`` without a tokenizer).
+        kept: int64 ``[L, G, S']`` positions kept at eviction (the ``min(B, T)`` prompt positions, then
+            the generated tokens held at that moment), sorted; for the full cache every position. With a
+            budget allocation the prompt part is ``-1``-padded to the largest count.
+        evicted_at: decode step after which the eviction ran (0 or 1).
+        compacted_layers: layers whose cache was compacted (every layer the budget applies to; with
+            ``B ≥ T`` nothing is evicted and every layer is listed).
+        kv_bytes_before / kv_bytes_after: cache bytes just before and just after eviction (with per-head
+            budgets the dense cache keeps each layer's largest head count: masked entries still count).
+        kept_layers: per layer, int64 ``[G, S_l]`` original positions the layer holds after eviction (a
+            sliding-window layer: at most ``B`` prompt positions its window still sees, then the generated
+            tokens; a full layer: ``kept[l]``).
+        not_compacted: ``{layer: reason}`` for layers that could not be compacted (a warning was issued).
+        kv_layer_bytes_before / kv_layer_bytes_after: cache bytes per layer just before and after eviction.
+        kv_bytes_masked: bytes of the entries held but masked out of attention (per-head budgets).
+        rerotated: the kept keys were re-positioned to ``0 … S'-1`` (``run(..., rerotate=True)``).
+        timings: seconds: ``prefill`` (with capture when needed), ``defer`` (decode step 1 on the full
+            cache), ``answer`` (full-cache answer for the oracle), ``score`` (scores + selection),
+            ``evict`` (cache compaction).
+        step_s: seconds of every decode forward after eviction (one per generated token after the
+            eviction, the last generated token needs none).
+        logits: optional float32 ``[n, V]`` logits of every generated token.
+    """
+
+    policy: str
+    params: dict
+    budget: int
+    T: int
+    ids: list[int]
+    text: str | None
+    kept: Tensor
+    evicted_at: int
+    compacted_layers: tuple[int, ...]
+    kv_bytes_before: int
+    kv_bytes_after: int
+    timings: dict
+    step_s: list[float] = field(default_factory=list)
+    logits: Tensor | None = None
+    kept_layers: tuple = ()
+    not_compacted: dict = field(default_factory=dict)
+    kv_layer_bytes_before: tuple = ()
+    kv_layer_bytes_after: tuple = ()
+    kv_bytes_masked: int = 0
+    rerotated: bool = False
+
+    @property
+    def kept_prompt(self) -> Tensor:
+        """Kept prompt positions; int64 ``[L, G, min(B, T)]`` (``-1``-padded with a budget allocation)."""
+        return self.kept[..., : self.kept.shape[-1] - self.evicted_at]
+
+    def survival(self, positions) -> Tensor:
+        """Fraction of ``positions`` kept, per layer and group (NaN for layers not compacted); float64 ``[L, G]``."""
+        pos = torch.as_tensor(list(positions), dtype=torch.int64)
+        if pos.numel() == 0:
+            raise ValueError("positions: must not be empty")
+        if self.kept_layers:  # what every layer really holds (sliding-window layers: their window)
+            hit = torch.stack([(k[..., None] == pos).any(-2).to(torch.float64).mean(-1) for k in self.kept_layers])
+            for l in self.not_compacted:
+                hit[l] = float("nan")
+            return hit
+        hit = (self.kept_prompt[..., None] == pos).any(-2).to(torch.float64).mean(-1)
+        if self.policy != "full":
+            mask = torch.ones(hit.shape[0], dtype=torch.bool)
+            mask[list(self.compacted_layers)] = False
+            hit[mask] = float("nan")
+        return hit
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row: ``policy, budget, T, n_new, text, kv_bytes_before, kv_bytes_after, kv_ratio,
+        prefill_s, score_s, evict_s, step_s_median`` and the parameters (``param_*``)."""
+        steps = sorted(self.step_s)
+        d = {
+            "policy": self.policy, "budget": self.budget, "T": self.T, "n_new": len(self.ids), "text": self.text,
+            "evicted_at": self.evicted_at, "kv_bytes_before": self.kv_bytes_before,
+            "kv_bytes_after": self.kv_bytes_after, "kv_bytes_masked": self.kv_bytes_masked, "rerotated": self.rerotated,
+            "kv_ratio": self.kv_bytes_after / self.kv_bytes_before if self.kv_bytes_before else float("nan"),
+            "layers_not_compacted": len(self.not_compacted),
+            **{f"{k}_s": v for k, v in self.timings.items()},
+            "step_s_median": steps[len(steps) // 2] if steps else float("nan"),
+        }
+        d.update({f"param_{k}": v for k, v in self.params.items()})
+        return pd.DataFrame([d])
+
+    def steps_frame(self) -> pd.DataFrame:
+        """One row per decode forward after eviction: ``step, seconds``."""
+        start = self.evicted_at + 1
+        return pd.DataFrame({"step": range(start, start + len(self.step_s)), "seconds": self.step_s})
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def token_positions(prompt, tokenizer, text: str) -> list[int]:
+    """Prompt positions of the tokens lying inside the first occurrence of ``text`` in the prompt's text
+    (e.g. a needle); from the tokenizer's character offsets on the rendered text."""
+    full = prompt.text
+    at = full.find(text)
+    if at < 0:
+        raise ValueError("text: does not occur in the prompt")
+    chat = bool(getattr(tokenizer, "chat_template", None))
+    enc = tokenizer(full, return_offsets_mapping=True, add_special_tokens=not chat)
+    if list(enc["input_ids"]) != list(prompt.spans.input_ids):
+        raise ValueError("tokenizer: does not reproduce the prompt's token ids")
+    return [t for t, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a < at + len(text) and b > at]
+
+
+def survival_table(results, positions, answer: str | None = None) -> pd.DataFrame:
+    """One row per result: ``policy, budget, answer`` (the text), ``correct`` (``answer`` occurs in it,
+    case-insensitive), and how many of ``positions`` (e.g. the needle's tokens) the cache kept:
+    ``kept_mean`` (over compacted layers and groups), ``kept_min_layer`` (the worst layer's mean over
+    its groups) and ``layers_all_kept`` (layers where every group kept every position)."""
+    rows = []
+    for r in results:
+        surv = r.survival(positions)
+        per_layer = surv.nanmean(-1)
+        rows.append({
+            "policy": r.policy,
+            "budget": "all" if r.policy == "full" else r.budget,
+            "answer": (r.text or "").strip().replace("\n", " "),
+            "correct": bool(answer is not None and r.text is not None and answer.lower() in r.text.lower()),
+            "kept_mean": round(float(surv.nanmean()), 3),
+            "kept_min_layer": round(float(per_layer[~per_layer.isnan()].min()), 3) if (~per_layer.isnan()).any()
+            else float("nan"),
+            "layers_all_kept": int((surv == 1.0).all(-1).sum()),
+        })
+    return pd.DataFrame(rows)
