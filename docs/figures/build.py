@@ -33,8 +33,8 @@ def heads_vs_tau(cap, layer: int):
             w = HeadPooling(zeta=zeta, tau=tau)(cap).w[layer]
             grid += [dict(zeta=zeta, tau=tau, head=f"h{h}", w=float(w[h])) for h in range(cap.H_Q)]
     grid = pd.DataFrame(grid)
-    kw = plots.categorical_px(grid["head"].unique()) if hasattr(plots, "categorical_px") else {}
-    return px.line(grid, x="tau", y="w", color="head", facet_col="zeta", log_x=True, markers=True,
+    kw = plots.categorical_px(grid["head"], "head") if hasattr(plots, "categorical_px") else {"color": "head"}
+    return px.line(grid, x="tau", y="w", facet_col="zeta", log_x=True, markers=True,
                    template=plots.TEMPLATE, title=f"Layer {layer}: head weight w_h against τ, one panel per ζ", **kw)
 
 

@@ -202,9 +202,12 @@ def as_figure(fig) -> go.Figure:
     return fig.figure() if isinstance(fig, _Draft) else fig
 
 
-def _finish(fig, title: str, meta: dict, **layout) -> go.Figure:
+def _finish(fig, title: str, meta: dict, *, aspect: dict | None = None, **layout) -> go.Figure:
     """Title, ``meta`` and the workbench template; a :class:`_Draft` becomes its ``go.Figure`` here (or
-    stays a draft inside :func:`drafts`)."""
+    stays a draft inside :func:`drafts`). ``aspect``: the export height / width per column preset
+    (``{"single": …, "double": …}``, into ``meta["aspect"]``; multi-panel figures need more height)."""
+    if aspect is not None:
+        meta = {**meta, "aspect": dict(aspect)}
     if isinstance(fig, _Draft):
         fig.update_layout(title=dict(text=title), meta=meta, **layout)
         fig.layout["template"] = TEMPLATE
@@ -283,7 +286,7 @@ def figure_frame(fig) -> pd.DataFrame:
         base = {"trace": i, "name": tr.name, "type": tr.type}
         names = (tr.meta or {}).get("customdata") if isinstance(getattr(tr, "meta", None), dict) else None
         if tr.type == "table":
-            heads = [html.unescape(re.sub(r"<[^>]*>", "", str(h))) for h in (tr.header.values if tr.header.values is not None else [])]
+            heads = [html.unescape(re.sub(r"<[^>]*>", "", re.sub(r"<br\s*/?>", " ", str(h)))) for h in (tr.header.values if tr.header.values is not None else [])]
             cols = list(tr.cells.values if tr.cells.values is not None else [])
             n = max((len(c) for c in cols), default=0)
             d = {h or f"col_{j}": list(c) for j, (h, c) in enumerate(zip(heads, cols))}

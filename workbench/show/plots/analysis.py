@@ -146,7 +146,7 @@ def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | No
     return _finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}",
                    _meta("residual_distribution", _model_id(model_id, pooling, spans), params, layer=layer,
                          n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None)),
-                   xaxis_title="key position", yaxis_title="query head (KV group)",
+                   xaxis_title="key position",  # row labels name the head and group
                    coloraxis=dict(colorbar=dict(title=dict(text="a/z"))), yaxis=dict(autorange="reversed"))
 
 
@@ -221,7 +221,8 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
     return _finish(fig, title,
                    _meta("chunk_priorities", _model_id(model_id, spans), params, layer=layer, x=x,
                          removed=rem, answer_chunk=ans, eps_s=priorities.eps_s, lam=priorities.lam),
-                   barmode="overlay", legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+                   barmode="overlay", legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+                   aspect={"single": 1.25, "double": 0.65})
 
 
 # ============================================================================= selection and trace (SPEC §5–§6)
@@ -285,7 +286,8 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
     return _finish(fig, f"Greedy D_l vs certificate U_l (N = {N} candidate tokens)",
                    _meta("certificate", _model_id(model_id, tr), p, budget=budget, target_tokens=tt, N=N,
                          layers=layers, l_star=getattr(tr, "l_star", None)),
-                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+                   aspect={"single": 1.05, "double": 0.55})
 
 
 _STATUS_COLOR = {"accept": PALETTE[2], "audit_fail": REMOVED, "below_target": PALETTE[1], "short_streak": PALETTE[5],
@@ -354,4 +356,4 @@ def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figur
                    _meta("trace_layers", _model_id(model_id, trace), params if params is not None else P,
                          l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J),
                    barmode="overlay", margin=dict(r=60, b=90),
-                   legend=dict(orientation="h", y=-0.1, x=0, yanchor="top"))
+                   legend=dict(orientation="h", y=-0.1, x=0, yanchor="top"), aspect={"single": 1.5, "double": 0.8})
