@@ -135,7 +135,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
     for t in fig_dict.get("data") or []:
         cpl = (t.get("meta") or {}).get("chars_per_line") if isinstance(t, dict) else None
         if isinstance(cpl, (int, float)) and cpl > 0 and isinstance(t.get("textfont"), dict):
-            room = plot_w - (base * 4.5 if (t.get("marker") or {}).get("colorbar") is not None else 0)
+            room = plot_w - (base * 7 if (t.get("marker") or {}).get("colorbar") is not None else 0)
             t["textfont"]["size"] = round(min(_font(t["textfont"], base), room / (cpl * 0.66)), 2)  # mono: 0.6 em
     # ---- tables: fonts shrink until the columns fit the width
     for t in fig_dict.get("data") or []:
