@@ -6,6 +6,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.workbench-setup
 PORT    ?= 8888
+IP      ?= 127.0.0.1
 PYTEST_ARGS ?=
 
 .PHONY: setup lab test report capture bench clean-venv
@@ -41,8 +42,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m ipykernel install --sys-prefix --name attn-workbench --display-name "Python (attn-workbench)" >/dev/null
 	@touch $(STAMP)
 
+# JupyterLab on notebooks/ with a token; --allow-root when run as root (a container); prints the URL.
+# `.venv/bin/python -m workbench lab --dry-run` shows the command line without starting it.
 lab: setup
-	$(BIN)/python -m jupyter lab --notebook-dir=notebooks --port=$(PORT) --no-browser
+	$(BIN)/python -m workbench lab --notebook-dir=notebooks --port=$(PORT) --ip=$(IP)
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
