@@ -2,6 +2,8 @@
 is the captured row, removed/evicted tokens are struck through, paging, log and exclude-sinks, clicks."""
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pytest
 from _all_figures import _gen, synthetic_inputs
@@ -90,3 +92,20 @@ def test_token_panel_click_sets_the_query_row(syn):
     assert panel.click(0) == int(np.argmin(cap.row_pos.numpy())) and fw.layout.meta["query_pos"] == first
     # the click callback is wired to the bar trace
     assert fw.data[0]._click_callbacks
+
+
+def test_attention_strip_log_exclude_sinks_and_token_ticks(syn):
+    sp, cap, params, tr = syn
+    raw = cap.observer_attn()[1, 2].mean(0).double().numpy()
+    fig = plots.attention_strip(cap, 1, 2, log=True, exclude_sinks=True, max_tick_tokens=100)
+    y = np.asarray(fig.data[0].y, dtype=float)
+    assert np.isnan(y[: sp.n_sink]).all() and np.allclose(y[sp.n_sink:], raw[sp.n_sink:])
+    assert fig.layout.yaxis.type == "log" and fig.layout.hovermode == "x"
+    assert [html.unescape(t) for t in fig.layout.xaxis.ticktext] == [t.replace(" ", "·") or "∅" for t in sp.tokens]
+    assert plots.attention_strip(cap, 1, 2).layout.xaxis.ticktext is None  # T > 80: positions (hover has the text)
+    lin = plots.attention_strip(cap, 1, 2)
+    assert lin.layout.yaxis.type == "linear" and np.allclose(np.asarray(lin.data[0].y, dtype=float), raw)
+    res = plots.residual_distribution(tr.pooling, 1, cap, log=True)
+    want = (tr.pooling.a[1, :, sp.n_sink:] / tr.pooling.z[1, :, None]).numpy()
+    assert np.allclose(np.asarray(res.data[0].z, dtype=float), np.log10(np.maximum(want, 1e-6)))
+    assert np.allclose(np.array([[c[1] for c in row] for row in res.data[0].customdata], dtype=float), want)

@@ -51,10 +51,14 @@ def sink_mass_heatmap(capture, kind: str = "observer", *, params=None) -> go.Fig
                    xaxis_title="query head (KV group)", yaxis_title="layer", coloraxis=dict(cmin=0, cmax=1))
 
 
-def attention_strip(capture, layer: int, head: int, row: int | None = None, *, params=None) -> go.Figure:
+def attention_strip(capture, layer: int, head: int, row: int | None = None, *, log: bool = False,
+                    exclude_sinks: bool = False, max_tick_tokens: int = 80, params=None) -> go.Figure:
     """Attention of one row (default: the mean of the observers) over the prompt tokens, for one head.
 
-    Bars coloured by span: grey protected, orange candidate chunk, green the answer chunk.
+    Bars coloured by span: grey protected, orange candidate chunk, green the answer chunk. ``log``: a log
+    y axis (a 0.7 sink no longer flattens the rest); ``exclude_sinks``: the sinks' bars are left out (gaps)
+    and the axis fits the other tokens. Up to ``max_tick_tokens`` tokens the x ticks are the tokens'
+    text; hover works anywhere in a token's column (``hovermode="x"``), also over short bars.
     """
     spans = capture.spans
     check_int("layer", layer, 0, capture.L - 1)
@@ -70,13 +74,22 @@ def attention_strip(capture, layer: int, head: int, row: int | None = None, *, p
     colors = [NEUTRAL if c < 0 else (ANSWER if spans.chunk_doc[c] == spans.answer_doc else PALETTE[1])
               for c in chunk_of]
     toks = _tokens(spans, spans.T)
-    fig = _Draft(go.Bar(x=np.arange(spans.T), y=_z(a), marker_color=colors, name="attention",
+    y = _z(a)
+    if exclude_sinks:
+        y[: spans.n_sink] = np.nan
+    fig = _Draft(go.Bar(x=np.arange(spans.T), y=y, marker_color=colors, name="attention",
                            customdata=_cd(toks, chunk_of), meta={"customdata": ["token", "chunk"]},
-                           hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4f}<extra></extra>"))
-    return _finish(fig, f"Attention, layer {layer}, head {head} ({label})",
-                   _meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row),
-                   xaxis_title="prompt position (grey: protected, orange: chunks, green: answer chunk)",
-                   yaxis_title="attention probability", bargap=0)
+                           hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4g}<extra></extra>"))
+    xaxis = dict(tickmode="array", tickvals=list(range(spans.T)), ticktext=toks, tickangle=-90,
+                 tickfont=dict(family="DejaVu Sans Mono, monospace", size=8)) if spans.T <= max_tick_tokens else {}
+    what = ("; log scale" if log else "") + ("; sinks excluded" if exclude_sinks else "")
+    return _finish(fig, f"Attention, layer {layer}, head {head} ({label}{what})",
+                   _meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row, log=bool(log),
+                         exclude_sinks=bool(exclude_sinks)),
+                   bargap=0, hovermode="x",
+                   yaxis=dict(type="log" if log else "linear", title=dict(text="attention" + (" (log)" if log else ""))),
+                   xaxis=dict(title=dict(text="prompt position (grey: protected, orange: chunks, green: answer)"),
+                              **xaxis))
 
 
 # ============================================================================= pooling (SPEC §2)
@@ -119,7 +132,8 @@ def head_heatmap(pooling, quantity: HeadQuantity = "w", *, model_id: str | None 
                    coloraxis=dict(colorbar=dict(title=dict(text=quantity)), **cax))
 
 
-def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
+def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False, model_id: str | None = None,
+                          params=None) -> go.Figure:
     """Per-head residual distribution ``a^h_j / z_h`` over the non-sink keys of one layer (head × position).
 
     Each row is the distribution whose Rényi-2 entropy is ``H_h`` (shown in the row label with ``w_h``).
@@ -128,6 +142,8 @@ def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | No
         pooling: :class:`~workbench.analyse.pooling.PoolingResult`.
         layer: ``0 … L-1``.
         spans: ``PromptSpans`` (or a Capture / Prompt) for the token labels; positions only when None.
+        log: colour by ``log10(a/z)`` (floored at 1e-6); the hover still shows ``a/z``. The sinks are always
+            excluded here (the residual is the non-sink distribution).
     """
     check_int("layer", layer, 0, pooling.L - 1)
     sp = _spans_of(spans)
@@ -140,14 +156,21 @@ def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | No
     Hh, w = _np(pooling.H[layer]), _np(pooling.w[layer])
     ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
             for h, lab in enumerate(_head_labels(hg))]
-    fig = _Draft(go.Heatmap(z=_z(res), x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
-                               customdata=_rows(toks, H),
-                               hovertemplate="%{y}<br>key %{x}: %{customdata}<br>a/z = %{z:.4g}<extra></extra>"))
+    z = np.log10(np.maximum(_z(res), 1e-6)) if log else _z(res)
+    cd = np.empty((H, Tn, 2), dtype=object)
+    cd[..., 0] = np.asarray(toks, dtype=object)[None, :]
+    cd[..., 1] = _z(res)
+    fig = _Draft(go.Heatmap(z=z, x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
+                               customdata=cd if log else _rows(toks, H),
+                               hovertemplate="%{y}<br>key %{x}: " + ("%{customdata[0]}<br>a/z = %{customdata[1]:.4g}"
+                                                                     if log else "%{customdata}<br>a/z = %{z:.4g}")
+                               + "<extra></extra>"))
     return _finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}",
                    _meta("residual_distribution", _model_id(model_id, pooling, spans), params, layer=layer,
-                         n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None)),
+                         n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None), log=bool(log)),
                    xaxis_title="key position",  # row labels name the head and group
-                   coloraxis=dict(colorbar=dict(title=dict(text="a/z"))), yaxis=dict(autorange="reversed"))
+                   coloraxis=dict(colorbar=dict(title=dict(text="log10 a/z" if log else "a/z"))),
+                   yaxis=dict(autorange="reversed"))
 
 
 # ============================================================================= priorities (SPEC §3)

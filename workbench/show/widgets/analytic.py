@@ -39,6 +39,7 @@ class HeadsPanel(Panel):
         self.controls = _ep_controls(("zeta", "tau"), self.base)
         self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else layer, lo=0, hi=L - 1)
         self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=quantity, description="heatmap")
+        self.controls["log"] = W.Checkbox(value=False, description="log residual colours")
         self._finish()
 
     def analysis(self):
@@ -49,7 +50,8 @@ class HeadsPanel(Panel):
         pool = self._analyse()
         l = int(self.controls["layer"].value)
         figs = {"heads": plots.head_heatmap(pool, quantity=self.controls["quantity"].value),
-                "residual": plots.residual_distribution(pool, l, self.capture.spans)}
+                "residual": plots.residual_distribution(pool, l, self.capture.spans,
+                                                        log=bool(self.controls["log"].value))}
         nv = int((~pool.valid).sum())
         st = f"{pool.L} layers × {pool.n_heads} heads; {nv} layer(s) with an invalid head (z ≤ ρ_min)"
         return figs, st
