@@ -396,6 +396,9 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
     relayout.update(new_layout)
     # plotly_update writes raw JSON; it only takes paths the target already knows (a new subplot axis is not)
     fits = all(k in target.layout for k in relayout)
+    # a plotly_update keeps the old length of a shape/annotation list (a new line would be lost): assign those
+    fits = fits and all(len(relayout.get(k) or ()) == len(target.layout[k] or ()) for k in ("shapes", "annotations")
+                        if k in relayout)
     if same and fits:
 
         new_data = [_share_arrays(tr) for tr in new_traces]

@@ -294,7 +294,7 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
                              hovertemplate="layer %{x}: U = %{y:.4g}<br>%{customdata[0]}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=layers, y=D, name="D_l (greedy)", mode="lines+markers", line=dict(color=KEPT),
                              hovertemplate="layer %{x}: D = %{y} tokens<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=[layers[0], layers[-1]], y=[budget, budget], name="target", mode="lines",
+    fig.add_trace(go.Scatter(x=[layers[0] - 0.5, layers[-1] + 0.5], y=[budget, budget], name="target", mode="lines",
                              line=dict(color=REMOVED, dash="dash"),
                              hovertemplate="target %{y} tokens<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Bar(x=layers, y=_z([np.nan if g is None else g for g in gap]), name="gap U − D",
@@ -317,13 +317,14 @@ _STATUS_COLOR = {"accept": PALETTE[2], "audit_fail": REMOVED, "below_target": PA
                  "no_audit": PALETTE[4], "invalid": NEUTRAL, "no_candidates": NEUTRAL}
 
 
-def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figure:
+def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None = None, params=None) -> go.Figure:
     """The per-layer trace of the 7-step procedure (``audit.trace``): three panels over the monitored layers.
 
     1. removed tokens ``D_l`` and certificate ``U_l`` against the target; 2. candidate stability ``d_l``
     against ``d_max`` and the streak (bars); 3. the largest audit bound against ``ε_audit`` (and ``b``).
     The layer markers at the bottom are coloured by status (accept, audit fail, below target, ...);
-    hover shows the decision sentence. ``l*`` is a dotted vertical line.
+    hover shows the decision sentence. ``l*`` is a dotted vertical line; ``fixed_layer`` (a run that prunes after
+    a fixed layer instead of the adaptive ``l*``) a dashed vermillion one labelled "fixed".
     """
     df = trace.to_frame()
     if df.empty:
@@ -362,6 +363,10 @@ def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figur
     if trace.l_star is not None:
         _span(fig, "vline", trace.l_star, line=dict(color="#000", dash="dot", width=1))
         fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
+    if fixed_layer is not None:
+        _span(fig, "vline", fixed_layer, line=dict(color=REMOVED, dash="dash", width=1.5))
+        fig.add_annotation(x=fixed_layer, y=1, yref="paper", text="fixed", showarrow=False, yanchor="bottom",
+                           font=dict(color=REMOVED))
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="d_l", range=[0, 1.05], row=2, col=1, secondary_y=False)
     fig.update_yaxes(title_text="streak", rangemode="tozero", showgrid=False, dtick=1, row=2, col=1, secondary_y=True)
@@ -377,6 +382,7 @@ def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figur
     dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
     return _finish(fig, f"Layer trace: {html.escape(dec)}",
                    _meta("trace_layers", _model_id(model_id, trace), params if params is not None else P,
-                         l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J),
+                         l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J,
+                         fixed_layer=fixed_layer),
                    barmode="overlay", margin=dict(r=60, b=90),
                    legend=dict(orientation="h", y=-0.1, x=0, yanchor="top"), aspect={"single": 1.5, "double": 0.8})

@@ -101,6 +101,10 @@ class PriorityPanel(Panel):
             figs["envelope"] = plots.envelope_rows(env)
         elif "envelope" in self.figures:
             figs["envelope"] = go.Figure(self.figures["envelope"])  # unchanged
+        if sel is not None:  # the saving target as a line, the greedy D against the LP's U (when certified)
+            figs["certificate"] = plots.certificate({l: sel})
+        elif "certificate" in self.figures:
+            figs["certificate"] = go.Figure(self.figures["certificate"])
         if sel is None:
             st = f"layer {l}: invalid (residual or document mass ≤ ρ_min); no selection"
         else:
