@@ -61,12 +61,24 @@ SYNTHETIC_CELLS = [
     "panel.widget",
 ]
 
+TOKEN_CELLS = [
+    "import os\nos.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')\n"
+    "from workbench.run.spans import PromptSpans\nfrom workbench.capture.data import Capture\n"
+    "from workbench.show.widgets import TokenPanel",
+    "spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)\n"
+    "T = spans.T\n"
+    "cap = Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0,\n"
+    "                        extra_rows={'tail': list(range(T - 6, T))})\n"
+    "panel = TokenPanel(cap, layer=1)",
+    "panel.widget",
+]
+
 
 # ----------------------------------------------------------------------------- server
-def _synthetic_notebook(path: Path) -> None:
+def _synthetic_notebook(path: Path, cells=SYNTHETIC_CELLS) -> None:
     nb = {
         "cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
-                   "source": src} for i, src in enumerate(SYNTHETIC_CELLS)],
+                   "source": src} for i, src in enumerate(cells)],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
                      "language_info": {"name": "python"}},
         "nbformat": 4, "nbformat_minor": 5,
@@ -104,6 +116,7 @@ def lab_server(tmp_path: Path):
     root = tmp_path / "root"
     root.mkdir()
     _synthetic_notebook(root / "panel.ipynb")
+    _synthetic_notebook(root / "tokens.ipynb", TOKEN_CELLS)
     shutil.copy(POOLING_NB, root / POOLING_NB.name)
     shutil.copy(POOLING_NB.parent / "lab_setup.py", root / "lab_setup.py")  # the notebooks' shared set-up
     port, token = _free_port(), uuid.uuid4().hex
@@ -184,7 +197,8 @@ def artifacts(request, tmp_path) -> Path:
         probe.unlink()
     except OSError:
         folder = tmp_path
-    prefix = {"test_pooling_notebook_zeta_slider": "02-", "test_synthetic_panel_layer_slider": "synthetic-"}.get(
+    prefix = {"test_pooling_notebook_zeta_slider": "02-", "test_synthetic_panel_layer_slider": "synthetic-",
+              "test_token_view_click_sets_the_query_row": "tokens-"}.get(
         request.node.name, request.node.name + "-")
     for old in folder.glob(prefix + "*.png"):   # this test's screenshots from an earlier run
         old.unlink()
@@ -403,3 +417,43 @@ def test_synthetic_panel_layer_slider(lab, artifacts):
         _wait_figures(page, "layer", "figs.some(f => f.title.includes('layer 2'))", timeout_s=30)
         assert layer.locator(".widget-readout").first.inner_text(timeout=10_000).strip() == "2"
         panel.screenshot(path=str(artifacts / "synthetic-panel-after.png"))
+
+
+# the token bars of the token view: [{pos, x, y}] (screen centre of each bar) and the figure's meta
+_TOKENS_JS = """() => {
+  for (const gd of document.querySelectorAll('.jp-OutputArea .js-plotly-plot')) {
+    const meta = gd.layout && gd.layout.meta;
+    if (!meta || meta.figure !== 'token_attention') continue;
+    const pts = Array.from(gd.querySelectorAll('.barlayer .trace')[0].querySelectorAll('.point'));
+    const cd = gd.data[0].customdata;
+    return {meta, bars: pts.map((p, i) => { const r = p.getBoundingClientRect();
+      return {pos: cd[i][0], x: r.left + r.width / 2, y: r.top + r.height / 2, w: r.width}; })};
+  }
+  return null;
+}"""
+
+
+def test_token_view_click_sets_the_query_row(lab, artifacts):
+    """The token view (TokenPanel) in JupyterLab: clicking a token's bar makes the captured row at (or
+    nearest to) that position the query row; the figure's shading and meta follow."""
+    with _notebook_page(lab, "tokens.ipynb") as page:
+        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.bars.length > 10; }",
+                               arg=_TOKENS_JS, timeout=150_000, polling=500)
+        before = page.evaluate(_TOKENS_JS)
+        assert before["meta"]["query"] == "observers" and before["meta"]["query_pos"] is None
+        area = page.locator(".jp-OutputArea", has=page.locator(".js-plotly-plot")).last
+        area.scroll_into_view_if_needed()
+        before = page.evaluate(_TOKENS_JS)
+        target = before["bars"][-3]                 # a tail row's own token (T - 3)
+        area.screenshot(path=str(artifacts / "tokens-before.png"))
+        page.mouse.move(target["x"], target["y"])
+        page.mouse.click(target["x"], target["y"])
+        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.meta.query_pos !== null; }",
+                               arg=_TOKENS_JS, timeout=30_000, polling=250)
+        after = page.evaluate(_TOKENS_JS)
+        assert after["meta"]["query_pos"] == target["pos"], after["meta"]
+        assert isinstance(after["meta"]["query"], int)
+        label = page.locator(".widget-dropdown", has=page.locator(".widget-label", has_text="query row")).last
+        text = label.locator("select").evaluate("s => s.options[s.selectedIndex].text").replace("\xa0", " ")
+        assert f"@ {target['pos']}" in text, text
+        area.screenshot(path=str(artifacts / "tokens-after.png"))

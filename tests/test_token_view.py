@@ -109,3 +109,14 @@ def test_attention_strip_log_exclude_sinks_and_token_ticks(syn):
     want = (tr.pooling.a[1, :, sp.n_sink:] / tr.pooling.z[1, :, None]).numpy()
     assert np.allclose(np.asarray(res.data[0].z, dtype=float), np.log10(np.maximum(want, 1e-6)))
     assert np.allclose(np.array([[c[1] for c in row] for row in res.data[0].customdata], dtype=float), want)
+
+
+@pytest.mark.slow
+def test_token_panel_exports_html_and_paper_files(syn, tmp_path):
+    sp, cap, params, tr = syn
+    panel = Wd.TokenPanel(cap, layer=1)
+    paths = panel.export_clicked(tmp_path / "tok")
+    names = {p.name for p in paths}
+    assert {"tokens.pdf", "tokens.svg", "tokens.png", "tokens.json", "tokens.csv", "tokens.html"} <= names
+    page = (tmp_path / "tok" / "tokens.html").read_text()
+    assert "plotly" in page and sp.tokens[7] in page

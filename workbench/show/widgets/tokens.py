@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import ipywidgets as W
 import numpy as np
@@ -89,6 +90,15 @@ class TokenPanel(Panel):
         st = (f"query: {_html_escape(c['query'].label)}; click a token to make the nearest captured row the query"
               + (f"; {len(m['removed'])} tokens struck through" if m["removed"] else ""))
         return {"tokens": fig}, st
+
+    def export_all(self, folder, **kw):
+        """The figures as for every panel (PDF/SVG/PNG + sidecar + CSV), plus ``tokens.html``: the view for the
+        web (self-contained, plotly.js inline, works offline)."""
+        out = super().export_all(folder, **kw)
+        html_path = Path(folder) / "tokens.html"
+        self.figures["tokens"].write_html(html_path, include_plotlyjs=True, full_html=True)
+        out["tokens"] = list(out["tokens"]) + [html_path]
+        return out
 
     def update(self) -> None:
         super().update()
