@@ -362,11 +362,12 @@ def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None 
                       annotation_font=small, annotation_position="bottom right", row=3, col=1)
     if trace.l_star is not None:
         _span(fig, "vline", trace.l_star, line=dict(color="#000", dash="dot", width=1))
-        fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
+        fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="top",
+                           xanchor="left", xshift=2)  # inside the top edge: the legend sits above the plot
     if fixed_layer is not None:
         _span(fig, "vline", fixed_layer, line=dict(color=REMOVED, dash="dash", width=1.5))
-        fig.add_annotation(x=fixed_layer, y=1, yref="paper", text="fixed", showarrow=False, yanchor="bottom",
-                           font=dict(color=REMOVED))
+        fig.add_annotation(x=fixed_layer, y=0.93, yref="paper", text="fixed", showarrow=False, yanchor="top",
+                           xanchor="left", xshift=2, font=dict(color=REMOVED))
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="d_l", range=[0, 1.05], row=2, col=1, secondary_y=False)
     fig.update_yaxes(title_text="streak", rangemode="tozero", showgrid=False, dtick=1, row=2, col=1, secondary_y=True)
@@ -384,5 +385,5 @@ def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None 
                    _meta("trace_layers", _model_id(model_id, trace), params if params is not None else P,
                          l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J,
                          fixed_layer=fixed_layer),
-                   barmode="overlay", margin=dict(r=60, b=90),
-                   legend=dict(orientation="h", y=-0.1, x=0, yanchor="top"), aspect={"single": 1.5, "double": 0.8})
+                   barmode="overlay", margin=dict(r=60, t=80),
+                   legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"), aspect={"single": 1.5, "double": 0.8})

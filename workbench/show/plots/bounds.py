@@ -233,7 +233,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
                    _meta("pages", _model_id(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
                          d=pr.d, bytes=pr.bytes),
                    coloraxis=dict(colorbar=dict(title=dict(text="I"), len=0.34, y=0.83)),
-                   legend=dict(orientation="h", y=-0.15, x=0, yanchor="top"), aspect={"single": 1.45, "double": 0.8})
+                   legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"), aspect={"single": 1.45, "double": 0.8})
 
 
 # ============================================================================= shift (SPEC §9)
@@ -308,7 +308,7 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
     return _finish(fig, f"Prefill→decode shift ({where}; top-{shift.k} recall vs {ref})",
                    _meta("shift_steps", model_id, params, level=level, layer=layer, k=shift.k, ref_start=shift.ref_start,
                          ref_end=shift.ref_end, r=r),
-                   barmode="group", legend=dict(orientation="h", y=-0.14, x=0, yanchor="top"),
+                   barmode="group", legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"),
                    aspect={"single": 1.6, "double": 0.85})
 
 
