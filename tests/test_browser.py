@@ -555,6 +555,16 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
                     changed = _changed(page, p["i"], before, 30)
                 if not changed:
                     unchanged.append(label)
+                # back to the notebook's value (typed into the editable readout), so that the next slider is
+                # tested from the notebook's state, not from this one's extreme
+                ro = slider.locator(".widget-readout").first
+                ro.click()
+                page.keyboard.press("Control+A")
+                page.keyboard.type(readout)
+                page.keyboard.press("Enter")
+                with contextlib.suppress(PlaywrightTimeout):
+                    page.wait_for_function("([el, v]) => el.textContent.trim() === v", arg=[ro.element_handle(),
+                                           readout.strip()], timeout=10_000, polling=250)
             assert not unchanged, f"{name}: sliders {unchanged} changed neither a figure nor the status"
             for t in p["toggles"]:
                 box = area.locator(".widget-checkbox", has_text=t).locator("input").first
