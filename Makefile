@@ -6,6 +6,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.workbench-setup
 PORT    ?= 8888
+IP      ?= 127.0.0.1
 PYTEST_ARGS ?=
 MODEL   ?=
 DEVICE  ?=
@@ -43,9 +44,11 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m ipykernel install --sys-prefix --name attn-workbench --display-name "Python (attn-workbench)" >/dev/null
 	@touch $(STAMP)
 
-# make lab MODEL=/path/to/hf-folder (or a cached hub id) DEVICE=cuda: the notebooks load that model
+# JupyterLab on notebooks/ with a token; --allow-root when run as root (a container); prints the URL.
+# `.venv/bin/python -m workbench lab --dry-run` shows the command line without starting it.
+# make lab MODEL=/path/to/hf-folder (or a cached hub id) DEVICE=cuda: the notebooks load that model.
 lab: setup
-	WORKBENCH_MODEL=$(MODEL) WORKBENCH_DEVICE=$(DEVICE) $(BIN)/python -m jupyter lab --notebook-dir=notebooks --port=$(PORT) --no-browser
+	WORKBENCH_MODEL=$(MODEL) WORKBENCH_DEVICE=$(DEVICE) $(BIN)/python -m workbench lab --notebook-dir=notebooks --port=$(PORT) --ip=$(IP)
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -9,7 +9,12 @@ config/settings/runtime folders, kernels on one intra-op thread) serves two note
   the browser (the numbers plotly drew: every KV group's weights sum to 1, none below the floor ``ζ/r``),
   moves the **ζ** slider with the keyboard (``Home``: ζ = 0.01) and checks that the figure followed:
   the heatmap's data, its ``meta.zeta``, its image, the residual rows' labels (``w=…``) and the pixels;
-- a small panel notebook on a synthetic capture (fast): the layer slider moves the residual figure's title.
+- a small panel notebook on a synthetic capture (fast): the layer slider moves the residual figure's title;
+- a token-view notebook on a synthetic capture: clicking a token's bar makes that position's captured row
+  the query row (the figure's meta and the *query row* menu follow);
+- every notebook, one test each (``test_notebook_panels_in_browser[NN]``): run it, move every visible slider
+  of every panel and check that the figures' data or the status changed, flip each *re-run on change*
+  toggle once (a model run), press *export figures* and check the files, no console errors, screenshots.
 
 Both notebooks are opened in a fresh workspace and run only once their own kernel is connected and
 idle. Screenshots of the panel before and after each move are test artefacts: they go to
@@ -61,12 +66,24 @@ SYNTHETIC_CELLS = [
     "panel.widget",
 ]
 
+TOKEN_CELLS = [
+    "import os\nos.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')\n"
+    "from workbench.run.spans import PromptSpans\nfrom workbench.capture.data import Capture\n"
+    "from workbench.show.widgets import TokenPanel",
+    "spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)\n"
+    "T = spans.T\n"
+    "cap = Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0,\n"
+    "                        extra_rows={'tail': list(range(T - 6, T))})\n"
+    "panel = TokenPanel(cap, layer=1)",
+    "panel.widget",
+]
+
 
 # ----------------------------------------------------------------------------- server
-def _synthetic_notebook(path: Path) -> None:
+def _synthetic_notebook(path: Path, cells=SYNTHETIC_CELLS) -> None:
     nb = {
         "cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
-                   "source": src} for i, src in enumerate(SYNTHETIC_CELLS)],
+                   "source": src} for i, src in enumerate(cells)],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
                      "language_info": {"name": "python"}},
         "nbformat": 4, "nbformat_minor": 5,
@@ -104,7 +121,9 @@ def lab_server(tmp_path: Path):
     root = tmp_path / "root"
     root.mkdir()
     _synthetic_notebook(root / "panel.ipynb")
-    shutil.copy(POOLING_NB, root / POOLING_NB.name)
+    _synthetic_notebook(root / "tokens.ipynb", TOKEN_CELLS)
+    for nb in sorted(POOLING_NB.parent.glob("[0-9][0-9]_*.ipynb")):  # every notebook (the panel tests open them)
+        shutil.copy(nb, root / nb.name)
     shutil.copy(POOLING_NB.parent / "lab_setup.py", root / "lab_setup.py")  # the notebooks' shared set-up
     port, token = _free_port(), uuid.uuid4().hex
     env = dict(os.environ)
@@ -184,7 +203,8 @@ def artifacts(request, tmp_path) -> Path:
         probe.unlink()
     except OSError:
         folder = tmp_path
-    prefix = {"test_pooling_notebook_zeta_slider": "02-", "test_synthetic_panel_layer_slider": "synthetic-"}.get(
+    prefix = {"test_pooling_notebook_zeta_slider": "02-", "test_synthetic_panel_layer_slider": "synthetic-",
+              "test_token_view_click_sets_the_query_row": "tokens-"}.get(
         request.node.name, request.node.name + "-")
     for old in folder.glob(prefix + "*.png"):   # this test's screenshots from an earlier run
         old.unlink()
@@ -403,3 +423,168 @@ def test_synthetic_panel_layer_slider(lab, artifacts):
         _wait_figures(page, "layer", "figs.some(f => f.title.includes('layer 2'))", timeout_s=30)
         assert layer.locator(".widget-readout").first.inner_text(timeout=10_000).strip() == "2"
         panel.screenshot(path=str(artifacts / "synthetic-panel-after.png"))
+
+
+# the token bars of the token view: [{pos, x, y}] (screen centre of each bar) and the figure's meta
+_TOKENS_JS = """() => {
+  for (const gd of document.querySelectorAll('.jp-OutputArea .js-plotly-plot')) {
+    const meta = gd.layout && gd.layout.meta;
+    if (!meta || meta.figure !== 'token_attention') continue;
+    const pts = Array.from(gd.querySelectorAll('.barlayer .trace')[0].querySelectorAll('.point'));
+    const cd = gd.data[0].customdata;
+    return {meta, bars: pts.map((p, i) => { const r = p.getBoundingClientRect();
+      return {pos: cd[i][0], x: r.left + r.width / 2, y: r.top + r.height / 2, w: r.width}; })};
+  }
+  return null;
+}"""
+
+
+def test_token_view_click_sets_the_query_row(lab, artifacts):
+    """The token view (TokenPanel) in JupyterLab: clicking a token's bar makes the captured row at (or
+    nearest to) that position the query row; the figure's shading and meta follow."""
+    with _notebook_page(lab, "tokens.ipynb") as page:
+        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.bars.length > 10; }",
+                               arg=_TOKENS_JS, timeout=150_000, polling=500)
+        before = page.evaluate(_TOKENS_JS)
+        assert before["meta"]["query"] == "observers" and before["meta"]["query_pos"] is None
+        area = page.locator(".jp-OutputArea", has=page.locator(".js-plotly-plot")).last
+        area.scroll_into_view_if_needed()
+        before = page.evaluate(_TOKENS_JS)
+        target = before["bars"][-3]                 # a tail row's own token (T - 3)
+        area.screenshot(path=str(artifacts / "tokens-before.png"))
+        page.mouse.move(target["x"], target["y"])
+        page.mouse.click(target["x"], target["y"])
+        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.meta.query_pos !== null; }",
+                               arg=_TOKENS_JS, timeout=30_000, polling=250)
+        after = page.evaluate(_TOKENS_JS)
+        assert after["meta"]["query_pos"] == target["pos"], after["meta"]
+        assert isinstance(after["meta"]["query"], int)
+        label = page.locator(".widget-dropdown", has=page.locator(".widget-label", has_text="query row")).last
+        text = label.locator("select").evaluate("s => s.options[s.selectedIndex].text").replace("\xa0", " ")
+        assert f"@ {target['pos']}" in text, text
+        area.screenshot(path=str(artifacts / "tokens-after.png"))
+
+
+# ----------------------------------------------------------------------------- every notebook's panels
+ALL_NOTEBOOKS = sorted(p.name for p in POOLING_NB.parent.glob("[0-9][0-9]_*.ipynb"))
+
+# every panel output area: its sliders (label, readout), run toggles, export button, and a fingerprint of
+# its figures' data (what plotly drew) and status text
+_PANELS_JS = """() => {
+  const areas = Array.from(document.querySelectorAll('.jp-OutputArea')).filter(a => a.querySelector('.widget-hslider'));
+  return areas.map((a, i) => ({
+    i,
+    sliders: Array.from(a.querySelectorAll('.widget-hslider')).filter(s => s.offsetParent !== null)
+      .map(s => (s.querySelector('.widget-label') || {}).textContent || ''),
+    toggles: Array.from(a.querySelectorAll('.widget-checkbox')).map(c => c.textContent.trim())
+      .filter(t => t.includes('re-run on change')),
+    export: !!Array.from(a.querySelectorAll('button')).find(b => b.textContent.includes('export figures')),
+    fingerprint: Array.from(a.querySelectorAll('.js-plotly-plot')).map(gd => JSON.stringify(
+      (gd.data || []).map(t => [t.x && t.x.length, t.y && Array.from(t.y).slice(0, 400), t.z && String(t.z).slice(0, 4000),
+                                t.marker && t.marker.color && String(t.marker.color).slice(0, 2000)]))).join('|')
+      + '#' + Array.from(a.querySelectorAll('.widget-html')).map(h => h.textContent).join('|'),
+  }));
+}"""
+
+
+def _panels(page):
+    return page.evaluate(_PANELS_JS)
+
+
+def _changed(page, i: int, before: str, timeout_s: float) -> bool:
+    try:
+        page.wait_for_function("([js, i, fp]) => eval('(' + js + ')')()[i].fingerprint !== fp",
+                               arg=[_PANELS_JS, i, before], timeout=timeout_s * 1000, polling=250)
+        return True
+    except PlaywrightTimeout:
+        return False
+
+
+def _wait_done(page, timeout_s: float) -> None:
+    """Wait until every code cell ran (an execution count, kernel idle) or a traceback shows."""
+    page.wait_for_function(
+        "(errSel) => { const w = window.jupyterapp.shell.currentWidget; const k = w.sessionContext.session.kernel;"
+        " const cells = Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'));"
+        " const done = cells.length > 0 && cells.every(c => /\\[\\d+\\]/.test(c.textContent)) && k.status === 'idle';"
+        " return done || Array.from(document.querySelectorAll(errSel)).some(e => e.textContent.includes('Traceback')); }",
+        arg=_ERROR_SEL, timeout=timeout_s * 1000, polling=1000)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL_NOTEBOOKS, ids=[n[:2] for n in ALL_NOTEBOOKS])
+def test_notebook_panels_in_browser(lab, artifacts, name):
+    """Open the notebook, run it, then on every panel: move each visible slider (Home, or End at the start)
+    and check that the figures' data or the status changed; flip each *re-run on change* toggle once (a model
+    run, bounded); press *export figures* and check the files; no console errors; screenshots as artefacts."""
+    console: list[str] = []
+    tag = name[:2]
+    for old in artifacts.glob(f"nb{tag}-*.png"):
+        old.unlink()
+    with _notebook_page(lab, name) as page:
+        page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
+        try:
+            _wait_done(page, RUN_ALL_TIMEOUT_S)
+        except PlaywrightTimeout:
+            page.screenshot(path=str(artifacts / f"nb{tag}-timeout.png"), full_page=True)
+            raise
+        errors = _kernel_errors(page)
+        assert not errors, "\n".join(e[-2000:] for e in errors)
+        panels = _panels(page)
+        assert panels, f"{name}: no panel with a slider"
+        for p in panels:
+            area = page.locator(".jp-OutputArea").filter(has=page.locator(".widget-hslider")).nth(p["i"])
+            area.scroll_into_view_if_needed()
+            area.screenshot(path=str(artifacts / f"nb{tag}-panel{p['i']}-before.png"))
+            unchanged = []
+            # last slider first: earlier sliders at an extreme can make later ones inert (ζ = 1: τ has no effect)
+            for label in reversed(p["sliders"]):
+                before = _panels(page)[p["i"]]["fingerprint"]
+                slider = area.locator(".widget-hslider").filter(has=page.locator(".widget-label", has_text=label)).first
+                readout = slider.locator(".widget-readout").first.inner_text()
+                handle = slider.locator(".noUi-handle").first
+                handle.focus()
+                handle.press("Home")  # the low end first (at ζ = 1, its maximum, τ would not matter)
+                if slider.locator(".widget-readout").first.inner_text() == readout:
+                    handle.press("End")
+                if slider.locator(".widget-readout").first.inner_text() == readout:
+                    continue  # a one-value slider (e.g. one decode row)
+                changed = _changed(page, p["i"], before, 60)
+                if not changed:  # the other end (a bound can make one end inert, e.g. m₀ = 0 with nothing removable)
+                    handle.press("End")
+                    changed = _changed(page, p["i"], before, 30)
+                if not changed:
+                    unchanged.append(label)
+                # back to the notebook's value (typed into the editable readout), so that the next slider is
+                # tested from the notebook's state, not from this one's extreme
+                ro = slider.locator(".widget-readout").first
+                ro.click()
+                page.keyboard.press("Control+A")
+                page.keyboard.type(readout)
+                page.keyboard.press("Enter")
+                with contextlib.suppress(PlaywrightTimeout):
+                    page.wait_for_function("([el, v]) => el.textContent.trim() === v", arg=[ro.element_handle(),
+                                           readout.strip()], timeout=10_000, polling=250)
+            assert not unchanged, f"{name}: sliders {unchanged} changed neither a figure nor the status"
+            for t in p["toggles"]:
+                box = area.locator(".widget-checkbox", has_text=t).locator("input").first
+                box.check()
+                page.wait_for_function(
+                    "(a) => { const p = a.querySelector('.widget-inline-hbox progress, .progress'); "
+                    "const d = Array.from(a.querySelectorAll('.widget-label')).map(e => e.textContent).join('|'); "
+                    "return /done|failed|cancelled/.test(d); }",
+                    arg=area.element_handle(), timeout=RUN_ALL_TIMEOUT_S * 1000, polling=500)
+                box.uncheck()
+            if p["export"]:
+                area.locator("button", has_text="export figures").first.click()
+                page.wait_for_function("(a) => /files in|export failed/.test(a.textContent)", arg=area.element_handle(),
+                                       timeout=180_000, polling=500)
+                text = area.inner_text()
+                assert "export failed" not in text, text[-1000:]
+                folder = Path(text.split("files in", 1)[1].split(":", 1)[0].strip())
+                files = sorted(f.name for f in folder.iterdir())
+                for ext in (".pdf", ".svg", ".png", ".json", ".csv"):
+                    assert any(f.endswith(ext) for f in files), (folder, files)
+            area.screenshot(path=str(artifacts / f"nb{tag}-panel{p['i']}-after.png"))
+        bad = [c for c in console if "favicon" not in c]
+        assert not bad, f"{name}: console errors: {bad[:5]}"

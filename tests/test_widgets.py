@@ -283,9 +283,11 @@ def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, coun
 
     first_figures = set(panel.figures)
     panel.run_button.click()
+    panel.wait(120)  # the button runs in the panel's worker thread
     assert counter.prefills == 2 and panel.model_calls == 2  # full + pruned
     assert panel.progress.value == panel.progress.max
     panel.run_button.click()
+    panel.wait(120)
     assert counter.prefills == 2 and panel.model_calls == 2  # cached
     pruned, full = panel.last_pruned, panel.last_full
     ref = run_pruned(lm, spans, params, max_new_tokens=4, progress=False)
@@ -304,10 +306,13 @@ def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, coun
     assert panel.figures["drift"] in panel.widget.children[-1].children
     # auto-run: a parameter change runs once, a return to a cached set does not
     panel.auto.value = True
+    panel.wait(120)
     assert counter.prefills == n + 1  # current parameters are cached
     panel.controls["target"].value = 0.8
+    panel.wait(120)
     assert counter.prefills == n + 2
     panel.controls["target"].value = 0.5
+    panel.wait(120)
     assert counter.prefills == n + 2
 
 

@@ -1,8 +1,9 @@
-"""Command line: ``python -m workbench {prepare,capture,report}``."""
+"""Command line: ``python -m workbench {prepare,capture,report,lab}``."""
 from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import sys
 import time
@@ -76,6 +77,50 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
+KERNEL = "attn-workbench"  # the kernel every notebook names (installed by ``make setup``)
+
+
+def lab_command(*, notebook_dir: str = "notebooks", port: int = 8888, ip: str = "127.0.0.1", token: str | None = None,
+                uid: int | None = None) -> tuple[list[str], str]:
+    """JupyterLab's command line and its URL. Always with a token (``token``, else ``$JUPYTER_TOKEN``, else a
+    random one); ``--allow-root`` when the user id is 0 (a container), since Jupyter refuses root otherwise."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port: must be an integer in [1, 65535], got {port!r}")
+    token = token or os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(16)
+    uid = os.getuid() if uid is None and hasattr(os, "getuid") else uid
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebook_dir}", f"--port={port}", f"--ip={ip}",
+           "--no-browser", f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0"]
+    if uid == 0:
+        cmd.append("--allow-root")
+    host = "127.0.0.1" if ip in ("0.0.0.0", "*", "") else ip
+    return cmd, f"http://{host}:{port}/lab?token={token}"
+
+
+def kernel_installed(name: str = KERNEL) -> bool:
+    """Whether the notebooks' named kernel is installed where Jupyter looks (``make setup`` installs it into
+    this Python's prefix; also the user's and the system's data folders, ``$JUPYTER_DATA_DIR``, ``$JUPYTER_PATH``)."""
+    dirs = [os.environ.get("JUPYTER_DATA_DIR", ""), *os.environ.get("JUPYTER_PATH", "").split(os.pathsep),
+            str(Path(sys.prefix) / "share" / "jupyter"), str(Path.home() / ".local" / "share" / "jupyter"),
+            "/usr/local/share/jupyter", "/usr/share/jupyter"]
+    return any((Path(d) / "kernels" / name / "kernel.json").is_file() for d in dirs if d)
+
+
+def _lab(args) -> int:
+    try:
+        cmd, url = lab_command(notebook_dir=args.notebook_dir, port=args.port, ip=args.ip, token=args.token)
+    except ValueError as e:
+        print(f"python -m workbench lab: error: {e}", file=sys.stderr)
+        return 2
+    ok = kernel_installed()
+    print(f"kernel {KERNEL}: {'installed' if ok else 'MISSING (run make setup)'}")
+    print(f"JupyterLab: {url}", flush=True)
+    if args.dry_run:
+        print(" ".join(cmd))
+        return 0 if ok else 1
+    os.execv(cmd[0], cmd)
+    return 0  # pragma: no cover - execv does not return
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -117,6 +162,14 @@ def main(argv=None) -> int:
                         "benchmarks/report_threads.py)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.set_defaults(fn=_report)
+    j = sub.add_parser("lab", help="start JupyterLab on the notebooks (token auth; --allow-root as root); "
+                                   "prints the URL")
+    j.add_argument("--notebook-dir", default="notebooks")
+    j.add_argument("--port", type=int, default=8888)
+    j.add_argument("--ip", default="127.0.0.1", help="interface (0.0.0.0 to reach it from outside a container)")
+    j.add_argument("--token", default=None, help="access token (default: $JUPYTER_TOKEN, else a random one)")
+    j.add_argument("--dry-run", action="store_true", help="print the URL and the command line, start nothing")
+    j.set_defaults(fn=_lab)
     args = ap.parse_args(argv)
     return args.fn(args)
 

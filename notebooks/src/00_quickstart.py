@@ -41,6 +41,24 @@ plots.sink_mass_heatmap(cap)
 # %%
 plots.attention_strip(cap, layer=cap.L // 2, head=0)
 
+# %%
+plots.attention_strip(cap, layer=cap.L // 2, head=0, log=True)   # the same row on a log axis
+
+# %% [markdown]
+# ### Attention over the text
+#
+# The prompt as text, each token shaded by the attention it gets from a query row: the observers' mean,
+# a tail row or a decode step (the *query row* menu, or click a token: the captured row nearest to it
+# becomes the query), for one head, a KV group or the pooled `μ`. The answer passage is outlined in
+# green, chunk starts are ticks, the query token is boxed. *log scale* keeps the sinks (often > 0.5 of
+# the mass) from washing out the rest; *exclude sinks* leaves them unshaded.
+
+# %%
+from workbench.show.widgets import TokenPanel
+
+tokens = TokenPanel(cap, layer=cap.L // 2)
+tokens.widget
+
 # %% [markdown]
 # ### Interactive panel
 #

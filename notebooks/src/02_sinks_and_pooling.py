@@ -63,7 +63,8 @@ for zeta in (1.0, 0.5, 0.2, 0.05):
         grid += [dict(zeta=zeta, tau=tau, head=f"h{h} (g{g})", w=float(w[h]))
                  for h, g in enumerate(cap.head_group.tolist())]
 grid = pd.DataFrame(grid)
-fig = px.line(grid, x="tau", y="w", color="head", facet_col="zeta", log_x=True, markers=True,
+fig = px.line(grid, x="tau", y="w", facet_col="zeta", log_x=True, markers=True,
+              **plots.categorical_px(grid["head"], "head"),  # 9 heads: colour, then dash and marker past 8
               template=plots.TEMPLATE, title=f"Layer {layer}: head weight w_h against τ, one panel per ζ")
 fig
 

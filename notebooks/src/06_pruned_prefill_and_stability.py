@@ -101,6 +101,17 @@ panel = PrunePanel(cap, lm, prompt, params, max_new_tokens=8)
 panel.widget
 
 # %% [markdown]
+# The prompt as text, shaded by the pooled `μ` at `l*`; the chunks the pruned prefill removed are struck through.
+
+# %%
+from workbench.show.widgets import TokenPanel
+
+gone = [p for i in pruned.removed for p in range(*prompt.spans.chunks[i])]
+tokens = TokenPanel(cap, layer=pruned.l_star, removed=gone)
+tokens.set(source=("pooled", 0))
+tokens.widget
+
+# %% [markdown]
 # ## Checks
 #
 # The numbers this notebook talks about, recomputed from its own results, printed and asserted.

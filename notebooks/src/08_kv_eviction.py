@@ -122,6 +122,20 @@ panel = EvictionPanel(cap, lm, prompt, budget=64, max_new_tokens=20)
 panel.widget
 
 # %% [markdown]
+# The prompt as text, shaded by the first decode step's attention (KV group 0); the positions one run at
+# `B = 64` evicted from every compacted cache are struck through (the needle is outlined when it is the answer
+# passage). Pick another query row or click a token.
+
+# %%
+from workbench.show.widgets import TokenPanel
+
+run64 = next(r for r in results if r.budget == 64 and r.policy != "full")
+tokens = TokenPanel(cap, layer=cap.L // 2, removed=run64)
+tokens.set(source=("group", 0), query=int(cap.rows_of("decode")[0]))
+print(f"struck through: what {run64.policy} (B = 64) evicted")
+tokens.widget
+
+# %% [markdown]
 # ## Your own task family, swept and compared
 #
 # A task family is any function that returns `TaskItem`s (documents = candidate chunks, a query, gold

@@ -53,6 +53,7 @@ from workbench.show.kaleido_server import (
     server_running,
     shutdown_server,
 )
+from workbench.show.paper_layout import paper_layout
 from workbench.util import atomic_write_files, jsonable
 
 __all__ = ["WIDTHS", "FORMATS", "PX_PER_INCH", "DEFAULT_SCALE", "ExportSize", "resolve_size", "export",
@@ -111,8 +112,10 @@ def _positive_number(name: str, v, *, allow_none: bool = False) -> float | None:
 def resolve_size(fig, width="single", *, height=None, aspect=None, scale=DEFAULT_SCALE) -> ExportSize:
     """The layout size for ``width`` (``"single"``, ``"double"`` or px > 0).
 
-    Height: ``height`` px when given; else the figure's own aspect (``layout.height / layout.width``) when it
-    sets both; else ``aspect`` (height / width); else the preset's default (single 0.75, double 0.45).
+    Height: ``height`` px when given; else ``aspect`` (height / width); else the figure's own aspect
+    (``layout.height / layout.width``) when it sets both; else the figure's aspect for the preset
+    (``layout.meta["aspect"][preset]``: multi-panel figures ask for more height); else the preset's
+    default (single 0.75, double 0.45).
     """
     scale = _positive_number("scale", scale)
     if isinstance(width, str):
@@ -130,7 +133,11 @@ def resolve_size(fig, width="single", *, height=None, aspect=None, scale=DEFAULT
         if a is None:
             lay = getattr(fig, "layout", None)
             fw, fh = (getattr(lay, "width", None), getattr(lay, "height", None)) if lay is not None else (None, None)
-            a = fh / fw if fw and fh else DEFAULT_ASPECT[preset]
+            meta = getattr(lay, "meta", None) if lay is not None else None
+            own = meta.get("aspect") if isinstance(meta, Mapping) else None
+            own = own.get(preset or "single") if isinstance(own, Mapping) else None
+            a = fh / fw if fw and fh else (float(own) if isinstance(own, (int, float)) and own > 0
+                                           else DEFAULT_ASPECT[preset])
         h = w * a
     return ExportSize(preset, w, max(1, int(round(h))), scale)
 
@@ -250,7 +257,7 @@ def _check_widths(width) -> list:
 
 def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, params: Mapping | None = None,
            data: pd.DataFrame | None = None, scale: float = DEFAULT_SCALE, height: float | None = None,
-           aspect: float | None = None, font_size="auto", title: bool = True, prompt=None,
+           aspect: float | None = None, font_size="auto", title: bool = False, prompt=None,
            prompt_hash: str | None = None, model_id: str | None = None, csv: bool = True,
            sidecar: bool = True) -> list[Path]:
     """Export one figure for a paper; returns the paths written (figure files, then ``.json``, ``.csv``).
@@ -268,7 +275,9 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         font_size: ``"auto"`` (the column presets get a base font of 9 pt single / 10 pt double, every
             font and margin of the figure scaled by the same ratio; pixel widths stay as they are), a base
             font size in pt (> 0) for every size, or ``None`` (the figure's fonts unchanged).
-        title: keep the figure title (``False``: drop it, for a caption in the paper instead).
+        title: keep the figure title (default ``False``: dropped, the caption lives in the paper). Either
+            way the layout rules of :mod:`workbench.show.paper_layout` place the legend, the axis titles
+            and (when kept) the title so that no two texts overlap at the export width.
         prompt, prompt_hash: the prompt (hashed with :func:`prompt_hash`) or its hash, for the sidecar;
             default ``meta["prompt_hash"]`` when the figure carries one.
         model_id: default ``meta["model_id"]`` (or ``params["model_id"]``).
@@ -313,15 +322,13 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
 
     fig_dict = fig.to_dict()
     fig_dict.get("layout", {}).pop("meta", None)  # not drawn; keeps the page small
-    if not title:
-        fig_dict.get("layout", {}).pop("title", None)
-        fig_dict.setdefault("layout", {})["title"] = {"text": ""}
     files: dict[Path, bytes] = {}
     fonts = []
     for size in sizes:
         base = stem if len(sizes) == 1 else f"{stem}-{size.tag}"
         d = copy.deepcopy(fig_dict)
         font, ratio = _paper_fonts(d, size, font_size)
+        paper_layout(d, size.width, size.height, preset=size.preset, title=title)
         fonts.append({"base_font_pt": font, "font_ratio": round(ratio, 4)})
         for fmt, blob in render_all(d, fmts, size).items():
             files[folder / f"{base}.{fmt}"] = blob

@@ -181,9 +181,12 @@ def as_figure(fig) -> go.Figure:
     return fig.figure() if isinstance(fig, _Draft) else fig
 
 
-def _finish(fig, title: str, meta: dict, **layout) -> go.Figure:
+def _finish(fig, title: str, meta: dict, *, aspect: dict | None = None, **layout) -> go.Figure:
     """Title, ``meta`` and the workbench template; a :class:`_Draft` becomes its ``go.Figure`` here (or
-    stays a draft inside :func:`drafts`)."""
+    stays a draft inside :func:`drafts`). ``aspect``: the export height / width per column preset
+    (``{"single": …, "double": …}``, into ``meta["aspect"]``; multi-panel figures need more height)."""
+    if aspect is not None:
+        meta = {**meta, "aspect": dict(aspect)}
     if isinstance(fig, _Draft):
         fig.update_layout(title=dict(text=title), meta=meta, **layout)
         fig.layout["template"] = TEMPLATE
@@ -262,7 +265,7 @@ def figure_frame(fig) -> pd.DataFrame:
         base = {"trace": i, "name": tr.name, "type": tr.type}
         names = (tr.meta or {}).get("customdata") if isinstance(getattr(tr, "meta", None), dict) else None
         if tr.type == "table":
-            heads = [html.unescape(re.sub(r"<[^>]*>", "", str(h))) for h in (tr.header.values if tr.header.values is not None else [])]
+            heads = [html.unescape(re.sub(r"<[^>]*>", "", re.sub(r"<br\s*/?>", " ", str(h)))) for h in (tr.header.values if tr.header.values is not None else [])]
             cols = list(tr.cells.values if tr.cells.values is not None else [])
             n = max((len(c) for c in cols), default=0)
             d = {h or f"col_{j}": list(c) for j, (h, c) in enumerate(zip(heads, cols))}
@@ -372,6 +375,9 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
     relayout.update(new_layout)
     # plotly_update writes raw JSON; it only takes paths the target already knows (a new subplot axis is not)
     fits = all(k in target.layout for k in relayout)
+    # a plotly_update keeps the old length of a shape/annotation list (a new line would be lost): assign those
+    fits = fits and all(len(relayout.get(k) or ()) == len(target.layout[k] or ()) for k in ("shapes", "annotations")
+                        if k in relayout)
     if same and fits:
 
         new_data = [_share_arrays(tr) for tr in new_traces]

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 import plotly.io as pio
 
-__all__ = ["PALETTE", "SEQUENTIAL", "FONT", "TEMPLATE", "KEPT", "REMOVED", "NEUTRAL", "ANSWER"]
+__all__ = ["PALETTE", "SEQUENTIAL", "FONT", "TEMPLATE", "KEPT", "REMOVED", "NEUTRAL", "ANSWER", "DASHES", "SYMBOLS",
+           "categorical", "categorical_px"]
 
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 SEQUENTIAL = "Cividis"
@@ -37,6 +38,35 @@ pio.templates["workbench"] = go.layout.Template(
     data=dict(heatmap=[go.Heatmap(colorbar=dict(thickness=12, outlinewidth=0))]),
 )
 TEMPLATE = "workbench"
+
+
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star")
+
+
+def categorical(n: int) -> list[dict]:
+    """``n`` distinct line/marker styles for unordered categories (heads, KV groups, methods):
+    ``[{"color", "dash", "symbol"}]``. The eight Okabe–Ito colours first (solid, circles); past 8 the colours
+    repeat with the next dash and marker (``h8`` is blue *dashed with squares*, not a second plain blue), so two
+    styles share a colour only when their dash and marker differ. Up to 48 distinct styles; more raise.
+    ``tests/test_figure_layout.py`` checks the colours' pairwise CIELAB ΔE, also under a deuteranopia
+    simulation."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(PALETTE) * len(DASHES):
+        raise ValueError(f"n: must be an integer in [0, {len(PALETTE) * len(DASHES)}], got {n!r}")
+    return [{"color": PALETTE[i % len(PALETTE)], "dash": DASHES[i // len(PALETTE)],
+             "symbol": SYMBOLS[i // len(PALETTE)]} for i in range(n)]
+
+
+def categorical_px(values: Sequence, column: str) -> dict:
+    """Keyword arguments for ``plotly.express`` (``px.line``/``px.scatter``) styling ``column`` with
+    :func:`categorical`: colour, dash and marker maps over the distinct ``values`` (in order)."""
+    vals = list(dict.fromkeys(values))
+    st = categorical(len(vals))
+    return dict(color=column, line_dash=column, symbol=column,
+                color_discrete_map={v: s["color"] for v, s in zip(vals, st)},
+                line_dash_map={v: s["dash"] for v, s in zip(vals, st)},
+                symbol_map={v: s["symbol"] for v, s in zip(vals, st)},
+                category_orders={column: vals})
 
 
 def _token_label(tok: str) -> str:

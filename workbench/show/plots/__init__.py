@@ -45,12 +45,25 @@ from workbench.show.plots.analysis import (
 )
 from workbench.show.plots.bounds import break_even, drift, envelope_rows, pages, shift_steps
 from workbench.show.plots.study import accuracy_vs_budget, kept_positions, kv_bytes_table
-from workbench.show.theme import ANSWER, FONT, KEPT, NEUTRAL, PALETTE, REMOVED, SEQUENTIAL, TEMPLATE
+from workbench.show.plots.tokens import removed_positions, token_attention, token_values
+from workbench.show.theme import (
+    ANSWER,
+    FONT,
+    KEPT,
+    NEUTRAL,
+    PALETTE,
+    REMOVED,
+    SEQUENTIAL,
+    TEMPLATE,
+    categorical,
+    categorical_px,
+)
 
 __all__ = [
-    "PALETTE", "SEQUENTIAL", "FONT", "TEMPLATE", "KEPT", "REMOVED", "NEUTRAL", "ANSWER",
+    "PALETTE", "SEQUENTIAL", "FONT", "TEMPLATE", "KEPT", "REMOVED", "NEUTRAL", "ANSWER", "categorical", "categorical_px",
     "sink_mass_heatmap", "attention_strip", "head_heatmap", "residual_distribution", "chunk_priorities",
     "envelope_rows", "certificate", "trace_layers", "drift", "break_even", "pages", "shift_steps",
-    "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "figure_frame", "update_figure", "drafts", "as_figure",
+    "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "token_attention", "token_values", "removed_positions",
+    "figure_frame", "update_figure", "drafts", "as_figure",
     "_Draft", "_span", "_KEEP_LAYOUT", "_STATUS_COLOR",
 ]

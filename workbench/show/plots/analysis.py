@@ -52,10 +52,14 @@ def sink_mass_heatmap(capture, kind: str = "observer", *, params=None) -> go.Fig
                    xaxis_title="query head (KV group)", yaxis_title="layer", coloraxis=dict(cmin=0, cmax=1))
 
 
-def attention_strip(capture, layer: int, head: int, row: int | None = None, *, params=None) -> go.Figure:
+def attention_strip(capture, layer: int, head: int, row: int | None = None, *, log: bool = False,
+                    exclude_sinks: bool = False, max_tick_tokens: int = 80, params=None) -> go.Figure:
     """Attention of one row (default: the mean of the observers) over the prompt tokens, for one head.
 
-    Bars coloured by span: grey protected, orange candidate chunk, green the answer chunk.
+    Bars coloured by span: grey protected, orange candidate chunk, green the answer chunk. ``log``: a log
+    y axis (a 0.7 sink no longer flattens the rest); ``exclude_sinks``: the sinks' bars are left out (gaps)
+    and the axis fits the other tokens. Up to ``max_tick_tokens`` tokens the x ticks are the tokens'
+    text; hover works anywhere in a token's column (``hovermode="x"``), also over short bars.
     """
     spans = capture.spans
     check_int("layer", layer, 0, capture.L - 1)
@@ -70,26 +74,38 @@ def attention_strip(capture, layer: int, head: int, row: int | None = None, *, p
     chunk_of = spans.chunk_of().tolist()
     toks = _tokens(spans, spans.T)
     bins = token_bins(spans.T)  # scale: ≤ DEFAULT_WIDTH_PX bars (max per bin of tokens)
+    y_full = _z(a)
+    if exclude_sinks:
+        y_full[: spans.n_sink] = np.nan
     if not bins.exact:
         cof = np.asarray(chunk_of)
         ans = np.isin(cof, [i for i, d in enumerate(spans.chunk_doc) if d == spans.answer_doc])
         chunk_of = bins.reduce(cof, "max").tolist()
         colors = np.where(bins.any(ans), ANSWER, np.where(bins.any(cof >= 0), PALETTE[1], NEUTRAL)).tolist()
         toks = bins.labels()
-        a_full, a = _z(a), bins.reduce(_z(a), "max")
+        y = bins.reduce(np.nan_to_num(y_full, nan=0.0), "max")  # excluded sinks count as 0 in their bin
     else:
         colors = [NEUTRAL if c < 0 else (ANSWER if spans.chunk_doc[c] == spans.answer_doc else PALETTE[1])
                   for c in chunk_of]
-    fig = _Draft(go.Bar(x=bins.lo, y=_z(a), marker_color=colors, name="attention",
+        y = y_full
+    fig = _Draft(go.Bar(x=bins.lo, y=y, marker_color=colors, name="attention",
                            customdata=_cd(toks, chunk_of), meta={"customdata": ["token", "chunk"]},
-                           hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4f}<extra></extra>"))
-    fig = _finish(fig, f"Attention, layer {layer}, head {head} ({label})" + (f", {bins.describe()}" if not bins.exact else ""),
-                   _meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row),
-                   xaxis_title="prompt position (grey: protected, orange: chunks, green: answer chunk)",
-                   yaxis_title="attention probability", bargap=0)
+                           hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4g}<extra></extra>"))
+    xaxis = dict(tickmode="array", tickvals=list(range(spans.T)), ticktext=toks, tickangle=-90,
+                 tickfont=dict(family="DejaVu Sans Mono, monospace", size=8)) \
+        if bins.exact and spans.T <= max_tick_tokens else {}
+    what = ("; log scale" if log else "") + ("; sinks excluded" if exclude_sinks else "") \
+        + (f"; {bins.describe()}" if not bins.exact else "")
+    fig = _finish(fig, f"Attention, layer {layer}, head {head} ({label}{what})",
+                  _meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row, log=bool(log),
+                        exclude_sinks=bool(exclude_sinks)),
+                  bargap=0, hovermode="x",
+                  yaxis=dict(type="log" if log else "linear", title=dict(text="attention" + (" (log)" if log else ""))),
+                  xaxis=dict(title=dict(text="prompt position (grey: protected, orange: chunks, green: answer)"),
+                             **xaxis))
     if not bins.exact:  # every token in the export's CSV
         attach_full(fig, lambda: pd.DataFrame({"x": np.arange(spans.T), "token": _tokens(spans, spans.T),
-                                               "chunk": spans.chunk_of().numpy(), "attention": a_full}))
+                                               "chunk": spans.chunk_of().numpy(), "attention": y_full}))
     return fig
 
 
@@ -133,7 +149,8 @@ def head_heatmap(pooling, quantity: HeadQuantity = "w", *, model_id: str | None 
                    coloraxis=dict(colorbar=dict(title=dict(text=quantity)), **cax))
 
 
-def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
+def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False, model_id: str | None = None,
+                          params=None) -> go.Figure:
     """Per-head residual distribution ``a^h_j / z_h`` over the non-sink keys of one layer (head × position).
 
     Each row is the distribution whose Rényi-2 entropy is ``H_h`` (shown in the row label with ``w_h``).
@@ -142,6 +159,8 @@ def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | No
         pooling: :class:`~workbench.analyse.pooling.PoolingResult`.
         layer: ``0 … L-1``.
         spans: ``PromptSpans`` (or a Capture / Prompt) for the token labels; positions only when None.
+        log: colour by ``log10(a/z)`` (floored at 1e-6); the hover still shows ``a/z``. The sinks are always
+            excluded here (the residual is the non-sink distribution).
     """
     check_int("layer", layer, 0, pooling.L - 1)
     sp = _spans_of(spans)
@@ -155,20 +174,30 @@ def residual_distribution(pooling, layer: int, spans=None, *, model_id: str | No
     Hh, w = _np(pooling.H[layer]), _np(pooling.w[layer])
     ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
             for h, lab in enumerate(_head_labels(hg))]
+    colour = "log10 a/z" if log else "a/z"
     if bins.exact:
-        fig = _Draft(go.Heatmap(z=_z(res), x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
-                                customdata=_rows(toks, H),
-                                hovertemplate="%{y}<br>key %{x}: %{customdata}<br>a/z = %{z:.4g}<extra></extra>"))
+        z = np.log10(np.maximum(_z(res), 1e-6)) if log else _z(res)
+        cd = np.empty((H, Tn, 2), dtype=object)
+        cd[..., 0] = np.asarray(toks, dtype=object)[None, :]
+        cd[..., 1] = _z(res)
+        fig = _Draft(go.Heatmap(z=z, x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
+                                customdata=cd if log else _rows(toks, H),
+                                hovertemplate="%{y}<br>key %{x}: " + ("%{customdata[0]}<br>a/z = %{customdata[1]:.4g}"
+                                                                      if log else "%{customdata}<br>a/z = %{z:.4g}")
+                                + "<extra></extra>"))
     else:
-        fig = _Draft(go.Heatmap(z=_z(bins.reduce(res, "max")), x=bins.lo, y=ylab, coloraxis="coloraxis",
-                                name="residual", hovertemplate="%{y}<br>keys from %{x} (bin of ≤ " + str(bins.width)
-                                + " tokens)<br>max a/z = %{z:.4g}<extra></extra>"))
+        zb = _z(bins.reduce(res, "max"))
+        fig = _Draft(go.Heatmap(z=np.log10(np.maximum(zb, 1e-6)) if log else zb, x=bins.lo, y=ylab,
+                                coloraxis="coloraxis", name="residual",
+                                hovertemplate="%{y}<br>keys from %{x} (bin of ≤ " + str(bins.width)
+                                + " tokens)<br>max " + colour + " = %{z:.4g}<extra></extra>"))
     fig = _finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}"
                   + (f" ({bins.describe()})" if not bins.exact else ""),
-                   _meta("residual_distribution", _model_id(model_id, pooling, spans), params, layer=layer,
-                         n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None)),
-                   xaxis_title="key position", yaxis_title="query head (KV group)",
-                   coloraxis=dict(colorbar=dict(title=dict(text="a/z"))), yaxis=dict(autorange="reversed"))
+                  _meta("residual_distribution", _model_id(model_id, pooling, spans), params, layer=layer,
+                        n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None), log=bool(log)),
+                  xaxis_title="key position",  # row labels name the head and group
+                  coloraxis=dict(colorbar=dict(title=dict(text=colour))),
+                  yaxis=dict(autorange="reversed"))
     if not bins.exact:  # every key in the export's CSV
         attach_full(fig, lambda: pd.DataFrame({"head": np.repeat(ylab, Tn), "key": np.tile(np.arange(ns, T), H),
                                                "token": np.tile(np.asarray(_tokens(sp, T)[ns:], dtype=object), H),
@@ -247,7 +276,8 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
     return _finish(fig, title,
                    _meta("chunk_priorities", _model_id(model_id, spans), params, layer=layer, x=x,
                          removed=rem, answer_chunk=ans, eps_s=priorities.eps_s, lam=priorities.lam),
-                   barmode="overlay", legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+                   barmode="overlay", legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+                   aspect={"single": 1.25, "double": 0.65})
 
 
 # ============================================================================= selection and trace (SPEC §5–§6)
@@ -296,7 +326,7 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
                              hovertemplate="layer %{x}: U = %{y:.4g}<br>%{customdata[0]}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=layers, y=D, name="D_l (greedy)", mode="lines+markers", line=dict(color=KEPT),
                              hovertemplate="layer %{x}: D = %{y} tokens<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=[layers[0], layers[-1]], y=[budget, budget], name="target", mode="lines",
+    fig.add_trace(go.Scatter(x=[layers[0] - 0.5, layers[-1] + 0.5], y=[budget, budget], name="target", mode="lines",
                              line=dict(color=REMOVED, dash="dash"),
                              hovertemplate="target %{y} tokens<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Bar(x=layers, y=_z([np.nan if g is None else g for g in gap]), name="gap U − D",
@@ -311,20 +341,22 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
     return _finish(fig, f"Greedy D_l vs certificate U_l (N = {N} candidate tokens)",
                    _meta("certificate", _model_id(model_id, tr), p, budget=budget, target_tokens=tt, N=N,
                          layers=layers, l_star=getattr(tr, "l_star", None)),
-                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+                   legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
+                   aspect={"single": 1.05, "double": 0.55})
 
 
 _STATUS_COLOR = {"accept": PALETTE[2], "audit_fail": REMOVED, "below_target": PALETTE[1], "short_streak": PALETTE[5],
                  "no_audit": PALETTE[4], "invalid": NEUTRAL, "no_candidates": NEUTRAL}
 
 
-def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figure:
+def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None = None, params=None) -> go.Figure:
     """The per-layer trace of the 7-step procedure (``audit.trace``): three panels over the monitored layers.
 
     1. removed tokens ``D_l`` and certificate ``U_l`` against the target; 2. candidate stability ``d_l``
     against ``d_max`` and the streak (bars); 3. the largest audit bound against ``ε_audit`` (and ``b``).
     The layer markers at the bottom are coloured by status (accept, audit fail, below target, ...);
-    hover shows the decision sentence. ``l*`` is a dotted vertical line.
+    hover shows the decision sentence. ``l*`` is a dotted vertical line; ``fixed_layer`` (a run that prunes after
+    a fixed layer instead of the adaptive ``l*``) a dashed vermillion one labelled "fixed".
     """
     df = trace.to_frame()
     if df.empty:
@@ -362,7 +394,12 @@ def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figur
                       annotation_font=small, annotation_position="bottom right", row=3, col=1)
     if trace.l_star is not None:
         _span(fig, "vline", trace.l_star, line=dict(color="#000", dash="dot", width=1))
-        fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
+        fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="top",
+                           xanchor="left", xshift=2)  # inside the top edge: the legend sits above the plot
+    if fixed_layer is not None:
+        _span(fig, "vline", fixed_layer, line=dict(color=REMOVED, dash="dash", width=1.5))
+        fig.add_annotation(x=fixed_layer, y=0.93, yref="paper", text="fixed", showarrow=False, yanchor="top",
+                           xanchor="left", xshift=2, font=dict(color=REMOVED))
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="d_l", range=[0, 1.05], row=2, col=1, secondary_y=False)
     fig.update_yaxes(title_text="streak", rangemode="tozero", showgrid=False, dtick=1, row=2, col=1, secondary_y=True)
@@ -378,6 +415,7 @@ def trace_layers(trace, *, model_id: str | None = None, params=None) -> go.Figur
     dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
     return _finish(fig, f"Layer trace: {html.escape(dec)}",
                    _meta("trace_layers", _model_id(model_id, trace), params if params is not None else P,
-                         l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J),
-                   barmode="overlay", margin=dict(r=60, b=90),
-                   legend=dict(orientation="h", y=-0.1, x=0, yanchor="top"))
+                         l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J,
+                         fixed_layer=fixed_layer),
+                   barmode="overlay", margin=dict(r=60, t=80),
+                   legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"), aspect={"single": 1.5, "double": 0.8})

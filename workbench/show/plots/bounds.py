@@ -32,6 +32,7 @@ from workbench.show.theme import (
     REMOVED,
     SEQUENTIAL,
     _text_preview,
+    categorical,
 )
 
 
@@ -138,13 +139,13 @@ def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Fig
     if df.empty:
         raise ValueError("cost_grid: is empty")
     ls = sorted(df["l_star"].unique().tolist())
-    fig = _Draft.subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12)
+    fig = _Draft.subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.22)
     cols = PALETTE if len(ls) <= len(PALETTE) else [
         c for c in _sample_scale(len(ls))]
     for i, l in enumerate(ls):
         sub = df[df["l_star"] == l].sort_values("keep_fraction")
         fig.add_trace(go.Scatter(x=sub["keep_fraction"].tolist(), y=sub["ratio"].tolist(), name=f"l* = {l}",
-                                 mode="lines", line=dict(color=cols[i % len(cols)]), legendgroup="ratio",
+                                 mode="lines", line=dict(color=cols[i % len(cols)]),
                                  hovertemplate="l* = " + str(l) + ", T'/T = %{x:.3f}: F_EP/F_full = %{y:.4f}"
                                  "<extra></extra>"), 1, 1)
     _span(fig, "hline", 1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=1)
@@ -160,7 +161,8 @@ def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Fig
     T = int(df["T"].iloc[0])
     return _finish(fig, f"Pruned-prefill cost, T = {T}",
                    _meta("break_even", model_id, params, T=T, l_stars=ls,
-                         keep_fractions=sorted(df["keep_fraction"].unique().tolist())))
+                         keep_fractions=sorted(df["keep_fraction"].unique().tolist())),
+                   aspect={"single": 0.95, "double": 0.5})
 
 
 def _sample_scale(n: int) -> list[str]:
@@ -172,9 +174,9 @@ def _sample_scale(n: int) -> list[str]:
 def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
     """Pages and GQA unions of a :class:`~workbench.analyse.pages.PageResult`.
 
-    Top left: page importance ``I_{l,g}(P)`` (group × page) at ``layer`` with the kept pages boxed;
-    bottom left: the group scores ``p_{l,g}(j)`` over the prompt tokens (kept tokens filled, dropped ones open);
-    top right: the page union ``U_l`` per layer with ``K`` and ``min{GK, N_P}``; bottom right: ``UOR_g``.
+    Top: page importance ``I_{l,g}(P)`` (group × page) at ``layer`` with the kept pages boxed;
+    middle: the group scores ``p_{l,g}(j)`` over the prompt tokens (kept tokens filled, dropped ones open);
+    bottom left: the page union ``U_l`` per layer with ``K`` and ``min{GK, N_P}``; bottom right: ``UOR_g``.
     """
     pr = page_result
     check_int("layer", layer, 0, pr.L - 1)
@@ -185,7 +187,8 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     raw = list(sp.tokens) if sp is not None else None
     ranges = [(P * pr.b, min((P + 1) * pr.b, T)) for P in range(N_P)]
     prev = [f"{s}–{e - 1}: " + (_text_preview(raw[s:e], 60) if raw else "") for s, e in ranges]
-    fig = _Draft.subplots(rows=2, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.1, vertical_spacing=0.14)
+    fig = _Draft.subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{"colspan": 2}, None], [{}, {}]],
+                          row_heights=[0.34, 0.36, 0.3], horizontal_spacing=0.28, vertical_spacing=0.13)
     I = _np(pr.importance[layer])
     sel = _np(pr.selected[layer])
     fig.add_trace(go.Heatmap(z=_z(I), x=np.arange(N_P), y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
@@ -200,41 +203,43 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX points per group (max per bin; kept = some token kept)
     if not bins.exact:
         toks, tm = bins.labels(), bins.any(tm)
+    gst = categorical(G)
     for g in range(G):
         fig.add_trace(go.Scatter(x=bins.lo, y=bins.reduce(_z(pr.p[layer, g]), "max"), name=f"p g{g}", mode="lines+markers",
-                                 line=dict(color=PALETTE[g % len(PALETTE)], width=1),
+                                 line=dict(color=gst[g]["color"], dash=gst[g]["dash"], width=1),
                                  # kept: filled; dropped: white with the group's outline (a numeric colour array:
                                  # a per-point symbol list costs plotly ~50 ms of validation per 2k points)
                                  marker=dict(size=5, color=tm[g].astype(np.float32), cmin=0, cmax=1,
-                                             colorscale=[[0, "white"], [1, PALETTE[g % len(PALETTE)]]],
-                                             line=dict(color=PALETTE[g % len(PALETTE)], width=1)),
+                                             colorscale=[[0, "white"], [1, gst[g]["color"]]], symbol=gst[g]["symbol"],
+                                             line=dict(color=gst[g]["color"], width=1)),
                                  # the tokens alone (the same on every slider move: not re-sent); kept = colour
                                  customdata=_cd(toks), meta={"customdata": ["token"]},
                                  hovertemplate="g" + str(g) + " %{x}: %{customdata[0]}<br>p = %{y:.4g}"
                                  "<br>kept: %{marker.color}<extra></extra>"), 2, 1)
     L = pr.L
     fig.add_trace(go.Bar(x=np.arange(L), y=_np(pr.U).tolist(), name="U_l", marker_color=KEPT, showlegend=False,
-                         hovertemplate="layer %{x}: U = %{y} pages<extra></extra>"), 1, 2)
-    _span(fig, "hline", min(pr.K, N_P), line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=2)
-    _span(fig, "hline", min(G * pr.K, N_P), line=dict(color=NEUTRAL, dash="dot", width=1), row=1, col=2)
+                         hovertemplate="layer %{x}: U = %{y} pages<extra></extra>"), 3, 1)
+    _span(fig, "hline", min(pr.K, N_P), line=dict(color=NEUTRAL, dash="dash", width=1), row=3, col=1)
+    _span(fig, "hline", min(G * pr.K, N_P), line=dict(color=NEUTRAL, dash="dot", width=1), row=3, col=1)
     for g in range(G):
         fig.add_trace(go.Scatter(x=np.arange(L), y=_z(pr.uor[:, g]), name=f"UOR g{g}", mode="lines",
-                                 line=dict(color=PALETTE[g % len(PALETTE)]), showlegend=False,
-                                 hovertemplate="layer %{x}: UOR g" + str(g) + " = %{y:.3f}<extra></extra>"), 2, 2)
-    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=1, col=2)
-    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=2, col=2)
+                                 line=dict(color=gst[g]["color"], dash=gst[g]["dash"]), showlegend=False,
+                                 hovertemplate="layer %{x}: UOR g" + str(g) + " = %{y:.3f}<extra></extra>"), 3, 2)
+    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=1)
+    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=2)
     fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)", row=1, col=1)
     fig.update_xaxes(title_text="prompt position", row=2, col=1)
     fig.update_yaxes(title_text="group score p" + (f" ({bins.describe()})" if not bins.exact else ""), row=2, col=1)
-    fig.update_xaxes(title_text="layer", row=1, col=2)
-    fig.update_yaxes(title_text="union U_l (pages)", row=1, col=2)
-    fig.update_xaxes(title_text="layer", row=2, col=2)
-    fig.update_yaxes(title_text=f"UOR (s = {pr.s})", row=2, col=2)
+    fig.update_xaxes(title_text="layer", row=3, col=1)
+    fig.update_yaxes(title_text="union U_l", row=3, col=1)
+    fig.update_xaxes(title_text="layer", row=3, col=2)
+    fig.update_yaxes(title_text=f"UOR (s = {pr.s})", row=3, col=2)
     fig = _finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
-                   _meta("pages", _model_id(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
-                         d=pr.d, bytes=pr.bytes),
-                   coloraxis=dict(colorbar=dict(title=dict(text="I"), len=0.45, y=0.78)),
-                   legend=dict(orientation="h", y=-0.15, x=0, yanchor="top"))
+                  _meta("pages", _model_id(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
+                        d=pr.d, bytes=pr.bytes),
+                  coloraxis=dict(colorbar=dict(title=dict(text="I"), len=0.34, y=0.83)),
+                  legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"),
+                  aspect={"single": 1.45, "double": 0.8})
     if not bins.exact:  # every token's group scores in the export's CSV
         p_l, m_l = _np(pr.p[layer]), _np(pr.token_mask[layer])
         attach_full(fig, lambda: pd.DataFrame({"group": np.repeat(np.arange(G), T), "x": np.tile(np.arange(T), G),
@@ -269,7 +274,7 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
     glabel = {"gain_m10": "−1→0", "gain_01": "0→1", "gain_12": "1→2", "gain_23": "2→3"}
     unit = "g" if level == "group" else "h"
     if layer is None:
-        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
+        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.12, row_heights=[0.36, 0.36, 0.28])
         fig.add_trace(go.Heatmap(z=_z(rec.mean(1)), x=r, y=list(range(L)), coloraxis="coloraxis", name="recall",
                                  hovertemplate="layer %{y}, r = %{x}: recall %{z:.3f}<extra></extra>"), 1, 1)
         fig.add_trace(go.Heatmap(z=_z(js.mean(1)), x=rj, y=list(range(L)), coloraxis="coloraxis2", name="JSD",
@@ -289,15 +294,13 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
         where = f"mean over {level}s"
     else:
         check_int("layer", layer, 0, L - 1)
-        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.13, row_heights=[0.36, 0.36, 0.28])
-        cols = PALETTE if U <= len(PALETTE) else _sample_scale(U)
-        for u in range(U):
-            c = cols[u % len(cols)]
-            fig.add_trace(go.Scatter(x=r, y=_z(rec[layer, u]), name=f"{unit}{u}", mode="lines+markers",
-                                     line=dict(color=c), legendgroup=f"{unit}{u}",
-                                     hovertemplate=f"{unit}{u}" + ", r = %{x}: recall %{y:.3f}<extra></extra>"), 1, 1)
-            fig.add_trace(go.Scatter(x=rj, y=_z(js[layer, u]), name=f"{unit}{u}", mode="lines+markers",
-                                     line=dict(color=c), legendgroup=f"{unit}{u}", showlegend=False,
+        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.12, row_heights=[0.36, 0.36, 0.28])
+        for u, st in enumerate(categorical(U)):  # colour, then dash and marker past 8
+            style = dict(line=dict(color=st["color"], dash=st["dash"]), marker=dict(symbol=st["symbol"]))
+            fig.add_trace(go.Scatter(x=r, y=_z(rec[layer, u]), name=f"{unit}{u}", mode="lines+markers", **style,
+                                     legendgroup=f"{unit}{u}", hovertemplate=f"{unit}{u}" + ", r = %{x}: recall %{y:.3f}<extra></extra>"), 1, 1)
+            fig.add_trace(go.Scatter(x=rj, y=_z(js[layer, u]), name=f"{unit}{u}", mode="lines+markers", **style,
+                                     legendgroup=f"{unit}{u}", showlegend=False,
                                      hovertemplate=f"{unit}{u}" + ", r→r+1 at %{x}: JSD %{y:.4f}<extra></extra>"), 2, 1)
         sub = lf[lf.layer == layer].sort_values("unit")
         for i, g in enumerate(gains):
@@ -310,12 +313,14 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
         where = f"layer {layer}, per {level}"
     for row in (1, 2):
         _span(fig, "vline", 0.5, line=dict(color="#000", dash="dot", width=1), row=row, col=1)
-        fig.update_xaxes(title_text="step r (≤ 0: prompt tail, ≥ 1: decode)", row=row, col=1)
+    fig.update_xaxes(matches="x2", row=1, col=1)  # one step axis, titled once (below the second panel)
+    fig.update_xaxes(title_text="step r (≤ 0 prompt tail, ≥ 1 decode)", row=2, col=1)
     fig.update_yaxes(title_text="recall gain", row=3, col=1)
     ref = f"decode {shift.ref_start}…{shift.ref_end}" if shift.ref_end >= 0 else "external reference"
     return _finish(fig, f"Prefill→decode shift ({where}; top-{shift.k} recall vs {ref})",
                    _meta("shift_steps", model_id, params, level=level, layer=layer, k=shift.k, ref_start=shift.ref_start,
                          ref_end=shift.ref_end, r=r),
-                   barmode="group", legend=dict(orientation="h", y=-0.14, x=0, yanchor="top"))
+                   barmode="group", legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"),
+                   aspect={"single": 1.6, "double": 0.85})
 
 

@@ -30,6 +30,7 @@ from workbench.show.theme import (
     ANSWER,
     NEUTRAL,
     PALETTE,
+    categorical,
 )
 from workbench.util import jsonable
 
@@ -209,8 +210,9 @@ def accuracy_vs_budget(df: pd.DataFrame, *, metric: str = "f1", x: str | None = 
         if agg.empty:  # no budget: a reference line across the budgets
             refs.append((name, float(sub[metric].mean()), int(sub[metric].count())))
             continue
+        st = categorical(i + 1)[i]  # colour, then dash and marker past 8 methods
         fig.add_trace(go.Scatter(x=agg[x].tolist(), y=agg["mean"].tolist(), name=name, mode="lines+markers",
-                                 line=dict(color=PALETTE[i % len(PALETTE)]),
+                                 line=dict(color=st["color"], dash=st["dash"]), marker=dict(symbol=st["symbol"]),
                                  error_y=dict(type="data", array=agg["sem"].tolist(), thickness=1, width=3),
                                  customdata=_cd(agg["count"].tolist(), agg["sem"].tolist()),
                                  meta={"customdata": ["n", "sem"]},
@@ -285,9 +287,14 @@ def kv_bytes_table(df: pd.DataFrame, *, by: Sequence[str] | None = None, metrics
     fmt = [None] * len(by) + ["d"] + [".3f"] * len(metrics) + [",.2f"] * (1 if bcol else 0) + \
           [",.0f", ".3f"][: sum(c in out.columns for c in ("retained tokens", "retained/T"))]
     cols = list(out.columns)
+    # column widths from the longest entry (headers break at spaces); the height holds every row
+    width = [max([len(w) for w in str(c).split()] + [len(f"{v:{f}}" if f and isinstance(v, (int, float)) else str(v))
+                                                      for v in out[c].tolist()]) + 2 for c, f in zip(cols, fmt)]
+    lines = max(len(str(c).split()) for c in cols)
     fig = go.Figure(go.Table(
-        header=dict(values=[f"<b>{html.escape(str(c))}</b>" for c in cols], align="left", fill_color="#eee",
-                    font=dict(size=11)),
+        columnwidth=width,
+        header=dict(values=[f"<b>{'<br>'.join(html.escape(w) for w in str(c).split())}</b>" for c in cols],
+                    align="left", fill_color="#eee", font=dict(size=11), height=14 * lines + 8),
         cells=dict(values=[out[c].tolist() for c in cols], align=["left"] * len(by) + ["right"] * (len(cols) - len(by)),
                    format=fmt, font=dict(size=11), fill_color="white", line_color="#ddd"),
         name="table"))
@@ -298,6 +305,7 @@ def kv_bytes_table(df: pd.DataFrame, *, by: Sequence[str] | None = None, metrics
     return _finish(fig, title,
                    _meta("kv_bytes_table", model_id or (", ".join(models) or None), params, by=by,
                          metrics=list(metrics), bytes_column=bcol, n_rows=int(len(d))),
-                   margin=dict(l=10, r=10, t=40, b=10))
+                   margin=dict(l=10, r=10, t=40, b=10),
+                   aspect={k: (14 * lines + 8 + 20 * len(out) + 30) / w for k, w in (("single", 240), ("double", 504))})
 
 

@@ -40,6 +40,7 @@ class HeadsPanel(Panel):
         self.controls = _ep_controls(("zeta", "tau"), self.base)
         self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1)
         self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=quantity, description="heatmap")
+        self.controls["log"] = W.Checkbox(value=False, description="log residual colours")
         self._finish()
 
     def analysis(self):
@@ -50,7 +51,8 @@ class HeadsPanel(Panel):
         pool = self._analyse()
         l = int(self.controls["layer"].value)
         figs = {"heads": plots.head_heatmap(pool, quantity=self.controls["quantity"].value),
-                "residual": plots.residual_distribution(pool, l, self.capture.spans)}
+                "residual": plots.residual_distribution(pool, l, self.capture.spans,
+                                                        log=bool(self.controls["log"].value))}
         nv = int((~pool.valid).sum())
         st = f"{pool.L} layers × {pool.n_heads} heads; {nv} layer(s) with an invalid head (z ≤ ρ_min)"
         return figs, st
@@ -100,6 +102,10 @@ class PriorityPanel(Panel):
             figs["envelope"] = plots.envelope_rows(env)
         elif "envelope" in self.figures:
             figs["envelope"] = go.Figure(self.figures["envelope"])  # unchanged
+        if sel is not None:  # the saving target as a line, the greedy D against the LP's U (when certified)
+            figs["certificate"] = plots.certificate({l: sel})
+        elif "certificate" in self.figures:
+            figs["certificate"] = go.Figure(self.figures["certificate"])
         if sel is None:
             st = f"layer {l}: invalid (residual or document mass ≤ ρ_min); no selection"
         else:

@@ -7,6 +7,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import ipywidgets as W
 import plotly.graph_objects as go
@@ -42,8 +43,8 @@ class SliderSpec:
         v = self.value if value is None else value
         lo = self.lo if lo is None else lo
         hi = self.hi if hi is None else hi
-        style = {"description_width": "initial"}
-        lay = W.Layout(width="320px")
+        style = {"description_width": "170px"}  # a fixed label column: long labels do not squeeze the track
+        lay = W.Layout(width="440px")
         if self.kind == "int":
             return W.IntSlider(value=int(min(max(v, lo), hi)), min=int(lo), max=int(hi), step=int(self.step),
                                description=self.label, continuous_update=continuous, style=style, layout=lay)
@@ -141,9 +142,14 @@ class Panel(abc.ABC):
         self.status.value = status
         self.figures = {name: _widget_figure(f, name) for name, f in figs.items()}
         ctrl = list(self.controls.values())
-        rows = [W.HBox(ctrl[i:i + 3]) for i in range(0, len(ctrl), 3)]
+        rows = [W.HBox(ctrl[i:i + 3], layout=W.Layout(flex_flow="row wrap")) for i in range(0, len(ctrl), 3)]
+        self.export_button = W.Button(description="export figures", icon="download",
+                                      tooltip="write every figure (PDF, SVG, PNG, JSON sidecar, CSV) to a folder")
+        self.export_links = W.HTML()
+        self.export_button.on_click(lambda _b: self.export_clicked())
         self.widget = W.VBox([W.HTML(f"<b>{_html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
-                              W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap"))])
+                              W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap")),
+                              W.HBox([self.export_button, self.export_links])])
         for w in self.controls.values():
             w.observe(self._on_change, names="value")
 
@@ -216,6 +222,28 @@ class Panel(abc.ABC):
         self.n_updates += 1
 
     # ----- export -----
+    export_root = Path("exports")  # relative to the notebook's folder (JupyterLab opens the links)
+
+    def export_clicked(self, folder=None) -> list[Path]:
+        """What the *export figures* button does: every figure with its sidecar and CSV into ``folder``
+        (default ``exports/<Panel>-<UTC time>/``), then links to the files under the button. Returns the paths."""
+        folder = Path(folder) if folder is not None else self.export_root / (
+            f"{type(self).__name__}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
+        self.export_button.disabled = True
+        self.export_links.value = "<i>exporting…</i>"
+        try:
+            out = self.export_all(folder)
+        except (RuntimeError, ValueError, OSError) as e:
+            self.export_links.value = f"<span style='color:#D55E00'>export failed: {_html_escape(e)}</span>"
+            raise
+        finally:
+            self.export_button.disabled = False
+        paths = [p for ps in out.values() for p in ps]
+        links = " ".join(f"<a href='{_html_escape(p.as_posix())}' target='_blank'>{_html_escape(p.name)}</a>"
+                         for p in paths)
+        self.export_links.value = (f"{len(paths)} files in <code>{_html_escape(folder.resolve())}</code>: {links}")
+        return paths
+
     def export_all(self, folder, **kw):
         """Export every figure with :func:`workbench.show.export.export_all` (``params`` = the panel's
         parameters unless given)."""

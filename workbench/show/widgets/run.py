@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import fields
 
 import ipywidgets as W
@@ -36,37 +37,106 @@ __all__ = ["PrunePanel", "EvictionPanel"]
 
 
 # ----------------------------------------------------------------------------- run-again panels
+class RunCancelled(Exception):
+    """A model run stopped by the panel's *cancel* button (between its steps)."""
+
+
 class _RunMixin:
-    """Cache, progress bar and answer box of a panel that calls the model from a button."""
+    """Cache, progress bar, cancel button and answer box of a panel that calls the model from a button.
+
+    The button and *re-run on change* call :meth:`request_run`: the run goes to a worker thread (the kernel
+    stays responsive), **one run is in flight at a time**, and slider moves during a run only mark the
+    panel stale: when the run ends, one more run starts with the *latest* values (intermediate values are
+    dropped). *cancel* stops the run in flight between its steps and drops the pending one. :meth:`run`
+    itself runs synchronously (scripts, tests).
+    """
 
     def _init_run(self, label: str, steps: int) -> None:
         self.cache: dict = {}
         self.model_calls = 0  # runs actually executed (cache misses)
+        self.runs_started = 0  # run() calls (cache hits included)
         self.progress = W.IntProgress(value=0, min=0, max=steps, description="idle",
                                       style={"description_width": "initial"}, layout=W.Layout(width="320px"))
         self.run_button = W.Button(description=label, button_style="primary", icon="play")
+        self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True)
         self.auto = W.Checkbox(value=False, description="re-run on change")
         self.answers = W.HTML(value="<i>not run yet: press the button</i>", layout=W.Layout(width="auto"))
-        self.run_button.on_click(lambda _b: self.run())
-        self.auto.observe(lambda ch: self.run() if ch["new"] else None, names="value")
-        self._extra = [W.HBox([self.run_button, self.auto, self.progress]), self.answers]
+        self.run_button.on_click(lambda _b: self.request_run())
+        self.cancel_button.on_click(lambda _b: self.cancel())
+        self.auto.observe(lambda ch: self.request_run() if ch["new"] else None, names="value")
+        self._extra = [W.HBox([self.run_button, self.cancel_button, self.auto, self.progress]), self.answers]
+        self._lock = threading.Lock()
+        self._worker: threading.Thread | None = None
+        self._pending = False
+        self._cancel = threading.Event()
+
+    def request_run(self) -> threading.Thread:
+        """Run in the worker thread with the current values, or (a run in flight) run once more with the
+        latest values when it ends. Returns the worker thread."""
+        with self._lock:
+            self._pending = True
+            if self._worker is not None and self._worker.is_alive():
+                self.progress.description = "queued: latest values next"
+                return self._worker
+            self._cancel.clear()
+            self._worker = threading.Thread(target=self._work, daemon=True, name=f"{type(self).__name__}-run")
+            self._worker.start()
+            return self._worker
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending or self._cancel.is_set():
+                    self._pending = False
+                    return
+                self._pending = False
+            try:
+                self.run()
+            except RunCancelled:
+                return
+            except Exception:  # noqa: BLE001 - shown in the answer box by _busy; the worker must not die loudly
+                return
+
+    def cancel(self) -> None:
+        """Stop the run in flight (between its steps) and drop the pending one."""
+        with self._lock:
+            self._pending = False
+            self._cancel.set()
+        self.progress.description = "cancelling…"
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the worker thread (if any) is done."""
+        w = self._worker
+        if w is not None:
+            w.join(timeout)
 
     def _step(self, i: int, what: str) -> None:
+        if self._cancel.is_set():
+            raise RunCancelled(what)
         self.progress.value = i
         self.progress.description = what
 
     @contextlib.contextmanager
     def _busy(self):
-        """The run button is disabled while the model runs; a failure is shown in the answer box, then raised."""
+        """The run button is disabled (cancel enabled) while the model runs; a failure is shown in the answer box,
+        then raised."""
         self.run_button.disabled = True
+        self.cancel_button.disabled = False
+        self.runs_started += 1
         try:
             yield
+        except RunCancelled:
+            self.progress.description = "cancelled"
+            self.answers.value = "<i>cancelled: press the button to run again</i>"
+            raise
         except Exception as e:
             self.progress.description = "failed"
             self.answers.value = f"<span style='color:#D55E00'>run failed: {_html_escape(e)}</span>"
             raise
         finally:
             self.run_button.disabled = False
+            self.cancel_button.disabled = True
+            self._cancel.clear()
 
     def _cached(self, key, fn):
         if key not in self.cache:
@@ -79,13 +149,16 @@ class _RunMixin:
             return
         self.update()
         if self.auto.value:
-            self.run()
+            self.request_run()
 
 
 def _answer_table(left_title: str, left: str, right_title: str, right: str, rows=()) -> str:
-    cell = "style='vertical-align:top;padding:4px 10px;border:1px solid #ddd;max-width:420px'"
+    """Both answers in full, wrapped (never cut), side by side."""
+    cell = "style='vertical-align:top;padding:4px 10px;border:1px solid #ddd;max-width:520px'"
+    code = "style='white-space:pre-wrap;overflow-wrap:anywhere'"
     head = f"<tr><th {cell}>{_html_escape(left_title)}</th><th {cell}>{_html_escape(right_title)}</th></tr>"
-    body = f"<tr><td {cell}><code>{_html_escape(left)}</code></td><td {cell}><code>{_html_escape(right)}</code></td></tr>"
+    body = (f"<tr><td {cell}><code {code}>{_html_escape(left)}</code></td>"
+            f"<td {cell}><code {code}>{_html_escape(right)}</code></td></tr>")
     extra = "".join(f"<tr><td {cell}>{_html_escape(a)}</td><td {cell}>{_html_escape(b)}</td></tr>" for a, b in rows)
     return f"<table style='border-collapse:collapse'>{head}{body}{extra}</table>"
 
@@ -119,9 +192,11 @@ class PrunePanel(_RunMixin, Panel):
         self.max_new_tokens = max_new_tokens
         self.composed = bool(composed)
         L = capture.L
-        self.controls = _ep_controls(self.NAMES, self.base, k=capture.spans.k)
+        self.controls = _ep_controls(self.NAMES, self.base, k=capture.spans.k, continuous=False)  # on release
         self.controls["mode"] = W.Dropdown(options=["adaptive", "fixed layer"], value="adaptive", description="mode")
-        self.controls["run_layer"] = SLIDERS["run_layer"].make(min(4, L - 1), lo=1, hi=L - 1)
+        self.controls["run_layer"] = SLIDERS["run_layer"].make(min(4, L - 1), lo=1, hi=L - 1, continuous=False)
+        self.controls["mode"].observe(self._show_layer, names="value")
+        self._show_layer()
         self._init_run("Run pruned prefill", 3)
         self.last_pruned = self.last_full = self.last_stability = None
         self._finish()
@@ -130,15 +205,26 @@ class PrunePanel(_RunMixin, Panel):
 
         return trace(self.capture, _ep_from(self.controls, self.base), certify=False)
 
+    def _show_layer(self, change=None) -> None:
+        """The fixed-l* slider shows only in fixed-layer mode."""
+        self.controls["run_layer"].layout.display = None if self.controls["mode"].value == "fixed layer" else "none"
+
     def compute(self):
         tr = self._analyse()
-        figs = {"trace": plots.trace_layers(tr)}
+        fixed = None if self.controls["mode"].value == "adaptive" else int(self.controls["run_layer"].value)
+        figs = {"trace": plots.trace_layers(tr, fixed_layer=fixed)}
         if self.last_stability is not None:
             figs["drift"] = plots.drift(self.last_stability)
         elif "drift" in self.figures:  # the last run was a bypass: nothing pruned, no drift
             figs["drift"] = go.Figure(layout=dict(title="No drift: the last run was a bypass (nothing pruned)",
                                                   meta={"figure": "drift", "bypass": True}))
-        return figs, "predicted from the capture: " + _html_escape(tr.decision)
+        if fixed is None:
+            return figs, "predicted from the capture: " + _html_escape(tr.decision)
+        sel = tr.selections.get(fixed)
+        what = ("no selection there (invalid layer)" if sel is None else
+                f"removes chunks {list(sel.removed)} ({sel.D} tokens); {_html_escape(sel.verdict)}")
+        return figs, (f"fixed layer l* = {fixed} (dashed line): {what}. The adaptive procedure would: "
+                      + _html_escape(tr.decision))
 
     def run_key(self) -> tuple:
         """The frozen parameter tuple that identifies a pruned run."""
@@ -213,13 +299,24 @@ class EvictionPanel(_RunMixin, Panel):
         self.controls = {
             "policy": W.Dropdown(options=[(f"{g} · {n}", n) for g, names in POLICY_GROUPS.items() for n in names],
                                  value=policy, description="policy"),
-            "budget": SLIDERS["budget"].make(budget if budget is not None else max(lo, T // 4), lo=max(lo, 1), hi=T),
-            "defer_lam": SLIDERS["defer_lam"].make(),
-            "page": SLIDERS["page"].make(),
+            "budget": SLIDERS["budget"].make(budget if budget is not None else max(lo, T // 4), lo=max(lo, 1), hi=T,
+                                             continuous=False),
+            "defer_lam": SLIDERS["defer_lam"].make(continuous=False),
+            "page": SLIDERS["page"].make(continuous=False),
         }
+        self.controls["policy"].observe(self._show_applicable, names="value")
+        self._show_applicable()
         self._session = None
         self._init_run("Run eviction", 2)
         self._finish()
+
+    SLIDER_FIELDS = {"defer_lam": "lam", "page": "page"}  # slider → the policy field it sets
+
+    def _show_applicable(self, change=None) -> None:
+        """Only the sliders the chosen policy uses are shown (the page size only for page-entrokv, ...)."""
+        names = {f.name for f in fields(self.classes[self.controls["policy"].value])}
+        for ctl, field in self.SLIDER_FIELDS.items():
+            self.controls[ctl].layout.display = None if field in names else "none"
 
     def policy(self):
         """The policy object of the current controls."""

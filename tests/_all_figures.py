@@ -1,0 +1,98 @@
+"""One figure of every figure function of :mod:`workbench.show.plots`, on synthetic inputs shaped like the
+default model (9 query heads in 3 KV groups), for the layout and colour tests."""
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from workbench.analyse.audit import trace
+from workbench.analyse.cost import CostModel
+from workbench.analyse.envelope import envelope_all_layers
+from workbench.analyse.pages import PageSelection
+from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.shift import ShiftAnalysis
+from workbench.capture.data import Capture
+from workbench.rerun.eviction import GenerationResult
+from workbench.rerun.stability import StabilityResult
+from workbench.run.adapter import ModelShape
+from workbench.run.spans import PromptSpans
+from workbench.show import plots
+
+#: Every public figure function of workbench.show.plots (tests check this list is complete).
+FIGURE_FUNCTIONS = ("sink_mass_heatmap", "attention_strip", "head_heatmap", "residual_distribution",
+                    "chunk_priorities", "envelope_rows", "certificate", "trace_layers", "drift", "break_even",
+                    "pages", "shift_steps", "kept_positions", "accuracy_vs_budget", "kv_bytes_table",
+                    "token_attention")
+
+
+def synthetic_inputs(L: int = 12, H_Q: int = 9, G: int = 3):
+    sp = PromptSpans.synthetic([12, 10, 14, 9, 11, 8], query_len=10, answer_doc=2)
+    T = sp.T
+    cap = Capture.synthetic(sp, L=L, H_Q=H_Q, G=G, seed=1, concentration=2.0,
+                            extra_rows={"audit": list(range(sp.query[0], sp.query[1])),
+                                        "tail": list(range(T - 8, T)), "decode": list(range(T, T + 4))})
+    params = EntroPrefillParams(target=0.2, eps_row=0.5, eps_audit=0.9, streak=0)
+    tr = trace(cap, params)
+    return sp, cap, params, tr
+
+
+def _gen(policy, B, T, seed, L=3, G=3):
+    g = torch.Generator().manual_seed(seed)
+    kept = torch.stack([torch.stack([torch.sort(torch.randperm(T, generator=g)[:B]).values for _ in range(G)])
+                        for _ in range(L)])
+    return GenerationResult(policy=policy, params={"n_sink": 4, "recent": 8}, budget=B, T=T, ids=[1, 2], text="x",
+                            kept=kept, evicted_at=0, compacted_layers=tuple(range(L)), kv_bytes_before=1000,
+                            kv_bytes_after=500, timings={})
+
+
+def sweep_frame() -> pd.DataFrame:
+    rows = []
+    for method, budgets in (("full", [None]), ("deferkv", [32, 64, 128]), ("h2o", [32, 64, 128]),
+                            ("snapkv", [32, 64, 128]), ("streaming", [32, 64, 128])):
+        for b in budgets:
+            for item in range(3):
+                rows.append({"model": "m", "task": "squad", "item_id": item, "method": method, "p_budget": b,
+                             "f1": (0.3 + 0.2 * item + (b or 256) / 512) % 1.0, "em": item % 2,
+                             "kv_bytes": (b or 256) * 2**12, "retained_tokens": b or 256, "prompt_tokens": 256})
+    return pd.DataFrame(rows)
+
+
+def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
+    """``{function name: figure}`` for every name in :data:`FIGURE_FUNCTIONS` (several views of some)."""
+    sp, cap, params, tr = synthetic_inputs(L, H_Q, G)
+    pool, prio = tr.pooling, tr.priorities
+    l = tr.l_star
+    envs = envelope_all_layers(cap, pool, {l: tr.removed})
+    st = StabilityResult(l_star=1, drift={2: 0.1, 3: 0.3, 4: 0.5, 5: 0.4}, Delta_L=0.4, margin=2.0, Lambda=3.0,
+                         c_final=1.0, certified=True, agree_first_token=True, full_first_token=5, pruned_first_token=5,
+                         defects={2: 0.05, 3: 0.1, 4: 0.2, 5: 0.1}, K={2: 3.0, 3: 4.0, 4: 5.0, 5: 5.0},
+                         composed_bound=10.0)
+    shape = ModelShape(L=30, H_Q=9, G=3, d=64, hidden=576, intermediate=1536, vocab=49152, max_context=8192,
+                       model_type="llama")
+    grid = CostModel(shape).grid(2000, [0, 4, 8, 12, 16, 20, 24, 28, 29], [0.25, 0.5, 0.75, 1.0], rows=40)
+    pr = PageSelection(b=8, K=3, s=16).select(pool.a, pool.w, cap.head_group, d=64)
+    sh = ShiftAnalysis(k=8)(cap)
+    res = [_gen("streaming", 20, sp.T, 0), _gen("deferkv", 25, sp.T, 1), _gen("snapkv", 30, sp.T, 2)]
+    df = sweep_frame()
+    return {
+        "sink_mass_heatmap": plots.sink_mass_heatmap(cap),
+        "attention_strip": plots.attention_strip(cap, 2, 4),
+        "head_heatmap": plots.head_heatmap(pool, "w", model_id=cap.model_id, params=params),
+        "residual_distribution": plots.residual_distribution(pool, 2, cap),
+        "chunk_priorities": plots.chunk_priorities(prio, sp, l, removed=tr),
+        "envelope_rows": plots.envelope_rows(envs, layer=l),
+        "certificate": plots.certificate(tr),
+        "trace_layers": plots.trace_layers(tr),
+        "drift": plots.drift(st, model_id="m"),
+        "break_even": plots.break_even(grid, model_id="m"),
+        "pages": plots.pages(pr, 2, cap),
+        "shift_steps": plots.shift_steps(sh),
+        "shift_steps-head": plots.shift_steps(sh, level="head", layer=2),
+        "kept_positions": plots.kept_positions(res, sp, highlight=[30, 31]),
+        "accuracy_vs_budget": plots.accuracy_vs_budget(df, metric="f1"),
+        "kv_bytes_table": plots.kv_bytes_table(df),
+        "token_attention": plots.token_attention(cap, 2, head=4, removed=tr, removed_layer=l, log=True,
+                                                 chars_per_line=48),
+        "token_attention-row": plots.token_attention(cap, 2, query=int(cap.rows_of("tail")[0]), group=1,
+                                                     removed=res[0], exclude_sinks=True, chars_per_line=48),
+    }

@@ -1,0 +1,170 @@
+"""Layout rules of the paper template (``workbench.show.paper_layout``), checked on the exported SVG of every
+figure function of :mod:`workbench.show.plots` at single and double column width.
+
+The SVG is opened in headless Debian chromium (Playwright) and every non-empty ``<text>`` element's box is
+read (``getBoundingClientRect``, transforms included, in the SVG's viewBox units), with the plot areas
+(every subplot's clip rectangle). Checked: no two text boxes overlap (by more than ``TOL`` px in both
+directions), none falls outside the canvas, and no title, legend entry or axis title overlaps a plot
+area. The title is dropped by default; kept, it obeys the same rules. Needs kaleido's Chromium too.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from _all_figures import FIGURE_FUNCTIONS, all_figures
+
+from workbench.show import export as ex
+from workbench.show import plots
+
+_sync_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or ex.browser_path() is None,
+                                reason=f"no Debian chromium at {CHROMIUM}")
+TOL = 0.75  # px (= pt) of overlap tolerated: anti-aliasing of adjacent boxes
+
+# boxes of the <text> elements and the plot areas, in viewBox units
+BOXES_JS = """() => {
+  const svg = document.querySelector('svg');
+  const r0 = svg.getBoundingClientRect();
+  const vb = svg.viewBox.baseVal;
+  const sx = vb.width / r0.width, sy = vb.height / r0.height;
+  const box = (r) => ({x0: (r.left - r0.left) * sx, y0: (r.top - r0.top) * sy,
+                       x1: (r.right - r0.left) * sx, y1: (r.bottom - r0.top) * sy});
+  const texts = [];
+  for (const t of svg.querySelectorAll('text')) {
+    if (!t.textContent.trim()) continue;
+    const r = t.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;
+    let cls = []; let e = t;
+    while (e && e !== svg) { if (e.getAttribute('class')) cls.push(e.getAttribute('class')); e = e.parentElement; }
+    texts.push({text: t.textContent, cls: cls.join(' '), ...box(r)});
+  }
+  const plots = [];
+  const seen = new Set();
+  for (const g of svg.querySelectorAll('g.overplot > g[clip-path*="plot)"]')) {
+    const id = g.getAttribute('clip-path').match(/#([^)'"]+)/)[1];
+    if (seen.has(id)) continue;
+    seen.add(id);
+    const rect = svg.querySelector('clipPath[id="' + id + '"] rect');
+    if (!rect) continue;
+    const m = svg.getCTM().inverse().multiply(g.getCTM());
+    const w = +rect.getAttribute('width'), h = +rect.getAttribute('height');
+    if (!(w > 0 && h > 0)) continue;
+    plots.push({x0: m.e, y0: m.f, x1: m.e + w, y1: m.f + h});
+  }
+  return {w: vb.width, h: vb.height, texts, plots};
+}"""
+
+
+def _kind(cls: str) -> str:
+    """What a text is, from the classes of its element and its ancestors (innermost first)."""
+    c = cls.split()
+    if any(x == "gtitle" for x in c):
+        return "title"
+    if any(re.fullmatch(r"(g-)?[xy]\d*title", x) for x in c):
+        return "axis title"
+    for k, marks in (("legend", ("legendtext",)), ("annotation", ("annotation-text",)),
+                     ("colorbar", ("cbtitle", "cbaxis")), ("table", ("cell-text",))):
+        if any(x.startswith(m) for m in marks for x in c):
+            return k
+    return "tick" if any("tick" in x for x in c) else "other"
+
+
+def _overlap(a, b) -> float:
+    return min(min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]), min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]))
+
+
+def layout_problems(d: dict) -> list[str]:
+    """Every overlap and overflow of the text boxes ``d`` (from :data:`BOXES_JS`)."""
+    out = []
+    boxes = d["texts"]
+    for i, a in enumerate(boxes):
+        if a["x0"] < -TOL or a["y0"] < -TOL or a["x1"] > d["w"] + TOL or a["y1"] > d["h"] + TOL:
+            out.append(f"outside the {d['w']:.0f}x{d['h']:.0f} canvas: {_kind(a['cls'])} {a['text'][:40]!r} at "
+                       f"({a['x0']:.0f}, {a['y0']:.0f})–({a['x1']:.0f}, {a['y1']:.0f})")
+        for b in boxes[i + 1:]:
+            if _overlap(a, b) > TOL:
+                out.append(f"overlap: {_kind(a['cls'])} {a['text'][:30]!r} and {_kind(b['cls'])} {b['text'][:30]!r}")
+        if _kind(a["cls"]) in ("title", "legend", "axis title"):
+            for p in d["plots"]:
+                if _overlap(a, p) > TOL:
+                    out.append(f"{_kind(a['cls'])} {a['text'][:30]!r} overlaps a plot area")
+    return out
+
+
+@pytest.fixture(scope="module")
+def figures():
+    return all_figures()
+
+
+@pytest.fixture(scope="module")
+def page():
+    ex.ensure_server()
+    with _sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"], headless=True)
+        try:
+            yield browser.new_page()
+        finally:
+            browser.close()
+
+
+def boxes(page, svg_path: Path) -> dict:
+    page.set_content(f"<html><body style='margin:0'>{svg_path.read_text()}</body></html>")
+    return page.evaluate(BOXES_JS)
+
+
+def test_every_figure_function_is_covered(figures):
+    public = {n for n in plots.__all__ if callable(getattr(plots, n)) and not n.startswith("_")} - {
+        "figure_frame", "update_figure", "drafts", "as_figure", "categorical", "categorical_px", "token_values",
+        "removed_positions"}
+    assert public == set(FIGURE_FUNCTIONS)
+    assert set(FIGURE_FUNCTIONS) <= {k.split("-")[0] for k in figures}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", ["single", "double"])
+def test_no_text_overlaps_at_export_width(figures, page, tmp_path, width):
+    problems = {}
+    for name, fig in figures.items():
+        ex.export(fig, tmp_path / f"{name}-{width}", width=width, formats=("svg",), csv=False, sidecar=False)
+        d = boxes(page, tmp_path / f"{name}-{width}.svg")
+        assert len(d["texts"]) >= 3, f"{name}: no text read from the SVG"
+        assert d["plots"] or name in ("kv_bytes_table", "token_attention"), f"{name}: no plot area read"
+        bad = layout_problems(d)
+        if bad:
+            problems[name] = bad
+    assert not problems, "\n".join(f"{n} ({width}): " + "; ".join(b[:6]) for n, b in problems.items())
+
+
+@pytest.mark.slow
+def test_kept_title_obeys_the_rules(figures, page, tmp_path):
+    """With ``title=True`` the title is drawn (wrapped), above the legend and the plot, inside the canvas."""
+    problems = {}
+    for name in ("envelope_rows", "shift_steps", "trace_layers", "chunk_priorities"):
+        fig = figures[name]
+        for width in ("single", "double"):
+            ex.export(fig, tmp_path / f"{name}-{width}", width=width, formats=("svg",), csv=False, sidecar=False,
+                      title=True)
+            d = boxes(page, tmp_path / f"{name}-{width}.svg")
+            titles = [b for b in d["texts"] if _kind(b["cls"]) == "title"]
+            assert titles, f"{name} ({width}): the kept title is not drawn"
+            words = fig.layout.title.text.replace("<br>", " ").split()[:2]
+            assert all(w in " ".join(t["text"] for t in titles) for w in words)
+            bad = layout_problems(d)
+            if bad:
+                problems[f"{name} ({width})"] = bad
+    assert not problems, "\n".join(f"{n}: " + "; ".join(b[:6]) for n, b in problems.items())
+
+
+def test_wrap_text_and_drop_title():
+    from workbench.show.paper_layout import paper_layout, wrap_text
+
+    w = wrap_text("constraint row a = h·W + u (grouped by head)", 100, 9)
+    assert "<br>" in w and all(len(line) * 0.62 * 9 <= 100 or " " not in line for line in w.split("<br>"))
+    assert wrap_text("short", 100, 9) == "short"
+    d = {"layout": {"title": {"text": "A long title"}, "font": {"size": 9}, "legend": {"orientation": "h", "y": -0.2}}}
+    paper_layout(d, 240, 180, preset="single", title=False)
+    assert d["layout"]["title"] == {"text": ""}
+    assert d["layout"]["margin"]["t"] < 12

@@ -1,0 +1,51 @@
+"""``make lab`` / ``python -m workbench lab``: the JupyterLab command line it builds (token always, --allow-root
+as root), the URL it prints, the named kernel the notebooks use."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from workbench import __main__ as cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_command_line_as_root_and_as_user():
+    cmd, url = cli.lab_command(port=8899, token="abc", uid=0)
+    assert cmd[1:4] == ["-m", "jupyter", "lab"] and "--allow-root" in cmd
+    assert "--IdentityProvider.token=abc" in cmd and "--port=8899" in cmd and "--no-browser" in cmd
+    assert "--notebook-dir=notebooks" in cmd
+    assert url == "http://127.0.0.1:8899/lab?token=abc"
+    cmd, _ = cli.lab_command(token="abc", uid=1000)
+    assert "--allow-root" not in cmd
+    cmd, url = cli.lab_command(uid=1000, ip="0.0.0.0")      # a random token when none is given
+    tok = next(a for a in cmd if a.startswith("--IdentityProvider.token=")).split("=", 1)[1]
+    assert len(tok) == 32 and url.endswith(tok) and url.startswith("http://127.0.0.1:8888/")
+    with pytest.raises(ValueError, match=r"^port: must be an integer in \[1, 65535\]"):
+        cli.lab_command(port=0)
+
+
+def test_dry_run_prints_url_and_command(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "kernel_installed", lambda name=cli.KERNEL: True)
+    assert cli.main(["lab", "--dry-run", "--port", "8777", "--token", "t0k"]) == 0
+    out = capsys.readouterr().out
+    assert "JupyterLab: http://127.0.0.1:8777/lab?token=t0k" in out
+    assert "-m jupyter lab --notebook-dir=notebooks --port=8777" in out
+    monkeypatch.setattr(cli, "kernel_installed", lambda name=cli.KERNEL: False)
+    assert cli.main(["lab", "--dry-run"]) == 1 and "MISSING" in capsys.readouterr().out
+
+
+def test_make_lab_runs_the_workbench_lab_command():
+    out = subprocess.run(["make", "-n", "lab", "VENV=/nonexistent", "PORT=9001"], cwd=ROOT, capture_output=True,
+                         text=True).stdout
+    assert "-m workbench lab --notebook-dir=notebooks --port=9001" in out
+    setup = (ROOT / "Makefile").read_text()
+    assert "ipykernel install --sys-prefix --name attn-workbench" in setup  # make setup installs the kernel
+
+
+def test_every_notebook_names_the_kernel():
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        assert json.loads(nb.read_text())["metadata"]["kernelspec"]["name"] == cli.KERNEL, nb.name

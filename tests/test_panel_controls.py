@@ -1,0 +1,129 @@
+"""Panel behaviour a user sees: one model run in flight with the latest values winning, cancel, status and
+figures agreeing (fixed layer, saving target, LP certificate), only applicable sliders shown, slider tracks
+not squeezed, full answers, and the export button writing every figure with its sidecar."""
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+from _all_figures import synthetic_inputs
+
+from workbench.show import widgets as Wd
+from workbench.show.widgets.run import RunCancelled, _answer_table
+
+
+@pytest.fixture(scope="module")
+def syn():
+    return synthetic_inputs(L=6, H_Q=6, G=2)
+
+
+def _fake_run(panel, calls, gate, step=False):
+    def run():
+        with panel._busy():
+            calls.append(float(panel.controls["zeta"].value))
+            gate.wait(10)
+            if step:
+                panel._step(1, "pruned prefill…")
+    return run
+
+
+def test_one_run_in_flight_latest_values_win(syn):
+    sp, cap, params, tr = syn
+    panel = Wd.PrunePanel(cap, None, SimpleNamespace(spans=sp), params)
+    calls, gate = [], threading.Event()
+    panel.run = _fake_run(panel, calls, gate)
+    worker = panel.request_run()
+    for _ in range(100):
+        if calls:
+            break
+        threading.Event().wait(0.05)
+    assert calls == [pytest.approx(params.zeta)] and panel.run_button.disabled and not panel.cancel_button.disabled
+    for z in (0.2, 0.3, 0.4):           # moves during the run: queued, not run
+        panel.controls["zeta"].value = z
+        assert panel.request_run() is worker
+    assert panel.progress.description.startswith("queued")
+    gate.set()
+    panel.wait(10)
+    assert calls == [pytest.approx(params.zeta), pytest.approx(0.4)]   # the intermediate 0.2, 0.3 dropped
+    assert not panel.run_button.disabled and panel.cancel_button.disabled
+
+
+def test_cancel_stops_the_run_and_drops_the_pending_one(syn):
+    sp, cap, params, tr = syn
+    panel = Wd.PrunePanel(cap, None, SimpleNamespace(spans=sp), params)
+    calls, gate = [], threading.Event()
+    panel.run = _fake_run(panel, calls, gate, step=True)
+    panel.request_run()
+    for _ in range(100):
+        if calls:
+            break
+        threading.Event().wait(0.05)
+    panel.request_run()                 # pending
+    panel.cancel()
+    gate.set()
+    panel.wait(10)
+    assert len(calls) == 1 and panel.progress.description == "cancelled" and "cancelled" in panel.answers.value
+    with pytest.raises(RunCancelled):   # the step check itself
+        panel._cancel.set()
+        panel._step(0, "x")
+    panel._cancel.clear()
+
+
+def test_status_and_figures_agree(syn):
+    sp, cap, params, tr = syn
+    panel = Wd.PrunePanel(cap, None, SimpleNamespace(spans=sp), params)
+    assert panel.controls["run_layer"].layout.display == "none"      # adaptive: no fixed-l* slider
+    layer = max(tr.selections)
+    panel.set(mode="fixed layer", run_layer=layer)
+    assert panel.controls["run_layer"].layout.display is None
+    assert f"fixed layer l* = {layer}" in panel.status.value and "adaptive procedure would" in panel.status.value
+    sel = panel.analysis().selections[layer]
+    assert f"removes chunks {list(sel.removed)}" in panel.status.value
+    assert panel.figures["trace"].layout.meta["fixed_layer"] == layer
+    assert any(s.line.dash == "dash" and s.x0 == layer for s in panel.figures["trace"].layout.shapes)
+    # PriorityPanel: the target and U against D in a figure, following the sliders
+    pp = Wd.PriorityPanel(cap, params, layer=layer, certify=True)
+    cert = pp.figures["certificate"]
+    by = {t.name: t for t in cert.data}
+    sel = pp.analysis()[3]
+    assert list(by["target"].y) == [sel.target_tokens] * 2 and list(by["D_l (greedy)"].y) == [sel.D]
+    assert by["U_l (certificate)"].y[0] == pytest.approx(sel.U)
+    pp.set(target=0.6)
+    sel2 = pp.analysis()[3]
+    assert sel2.target_tokens > sel.target_tokens and list(pp.figures["certificate"].data[2].y) == [sel2.target_tokens] * 2
+
+
+def test_eviction_panel_shows_only_applicable_sliders(syn):
+    sp, cap, params, tr = syn
+    panel = Wd.EvictionPanel(cap, None, SimpleNamespace(spans=sp), policy="deferkv", budget=40)
+    assert panel.controls["page"].layout.display == "none" and panel.controls["defer_lam"].layout.display is None
+    page_policies = [n for n, c in panel.classes.items() if "page" in {f.name for f in c.__dataclass_fields__.values()}]
+    assert page_policies
+    panel.set(policy=page_policies[0])
+    assert panel.controls["page"].layout.display is None and panel.controls["defer_lam"].layout.display == "none"
+    assert not panel.controls["budget"].continuous_update      # model-run panels update on release
+
+
+def test_slider_tracks_and_answers(syn):
+    sp, cap, params, tr = syn
+    panel = Wd.PriorityPanel(cap, params)
+    for w in panel.controls.values():
+        if hasattr(w, "readout"):
+            assert w.style.description_width == "170px" and w.layout.width == "440px"  # track ≥ 440-170-readout
+    long = "The password is " + "x" * 300 + " swordfish"
+    html = _answer_table("full", long, "pruned", "short")
+    assert "swordfish" in html and "white-space:pre-wrap" in html
+
+
+@pytest.mark.slow
+def test_export_button_writes_every_figure(syn, tmp_path):
+    sp, cap, params, tr = syn
+    panel = Wd.PriorityPanel(cap, params, layer=max(tr.selections))
+    paths = panel.export_clicked(tmp_path / "out")
+    names = {p.name for p in paths}
+    for fig in panel.figures:
+        assert {f"{fig}.pdf", f"{fig}.svg", f"{fig}.png", f"{fig}.json", f"{fig}.csv"} <= names
+    assert all(p.exists() for p in paths)
+    assert str((tmp_path / "out").resolve()) in panel.export_links.value
+    assert panel.export_links.value.count("<a href=") == len(paths)
