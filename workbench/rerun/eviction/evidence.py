@@ -28,7 +28,7 @@ from torch import Tensor
 from workbench.analyse.shift import group_rows
 from workbench.checks import check_int, is_int
 
-__all__ = ["Needs", "Evidence", "EvictionPolicy", "select_keep", "preview", "preview_window", "protected_mask",
+__all__ = ["Needs", "Evidence", "EvictionPolicy", "OnBasePolicy", "select_keep", "preview", "preview_window", "protected_mask",
            "deferkv_alpha", "resolve_budget", "split_budget", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
 
 
@@ -298,6 +298,34 @@ class EvictionPolicy(abc.ABC):
     def _check_common(self):
         check_int("n_sink", self.n_sink, 0)
         check_int("recent", self.recent, 0)
+
+
+class OnBasePolicy(EvictionPolicy):
+    """A policy built on another one's scores (``self.base``, an evicting policy): a rescaling or a budget
+    allocation. The base's decode step, evidence, scores, protected set and tie-break are kept unless the
+    subclass overrides them; call :meth:`_check_base` in ``__post_init__``."""
+
+    base: EvictionPolicy
+
+    def _check_base(self) -> None:
+        if not isinstance(self.base, EvictionPolicy) or self.base.keeps_all:
+            raise ValueError(f"base: must be an evicting EvictionPolicy, got {self.base!r}")
+
+    @property
+    def defer(self) -> int:
+        return self.base.defer
+
+    def needs(self) -> Needs:
+        return self.base.needs()
+
+    def scores(self, ev: Evidence) -> Tensor:
+        return ev.scores_of(self.base)
+
+    def protected(self, T: int) -> Tensor:
+        return self.base.protected(T)
+
+    def tiebreak(self, ev: Evidence) -> Tensor | None:
+        return self.base.tiebreak(ev)
 
 
 def group_mean(x: Tensor, ev: Evidence) -> Tensor:

@@ -8,12 +8,12 @@ import torch
 from torch import Tensor
 
 from workbench.checks import check_real
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs
+from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, OnBasePolicy
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 
 @dataclass(frozen=True)
-class AdaKV(EvictionPolicy):
+class AdaKV(OnBasePolicy):
     """Per-head budgets inside a layer: the layer's ``G·B`` slots go to the highest base scores across its
     KV heads, after each head's protected positions and its own top ``max(1, ⌊α_safe·B⌋)`` (the safeguard),
     as kvpress's ``AdaKVPress``. Scores must be comparable across heads (attention-based bases are).
@@ -31,25 +31,8 @@ class AdaKV(EvictionPolicy):
     name: ClassVar[str] = "adakv"
 
     def __post_init__(self):
-        if not isinstance(self.base, EvictionPolicy) or self.base.keeps_all:
-            raise ValueError(f"base: must be an evicting EvictionPolicy, got {self.base!r}")
+        self._check_base()
         check_real("alpha_safeguard", self.alpha_safeguard, 0.0, 1.0)
-
-    @property
-    def defer(self) -> int:
-        return self.base.defer
-
-    def needs(self) -> Needs:
-        return self.base.needs()
-
-    def scores(self, ev: Evidence) -> Tensor:
-        return ev.scores_of(self.base)
-
-    def protected(self, T: int) -> Tensor:
-        return self.base.protected(T)
-
-    def tiebreak(self, ev: Evidence) -> Tensor | None:
-        return self.base.tiebreak(ev)
 
     def allocate(self, ev: Evidence, budget: int) -> Tensor:
         s = self.scores(ev).detach().to(torch.float64).clone()  # [L, G, T]

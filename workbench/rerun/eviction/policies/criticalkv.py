@@ -8,12 +8,12 @@ import torch
 from torch import Tensor
 
 from workbench.checks import check_real
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean
+from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, OnBasePolicy, group_mean
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 
 @dataclass(frozen=True)
-class CriticalKV(EvictionPolicy):
+class CriticalKV(OnBasePolicy):
     """Value-aware rescaling of any policy's score: ``S'_j = (S_j + ε) · ‖W_O v_j‖_1``, the L1 norm of
     key ``j``'s value after the output projection of each query head, averaged over the group's heads
     (a value that moves the layer output little is cheap to drop).
@@ -33,13 +33,8 @@ class CriticalKV(EvictionPolicy):
     name: ClassVar[str] = "criticalkv"
 
     def __post_init__(self):
-        if not isinstance(self.base, EvictionPolicy) or self.base.keeps_all:
-            raise ValueError(f"base: must be an evicting EvictionPolicy, got {self.base!r}")
+        self._check_base()
         check_real("epsilon", self.epsilon, 0.0, 1.0)
-
-    @property
-    def defer(self) -> int:
-        return self.base.defer
 
     def needs(self) -> Needs:
         return self.base.needs().merge(Needs(wov=True))
@@ -47,9 +42,3 @@ class CriticalKV(EvictionPolicy):
     def scores(self, ev: Evidence) -> Tensor:
         wov = ev.require("wov", "CriticalKV")  # [L, H_Q, T]
         return (ev.scores_of(self.base).to(torch.float64) + self.epsilon) * group_mean(wov.to(torch.float64), ev)
-
-    def protected(self, T: int) -> Tensor:
-        return self.base.protected(T)
-
-    def tiebreak(self, ev: Evidence) -> Tensor | None:
-        return self.base.tiebreak(ev)

@@ -9,12 +9,12 @@ from torch import Tensor
 
 from workbench.analyse.pooling import HeadPooling
 from workbench.checks import check_int
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, split_budget
+from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, OnBasePolicy, split_budget
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 
 @dataclass(frozen=True)
-class EntroBudget(EvictionPolicy):
+class EntroBudget(OnBasePolicy):
     """Per-head budgets inside a layer by EntroPrefill's head weights.
 
     **[decided]** SPEC §2's weights ``w_h`` sum to 1 within each KV group, so they are taken one level up:
@@ -38,26 +38,12 @@ class EntroBudget(EvictionPolicy):
     name: ClassVar[str] = "entro-budget"
 
     def __post_init__(self):
-        if not isinstance(self.base, EvictionPolicy) or self.base.keeps_all:
-            raise ValueError(f"base: must be an evicting EvictionPolicy, got {self.base!r}")
+        self._check_base()
         check_int("W_p", self.W_p, 1)
         HeadPooling(zeta=self.zeta, tau=self.tau, rho_min=self.rho_min)  # validates
 
-    @property
-    def defer(self) -> int:
-        return self.base.defer
-
     def needs(self) -> Needs:
         return self.base.needs().merge(Needs(observers=self.W_p))
-
-    def scores(self, ev: Evidence) -> Tensor:
-        return ev.scores_of(self.base)
-
-    def protected(self, T: int) -> Tensor:
-        return self.base.protected(T)
-
-    def tiebreak(self, ev: Evidence) -> Tensor | None:
-        return self.base.tiebreak(ev)
 
     def group_shares(self, ev: Evidence) -> Tensor:
         """``u_{l,g}``; float64 ``[L, G]``, summing to 1 over each layer's groups."""

@@ -8,12 +8,12 @@ import torch
 from torch import Tensor
 
 from workbench.checks import check_real
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, split_budget
+from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, OnBasePolicy, split_budget
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 
 @dataclass(frozen=True)
-class PyramidKV(EvictionPolicy):
+class PyramidKV(OnBasePolicy):
     """Per-layer budgets falling linearly with depth (a pyramid), any base policy's scores within a layer.
 
     With ``B`` the average per layer, ``p`` the base's protected count and ``L`` layers: the first layer
@@ -35,25 +35,8 @@ class PyramidKV(EvictionPolicy):
     name: ClassVar[str] = "pyramidkv"
 
     def __post_init__(self):
-        if not isinstance(self.base, EvictionPolicy) or self.base.keeps_all:
-            raise ValueError(f"base: must be an evicting EvictionPolicy, got {self.base!r}")
+        self._check_base()
         check_real("beta", self.beta, 1.0, 1e6)
-
-    @property
-    def defer(self) -> int:
-        return self.base.defer
-
-    def needs(self) -> Needs:
-        return self.base.needs()
-
-    def scores(self, ev: Evidence) -> Tensor:
-        return ev.scores_of(self.base)
-
-    def protected(self, T: int) -> Tensor:
-        return self.base.protected(T)
-
-    def tiebreak(self, ev: Evidence) -> Tensor | None:
-        return self.base.tiebreak(ev)
 
     def layer_budgets(self, L: int, T: int, budget: int) -> Tensor:
         """``B_l`` for every layer; int64 ``[L]`` summing to ``L·B``."""
