@@ -339,3 +339,13 @@ def test_png_pixels_are_floored_like_chromium(tmp_path):
     ex.export(scatter(), tmp_path / "p", width=101, height=101, scale=1.5, formats=("png",), csv=False)
     assert ff.png_size(tmp_path / "p.png")[:2] == (151, 151)
     assert json.loads((tmp_path / "p.json").read_text())["sizes"][0]["png_px"] == [151, 151]
+
+
+def test_sidecar_says_whether_the_title_was_drawn(tmp_path):
+    ex.export(scatter(), tmp_path / "kept", formats=("svg",), csv=False, title=True)
+    ex.export(scatter(), tmp_path / "dropped", formats=("svg",), csv=False)
+    kept = json.loads((tmp_path / "kept.json").read_text())
+    dropped = json.loads((tmp_path / "dropped.json").read_text())
+    assert kept["title"] == dropped["title"] == TITLE
+    assert kept["title_kept"] is True and dropped["title_kept"] is False
+    assert TITLE in (tmp_path / "kept.svg").read_text() and TITLE not in (tmp_path / "dropped.svg").read_text()

@@ -71,7 +71,7 @@ def test_every_figure_has_all_files_at_its_width(report):
         assert box[2] == pytest.approx(expected_pt, abs=0.05), name
         assert ff.png_size(out / "figures" / f"{name}.png")[:2] == tuple(size["png_px"]), name
         svg = (out / "figures" / f"{name}.svg").read_text()
-        title = side["title"]
+        title = side["title"] if side["title_kept"] else None  # the default export drops the title
         if title:  # the title is real text in the SVG and the PDF (first 20 characters, tags and spaces dropped)
             head = plain(title)[:20]
             assert head in plain(svg), (name, head)

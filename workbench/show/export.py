@@ -339,6 +339,7 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         side = {
             "figure": meta.get("figure"),
             "title": _title(fig),
+            "title_kept": bool(title),  # drawn in the files (the default drops it: the caption is the paper's)
             "model_id": model_id or meta.get("model_id") or params.get("model_id"),
             "prompt_hash": ph,
             "meta": meta,

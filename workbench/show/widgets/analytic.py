@@ -135,8 +135,19 @@ class AuditPanel(Panel):
         self._continuous({"new": certify})
         self._finish()
         self.controls["certify"].observe(self._continuous, names="value")
+        for name in ("audit_mode", "priority"):
+            self.controls[name].observe(self._show_applicable, names="value")
+        self._show_applicable()
 
     LP_INPUTS = ("eps_row", "m0")  # a new LP on every layer when these move
+
+    def _show_applicable(self, change=None) -> None:
+        """``m_a`` only for the sampled audit; ``seed`` only where a draw uses it (the sampled audit, the
+        random priority): a slider that changes nothing is hidden."""
+        sampled = self.controls["audit_mode"].value == "sampled"
+        self.controls["m_a"].layout.display = None if sampled else "none"
+        uses_seed = sampled or self.controls["priority"].value == "random"
+        self.controls["seed"].layout.display = None if uses_seed else "none"
 
     def _continuous(self, change) -> None:
         for name in self.LP_INPUTS:
