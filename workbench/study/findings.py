@@ -34,15 +34,25 @@ MIN_REFERENCE_ACCURACY = 0.5   # below this the reference is too weak to compare
 MIN_REFERENCE_RIGHT = 5        # fewer right reference answers than this: conditional accuracies are anecdotes
 
 
+def row_params(row) -> dict:
+    """A sweep row's method parameters (its ``params`` JSON; ``{}`` when absent or unreadable)."""
+    try:
+        return json.loads(row["params"]) if isinstance(row["params"], str) else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def evict_label(p: dict) -> str:
+    """``<policy> @ <budget>`` of an eviction cell's parameters (the policy alone without a budget)."""
+    b = p.get("budget_frac", p.get("budget"))
+    return f"{p.get('policy', 'full')} @ {b}" if b is not None else str(p.get("policy", "full"))
+
+
 def setting_label(row) -> str:
     """``full``, ``entroprefill`` (``, k=v`` for non-default parameters) or ``<policy> @ <budget>``."""
-    try:
-        p = json.loads(row["params"]) if isinstance(row["params"], str) else {}
-    except json.JSONDecodeError:
-        p = {}
+    p = row_params(row)
     if row["method"] == "evict":
-        b = p.get("budget_frac", p.get("budget"))
-        return f"{p.get('policy', 'full')} @ {b}" if b is not None else str(p.get("policy", "full"))
+        return evict_label(p)
     extra = ", ".join(f"{k}={v}" for k, v in sorted(p.items()))
     return f"{row['method']} ({extra})" if extra else str(row["method"])
 

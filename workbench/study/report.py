@@ -274,13 +274,9 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _setting(row) -> str:
-    try:
-        p = json.loads(row["params"]) if isinstance(row["params"], str) else {}
-    except json.JSONDecodeError:
-        p = {}
+    p = fnd.row_params(row)
     if row["method"] == "evict":
-        b = p.get("budget_frac", p.get("budget"))
-        return f"{p.get('policy', 'full')} @ {b}" if b is not None else str(p.get("policy", "full"))
+        return fnd.evict_label(p)
     return ", ".join(f"{k}={v}" for k, v in sorted(p.items())) or "default"
 
 
