@@ -79,7 +79,7 @@ def _record_messages(panel) -> list[int]:
 
 @pytest.mark.parametrize("make, moves", [
     (lambda c: Wd.HeadsPanel(c), [("zeta", 0.3), ("tau", 0.5), ("layer", 0), ("quantity", "H")]),
-    (lambda c: Wd.PagesPanel(c), [("zeta", 0.3), ("K", 4), ("layer", 0)]),
+    (lambda c: Wd.PagesPanel(c), [("zeta", 0.3), ("K", 4), ("layer", 0), ("page", 1), ("page", 64), ("K", 64)]),
 ])
 def test_slider_message_bounded_at_32k(cap32k, make, moves):
     panel = make(cap32k)

@@ -155,3 +155,49 @@ def test_validation_errors():
         keep_sets(torch.rand(2, 5), 6)
     with pytest.raises(ValueError, match="a, w"):
         group_scores(torch.rand(1, 2, 5), torch.rand(1, 3), torch.tensor([0, 1]))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000), G=st.integers(1, 3), r=st.integers(1, 4), T=st.integers(1, 60),
+       zeta=st.floats(0.01, 1.0), b=st.integers(1, 9), K=st.integers(1, 8), conc=st.sampled_from([0.1, 1.0, 5.0]))
+def test_slider_memo_equals_direct(seed, G, r, T, zeta, b, K, conc):
+    """The slider path (PageScoreMemo: p = ζ S + (1-ζ) V, UOR per s) gives the direct computation's group scores
+    to float64 rounding and the same selection, union, bytes and token mask; the top-K without a sort keeps the
+    stable sort's set (ties: lower page first)."""
+    from workbench.analyse.pages import PageScoreMemo
+
+    L = 2
+    a = _rows(seed, L, G * r, T, conc)
+    g = torch.Generator().manual_seed(seed + 2)
+    v = torch.rand(L, G, r, generator=g, dtype=torch.float64)
+    v = (v / v.sum(-1, keepdim=True)).reshape(L, G * r)
+    hg = torch.arange(G * r) // r
+    w = zeta / r + (1 - zeta) * v
+    memo = PageScoreMemo(a, hg)
+    ps = PageSelection(b=b, K=K, s=5)
+    direct = ps.select(a, w, hg, 64)
+    fast = ps.select(a, w, hg, 64, memo=memo, v=v, zeta=zeta, key="tau")
+    torch.testing.assert_close(fast.p, direct.p, rtol=1e-13, atol=1e-15)
+    srt = torch.sort(direct.importance, dim=-1, descending=True).values
+    near_tie = K < srt.shape[-1] and bool(((srt[..., K - 1] - srt[..., K]) <= 1e-12).any())
+    if not near_tie:  # rounding can only reorder (near-)ties at the K-th page
+        assert torch.equal(fast.selected, direct.selected) and torch.equal(fast.U, direct.U)
+        assert fast.bytes == direct.bytes and torch.equal(fast.token_mask, direct.token_mask)
+    assert torch.equal(fast.uor, direct.uor)
+    # the sort-free top-K is the stable sort's set, with ties (quantised importance makes many)
+    Iq = (direct.importance * 4).round()
+    order = torch.sort(Iq, dim=-1, descending=True, stable=True).indices
+    ref = torch.zeros(Iq.shape, dtype=torch.bool).scatter_(-1, order[..., :min(K, Iq.shape[-1])], True)
+    assert torch.equal(top_pages(Iq, K), ref)
+    frame = fast.to_frame()
+    assert (frame.kept_tokens.to_numpy() == fast.token_mask.sum(-1).reshape(-1).numpy()).all()
+
+
+def test_slider_memo_rejects_another_a():
+    from workbench.analyse.pages import PageScoreMemo
+
+    a = _rows(0, 2, 4, 10, 1.0)
+    memo = PageScoreMemo(a, torch.arange(4) // 2)
+    w = torch.full((2, 4), 0.5, dtype=torch.float64)
+    with pytest.raises(ValueError, match="memo"):
+        PageSelection().select(a.clone(), w, torch.arange(4) // 2, 64, memo=memo, v=w, zeta=0.5)

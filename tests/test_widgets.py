@@ -195,7 +195,7 @@ def test_audit_panel_shows_the_trace(smollm_capture):
 
 
 def test_shift_and_pages_panels(smollm_capture):
-    from workbench.analyse.pages import PageSelection
+    from workbench.analyse.pages import PageScoreMemo, PageSelection
     from workbench.analyse.shift import ShiftAnalysis
 
     cap = smollm_capture
@@ -208,7 +208,13 @@ def test_shift_and_pages_panels(smollm_capture):
     pp.set(page=8, K=5, zeta=0.7, layer=3)
     pool = EntroPrefillParams(zeta=0.7, tau=pp.params()["tau"]).pooling()(cap)
     pr = PageSelection(b=8, K=5).select(pool.a, pool.w, cap.head_group, 64)
-    assert_shows(pp.figures["pages"], plots.pages(pr, 3, cap.spans))
+    # the panel takes the slider path (PageScoreMemo: equal to the direct group scores to float64 rounding,
+    # tests/test_pages.py); its figure is the one of that path, and its selection the direct one's here
+    fast = PageSelection(b=8, K=5).select(pool.a, pool.w, cap.head_group, 64, memo=PageScoreMemo(pool.a, cap.head_group),
+                                          v=pool.v, zeta=0.7)
+    assert torch.equal(fast.selected, pr.selected)
+    torch.testing.assert_close(fast.p, pr.p, rtol=1e-12, atol=1e-15)
+    assert_shows(pp.figures["pages"], plots.pages(fast, 3, cap.spans))
     assert f"page union U = {int(pr.U[3])}" in pp.status.value
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "payload_bytes",
     "PageSelection",
     "PageResult",
+    "PageScoreMemo",
 ]
 
 
@@ -130,10 +131,9 @@ def top_pages(I: Tensor, K: int) -> Tensor:
     """
     K = _int_in("K", K, 1)
     N_P = I.shape[-1]
-    order = torch.sort(I, dim=-1, descending=True, stable=True).indices
-    sel = torch.zeros(I.shape, dtype=torch.bool, device=I.device)
-    sel.scatter_(-1, order[..., : min(K, N_P)], True)
-    return sel
+    if K >= N_P:
+        return torch.ones(I.shape, dtype=torch.bool, device=I.device)
+    return topk_mask(I, K)  # the set a stable descending sort gives, without the sort (slider path)
 
 
 def page_union(selected: Tensor) -> Tensor:
@@ -144,6 +144,14 @@ def page_union(selected: Tensor) -> Tensor:
 def page_token_mask(selected: Tensor, b: int, T: int) -> Tensor:
     """Token mask of the selected pages: bool ``[..., T]`` from ``selected [..., N_P]``."""
     return selected.repeat_interleave(b, dim=-1)[..., :T]
+
+
+def _page_lengths(N_P: int, b: int, T: int) -> Tensor:
+    """int64 ``[N_P]``: tokens in each page (``b``; the last page may be shorter)."""
+    n = torch.full((N_P,), b, dtype=torch.int64)
+    if N_P:
+        n[-1] = T - (N_P - 1) * b
+    return n
 
 
 def payload_bytes(*, e: int, d: int, b: int, K_lg: Tensor, U_l: Tensor, G: int, L: int, T_retained: int) -> dict:
@@ -164,6 +172,60 @@ def payload_bytes(*, e: int, d: int, b: int, K_lg: Tensor, U_l: Tensor, G: int, 
     }
 
 
+# ----------------------------------------------------------------------------- the slider path
+class PageScoreMemo:
+    """Per-capture memo of the page selection's inputs, for sliders (issue 14: a move stays ``O(L·G·T)``).
+
+    With the group floor ``w_h = ζ/r + (1-ζ) v_h`` (SPEC §2) the group score splits as
+    ``p_{l,g}(j) = ζ S_{l,g}(j) + (1-ζ) V_{l,g}(j)`` with ``S = Σ_{h∈ℋ_g} a^h_j / r`` (fixed per capture) and
+    ``V = Σ_{h∈ℋ_g} v_h a^h_j`` (one per τ: ``v`` is the softmax of ``-H/τ``). So a ζ move costs
+    ``O(L·G·T)``, a τ move one ``O(L·H·T)`` pass, and ``UOR`` (which depends on ``a`` and ``s`` only) is
+    computed once per ``s``. ``p`` equals :func:`group_scores` up to float64 rounding (a few ulps).
+
+    Args:
+        a: float ``[L, H_Q, T]`` per-head key scores (the pooling's observer means; the memo is bound to it).
+        head_group: int ``[H_Q]``, ``g(h)``.
+        keep: how many τ entries to hold.
+    """
+
+    def __init__(self, a: Tensor, head_group: Tensor, *, keep: int = 4):
+        self.a = torch.as_tensor(a)
+        if self.a.dim() != 3:
+            raise ValueError(f"a: must have shape [L, H, T], got {list(self.a.shape)}")
+        self.head_group = torch.as_tensor(head_group)
+        self.onehot = group_onehot(self.head_group, self.a.shape[1])  # [H_Q, G]
+        self.keep = int(keep)
+        self._S: Tensor | None = None
+        self._V: dict = {}
+        self._uor: dict = {}
+
+    def _group_sum(self, weights: Tensor) -> Tensor:
+        """``Σ_{h∈ℋ_g} weights_{l,h} a^h_j`` as float64 ``[L, G, T]`` (one layer at a time: no ``[L, H, T]`` copy)."""
+        a, oh = self.a, self.onehot
+        out = torch.empty(a.shape[0], oh.shape[1], a.shape[2], dtype=torch.float64)
+        for l in range(a.shape[0]):
+            out[l] = (oh * weights[l, :, None]).T @ a[l].to(torch.float64)
+        return out
+
+    def scores(self, v: Tensor, zeta: float, key) -> Tensor:
+        """``p [L, G, T]`` for the within-group softmax ``v [L, H_Q]`` (memoised under ``key``, e.g. τ) and ``ζ``."""
+        if self._S is None:
+            r_h = self.onehot.sum(0) @ self.onehot.T  # [H_Q]
+            self._S = self._group_sum((1.0 / r_h).expand(self.a.shape[0], -1))
+        if key not in self._V:
+            self._V[key] = self._group_sum(torch.as_tensor(v, dtype=torch.float64))
+            while len(self._V) > self.keep:
+                self._V.pop(next(iter(self._V)))
+        return torch.mul(self._S, zeta).add_(self._V[key], alpha=1.0 - zeta)  # one pass, one allocation
+
+    def uor(self, s: int) -> Tensor:
+        """``UOR_g`` float64 ``[L, G]`` of :func:`union_over_retained` (memoised per ``s``)."""
+        s = min(_int_in("s", s, 1), self.a.shape[-1])
+        if s not in self._uor:
+            self._uor[s] = union_over_retained(self.a, self.head_group, s)
+        return self._uor[s]
+
+
 # ----------------------------------------------------------------------------- parameters and result
 @dataclass
 class PageResult:
@@ -176,7 +238,7 @@ class PageResult:
         K_lg: int64 ``[L, G]`` pages kept per group (``min(K, N_P)``).
         U: int64 ``[L]`` page union ``U_l``.
         uor: float64 ``[L, G]`` ``UOR_g`` of the per-head top-``s`` keep sets.
-        token_mask: bool ``[L, G, T]`` tokens of the selected pages.
+        token_mask: bool ``[L, G, T]`` tokens of the selected pages (a property: built when read).
         b, K, s, e, d: parameters; ``bytes``: the three payloads of :func:`payload_bytes`
             (``T'`` = tokens of the largest per-layer page union: the length of a dense
             rectangular cache that would hold every layer's union).
@@ -188,7 +250,6 @@ class PageResult:
     K_lg: Tensor
     U: Tensor
     uor: Tensor
-    token_mask: Tensor
     b: int
     K: int
     s: int
@@ -199,6 +260,11 @@ class PageResult:
     @property
     def L(self) -> int:
         return int(self.p.shape[0])
+
+    @property
+    def token_mask(self) -> Tensor:
+        """bool ``[L, G, T]``: tokens of the selected pages (``O(L·G·T)``, so built only when read)."""
+        return page_token_mask(self.selected, self.b, int(self.p.shape[-1]))
 
     @property
     def G(self) -> int:
@@ -216,7 +282,8 @@ class PageResult:
                 "U_layer": self.U.repeat_interleave(G).numpy(),
                 "N_P": N_P,
                 "uor": self.uor.reshape(-1).numpy(),
-                "kept_tokens": self.token_mask.sum(-1).reshape(-1).numpy(),
+                "kept_tokens": (self.selected.to(torch.int64) @ _page_lengths(N_P, self.b, int(self.p.shape[-1])))
+                .reshape(-1).numpy(),
                 "max_p": self.p.amax(-1).reshape(-1).numpy(),
                 "max_I_dropped": dropped.reshape(-1).numpy(),
             }
@@ -245,7 +312,8 @@ class PageSelection:
         _int_in("s", self.s, 1)
         _int_in("e", self.e, 1)
 
-    def select(self, a: Tensor, w: Tensor, head_group: Tensor, d: int) -> PageResult:
+    def select(self, a: Tensor, w: Tensor, head_group: Tensor, d: int, *, memo: PageScoreMemo | None = None,
+               v: Tensor | None = None, zeta: float | None = None, key=None) -> PageResult:
         """Select the top-``K`` pages of every layer and KV group.
 
         Args:
@@ -253,21 +321,28 @@ class PageSelection:
             w: float ``[L, H_Q]`` head weights ``w_h`` (SPEC §2; sum to 1 within each group).
             head_group: int ``[H_Q]``, ``g(h)``.
             d: head dim (for the byte counts).
+            memo: a :class:`PageScoreMemo` of ``a`` (the slider path): with ``v`` (the within-group softmax
+                that made ``w``), ``zeta`` and ``key`` (what ``v`` depends on, e.g. τ) the group scores and
+                ``UOR`` come from it (equal to the direct computation up to float64 rounding).
         """
         a = torch.as_tensor(a)
         w = torch.as_tensor(w)
         if a.dim() != 3:
             raise ValueError(f"a: must have shape [L, H, T], got {list(a.shape)}")
         L, H, T = a.shape
-        p = group_scores(a, w, head_group)
+        if memo is not None:
+            if memo.a is not a or v is None or zeta is None:
+                raise ValueError("memo: must be a PageScoreMemo of this `a`, given with `v` and `zeta`")
+            p = memo.scores(v, float(zeta), key)
+        else:
+            p = group_scores(a, w, head_group)
         G = p.shape[1]
         I = page_importance(p, self.b)
         sel = top_pages(I, self.K)
         K_lg = sel.sum(-1)
         U = page_union(sel)
-        uor = union_over_retained(a, head_group, min(self.s, T))
-        tok = page_token_mask(sel, self.b, T)
-        T_ret = int(page_token_mask(sel.any(dim=1), self.b, T).sum(-1).max()) if L else 0
+        uor = memo.uor(self.s) if memo is not None else union_over_retained(a, head_group, min(self.s, T))
+        T_ret = int((sel.any(dim=1).to(torch.int64) @ _page_lengths(sel.shape[-1], self.b, T)).max()) if L else 0
         by = payload_bytes(e=self.e, d=_int_in("d", d, 1), b=self.b, K_lg=K_lg, U_l=U, G=G, L=L, T_retained=T_ret)
-        return PageResult(p=p, importance=I, selected=sel, K_lg=K_lg, U=U, uor=uor, token_mask=tok,
+        return PageResult(p=p, importance=I, selected=sel, K_lg=K_lg, U=U, uor=uor,
                           b=self.b, K=self.K, s=min(self.s, T), e=self.e, d=d, bytes=by)

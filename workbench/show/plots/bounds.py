@@ -171,6 +171,10 @@ def _sample_scale(n: int) -> list[str]:
 
 
 # ============================================================================= pages (SPEC §8)
+PREVIEW_PAGES = 256
+"""Pages up to which the pages figure's heatmap previews each page's text on hover (G × pages strings per move)."""
+
+
 def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
     """Pages and GQA unions of a :class:`~workbench.analyse.pages.PageResult`.
 
@@ -183,25 +187,35 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     sp = _spans_of(spans)
     G, N_P = pr.importance.shape[1], pr.importance.shape[2]
     T = pr.p.shape[2]
-    toks = _tokens(sp, T)
     raw = list(sp.tokens) if sp is not None else None
-    ranges = [(P * pr.b, min((P + 1) * pr.b, T)) for P in range(N_P)]
-    prev = [f"{s}–{e - 1}: " + (_text_preview(raw[s:e], 60) if raw else "") for s, e in ranges]
-    fig = _Draft.subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{"colspan": 2}, None], [{}, {}]],
-                          row_heights=[0.34, 0.36, 0.3], horizontal_spacing=0.28, vertical_spacing=0.13)
     I = _np(pr.importance[layer])
     sel = _np(pr.selected[layer])
-    fig.add_trace(go.Heatmap(z=_z(I), x=np.arange(N_P), y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
-                             name="importance", customdata=_rows(prev, G), meta={"customdata": ["page"]},
-                             hovertemplate="g%{y} page %{x} (tokens %{customdata})<br>I = %{z:.4g}<extra></extra>"),
+    pbins = token_bins(N_P)  # scale: ≤ DEFAULT_WIDTH_PX page columns (max importance per bin of pages)
+    x_pages = pbins.lo
+    if pbins.exact and N_P <= PREVIEW_PAGES:  # few pages: each cell's hover previews its tokens' text
+        prev = [f"{P * pr.b}–{min((P + 1) * pr.b, T) - 1}: "
+                + (_text_preview(raw[P * pr.b:(P + 1) * pr.b], 60) if raw else "") for P in range(N_P)]
+        hover, custom = "g%{y} page %{x} (tokens %{customdata})", dict(customdata=_rows(prev, G),
+                                                                       meta={"customdata": ["page"]})
+    elif pbins.exact:  # the message stays bounded: the hover names the page; tokens = page × b
+        hover, custom = f"g%{{y}} page %{{x}} (tokens from %{{x}}×{pr.b})", {}
+    else:
+        I = pbins.reduce(I, "max")
+        hover, custom = f"g%{{y}} pages from %{{x}} ({pbins.describe()} pages of {pr.b} tokens)", {}
+    fig = _Draft.subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{"colspan": 2}, None], [{}, {}]],
+                          row_heights=[0.34, 0.36, 0.3], horizontal_spacing=0.28, vertical_spacing=0.13)
+    fig.add_trace(go.Heatmap(z=_z(I), x=x_pages, y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
+                             name="importance", hovertemplate=hover + "<br>I = %{z:.4g}<extra></extra>", **custom), 1, 1)
+    gs, ps = np.nonzero(sel if pbins.exact else pbins.any(sel))
+    fig.add_trace(go.Scatter(x=x_pages[ps].tolist(), y=[f"g{g}" for g in gs.tolist()], name="kept page",
+                             mode="markers", marker=dict(symbol="square-open", size=14, color=REMOVED, line=dict(width=2)),
+                             hovertemplate="kept: g%{y} page" + ("" if pbins.exact else "s from") + " %{x}<extra></extra>"),
                   1, 1)
-    gs, ps = np.nonzero(sel)
-    fig.add_trace(go.Scatter(x=ps.tolist(), y=[f"g{g}" for g in gs.tolist()], name="kept page", mode="markers",
-                             marker=dict(symbol="square-open", size=14, color=REMOVED, line=dict(width=2)),
-                             hovertemplate="kept: g%{y} page %{x}<extra></extra>"), 1, 1)
     tm = _np(pr.token_mask[layer])
     bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX points per group (max per bin; kept = some token kept)
-    if not bins.exact:
+    if bins.exact:
+        toks = _tokens(sp, T)
+    else:  # the tokens' own labels are not built (O(T) per move); the CSV has every token
         toks, tm = bins.labels(), bins.any(tm)
     gst = categorical(G)
     for g in range(G):
@@ -227,7 +241,8 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
                                  hovertemplate="layer %{x}: UOR g" + str(g) + " = %{y:.3f}<extra></extra>"), 3, 2)
     _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=1)
     _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=2)
-    fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)", row=1, col=1)
+    fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)" + ("" if pbins.exact else f"; bins of ≤ {pbins.width} pages"),
+                     row=1, col=1)
     fig.update_xaxes(title_text="prompt position", row=2, col=1)
     fig.update_yaxes(title_text="group score p" + (f" ({bins.describe()})" if not bins.exact else ""), row=2, col=1)
     fig.update_xaxes(title_text="layer", row=3, col=1)

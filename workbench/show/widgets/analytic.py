@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 
 from workbench.analyse.audit import layer_proposal, proposal_inputs, trace
 from workbench.analyse.envelope import envelope
-from workbench.analyse.pages import PageSelection
+from workbench.analyse.pages import PageScoreMemo, PageSelection
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.selection import target_tokens
 from workbench.analyse.shift import ShiftAnalysis
@@ -230,6 +230,8 @@ class PagesPanel(Panel):
         self.capture = capture
         self.base = params or EntroPrefillParams()
         self.s, self.e = int(s), int(e)
+        self._memo: PageScoreMemo | None = None  # per-capture group-score sums (ζ moves O(L·G·T))
+        self._results: dict = {}
         self.d = int(head_dim) if head_dim is not None else _head_dim(capture)
         L = capture.L
         self.controls = {
@@ -241,11 +243,18 @@ class PagesPanel(Panel):
         self._finish()
 
     def analysis(self):
-
-        pool = _ep_from(self.controls, self.base).pooling()(self.capture)
         c = self.controls
-        return PageSelection(b=int(c["page"].value), K=int(c["K"].value), s=self.s, e=self.e).select(
-            pool.a, pool.w, self.capture.head_group, self.d)
+        ep = _ep_from(c, self.base)
+        key = (ep.zeta, ep.tau, int(c["page"].value), int(c["K"].value))
+        if key not in self._results:  # a layer move re-draws the figure only
+            pool = ep.pooling()(self.capture)
+            if self._memo is None or self._memo.a is not pool.a:
+                self._memo = PageScoreMemo(pool.a, self.capture.head_group)
+            self._results[key] = PageSelection(b=key[2], K=key[3], s=self.s, e=self.e).select(
+                pool.a, pool.w, self.capture.head_group, self.d, memo=self._memo, v=pool.v, zeta=ep.zeta, key=ep.tau)
+            while len(self._results) > 2:
+                self._results.pop(next(iter(self._results)))
+        return self._results[key]
 
     def compute(self):
         pr = self._analyse()
