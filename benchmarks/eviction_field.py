@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -37,6 +38,7 @@ import torch
 from eviction import markdown  # benchmarks/eviction.py (the script's folder is on the path)
 from tqdm.auto import tqdm
 
+from workbench.analyse.stats import fmt_ci, wilson_ci
 from workbench.rerun.eviction import (
     H2O,
     TOVA,
@@ -63,6 +65,8 @@ from workbench.run.examples import load_example
 from workbench.run.models import load_model
 from workbench.run.prompt import build_prompt
 from workbench.study.datasets import load_squad
+from workbench.study.metrics import contains_answer, f1_score
+from workbench.study.tasks import max_new_tokens_for
 
 OUT = Path(__file__).parent / "out"
 INSTRUCTION = "Answer the question using only the documents. Reply with a short answer."
@@ -94,11 +98,13 @@ def policies():
     ]
 
 
-def squad_contexts(tok, n_ctx: int, n_q: int, n_dist: int, max_context: int):
+def squad_contexts(tok, n_ctx: int, n_q: int, n_dist: int, max_context: int, data: str = "sample"):
     """``n_ctx`` contexts (gold paragraph + ``n_dist`` same-article paragraphs, seeded order), each with up
-    to ``n_q`` prompts (one per question on the gold paragraph whose answer occurs in it)."""
+    to ``n_q`` prompts (one per question on the gold paragraph whose answer occurs in it). ``data``:
+    ``"sample"`` (the bundled 4 articles) or ``"fetched"`` (SQuAD v1.1 dev, ``python -m workbench.study.datasets
+    fetch``)."""
     out = []
-    for art in load_squad("sample")[:n_ctx]:
+    for art in load_squad("sample" if data == "sample" else "cache")[:n_ctx]:
         paras = art["paragraphs"]
         gold = paras[0]
         docs = [p["context"] for p in paras[1:1 + n_dist]] + [gold["context"]]
@@ -113,8 +119,8 @@ def squad_contexts(tok, n_ctx: int, n_q: int, n_dist: int, max_context: int):
 
 
 def correct(text, answers) -> bool:
-    t = (text or "").lower()
-    return any(a.lower() in t for a in answers)
+    """The study's scorer: a gold answer occurs in the normalised reply (any line)."""
+    return bool(contains_answer(text or "", answers))
 
 
 def run_prompt(model, prompt, pols, budgets, n_new, answers, survive_text):
@@ -137,13 +143,14 @@ def run_prompt(model, prompt, pols, budgets, n_new, answers, survive_text):
     # decode: runs with equal cache lengths batched (as EvictionSession.run_batch; equal to single runs up
     # to float rounding), a count per layer alone
     ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]
-    flat = sess._decode([st for st, g in zip(states, ragged) if not g])
+    same = [st for st, g in zip(states, ragged) if not g]
+    flat = [r for i in range(0, len(same), 8) for r in sess._decode(same[i:i + 8])]  # batches of 8: memory
     alone = [sess._decode([st])[0] for st, g in zip(states, ragged) if g]
     res = [alone.pop(0) if g else flat.pop(0) for g in ragged]
     for (group, label, p, B), r in zip(jobs, res):
         surv = float(r.survival(pos).nanmean()) if pos else float("nan")
         rows.append({"group": group, "policy": label, "budget": "all" if p.keeps_all else B, "T": sess.T,
-                     "correct": correct(r.text, answers), "survival": surv,
+                     "correct": correct(r.text, answers), "f1": f1_score(r.text or "", answers), "survival": surv,
                      "kv_MiB": r.kv_bytes_after / 2**20, "masked_MiB": r.kv_bytes_masked / 2**20,
                      "score_over_prefill": r.timings["score"] / prefill_s, "text": r.text})
     return rows, time.perf_counter() - t0
@@ -155,60 +162,97 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", type=int, default=4)
     ap.add_argument("--questions", type=int, default=5)
     ap.add_argument("--distractors", type=int, default=6)
-    ap.add_argument("--new", type=int, default=16)
+    ap.add_argument("--new", type=int, default=None,
+                    help="new tokens (default: each task's own, workbench.study.tasks.max_new_tokens_for)")
+    ap.add_argument("--data", choices=("sample", "fetched"), default="sample")
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-needle", action="store_true")
     ap.add_argument("--no-squad", action="store_true", help="the needle prompt only")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    t_start = time.perf_counter()
+    n_squad = args.new or max_new_tokens_for("squad_single")
+    n_needle = args.new or max_new_tokens_for("needle")
     m = load_model(device="cpu", progress=False)
     tok, mc = m.tokenizer, m.shape.max_context
     pols = policies()
     rows = []
-    ctxs = [] if args.no_squad else squad_contexts(tok, args.contexts, args.questions, args.distractors, mc)
+    ctxs = [] if args.no_squad else squad_contexts(tok, args.contexts, args.questions, args.distractors, mc, args.data)
     jobs = [(c, q) for c, prompts in enumerate(ctxs) for q in range(len(prompts))]
+    # resumable: finished prompts' rows are appended to a JSONL beside the output and skipped on a re-run
+    part = OUT / f"eviction_field_{args.data}_{n_squad}_{'-'.join(map(str, args.budgets))}.partial.jsonl"
+    OUT.mkdir(exist_ok=True)
+    done = [json.loads(x) for x in part.read_text().splitlines()] if part.exists() else []
+    finished = {(r["task"], r["item"]) for r in done}
+    rows += done
+
+    def keep(new_rows):
+        with open(part, "a") as f:
+            f.writelines(json.dumps(x, default=str) + "\n" for x in new_rows)
+        rows.extend(new_rows)
+
     for c, q in tqdm(jobs, desc="squad (question-aware)"):
+        if ("squad", f"{c}.{q}") in finished:
+            continue
         prompt, answers = ctxs[c][q]
-        r, _ = run_prompt(m, prompt, pols, args.budgets, args.new, answers, answers[0] if answers[0] in prompt.text else None)
-        rows += [dict(x, task="squad", item=f"{c}.{q}") for x in r]
+        r, _ = run_prompt(m, prompt, pols, args.budgets, n_squad, answers, answers[0] if answers[0] in prompt.text else None)
+        keep([dict(x, task="squad", item=f"{c}.{q}") for x in r])
     agn = [(g, lbl, p) for g, lbl, p in pols if not p.defer and not p.needs().answer]
     for c, prompts in enumerate(tqdm(ctxs, desc="squad (question-agnostic)")):
-        res = run_question_agnostic(m, [p for p, _ in prompts], [p for _, _, p in agn], args.budgets, args.new,
+        if ("agnostic", f"{c}.0") in finished:
+            continue
+        new_rows = []
+        res = run_question_agnostic(m, [p for p, _ in prompts], [p for _, _, p in agn], args.budgets, n_squad,
                                     progress=False)
         k = 0
         for g, lbl, p in agn:
             for B in (args.budgets[:1] if p.keeps_all else args.budgets):
                 for q, (_, answers) in enumerate(prompts):
-                    rows.append({"group": g, "policy": lbl, "budget": "all" if p.keeps_all else B, "task": "agnostic",
+                    new_rows.append({"group": g, "policy": lbl, "budget": "all" if p.keeps_all else B, "task": "agnostic",
                                  "item": f"{c}.{q}", "correct": correct(res[k].text, answers), "text": res[k].text,
                                  "kv_MiB": res[k].kv_bytes_after / 2**20})
                     k += 1
-    if not args.no_needle:
+        keep(new_rows)
+    if not args.no_needle and ("needle", "needle") not in finished:
         ex = load_example("needle_haystack")
         prompt = ex.build(tok, max_context=mc)
         needle = json.loads(Path("data/needle_haystack.json").read_text())["needle"]
-        r, _ = run_prompt(m, prompt, pols, args.budgets, args.new, [ex.answer], needle)
-        rows += [dict(x, task="needle", item="needle") for x in r]
+        r, _ = run_prompt(m, prompt, pols, args.budgets, n_needle, [ex.answer], needle)
+        keep([dict(x, task="needle", item="needle") for x in r])
     df = pd.DataFrame(rows)
     OUT.mkdir(exist_ok=True)
-    meta = {"machine": platform.platform(), "torch": torch.__version__, "args": vars(args)}
+    meta = {"machine": platform.platform(), "torch": torch.__version__, "args": vars(args),
+            "new_tokens": {"squad": n_squad, "needle": n_needle}, "wall_s": time.perf_counter() - t_start,
+            "load_avg_end": os.getloadavg()}
     (OUT / ("eviction_field_needle.json" if args.no_squad else "eviction_field.json")).write_text(json.dumps({"meta": meta, "rows": rows}, default=str, indent=1))
     print(markdown(summary(df)))
     return 0
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (policy, budget): SQuAD accuracy with its Wilson 95 % CI and n, the accuracy on the prompts
+    the full cache answers right (``acc_if_ref``: the reference check), the question-agnostic accuracy, and the
+    needle."""
     key = ["group", "policy", "budget"]
     if not (df.task == "squad").any():  # the needle prompt only
         return df.rename(columns={"correct": "needle_ok", "survival": "needle_kept"})[
             key + ["needle_ok", "needle_kept", "kv_MiB", "masked_MiB", "score_over_prefill"]].round(3)
-    sq = df[df.task == "squad"].groupby(key, sort=False).agg(
-        acc=("correct", "mean"), answer_kept=("survival", "mean"), kv_MiB=("kv_MiB", "mean"),
-        masked_MiB=("masked_MiB", "mean"), score_over_prefill=("score_over_prefill", "mean"), n=("correct", "size"))
+    sq_df = df[df.task == "squad"]
+    ref_ok = set(sq_df[(sq_df.policy == "full") & sq_df.correct].item)
+    sq = sq_df.groupby(key, sort=False).agg(
+        acc=("correct", "mean"), k=("correct", "sum"), f1=("f1", "mean"), n=("correct", "size"), answer_kept=("survival", "mean"),
+        kv_MiB=("kv_MiB", "mean"), masked_MiB=("masked_MiB", "mean"), score_over_prefill=("score_over_prefill", "mean"))
+    sq["acc_ci95"] = [fmt_ci(*wilson_ci(int(k), int(n))) for k, n in zip(sq.k, sq.n)]
+    sq["acc_if_ref"] = sq_df[sq_df.item.isin(ref_ok)].groupby(key, sort=False).correct.mean()
+    sq = sq.drop(columns="k")
     ag = df[df.task == "agnostic"].groupby(key, sort=False).agg(agnostic_acc=("correct", "mean"))
     nd = df[df.task == "needle"].set_index(key)[["correct", "survival"]].rename(
         columns={"correct": "needle_ok", "survival": "needle_kept"})
-    return sq.join(ag, how="left").join(nd, how="left").reset_index().round(3)
-
+    out = sq.join(ag, how="left").join(nd, how="left").reset_index()
+    cols = key + ["acc", "acc_ci95", "n", "acc_if_ref", "f1", "agnostic_acc", "answer_kept", "needle_ok", "needle_kept",
+                  "kv_MiB", "masked_MiB", "score_over_prefill"]
+    return out[cols].round(3)
 
 if __name__ == "__main__":
     raise SystemExit(main())

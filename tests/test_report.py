@@ -34,7 +34,7 @@ TINY_LIMIT_S = 300  # the tiny setting takes ~1 min on a loaded 2-core machine; 
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "workbench", "report", "--tiny", "--no-progress", "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "workbench", "report", "--tiny", "--data", "sample", "--no-progress", "--out", str(out)],
                        capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
     assert r.returncode == 0, r.stderr[-4000:]

@@ -65,7 +65,7 @@ from workbench.run.examples import load_example
 from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
-from workbench.show.export import _versions, prompt_hash
+from workbench.show.export import _versions, csv_bytes, prompt_hash
 from workbench.study.report_html import write_html
 from workbench.study.sweep import expand_grid, read_sweep, sweep
 from workbench.study.tasks import items_frame, max_new_tokens_for
@@ -247,7 +247,7 @@ def write_table(df: pd.DataFrame, folder, name: str) -> list[Path]:
 
     folder = Path(folder)
     csv_path, pq_path = folder / f"{name}.csv", folder / f"{name}.parquet"
-    atomic_write_bytes(csv_path, df.to_csv(index=False).encode("utf-8"))
+    atomic_write_bytes(csv_path, csv_bytes(df))
     buf = io.BytesIO()
     _parquet_safe(df).to_parquet(buf, index=False)
     atomic_write_bytes(pq_path, buf.getvalue())
@@ -476,7 +476,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
         table_files = {name: write_table(t, out / "tables", name) for name, t in tables.items() if name != "sweep"}
         if len(df):  # the sweep's own parquet stays the resumable store; its csv is written beside it
             csv = out / "tables" / "sweep.csv"
-            atomic_write_bytes(csv, df.to_csv(index=False).encode("utf-8"))
+            atomic_write_bytes(csv, csv_bytes(df))
             table_files["sweep"] = [csv, out / "tables" / "sweep.parquet"]
         timings["tables_html"] = time.perf_counter() - t0
         timings["total"] = time.perf_counter() - t_start
