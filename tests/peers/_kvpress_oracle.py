@@ -72,12 +72,19 @@ def greedy(model, tokenizer, cache, first: int, T: int, n: int) -> list[int]:
     return y
 
 
+def _members(kept_row) -> set:
+    """The prompt positions of one workbench cell ``kept [B]``; ``-1`` marks a masked slot of a per-head budget
+    (the dense cache holds the layer's largest head count), which is not a member."""
+    return {p for p in kept_row.tolist() if p >= 0}
+
+
 def jaccard(a: list[list[set]], kept) -> list[float]:
-    """Jaccard of every layer × KV-head cell between kvpress's sets ``a`` and the workbench's ``kept [L, G, B]``."""
+    """Jaccard of every layer × KV-head cell between kvpress's sets ``a`` and the workbench's ``kept [L, G, B]``
+    (masked slots, ``-1``, excluded)."""
     out = []
     for l, row in enumerate(a):
         for g, s in enumerate(row):
-            w = set(kept[l, g].tolist())
+            w = _members(kept[l, g])
             out.append(len(s & w) / len(s | w))
     return out
 
@@ -90,7 +97,7 @@ def near_tie_cells(a: list[list[set]], kept, scores, protected, rtol: float = 1e
     differ = ties = 0
     for l, row in enumerate(a):
         for g, theirs in enumerate(row):
-            ours = set(kept[l, g].tolist())
+            ours = _members(kept[l, g])
             diff = sorted(theirs ^ ours)
             if not diff:
                 continue

@@ -166,12 +166,12 @@ def test_the_workbench_refuses_a_budget_below_its_window(sessions):
 def test_adakv_keeps_what_adakvpress_keeps(ratio, smollm, sessions):
     """Per-head budgets: AdaKVPress keeps the whole cache and masks the evicted keys of each head (fake keys
     whose attention underflows); its masked indices are read from the attention modules. The workbench's
-    AdaKV over the aligned SnapKV gives every layer and KV head the same budget and generates the same
-    tokens; the kept members agree to Jaccard >= 0.98 per cell (the residual, on the needle prompt, is open)."""
+    AdaKV over the aligned SnapKV keeps, per layer and KV head, exactly the positions AdaKVPress keeps (so the
+    same per-head budgets) and generates the same tokens. (The Jaccard 0.985–0.99 reported in an earlier round
+    was the comparison counting the workbench's masked slots, ``-1``, as a member: ``B/(B+1)``.)"""
     model, tok = smollm.model, smollm.tokenizer
     policy = AdaKV(base=SnapKV(n_sink=0, recent=64, window=64, kernel=5, pooling="avg"), alpha_safeguard=0.2)
     layers = adapter.decoder_layers(model)
-    residual = []
     for pname, sess in sessions.items():
         T = sess.T
         B = int(T * (1 - ratio))
@@ -200,17 +200,10 @@ def test_adakv_keeps_what_adakvpress_keeps(ratio, smollm, sessions):
         ROWS.append({"policy": "adakv (snapkv avg)", "ratio": ratio, "prompt": pname, "cells": len(jac),
                      "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "tie_cells": ties,
                      "identical_tokens": ids == res.ids, "refused": 0})
-        # the per-head budgets are identical in every cell; the members agree to Jaccard >= 0.98 (on the
-        # needle prompt a few cells swap positions that are not near-ties of our scores: not yet explained)
         counts = (res.kept_prompt >= 0).sum(-1)
         assert [[len(c) for c in row] for row in theirs] == counts.tolist(), f"adakv {pname} {ratio}: budgets differ"
+        assert differ == ties and ties <= 1, f"adakv {pname} ratio {ratio}: {differ} cells differ ({ties} near-ties)"
         assert ids == res.ids, f"adakv {pname} ratio {ratio}: tokens differ"
-        if not (sum(jac) / len(jac) >= 0.99 and min(jac) >= 0.98):
-            residual.append(f"{pname}: {differ} cells differ (mean Jaccard {sum(jac) / len(jac):.3f}, "
-                            f"min {min(jac):.3f})")
-    if residual:  # an open finding, not a pass: the members differ for a reason not yet found
-        pytest.xfail(f"ratio {ratio}: AdaKV kept members differ from AdaKVPress (budgets and tokens identical): "
-                     + "; ".join(residual))
 
 
 def test_pyramidkv_keeps_what_pyramidkvpress_keeps(smollm, sessions):

@@ -15,8 +15,13 @@ from workbench.rerun.eviction.policies.snapkv import SnapKV
 @dataclass(frozen=True)
 class AdaKV(OnBasePolicy):
     """Per-head budgets inside a layer: the layer's ``G·B`` slots go to the highest base scores across its
-    KV heads, after each head's protected positions and its own top ``max(1, ⌊α_safe·B⌋)`` (the safeguard),
-    as kvpress's ``AdaKVPress``. Scores must be comparable across heads (attention-based bases are).
+    KV heads, after each head's protected positions and its own top ``max(1, ⌊α_safe·B⌋)`` scores (the
+    safeguard), as kvpress's ``AdaKVPress``. Scores must be comparable across heads (attention-based bases are).
+
+    The safeguard counts from the top of each head's scores, where its protected positions (scored ``+inf``)
+    come first, as in kvpress (whose SnapKV scores its window ``max + 1``): a safeguard no larger than the
+    protected window adds nothing. Kept sets equal ``AdaKVPress(SnapKVPress())``'s in every layer and KV head
+    (``tests/peers``).
 
     The dense cache of a layer keeps its largest head count; the shorter heads' extra slots are masked
     out of attention, so the bytes saved are those of the largest head, not of ``B`` (reported as such).
