@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     if not args.no_needle and ("needle", "needle") not in finished:
         ex = load_example("needle_haystack")
         prompt = ex.build(tok, max_context=mc)
-        needle = json.loads(Path("data/needle_haystack.json").read_text())["needle"]
+        needle = json.loads((Path(__file__).resolve().parents[1] / "data" / "needle_haystack.json").read_text())["needle"]
         r, _ = run_prompt(m, prompt, pols, args.budgets, n_needle, [ex.answer], needle)
         keep([dict(x, task="needle", item="needle") for x in r])
     df = pd.DataFrame(rows)

@@ -64,7 +64,7 @@ def _spy(panel, sizes):
 def widgets(cap, base, moves: int) -> dict:
     out = {}
     for name, make, sliders in (("heads", lambda: Wd.HeadsPanel(cap, base), ("zeta", "tau", "layer")),
-                                ("pages", lambda: Wd.PagesPanel(cap, base), ("zeta", "tau", "K", "layer"))):
+                                ("pages", lambda: Wd.PagesPanel(cap, base), ("zeta", "tau", "K", "page", "layer"))):
         panel = make()
         sizes, totals = [], []
         _spy(panel, sizes)
