@@ -176,11 +176,25 @@ def test_summary_table_means():
     (dict(n_squad=-1), "n_squad"), (dict(n_squad=0, n_needle=0), "n_squad"), (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(needle_length=10), "needle_length"), (dict(methods=("full", "magic")), "methods"),
     (dict(policies=("nope",)), "policies"), (dict(policies=()), "policies"), (dict(budget_fracs=(0,)), "budget_fracs"),
-    (dict(budget_fracs=(1.5,)), "budget_fracs"), (dict(threads=0), "threads"), (dict(entroprefill={"zeta": 2}), "zeta"),
+    (dict(budget_fracs=(1.5,)), "budget_fracs"), (dict(threads=0), "threads"), (dict(threads="many"), "threads"),
+    (dict(entroprefill={"zeta": 2}), "zeta"),
 ])
 def test_config_rejects_bad_values(kw, name):
     with pytest.raises(ValueError, match=rf"^{name}:"):
         ReportConfig(**kw)
+
+
+@pytest.mark.parametrize("cores, load, expect", [(2, 0.1, 2), (2, 0.6, 1), (2, 1.4, 1), (2, 12.0, 1), (16, 3.2, 13),
+                                                  (1, 0.0, 1)])
+def test_auto_threads_takes_the_free_cores(monkeypatch, cores, load, expect):
+    """The default ``threads="auto"``: the cores the 1-minute load leaves free, at least one (report_threads.py:
+    2 threads 1.3x faster on the quiet 2-core machine, 1 thread 5.2x faster under load 12)."""
+    from workbench.study import report as rep
+
+    monkeypatch.setattr(rep.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(rep.os, "getloadavg", lambda: (load, load, load))
+    assert rep.auto_threads() == expect
+    assert ReportConfig().threads == "auto"
 
 
 def test_tiny_config():

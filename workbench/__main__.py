@@ -38,6 +38,16 @@ def _capture(args) -> int:
     return 0
 
 
+def _threads(v: str):
+    """``--threads``: ``auto`` or an integer (the range is checked by the report's config)."""
+    if v == "auto":
+        return v
+    try:
+        return int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {v!r}") from None
+
+
 def _report(args) -> int:
 
     kw = dict(out=args.out, n_squad=args.n_squad, n_needle=args.n_needle, max_new_tokens=args.max_new_tokens,
@@ -157,9 +167,9 @@ def main(argv=None) -> int:
                    help="eviction budgets as fractions of the prompt (default 0.25 0.5; tiny 0.5)")
     r.add_argument("--model", default=None, help="local HF folder or cached hub id (default: embedded SmolLM2)")
     r.add_argument("--device", default="auto")
-    r.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default 1: measured fastest on the shared 2-core machine, "
-                        "benchmarks/report_threads.py)")
+    r.add_argument("--threads", type=_threads, default=None,
+                   help="torch CPU threads: an integer >= 1 or 'auto' (default: the cores the 1-minute load "
+                        "leaves free; benchmarks/report_threads.py measured that fastest on a quiet and a loaded machine)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.set_defaults(fn=_report)
     j = sub.add_parser("lab", help="start JupyterLab on the notebooks (token auth; --allow-root as root); "

@@ -76,8 +76,16 @@ __all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write
 DEFAULT_POLICIES = ("streaming", "h2o", "snapkv", "deferkv")
 METHODS = ("full", "entroprefill", "evict")
 DATA = ("auto", "sample", "fetched")
-# torch threads of the report: benchmarks/report_threads.py on the shared 2-core machine (see RESULTS.md)
-DEFAULT_THREADS = 1
+# torch threads of the report (benchmarks/report_threads.py, RESULTS.md): on a quiet 2-core machine 2 threads were
+# 1.3x faster than 1; on the same machine at load 12 one thread was 5.2x faster than 2. So: the free cores.
+DEFAULT_THREADS = "auto"
+
+
+def auto_threads() -> int:
+    """Torch threads for a run started now: the cores the 1-minute load average leaves free (rounded), at least 1
+    (what ``benchmarks/report_threads.py`` measured fastest both on a quiet and on a loaded machine)."""
+    n = os.cpu_count() or 1
+    return max(1, min(n, int(n - os.getloadavg()[0] + 0.5)))
 
 
 # ----------------------------------------------------------------------------- settings
@@ -107,8 +115,8 @@ class ReportConfig:
         entroprefill: EntroPrefill parameters for the sweep's ``entroprefill`` cells (``{}``: defaults).
         capture_tail, capture_decode: rows of the example capture (prompt tail, decode steps) [ints >= 0].
         seed: task-building and run seed [int >= 0].
-        threads: torch CPU threads for the run [None: torch's default, or int >= 1]; default
-            ``DEFAULT_THREADS`` (1: measured fastest on the shared 2-core machine, ``benchmarks/report_threads.py``).
+        threads: torch CPU threads for the run [``"auto"``, None: torch's default, or int >= 1]; default
+            ``"auto"``: :func:`auto_threads`, the cores the load leaves free (``benchmarks/report_threads.py``).
         widths: export width per figure name (others: :func:`export_width`).
         progress: show tqdm progress bars.
     """
@@ -131,7 +139,7 @@ class ReportConfig:
     capture_tail: int = 32
     capture_decode: int = 4
     seed: int = 0
-    threads: int | None = DEFAULT_THREADS
+    threads: int | str | None = DEFAULT_THREADS
     widths: dict = field(default_factory=dict)
     progress: bool = True
     tiny: bool = False
@@ -163,9 +171,9 @@ class ReportConfig:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}: must be an integer in [{lo}, {hi}], got {v!r}")
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                                         or not 1 <= self.threads <= 1024):
-            raise ValueError(f"threads: must be None or an integer in [1, 1024], got {self.threads!r}")
+        if self.threads is not None and self.threads != "auto" and (
+                isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 1 <= self.threads <= 1024):
+            raise ValueError(f"threads: must be 'auto', None or an integer in [1, 1024], got {self.threads!r}")
         if self.data not in DATA:
             raise ValueError(f"data: must be one of {DATA}, got {self.data!r}")
         for name in ("items", "filler"):
@@ -427,7 +435,8 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
 
     threads_before = torch.get_num_threads()
     if cfg.threads is not None:
-        torch.set_num_threads(cfg.threads)
+        torch.set_num_threads(auto_threads() if cfg.threads == "auto" else cfg.threads)
+    info_extra["torch_threads"] = torch.get_num_threads()  # what "auto" resolved to, in the manifest
     try:
         if lm is None:
             lm = timed("load_model", lambda: load_model(cfg.model, device=cfg.device, progress=cfg.progress))
