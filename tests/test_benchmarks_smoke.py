@@ -26,3 +26,16 @@ def test_gpu_benchmark_smoke(tmp_path):
     assert 0 < r["pruned_predicted_ratio"] < 1
     assert abs(r["kv_bytes_b25"] / r["kv_bytes_full"] - 0.25) < 0.02  # B = T/4 prompt positions per layer/group
     assert set(r["policies"]) >= {"snapkv", "deferkv", "h2o", "streaming"}
+
+
+def test_eviction_scale_smoke(tmp_path):
+    """``benchmarks/eviction_scale.py`` (issue 14: eviction memory at the 8B shape) at a small T: the compacted
+    cache holds exactly ``B = T/4`` positions per layer and KV head (``2·L·G·d·4·B`` bytes)."""
+    import eviction_scale
+
+    out = tmp_path / "ev.json"
+    assert eviction_scale.main(["--T", "512", "--steps", "2", "--out", str(out)]) == 0
+    (r,) = json.loads(out.read_text())["results"]
+    assert (r["L"], r["H_Q"], r["G"], r["d"], r["budget"]) == (2, 32, 8, 128, 128)
+    assert r["kv_bytes_b25"] == r["kv_bytes_b25_formula"] == 2 * 2 * 8 * 128 * 4 * 128
+    assert r["kv_bytes_full"] == 2 * 2 * 8 * 128 * 4 * 512 and r["kv_ratio"] == 0.25

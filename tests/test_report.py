@@ -189,11 +189,11 @@ def test_config_rejects_bad_values(kw, name):
 def test_auto_threads_takes_the_free_cores(monkeypatch, cores, load, expect):
     """The default ``threads="auto"``: the cores the 1-minute load leaves free, at least one (report_threads.py:
     2 threads 1.3x faster on the quiet 2-core machine, 1 thread 5.2x faster under load 12)."""
-    from workbench.study import report as rep
+    from workbench import util
 
-    monkeypatch.setattr(rep.os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(rep.os, "getloadavg", lambda: (load, load, load))
-    assert rep.auto_threads() == expect
+    monkeypatch.setattr(util.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(util.os, "getloadavg", lambda: (load, load, load))
+    assert util.auto_threads() == expect
     assert ReportConfig().threads == "auto"
 
 

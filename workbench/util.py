@@ -122,6 +122,14 @@ def one_thread():
             torch.set_num_threads(old)
 
 
+def auto_threads() -> int:
+    """Torch threads for a run started now: the cores the 1-minute load average leaves free (rounded), at least 1
+    (``benchmarks/report_threads.py``: on a quiet 2-core machine 2 threads were 1.3x faster than 1; at load 12,
+    1 thread was 5.2x faster than 2)."""
+    n = os.cpu_count() or 1
+    return max(1, min(n, int(n - os.getloadavg()[0] + 0.5)))
+
+
 def single_threaded(fn):
     """Decorator form of :func:`one_thread`."""
 

@@ -69,7 +69,7 @@ from workbench.show.export import _versions, csv_bytes, prompt_hash
 from workbench.study.report_html import write_html
 from workbench.study.sweep import expand_grid, read_sweep, sweep
 from workbench.study.tasks import items_frame, max_new_tokens_for
-from workbench.util import atomic_write_bytes, jsonable
+from workbench.util import atomic_write_bytes, auto_threads, jsonable
 
 __all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write_html", "write_table"]
 
@@ -80,12 +80,6 @@ DATA = ("auto", "sample", "fetched")
 # 1.3x faster than 1; on the same machine at load 12 one thread was 5.2x faster than 2. So: the free cores.
 DEFAULT_THREADS = "auto"
 
-
-def auto_threads() -> int:
-    """Torch threads for a run started now: the cores the 1-minute load average leaves free (rounded), at least 1
-    (what ``benchmarks/report_threads.py`` measured fastest both on a quiet and on a loaded machine)."""
-    n = os.cpu_count() or 1
-    return max(1, min(n, int(n - os.getloadavg()[0] + 0.5)))
 
 
 # ----------------------------------------------------------------------------- settings
