@@ -176,7 +176,7 @@ def test_slider_memo_equals_direct(seed, G, r, T, zeta, b, K, conc):
     memo = PageScoreMemo(a, hg)
     ps = PageSelection(b=b, K=K, s=5)
     direct = ps.select(a, w, hg, 64)
-    fast = ps.select(a, w, hg, 64, memo=memo, v=v, zeta=zeta, key="tau")
+    fast = ps.select(a, w, hg, 64, memo=memo, v=v, zeta=zeta)
     torch.testing.assert_close(fast.p, direct.p, rtol=1e-13, atol=1e-15)
     srt = torch.sort(direct.importance, dim=-1, descending=True).values
     near_tie = K < srt.shape[-1] and bool(((srt[..., K - 1] - srt[..., K]) <= 1e-12).any())
@@ -201,3 +201,18 @@ def test_slider_memo_rejects_another_a():
     w = torch.full((2, 4), 0.5, dtype=torch.float64)
     with pytest.raises(ValueError, match="memo"):
         PageSelection().select(a.clone(), w, torch.arange(4) // 2, 64, memo=memo, v=w, zeta=0.5)
+
+
+def test_slider_memo_never_returns_a_stale_sum():
+    """The per-τ sum is keyed by the values of ``v`` itself: another ``v`` (a new τ, or a new ρ_min that changes
+    which heads are valid) recomputes, the same ``v`` re-uses."""
+    from workbench.analyse.pages import PageScoreMemo
+
+    a = _rows(3, 2, 4, 12, 1.0)
+    hg = torch.arange(4) // 2
+    memo = PageScoreMemo(a, hg, keep=1)
+    for seed in (0, 1, 0):
+        v = _weights(seed, 2, 2, 2)
+        for zeta in (0.2, 0.9):
+            torch.testing.assert_close(memo.scores(v, zeta), group_scores(a, zeta / 2 + (1 - zeta) * v, hg),
+                                       rtol=1e-13, atol=1e-15)

@@ -178,14 +178,15 @@ class PageScoreMemo:
 
     With the group floor ``w_h = ζ/r + (1-ζ) v_h`` (SPEC §2) the group score splits as
     ``p_{l,g}(j) = ζ S_{l,g}(j) + (1-ζ) V_{l,g}(j)`` with ``S = Σ_{h∈ℋ_g} a^h_j / r`` (fixed per capture) and
-    ``V = Σ_{h∈ℋ_g} v_h a^h_j`` (one per τ: ``v`` is the softmax of ``-H/τ``). So a ζ move costs
+    ``V = Σ_{h∈ℋ_g} v_h a^h_j`` (one per ``v``, the softmax of ``-H/τ``: keyed by its values, so a stale entry
+    cannot be returned). So a ζ move costs
     ``O(L·G·T)``, a τ move one ``O(L·H·T)`` pass, and ``UOR`` (which depends on ``a`` and ``s`` only) is
     computed once per ``s``. ``p`` equals :func:`group_scores` up to float64 rounding (a few ulps).
 
     Args:
         a: float ``[L, H_Q, T]`` per-head key scores (the pooling's observer means; the memo is bound to it).
         head_group: int ``[H_Q]``, ``g(h)``.
-        keep: how many τ entries to hold.
+        keep: how many ``V`` entries to hold.
     """
 
     def __init__(self, a: Tensor, head_group: Tensor, *, keep: int = 4):
@@ -207,13 +208,15 @@ class PageScoreMemo:
             out[l] = (oh * weights[l, :, None]).T @ a[l].to(torch.float64)
         return out
 
-    def scores(self, v: Tensor, zeta: float, key) -> Tensor:
-        """``p [L, G, T]`` for the within-group softmax ``v [L, H_Q]`` (memoised under ``key``, e.g. τ) and ``ζ``."""
+    def scores(self, v: Tensor, zeta: float) -> Tensor:
+        """``p [L, G, T]`` for the within-group softmax ``v [L, H_Q]`` and ``ζ``."""
+        v = torch.as_tensor(v, dtype=torch.float64)
+        key = v.numpy().tobytes()  # [L, H_Q]: a few KB
         if self._S is None:
             r_h = self.onehot.sum(0) @ self.onehot.T  # [H_Q]
             self._S = self._group_sum((1.0 / r_h).expand(self.a.shape[0], -1))
         if key not in self._V:
-            self._V[key] = self._group_sum(torch.as_tensor(v, dtype=torch.float64))
+            self._V[key] = self._group_sum(v)
             while len(self._V) > self.keep:
                 self._V.pop(next(iter(self._V)))
         return torch.mul(self._S, zeta).add_(self._V[key], alpha=1.0 - zeta)  # one pass, one allocation
@@ -313,7 +316,7 @@ class PageSelection:
         _int_in("e", self.e, 1)
 
     def select(self, a: Tensor, w: Tensor, head_group: Tensor, d: int, *, memo: PageScoreMemo | None = None,
-               v: Tensor | None = None, zeta: float | None = None, key=None) -> PageResult:
+               v: Tensor | None = None, zeta: float | None = None) -> PageResult:
         """Select the top-``K`` pages of every layer and KV group.
 
         Args:
@@ -322,8 +325,8 @@ class PageSelection:
             head_group: int ``[H_Q]``, ``g(h)``.
             d: head dim (for the byte counts).
             memo: a :class:`PageScoreMemo` of ``a`` (the slider path): with ``v`` (the within-group softmax
-                that made ``w``), ``zeta`` and ``key`` (what ``v`` depends on, e.g. τ) the group scores and
-                ``UOR`` come from it (equal to the direct computation up to float64 rounding).
+                that made ``w``) and ``zeta`` the group scores and ``UOR`` come from it (equal to the direct
+                computation up to float64 rounding).
         """
         a = torch.as_tensor(a)
         w = torch.as_tensor(w)
@@ -333,7 +336,7 @@ class PageSelection:
         if memo is not None:
             if memo.a is not a or v is None or zeta is None:
                 raise ValueError("memo: must be a PageScoreMemo of this `a`, given with `v` and `zeta`")
-            p = memo.scores(v, float(zeta), key)
+            p = memo.scores(v, float(zeta))
         else:
             p = group_scores(a, w, head_group)
         G = p.shape[1]
