@@ -269,6 +269,10 @@ class PageResult:
         """bool ``[L, G, T]``: tokens of the selected pages (``O(L·G·T)``, so built only when read)."""
         return page_token_mask(self.selected, self.b, int(self.p.shape[-1]))
 
+    def token_mask_of(self, layer: int) -> Tensor:
+        """bool ``[G, T]``: ``token_mask[layer]`` without building the other layers' (``O(G·T)``: a figure's move)."""
+        return page_token_mask(self.selected[layer], self.b, int(self.p.shape[-1]))
+
     @property
     def G(self) -> int:
         return int(self.p.shape[1])

@@ -187,12 +187,12 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     sp = _spans_of(spans)
     G, N_P = pr.importance.shape[1], pr.importance.shape[2]
     T = pr.p.shape[2]
-    raw = list(sp.tokens) if sp is not None else None
     I = _np(pr.importance[layer])
     sel = _np(pr.selected[layer])
     pbins = token_bins(N_P)  # scale: ≤ DEFAULT_WIDTH_PX page columns (max importance per bin of pages)
     x_pages = pbins.lo
     if pbins.exact and N_P <= PREVIEW_PAGES:  # few pages: each cell's hover previews its tokens' text
+        raw = list(sp.tokens) if sp is not None else None
         prev = [f"{P * pr.b}–{min((P + 1) * pr.b, T) - 1}: "
                 + (_text_preview(raw[P * pr.b:(P + 1) * pr.b], 60) if raw else "") for P in range(N_P)]
         hover, custom = "g%{y} page %{x} (tokens %{customdata})", dict(customdata=_rows(prev, G),
@@ -211,7 +211,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
                              mode="markers", marker=dict(symbol="square-open", size=14, color=REMOVED, line=dict(width=2)),
                              hovertemplate="kept: g%{y} page" + ("" if pbins.exact else "s from") + " %{x}<extra></extra>"),
                   1, 1)
-    tm = _np(pr.token_mask[layer])
+    tm = _np(pr.token_mask_of(layer))
     bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX points per group (max per bin; kept = some token kept)
     if bins.exact:
         toks = _tokens(sp, T)
@@ -256,7 +256,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
                   legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"),
                   aspect={"single": 1.45, "double": 0.8})
     if not bins.exact:  # every token's group scores in the export's CSV
-        p_l, m_l = _np(pr.p[layer]), _np(pr.token_mask[layer])
+        p_l, m_l = _np(pr.p[layer]), _np(pr.token_mask_of(layer))
         attach_full(fig, lambda: pd.DataFrame({"group": np.repeat(np.arange(G), T), "x": np.tile(np.arange(T), G),
                                                "token": np.tile(np.asarray(_tokens(sp, T), dtype=object), G),
                                                "p": p_l.reshape(-1), "kept": m_l.reshape(-1)}))
