@@ -1,11 +1,17 @@
 """The evaluation study (issues 7 and 15): SQuAD v1.1 dev single-hop RAG prompts and a RULER-style grid on the
 embedded default model, with paired statistics, the reference check and the leap-specificity table.
 
-Resumable (finished cells in the parquet are skipped), so it can be stopped and continued:
+Resumable (finished cells in the parquet are skipped), so it can be stopped and continued. ``--worker W/N``
+runs N processes side by side (one per free core): each claims one prompt at a time (a claim file per
+prompt under ``out/.<stem>.claims/`` holding W), writes its own parquet (``<stem>.parquet`` for W = 0,
+``<stem>.w<W>.parquet`` otherwise) and, restarted, finishes the prompts it had claimed; the summary reads them
+all (one prompt's cells are always in one file):
 
     python -m workbench.study.datasets fetch          # once: SQuAD dev and the essays, checksummed
     python benchmarks/study.py                        # the full study (hours of CPU): 100 SQuAD prompts and
                                                       # 4 RULER families x 3 lengths x 10 seeds
+    python benchmarks/study.py --worker 1/2 &         # ... or two workers side by side: 0/2 and 1/2
+    python benchmarks/study.py --worker 0/2
     python benchmarks/study.py --n-squad 2 --ruler-seeds 1 --ruler-lengths 1024 --data sample \\
         --policies snapkv --leap-prompts 2 --out /tmp/study_smoke.parquet     # a smoke run, minutes
 
@@ -19,11 +25,13 @@ the timing rule's table, and the leap-specificity table (every adjacent step's r
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from workbench.analyse.params import PRESETS
 from workbench.rerun.eviction import POLICY_BY_NAME
@@ -66,6 +74,39 @@ def leap_table(lm, items, n: int):
     return step_gains(res), leap_specificity(res)
 
 
+def worker_arg(text: str) -> tuple[int, int]:
+    """``"W/N"`` → ``(W, N)`` with ``0 <= W < N``."""
+    try:
+        w, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--worker: expected W/N (e.g. 0/2), got {text!r}") from None
+    if not 0 <= w < n:
+        raise argparse.ArgumentTypeError(f"--worker: need 0 <= W < N, got {text!r}")
+    return w, n
+
+
+def claim_name(task: str, item_id: str) -> str:
+    """A file name for one prompt's claim."""
+    return f"{task}__{item_id}".replace(os.sep, "_")
+
+
+def claim(path: Path, w: int) -> bool:
+    """Claim one prompt for worker ``w``: create ``path`` holding ``w`` (atomic, ``O_EXCL``), or find it
+    already holding ``w`` (a restarted worker finishes its own prompts)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return path.read_text().strip() == str(w)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(str(w))
+    return True
+
+
+def worker_files(out: Path) -> list[Path]:
+    """The parquet files of every worker that has written (``out`` itself for worker 0)."""
+    return [p for p in [out, *sorted(out.parent.glob(f"{out.stem}.w*{out.suffix}"))] if p.exists()]
+
+
 def markdown(df: pd.DataFrame) -> str:
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
@@ -85,6 +126,8 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "study.parquet"))
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: fastest on the shared 2-core machine)")
     ap.add_argument("--summary-only", action="store_true")
+    ap.add_argument("--worker", type=worker_arg, default=(0, 1), metavar="W/N",
+                    help="this process is worker W of N (0 <= W < N): it claims prompts one at a time")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from workbench.run.models import load_model
@@ -95,18 +138,34 @@ def main():
     out = Path(a.out)
     lm = load_model(progress=False)
     items = build_items(a, lm.tokenizer)
+    w, n_workers = a.worker
     if not a.summary_only:
         t0 = time.perf_counter()
-        groups: dict = {}
-        for it in items:
-            groups.setdefault(max_new_tokens_for(it.task), []).append(it)
-        for n, its in groups.items():
-            sweep(lm, its, methods(a.policies), out=out, max_new_tokens=n, on_error="record", checkpoint_s=30)
-        print(f"sweep done in {time.perf_counter() - t0:.0f} s")
-    df = read_sweep(out)
+        mine = out if w == 0 else out.with_name(f"{out.stem}.w{w}{out.suffix}")
+        claims = out.with_name(f".{out.stem}.claims")
+        claims.mkdir(parents=True, exist_ok=True)
+        for part in worker_files(out):  # prompts with rows already belong to that file's worker
+            owner = 0 if part == out else int(part.stem.rsplit(".w", 1)[1])
+            for task, item_id in pd.read_parquet(part, columns=["task", "item_id"]).drop_duplicates().itertuples(
+                    index=False):
+                claim(claims / claim_name(task, item_id), owner)
+        for it in tqdm(items, desc=f"study worker {w}/{n_workers}", unit="prompt"):
+            if n_workers > 1 and not claim(claims / claim_name(it.task, it.item_id), w):
+                continue
+            sweep(lm, [it], methods(a.policies), out=mine, max_new_tokens=max_new_tokens_for(it.task),
+                  on_error="record", checkpoint_s=30, progress=False)
+        print(f"worker {w}/{n_workers}: sweep done in {time.perf_counter() - t0:.0f} s")
+        if n_workers > 1:
+            print("the other workers may still run: write the summary with --summary-only when all have finished")
+            return
+    parts = worker_files(out)
+    df = pd.concat([read_sweep(p) for p in parts], ignore_index=True)
+    dup = df["cell"].duplicated()
+    if dup.any():
+        raise RuntimeError(f"{int(dup.sum())} cells appear in two worker files ({[str(p) for p in parts]})")
     ref, warns = findings.reference_check(df)
     comp = findings.comparisons(df)
-    parts = ["## Reference check", markdown(ref), *[f"- **{w}**" for w in warns],
+    parts = ["## Reference check", markdown(ref), *[f"- **{msg}**" for msg in warns],
              "## Accuracy (contains, Wilson 95% CI)", markdown(findings.accuracy_table(df)),
              "## Findings", *[f"- {s}" for s in comp["finding"]],
              "## Timing (rule: amortised_s = method_s + shared_s / sharing)", markdown(findings.timing_table(df))]

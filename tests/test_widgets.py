@@ -413,3 +413,61 @@ def test_front_end_messages_are_strict_json(tiny, monkeypatch):
             _json.dumps(state, allow_nan=False, default=lambda o: "<buffer>")
     for msg in sent:
         _json.dumps(_py_to_js(msg, None), allow_nan=False, default=lambda o: "<buffer>")
+
+
+# ----------------------------------------------------------------------------- no inert slider
+def _fingerprint(panel) -> str:
+    import json
+
+    figs = []
+    for fw in panel.figures.values():
+        d = json.loads(fw.to_json())
+        d["layout"].pop("meta", None)  # the parameters written beside an export: not something shown
+        figs.append(json.dumps(d, sort_keys=True))
+    return "|".join(figs) + "#" + panel.status.value
+
+
+def _ends(w) -> tuple:
+    import ipywidgets as W
+
+    if isinstance(w, W.FloatLogSlider):
+        return w.base ** w.min, w.base ** w.max
+    return w.min, w.max
+
+
+NB05 = dict(zeta=0.5, tau=1.0, target=0.25, eps_row=0.2, streak=1, eps_audit=0.2, audit_mode="exact")
+
+
+@pytest.mark.parametrize("make", [
+    lambda cap: Wd.HeadsPanel(cap), lambda cap: Wd.PriorityPanel(cap),
+    lambda cap: Wd.AuditPanel(cap, EntroPrefillParams(**NB05), certify=False),
+    lambda cap: Wd.AuditPanel(cap, EntroPrefillParams(**{**NB05, "audit_mode": "sampled", "m_a": 32}), certify=False),
+    lambda cap: Wd.ShiftPanel(cap), lambda cap: Wd.PagesPanel(cap)],
+    ids=["heads", "priority", "audit-exact", "audit-sampled", "shift", "pages"])
+def test_every_shown_slider_changes_a_figure_or_the_status(smollm_capture, make):
+    """A slider that is shown and moves nothing misleads (issue: δ in the exact audit): each visible,
+    enabled slider, moved to one end (or else the other) from the panel's start, changes a figure's data
+    or the status; the hidden ones are the ones that could not."""
+    import ipywidgets as W
+
+    panel = make(smollm_capture)
+    start = panel.params()
+    base = _fingerprint(panel)
+    inert = []
+    for name, w in panel.controls.items():
+        if not isinstance(w, W.widgets.widget_int._Int | W.widgets.widget_float._Float) or w.disabled \
+                or w.layout.display == "none":
+            continue
+        lo, hi = _ends(w)
+        moved = False
+        for end in (lo, hi):
+            panel.set(**{name: end})
+            if panel.params()[name] != start[name] and _fingerprint(panel) != base:
+                moved = True
+                break
+        panel.set(**{name: start[name]})
+        assert _fingerprint(panel) == base, f"{name}: back at its start value, the panel does not show the start"
+        if not moved:
+            inert.append(name)
+    assert not inert, f"shown sliders that change nothing: {inert}"
+

@@ -142,10 +142,12 @@ class AuditPanel(Panel):
     LP_INPUTS = ("eps_row", "m0")  # a new LP on every layer when these move
 
     def _show_applicable(self, change=None) -> None:
-        """``m_a`` only for the sampled audit; ``seed`` only where a draw uses it (the sampled audit, the
-        random priority): a slider that changes nothing is hidden."""
+        """``m_a`` and ``δ`` only for the sampled audit (the exact audit has ``b = 0`` whatever they are);
+        ``seed`` only where a draw uses it (the sampled audit, the random priority): a slider that changes
+        nothing is hidden."""
         sampled = self.controls["audit_mode"].value == "sampled"
-        self.controls["m_a"].layout.display = None if sampled else "none"
+        for name in ("m_a", "delta"):
+            self.controls[name].layout.display = None if sampled else "none"
         uses_seed = sampled or self.controls["priority"].value == "random"
         self.controls["seed"].layout.display = None if uses_seed else "none"
 
