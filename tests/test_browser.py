@@ -565,6 +565,11 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
                 with contextlib.suppress(PlaywrightTimeout):
                     page.wait_for_function("([el, v]) => el.textContent.trim() === v", arg=[ro.element_handle(),
                                            readout.strip()], timeout=10_000, polling=250)
+                # and the panel shows the notebook's state again before the next slider's baseline is read (a
+                # late redraw would otherwise count as the next slider's change)
+                with contextlib.suppress(PlaywrightTimeout):
+                    page.wait_for_function("([js, i, fp]) => eval('(' + js + ')')()[i].fingerprint === fp",
+                                           arg=[_PANELS_JS, p["i"], before], timeout=30_000, polling=250)
             assert not unchanged, f"{name}: sliders {unchanged} changed neither a figure nor the status"
             for t in p["toggles"]:
                 box = area.locator(".widget-checkbox", has_text=t).locator("input").first

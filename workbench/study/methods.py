@@ -16,7 +16,7 @@ from workbench.rerun.eviction import (
     ALL_POLICIES,
     EvictionSession,
     Needs,
-    default_policies,
+    every_policy,
     policy_from_params,
     resolve_budget,
 )
@@ -88,7 +88,7 @@ def _job(prompt, params: dict):
 
 
 def _shared_session(lm, item, prompt, need: Needs, max_new_tokens: int) -> tuple[EvictionSession, float, bool]:
-    """One reusable session per (model, item, decode length), holding the evidence every default policy
+    """One reusable session per (model, item, decode length), holding the evidence every policy
     needs (and ``need``), so that consecutive sweep cells on one prompt share one prefill. Each run
     evicts a copy of the pristine cache, so a result equals :func:`generate_with_policy`'s.
 
@@ -96,7 +96,7 @@ def _shared_session(lm, item, prompt, need: Needs, max_new_tokens: int) -> tuple
     evidence capture and the full-cache decode the evidence needs), ``paid`` whether this call ran it."""
     key = (id(lm.model), item.task, item.item_id, max_new_tokens, tuple(prompt.spans.input_ids))
     union = need
-    for p in default_policies():
+    for p in every_policy():  # every policy's evidence at once: a study's 30 cells per prompt share one prefill
         union = union.merge(p.needs())
     if _SHARED.get("key") == key and _SHARED["sess"].needs.merge(need) == _SHARED["sess"].needs:
         return _SHARED["sess"], _SHARED["shared_s"], False
