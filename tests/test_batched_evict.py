@@ -11,7 +11,7 @@ from workbench.study.tasks import TaskItem
 ITEM = TaskItem(task="t", item_id="a", query="What is the name of the keeper's cat?", answers=("Biscuit",),
                 answer_doc=1, documents=("The harbour opened in 1901 and ships still dock there every day.",
                                          "The keeper has a grey cat. The keeper's cat is named Biscuit."))
-GRID = {"evict": {"policy": ["streaming", "snapkv", "deferkv"], "budget_frac": [0.5]}}
+GRID = {"evict": {"policy": ["streaming", "snapkv", "deferkv", "adakv"], "budget_frac": [0.5]}}
 
 
 def test_batched_equals_one_by_one(smollm):
@@ -22,7 +22,9 @@ def test_batched_equals_one_by_one(smollm):
         bat = sweep(smollm, [ITEM], GRID, max_new_tokens=6, progress=False, reference=False)
     finally:
         methods.plan_evict_batches([], [])
-    assert list(bat["batched"]) == [3, 3, 3] and list(one["batched"]) == [1, 1, 1]
+    # AdaKV keeps a count per head (a key mask): it decodes alone, the other three share their batches
+    assert dict(zip(bat["p_policy"], bat["batched"])) == {"streaming": 3, "snapkv": 3, "deferkv": 3, "adakv": 1}
+    assert list(one["batched"]) == [1, 1, 1, 1]
     assert bat["method_s"].nunique() == 1 and bat["method_s"].iloc[0] > 0  # the batch's share, the same for each
     cols = ["item_id", "params", "generated_ids", "answer", "retained_tokens", "kv_bytes", "contains"]
     assert comparable(bat)[cols].equals(comparable(one)[cols])

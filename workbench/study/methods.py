@@ -70,8 +70,10 @@ def plan_evict_batches(items, settings) -> None:
     """Opt in to batched decoding: the first ``evict`` cell of each item in ``items`` evicts every setting of
     ``settings`` (dicts of ``evict`` parameters plus ``seed``) and decodes them together
     (``EvictionSession.run_batch``: equal to one-by-one runs up to float rounding of batched products); the
-    item's later cells take their result from it. Timing rule: each batched cell's ``method_s`` is the
-    batch's time divided by its size (``batched`` says how many shared it). ``settings=[]`` turns it off."""
+    item's later cells take their result from it. Timing rule: each planned cell's ``method_s`` is the
+    plan's time (evicting and decoding all its settings) divided by their number; ``batched`` is the largest
+    decode batch the cell was part of (1: it decoded alone, e.g. a per-head budget). ``settings=[]`` turns
+    it off."""
     _PLAN.clear()
     for it in items if settings else ():
         _PLAN[(it.task, it.item_id)] = [dict(x) for x in settings]
@@ -131,7 +133,7 @@ def evict(lm, item: TaskItem, params: dict) -> dict:
             results = sess.run_batch(list(jobs.values()))
             share = (time.perf_counter() - t0) / len(jobs)
             for k, r in zip(jobs, results):
-                done[k] = (r, share, len(jobs))
+                done[k] = (r, share, int(r.timings.get("batch", 1)))
     if me in done:
         r, own_s, batched = done.pop(me)
     else:

@@ -201,11 +201,13 @@ class EvictionSession:
         """Several ``(policy, budget)`` evictions decoded together: runs whose caches have the same length
         at the same step share one batched forward (rows of a batch are independent; the results equal
         :meth:`run`'s up to float rounding of the batched matrix products). Per-step times are the
-        batch's; ``timings["batch"]`` is the largest batch a run was part of."""
+        batch's; ``timings["batch"]`` is the largest batch a run was part of. Runs that keep a count per
+        layer or head (a per-head key mask) decode alone; the others still share their batches."""
         states = [self._evict(p, b) for p, b in jobs]
-        if any(st.drop is not None or bool((st.kept < 0).any()) for st in states):
-            return [self._decode([st])[0] for st in states]  # a count per layer: no shared batch
-        return self._decode(states)
+        ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]
+        even = [st for st, r in zip(states, ragged) if not r]
+        done = dict(zip(map(id, even), self._decode(even))) if even else {}
+        return [self._decode([st])[0] if r else done[id(st)] for st, r in zip(states, ragged)]
 
     @torch.no_grad()
     def run_questions(self, policy: EvictionPolicy, budget: int, questions, *,
