@@ -20,8 +20,9 @@ every eviction policy at 25 % and 50 % of the prompt (decoded in batches from th
 ``methods.plan_evict_batches``; a per-head budget decodes alone). Each family decodes its own ``max_new_tokens``
 (``tasks.TASK_MAX_NEW_TOKENS``). Writes beside the parquet ``<stem>_summary.md``: the reference check,
 accuracies with Wilson CIs, one finding per comparison (paired: wins/ties/losses, McNemar, bootstrap CI),
-the timing rule's table, and the leap-specificity table (every adjacent step's recall gain across
-``--leap-prompts`` SQuAD prompts, held-out reference).
+the timing rule's table, the leap-specificity table (every adjacent step's recall gain across
+``--leap-prompts`` SQuAD prompts, held-out reference) and, on the same prompts' captures, the answer chunk's rank
+under the Rényi, mass-only, ζ = 1, per-head-max and uniform priorities (paired against Rényi).
 """
 from __future__ import annotations
 
@@ -59,20 +60,69 @@ def build_items(a, tokenizer) -> list:
     return items
 
 
-def leap_table(lm, items, n: int):
-    """Every adjacent step's recall gain across ``n`` prompts (held-out reference: decode rows 4 … 12)."""
+# the priorities of claim 3 (Rényi vs mass-only vs ζ = 1, and the plain per-head max), at the paper preset otherwise
+PRIORITY_VARIANTS = {"renyi": {}, "mass": {"priority": "mass"}, "renyi, zeta=1": {"zeta": 1.0},
+                     "headmax": {"priority": "headmax"}, "uniform": {"priority": "uniform"}}
+
+
+def answer_rank(S: torch.Tensor, answer: int) -> float:
+    """Mean over the layers where ``S [L, k]`` is defined of the answer chunk's rank, 1 = the highest priority
+    (removed last), ties at their mid-rank."""
+    ok = ~torch.isnan(S).any(-1)
+    if not ok.any():
+        return float("nan")
+    S = S[ok]
+    s_a = S[:, answer:answer + 1]
+    return float((1 + (S > s_a).sum(-1) + 0.5 * ((S == s_a).sum(-1) - 1)).double().mean())
+
+
+def prompt_analyses(lm, items, n: int):
+    """On ``n`` prompts, one capture each (observers, a tail of 8, 12 decode rows): every adjacent step's
+    recall gain (held-out reference: decode rows 4 … 12) and the answer chunk's rank under each priority of
+    :data:`PRIORITY_VARIANTS`. Returns ``(step gains, leap Paired, rank frame)``; the first two are None
+    when no prompt has enough decode rows."""
+    from workbench.analyse.audit import trace
+    from workbench.analyse.params import EntroPrefillParams
     from workbench.analyse.shift import ShiftAnalysis, leap_specificity, step_gains
     from workbench.capture import RowSet, run_capture
 
-    res = []
-    for it in items[:n]:
+    res, ranks = [], []
+    for it in tqdm(items[:n], desc="leap and priority captures", unit="prompt"):
         prompt = it.build(lm.tokenizer, max_context=lm.shape.max_context)
-        cap = run_capture(lm, prompt, RowSet(observers=False, audit=None, tail=8, n_decode=12), progress=False)
+        cap = run_capture(lm, prompt, RowSet(tail=8, n_decode=12), progress=False)
         if len(cap.rows_of("decode")) > 4:
             res.append(ShiftAnalysis(k=32)(cap))
+        spans = prompt.spans
+        if spans.answer_doc in spans.chunk_doc:
+            answer = spans.chunk_doc.index(spans.answer_doc)
+            for name, kw in PRIORITY_VARIANTS.items():
+                tr = trace(cap, EntroPrefillParams(**kw), certify=False)
+                ranks.append(dict(item_id=it.item_id, priority=name, k=spans.k,
+                                  rank=answer_rank(tr.priority_used, answer)))
+        del cap
     if not res:
-        return None, None
-    return step_gains(res), leap_specificity(res)
+        return None, None, pd.DataFrame(ranks)
+    return step_gains(res), leap_specificity(res), pd.DataFrame(ranks)
+
+
+def priority_findings(ranks: pd.DataFrame) -> list[str]:
+    """The standing table and one paired finding per priority against Rényi. Standing = ``k + 1 − rank``
+    (``k``: removed last, 1: removed first), so that a win is a prompt where the priority keeps the answer
+    chunk longer than Rényi does."""
+    from workbench.analyse.stats import paired
+
+    if ranks.empty:
+        return []
+    k = int(ranks["k"].iloc[0])
+    wide = (k + 1 - ranks.pivot(index="item_id", columns="priority", values="rank")).dropna()
+    table = pd.DataFrame([dict(priority=c, n=len(wide), standing=wide[c].mean(), top=float((wide[c] >= k).mean()))
+                          for c in PRIORITY_VARIANTS if c in wide])
+    metric = f"answer-chunk standing k + 1 − rank, k = {k}, mean over layers; higher = kept longer"
+    out = [markdown(table)]
+    for c in PRIORITY_VARIANTS:
+        if c != "renyi" and c in wide:
+            out.append("- " + paired(wide[c].to_numpy(), wide["renyi"].to_numpy()).finding(c, "renyi", metric))
+    return out
 
 
 def worker_arg(text: str) -> tuple[int, int]:
@@ -192,10 +242,15 @@ def main():
              *timing(df, findings.timing_table)]
     squad = [it for it in items if it.task == "squad_single"]
     if a.leap_prompts and squad:
-        steps, lp = leap_table(lm, squad, a.leap_prompts)
+        steps, lp, ranks = prompt_analyses(lm, squad, a.leap_prompts)
         if steps is not None:
             parts += ["## Leap specificity (recall gain per adjacent step, mean over KV groups and layers, "
                       "held-out reference)", markdown(steps), "- " + lp.finding("0→1", "−1→0", "recall gain")]
+        pf = priority_findings(ranks)
+        if pf:
+            parts += ["## The answer chunk's standing under each priority (paper preset, every monitored layer; "
+                      "standing k + 1 − rank: k = removed last; `top`: share of prompts where it ranks first at every "
+                      "layer)", *pf]
     md = "\n\n".join(parts)
     print(md)
     out.with_name(out.stem + "_summary.md").write_text(md + "\n")

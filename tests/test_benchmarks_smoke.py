@@ -39,3 +39,34 @@ def test_eviction_scale_smoke(tmp_path):
     assert (r["L"], r["H_Q"], r["G"], r["d"], r["budget"]) == (2, 32, 8, 128, 128)
     assert r["kv_bytes_b25"] == r["kv_bytes_b25_formula"] == 2 * 2 * 8 * 128 * 4 * 128
     assert r["kv_bytes_full"] == 2 * 2 * 8 * 128 * 4 * 512 and r["kv_ratio"] == 0.25
+
+
+def test_study_helpers(tmp_path):
+    """``benchmarks/study.py``'s pieces that decide numbers: the answer chunk's rank (mid-rank ties, NaN layers
+    skipped), the standing findings (a win = the answer kept longer than under Rényi), worker claims."""
+    import argparse
+
+    import pandas as pd
+    import pytest
+    import study
+    import torch
+
+    nan = float("nan")
+    S = torch.tensor([[0.1, 0.5, 0.3, 0.2],        # answer (chunk 2) second highest: rank 2
+                      [0.4, 0.4, 0.4, 0.1],        # tied with two others at the top: ranks 1, 2, 3 -> mid 2
+                      [nan, nan, nan, nan]], dtype=torch.float64)  # an invalid layer: skipped
+    assert study.answer_rank(S, 2) == 2.0
+    assert study.answer_rank(S[:1], 1) == 1.0 and study.answer_rank(S[:1], 0) == 4.0
+    assert study.answer_rank(S[2:], 0) != study.answer_rank(S[2:], 0)  # no valid layer: NaN
+    ranks = pd.DataFrame([dict(item_id=i, priority=p, k=4, rank=r) for i, rr in enumerate(
+        [(1, 2), (1, 3), (2, 2), (1, 4), (1, 2), (1, 3)]) for p, r in zip(("headmax", "renyi"), rr)])
+    out = study.priority_findings(ranks)
+    # standing 5 - rank: headmax 4,4,3,4,4,4 (mean 23/6, first on 5 of 6), renyi 3,2,3,1,3,2 (14/6)
+    assert "| renyi | 6 | 2.333 | 0.000 |" in out[0] and "| headmax | 6 | 3.833 | 0.833 |" in out[0]
+    assert "headmax vs renyi" in out[1] and "5 wins / 1 ties / 0 losses" in out[1]
+    c = tmp_path / "claim"
+    assert study.claim(c, 1) and study.claim(c, 1) and not study.claim(c, 0)  # a restarted worker keeps its own
+    assert study.worker_arg("1/2") == (1, 2)
+    for bad in ("2/2", "x", "-1/2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--worker"):
+            study.worker_arg(bad)
