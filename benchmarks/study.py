@@ -164,15 +164,24 @@ def timing(df: pd.DataFrame, timing_table) -> list[str]:
     rule's ``shared_s / sharing`` would not hold for them) and before batched decoding."""
     ev = df[df["method"] == "evict"]
     paid = ev.groupby(["task", "item_id"])["shared_paid"].apply(lambda s: int(s.fillna(False).astype(bool).sum()))
-    one = paid[paid == 1].index
+    batched = ev.groupby(["task", "item_id"])["batched"].max()
+    one = paid[(paid == 1) & (batched.reindex(paid.index) > 1)].index
     keep = df.set_index(["task", "item_id"]).index.isin(one)
-    n_out = int((paid != 1).sum())
     head = ("## Timing (rule: amortised_s = method_s + shared_s / sharing) on the "
-            f"{len(one)} prompts whose evictions shared one prefill")
+            f"{len(one)} prompts whose evictions shared one prefill and decoded in batches")
+    n_out = len(paid) - len(one)
     note = (f"- {n_out} prompts left out of this table: they ran before the shared session held every policy's "
             "evidence (several prefills per prompt) or before batched decoding; their answers are in every other "
-            "table." if n_out else "- every prompt's evictions shared one prefill.")
-    return [head, markdown(timing_table(df[keep])), note]
+            "table. Batched, every planned cell's `method_s` is the plan's time / the settings it decodes (the same "
+            "for every policy of a prompt); `score_s` (below) is each policy's own scoring." if n_out else
+            "- every prompt's evictions shared one prefill and decoded in batches.")
+    from workbench.study.findings import with_settings
+
+    d = with_settings(df[keep & (df["method"] == "evict").to_numpy()])
+    score = (d.assign(score_s=pd.to_numeric(d["score_s"], errors="coerce")).groupby(["task", "setting"])
+             .agg(n=("score_s", "size"), score_ms=("score_s", lambda x: 1e3 * x.mean())).reset_index())
+    return [head, markdown(timing_table(df[keep])), note,
+            "Each policy's own scoring time (`score_s`, mean ms; the same prompts)", markdown(score)]
 
 
 def markdown(df: pd.DataFrame) -> str:
