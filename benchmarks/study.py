@@ -158,15 +158,33 @@ def worker_files(out: Path) -> list[Path]:
     return [p for p in [out, *sorted(out.parent.glob(f"{out.stem}.w*{out.suffix}"))] if p.exists()]
 
 
-def timing(df: pd.DataFrame, timing_table) -> list[str]:
-    """The timing section on the prompts whose evictions shared one prefill (``shared_paid`` once): the first
-    prompts of the study ran before the shared session held every policy's evidence (five prefills each, the
-    rule's ``shared_s / sharing`` would not hold for them) and before batched decoding."""
+def read_study(out: Path) -> pd.DataFrame:
+    """Every worker's rows, one frame; a cell in two worker files is refused."""
+    from workbench.study.sweep import read_sweep
+
+    parts = worker_files(out)
+    df = pd.concat([read_sweep(p) for p in parts], ignore_index=True)
+    dup = df["cell"].duplicated()
+    if dup.any():
+        raise RuntimeError(f"{int(dup.sum())} cells appear in two worker files ({[str(p) for p in parts]})")
+    return df
+
+
+def timed_prompts(df: pd.DataFrame):
+    """``(row mask, prompt index, paid per prompt)``: the prompts whose evictions shared one prefill and decoded
+    in batches, the ones the timing rule holds for."""
     ev = df[df["method"] == "evict"]
     paid = ev.groupby(["task", "item_id"])["shared_paid"].apply(lambda s: int(s.fillna(False).astype(bool).sum()))
     batched = ev.groupby(["task", "item_id"])["batched"].max()
     one = paid[(paid == 1) & (batched.reindex(paid.index) > 1)].index
-    keep = df.set_index(["task", "item_id"]).index.isin(one)
+    return df.set_index(["task", "item_id"]).index.isin(one), one, paid
+
+
+def timing(df: pd.DataFrame, timing_table) -> list[str]:
+    """The timing section on the prompts whose evictions shared one prefill (``shared_paid`` once): the first
+    prompts of the study ran before the shared session held every policy's evidence (five prefills each, the
+    rule's ``shared_s / sharing`` would not hold for them) and before batched decoding."""
+    keep, one, paid = timed_prompts(df)
     head = ("## Timing (rule: amortised_s = method_s + shared_s / sharing) on the "
             f"{len(one)} prompts whose evictions shared one prefill and decoded in batches")
     n_out = len(paid) - len(one)
@@ -210,7 +228,7 @@ def main():
     from workbench.run.models import load_model
     from workbench.study import findings
     from workbench.study.methods import plan_evict_batches
-    from workbench.study.sweep import read_sweep, sweep
+    from workbench.study.sweep import sweep
     from workbench.study.tasks import max_new_tokens_for
 
     out = Path(a.out)
@@ -238,11 +256,7 @@ def main():
         if n_workers > 1:
             print("the other workers may still run: write the summary with --summary-only when all have finished")
             return
-    parts = worker_files(out)
-    df = pd.concat([read_sweep(p) for p in parts], ignore_index=True)
-    dup = df["cell"].duplicated()
-    if dup.any():
-        raise RuntimeError(f"{int(dup.sum())} cells appear in two worker files ({[str(p) for p in parts]})")
+    df = read_study(out)
     ref, warns = findings.reference_check(df)
     comp = findings.comparisons(df)
     parts = ["## Reference check", markdown(ref), *[f"- **{msg}**" for msg in warns],

@@ -15,13 +15,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study  # noqa: E402
 
 from workbench.study import findings  # noqa: E402
-from workbench.study.sweep import read_sweep  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out-dir", default=str(Path(__file__).parent / "out"))
 od = Path(ap.parse_args().out_dir)
 md = study.markdown
-df = pd.concat([read_sweep(p) for p in study.worker_files(od / "study.parquet")], ignore_index=True)
+df = study.read_study(od / "study.parquet")
 out = []
 per = df.groupby("task").item_id.nunique().to_dict()
 cells = df.groupby(["task", "item_id"]).size()
@@ -67,11 +66,7 @@ out += ["**Full-context replies that hit the `max_new_tokens` cap**", md(hc)]
 (od / "study_tables.md").write_text("\n\n".join(out) + "\n")
 print("\n\n".join(out))
 # compact timing: prompts with one shared prefill and batched decoding
-ev = df[df.method == "evict"]
-paid = ev.groupby(["task", "item_id"])["shared_paid"].apply(lambda s: int(s.fillna(False).astype(bool).sum()))
-bat = ev.groupby(["task", "item_id"])["batched"].max()
-one = paid[(paid == 1) & (bat.reindex(paid.index) > 1)].index
-keep = df.set_index(["task", "item_id"]).index.isin(one)
+keep, one, paid = study.timed_prompts(df)
 tt = findings.timing_table(df[keep])
 rows = []
 for task, g in tt.groupby("task"):
