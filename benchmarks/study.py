@@ -22,7 +22,9 @@ every eviction policy at 25 % and 50 % of the prompt (decoded in batches from th
 accuracies with Wilson CIs, one finding per comparison (paired: wins/ties/losses, McNemar, bootstrap CI),
 the timing rule's table, the leap-specificity table (every adjacent step's recall gain across
 ``--leap-prompts`` SQuAD prompts, held-out reference) and, on the same prompts' captures, the answer chunk's rank
-under the Rényi, mass-only, ζ = 1, per-head-max and uniform priorities (paired against Rényi).
+under the Rényi, mass-only, ζ = 1, per-head-max and uniform priorities (paired against Rényi), and on
+``--kept-prompts`` SQuAD prompts the share of the gold answer's tokens that DeferKV and SnapKV keep at the study's
+two budgets (paired; rows in ``<stem>_kept.parquet``).
 """
 from __future__ import annotations
 
@@ -125,6 +127,58 @@ def priority_findings(ranks: pd.DataFrame) -> list[str]:
     return out
 
 
+KEPT_PAIRS = (("deferkv", "snapkv"),)  # claim 1's second half: DeferKV keeps more of the answer's tokens
+KEPT_FRACS = (0.25, 0.5)               # the study's two budgets
+
+
+def answer_kept(lm, items, n: int, pairs=KEPT_PAIRS, fracs=KEPT_FRACS) -> pd.DataFrame:
+    """On ``n`` prompts: the share of the gold answer's tokens (its occurrence in the gold passage) that each
+    policy of ``pairs`` keeps at each budget fraction, mean over compacted layers and KV heads: exactly the
+    study's ``evict`` cells' eviction (same policies and budgets; DeferKV after its first decode step), from one
+    shared prefill per prompt and two decode steps. One row per (prompt, policy, budget_frac)."""
+    from workbench.rerun.eviction import EvictionSession, Needs, policy_from_params, resolve_budget, token_positions
+
+    names = sorted({p for pair in pairs for p in pair})
+    pols = {p: policy_from_params(p, seed=0) for p in names}
+    need = Needs()
+    for p in pols.values():
+        need = need.merge(p.needs())
+    rows = []
+    for it in tqdm(items[:n], desc="answer tokens kept", unit="prompt"):
+        gold = it.documents[it.answer_doc]
+        text = next((a for a in it.answers if a in gold), None)
+        if text is None:
+            continue
+        prompt = it.build(lm.tokenizer, max_context=lm.shape.max_context)
+        pos = token_positions(prompt, lm.tokenizer, text, within=gold)
+        sess = EvictionSession.prepare(lm, prompt, need, 2, reusable=True, progress=False)
+        jobs = [(pols[p], resolve_budget(prompt.T, budget_frac=f)) for f in fracs for p in names]
+        for (pol, B), f, r in zip(jobs, [f for f in fracs for _ in names], sess.run_batch(jobs)):
+            rows.append(dict(item_id=it.item_id, policy=pol.name, budget_frac=f, budget=B, T=prompt.T,
+                             answer_tokens=len(pos), kept=float(r.survival(pos).nanmean())))
+        del sess
+    return pd.DataFrame(rows)
+
+
+def kept_findings(kept: pd.DataFrame, pairs=KEPT_PAIRS) -> list[str]:
+    """The mean share kept per policy and budget, and one paired finding per pair and budget."""
+    from workbench.analyse.stats import paired
+
+    if kept.empty:
+        return []
+    table = (kept.groupby(["policy", "budget_frac"]).agg(n=("kept", "size"), kept=("kept", "mean"))
+             .reset_index())
+    out = [markdown(table)]
+    metric = "share of the gold answer's tokens kept, mean over compacted layers and KV heads"
+    for f, d in kept.groupby("budget_frac"):
+        wide = d.pivot(index="item_id", columns="policy", values="kept").dropna()
+        for a, b in pairs:
+            if a in wide and b in wide:
+                out.append("- " + paired(wide[a].to_numpy(), wide[b].to_numpy()).finding(
+                    f"{a} @ {f:g}", f"{b} @ {f:g}", metric))
+    return out
+
+
 def worker_arg(text: str) -> tuple[int, int]:
     """``"W/N"`` → ``(W, N)`` with ``0 <= W < N``."""
     try:
@@ -218,6 +272,8 @@ def main():
     ap.add_argument("--ruler-seeds", type=int, default=10)
     ap.add_argument("--policies", nargs="+", default=POLICIES)
     ap.add_argument("--leap-prompts", type=int, default=33)
+    ap.add_argument("--kept-prompts", type=int, default=100,
+                    help="SQuAD prompts for the answer-tokens-kept comparison (DeferKV vs SnapKV; 0: skip)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "study.parquet"))
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: fastest on the shared 2-core machine)")
     ap.add_argument("--summary-only", action="store_true")
@@ -274,6 +330,11 @@ def main():
             parts += ["## The answer chunk's standing under each priority (paper preset, every monitored layer; "
                       "standing k + 1 − rank: k = removed last; `top`: share of prompts where it ranks first at every "
                       "layer)", *pf]
+    if a.kept_prompts and squad:
+        kept = answer_kept(lm, squad, a.kept_prompts)
+        kept.to_parquet(out.with_name(out.stem + "_kept.parquet"))
+        parts += ["## The gold answer's tokens kept (SQuAD; the study's DeferKV and SnapKV evictions, "
+                  "one shared prefill per prompt)", *kept_findings(kept)]
     md = "\n\n".join(parts)
     print(md)
     out.with_name(out.stem + "_summary.md").write_text(md + "\n")

@@ -64,6 +64,15 @@ def test_study_helpers(tmp_path):
     # standing 5 - rank: headmax 4,4,3,4,4,4 (mean 23/6, first on 5 of 6), renyi 3,2,3,1,3,2 (14/6)
     assert "| renyi | 6 | 2.333 | 0.000 |" in out[0] and "| headmax | 6 | 3.833 | 0.833 |" in out[0]
     assert "headmax vs renyi" in out[1] and "5 wins / 1 ties / 0 losses" in out[1]
+    # answer tokens kept: deferkv above snapkv on 5 of 6 prompts at 0.25 (one tie), below on all 6 at 0.5
+    kept = pd.DataFrame([dict(item_id=i, policy=p, budget_frac=f, kept=v)
+                         for i in range(6) for f, (d, s) in ((0.25, (0.5 + 0.1 * (i > 0), 0.5)), (0.5, (0.6, 0.8)))
+                         for p, v in (("deferkv", d), ("snapkv", s))])
+    out = study.kept_findings(kept)
+    assert "| deferkv | 0.250 | 6 | 0.583 |" in out[0] and "| snapkv | 0.500 | 6 | 0.800 |" in out[0]
+    assert "deferkv @ 0.25 vs snapkv @ 0.25" in out[1] and "5 wins / 1 ties / 0 losses" in out[1]
+    assert "deferkv @ 0.5 vs snapkv @ 0.5" in out[2] and "0 wins / 0 ties / 6 losses" in out[2]
+    assert "difference -0.20" in out[2] and "deferkv @ 0.5 is lower than snapkv @ 0.5" in out[2]
     c = tmp_path / "claim"
     assert study.claim(c, 1) and study.claim(c, 1) and not study.claim(c, 0)  # a restarted worker keeps its own
     assert study.worker_arg("1/2") == (1, 2)

@@ -44,6 +44,7 @@ from workbench.rerun.eviction import (
 from workbench.run import adapter
 from workbench.run.examples import DATA_DIR, load_example
 from workbench.run.models import tiny_model
+from workbench.run.prompt import build_prompt
 from workbench.run.spans import PromptSpans
 
 SMALL = dict(n_sink=2, recent=4)
@@ -449,3 +450,23 @@ def test_evidence_from_capture(smollm_capture):
         H2O().scores(ev)
     keep = select_keep(PageEntroKV().scores(ev), 64, PageEntroKV().protected(T), PageEntroKV().tiebreak(ev))
     assert keep.shape == (30, 3, 64)
+
+
+@pytest.mark.model
+def test_token_positions_within_a_passage(smollm):
+    """An answer that a distractor also holds: ``within`` finds it in its own passage, not the first one."""
+    tok = smollm.tokenizer
+    docs = ("Lyon is a city, and Paris is larger.", "The capital of France is Paris, on the Seine.")
+    prompt = build_prompt(tok, docs, "What is the capital of France?", "Answer briefly.", answer_doc=1)
+    first = token_positions(prompt, tok, "Paris")
+    inside = token_positions(prompt, tok, "Paris", within=docs[1])
+    ids = prompt.spans.input_ids
+    assert tok.decode([ids[t] for t in first]).strip() == "Paris"
+    assert tok.decode([ids[t] for t in inside]).strip() == "Paris"
+    assert min(inside) > max(first)  # the second passage's Paris, after the distractor's
+    seine = token_positions(prompt, tok, "Seine")
+    assert max(inside) < min(seine)  # and inside the gold passage
+    with pytest.raises(ValueError, match="within"):
+        token_positions(prompt, tok, "Paris", within="not in the prompt")
+    with pytest.raises(ValueError, match="text"):
+        token_positions(prompt, tok, "Berlin", within=docs[1])

@@ -110,11 +110,22 @@ class GenerationResult:
 # ----------------------------------------------------------------------------- running
 
 
-def token_positions(prompt, tokenizer, text: str) -> list[int]:
+def token_positions(prompt, tokenizer, text: str, within: str | None = None) -> list[int]:
     """Prompt positions of the tokens lying inside the first occurrence of ``text`` in the prompt's text
-    (e.g. a needle); from the tokenizer's character offsets on the rendered text."""
+    (e.g. a needle), or its first occurrence inside the first occurrence of ``within`` (e.g. an answer in
+    its gold passage, when a distractor or the question also holds it); from the tokenizer's character
+    offsets on the rendered text."""
     full = prompt.text
-    at = full.find(text)
+    if within is not None:
+        start = full.find(within)
+        if start < 0:
+            raise ValueError("within: does not occur in the prompt")
+        at = within.find(text)
+        if at < 0:
+            raise ValueError("text: does not occur in within")
+        at += start
+    else:
+        at = full.find(text)
     if at < 0:
         raise ValueError("text: does not occur in the prompt")
     chat = bool(getattr(tokenizer, "chat_template", None))
