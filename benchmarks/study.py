@@ -24,7 +24,8 @@ the timing rule's table, the leap-specificity table (every adjacent step's recal
 ``--leap-prompts`` SQuAD prompts, held-out reference) and, on the same prompts' captures, the answer chunk's rank
 under the Rényi, mass-only, ζ = 1, per-head-max and uniform priorities (paired against Rényi), and on
 ``--kept-prompts`` SQuAD prompts the share of the gold answer's tokens that DeferKV and SnapKV keep at the study's
-two budgets (paired; rows in ``<stem>_kept.parquet``).
+two budgets (paired; rows in ``<stem>_kept.parquet``), and full context again on the SQuAD prompts at
+``--cap-tokens`` new tokens (``<stem>_cap<N>.parquet``): how many right answers the study's cap cut off.
 """
 from __future__ import annotations
 
@@ -179,6 +180,29 @@ def kept_findings(kept: pd.DataFrame, pairs=KEPT_PAIRS) -> list[str]:
     return out
 
 
+def cap_check(lm, items, df: pd.DataFrame, out: Path, cap: int) -> list[str]:
+    """Full context again on ``items`` with ``cap`` new tokens (resumable parquet ``out``), against the study's
+    own full-context cells: how many right answers the study's cap cut off. Greedy decoding makes the first
+    tokens of the longer reply those of the shorter one, so a win is an answer that came after the study's cap.
+    """
+    from workbench.analyse.stats import paired
+    from workbench.study.sweep import sweep
+
+    if not items:
+        return []
+    long = sweep(lm, items, [("full", {})], out=out, max_new_tokens=cap, reference=False, on_error="record",
+                 checkpoint_s=30, progress=True)
+    short = df[(df.method == "full") & df.item_id.isin({it.item_id for it in items})]
+    both = short.merge(long, on=["task", "item_id"], suffixes=("_s", "_l"))
+    if both.empty:
+        return []
+    cap_s = int(both.max_new_tokens_s.iloc[0])
+    p = paired(both.contains_l.astype(float).to_numpy(), both.contains_s.astype(float).to_numpy())
+    return [f"- Full context hit the cap of {cap_s} tokens on {int(both.hit_cap_s.sum())} of {len(both)} prompts; "
+            f"with {cap} it hits it on {int(both.hit_cap_l.sum())}.",
+            "- " + p.finding(f"full, {cap} tokens", f"full, {cap_s} tokens", "contains", both.task.iloc[0])]
+
+
 def worker_arg(text: str) -> tuple[int, int]:
     """``"W/N"`` → ``(W, N)`` with ``0 <= W < N``."""
     try:
@@ -272,6 +296,8 @@ def main():
     ap.add_argument("--ruler-seeds", type=int, default=10)
     ap.add_argument("--policies", nargs="+", default=POLICIES)
     ap.add_argument("--leap-prompts", type=int, default=33)
+    ap.add_argument("--cap-tokens", type=int, default=64,
+                    help="full context again on the SQuAD prompts with this many new tokens (0: skip)")
     ap.add_argument("--kept-prompts", type=int, default=100,
                     help="SQuAD prompts for the answer-tokens-kept comparison (DeferKV vs SnapKV; 0: skip)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "study.parquet"))
@@ -335,6 +361,9 @@ def main():
         kept.to_parquet(out.with_name(out.stem + "_kept.parquet"))
         parts += ["## The gold answer's tokens kept (SQuAD; the study's DeferKV and SnapKV evictions, "
                   "one shared prefill per prompt)", *kept_findings(kept)]
+    if a.cap_tokens and squad:
+        parts += [f"## Did the cap cut answers off? (SQuAD, full context at {a.cap_tokens} new tokens)",
+                  *cap_check(lm, squad, df, out.with_name(f"{out.stem}_cap{a.cap_tokens}.parquet"), a.cap_tokens)]
     md = "\n\n".join(parts)
     print(md)
     out.with_name(out.stem + "_summary.md").write_text(md + "\n")

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import gpu  # noqa: E402
@@ -79,3 +81,34 @@ def test_study_helpers(tmp_path):
     for bad in ("2/2", "x", "-1/2"):
         with pytest.raises(argparse.ArgumentTypeError, match="--worker"):
             study.worker_arg(bad)
+
+
+@pytest.mark.model
+def test_study_cap_check(smollm, tmp_path):
+    """``study.cap_check``: full context again with more new tokens, paired against the study's own full cells.
+    Greedy: each longer reply starts with the shorter one, so a win can only be an answer after the cap."""
+    import pandas as pd
+    import study
+    import torch
+
+    from workbench.run.models import LoadedModel, tiny_model
+    from workbench.study import datasets, tasks
+    from workbench.study.sweep import sweep
+
+    model = tiny_model("llama", vocab=len(smollm.tokenizer), L=2, H_Q=4, G=2, d=16, seed=0)
+    lm = LoadedModel(model=model, tokenizer=smollm.tokenizer, model_id="tiny-llama-test",
+                     device=torch.device("cpu"), dtype=torch.float32)
+    items = tasks.squad_single(datasets.load_squad("sample"), n=2, n_distractors=1, seed=0)
+    short = sweep(lm, items, [("full", {})], max_new_tokens=3, reference=False, progress=False)
+    out = tmp_path / "cap6.parquet"
+    lines = study.cap_check(lm, items, short, out, 6)
+    long = pd.read_parquet(out)
+    assert len(long) == 2 and (long.max_new_tokens == 6).all()
+    for it in items:
+        s = list(short[short.item_id == it.item_id].generated_ids.iloc[0])
+        g = list(long[long.item_id == it.item_id].generated_ids.iloc[0])
+        assert g[:len(s)] == s and len(g) > len(s)
+    assert lines[0] == (f"- Full context hit the cap of 3 tokens on {int(short.hit_cap.sum())} of 2 prompts; "
+                        f"with 6 it hits it on {int(long.hit_cap.sum())}.")
+    assert "n = 2 paired prompts" in lines[1] and "full, 6 tokens vs full, 3 tokens on squad_single" in lines[1]
+    assert study.cap_check(lm, items, short, out, 6) == lines  # resumed from the parquet: same finding
