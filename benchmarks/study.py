@@ -30,6 +30,7 @@ two budgets (paired; rows in ``<stem>_kept.parquet``), and full context again on
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ from tqdm.auto import tqdm
 
 from workbench.analyse.params import PRESETS
 from workbench.rerun.eviction import POLICY_BY_NAME
+from workbench.util import atomic_write_bytes
 
 POLICIES = sorted(set(POLICY_BY_NAME) - {"full"})
 RULER = ["niah_single", "niah_multikey", "variable_tracking", "common_words"]
@@ -153,9 +155,9 @@ def answer_kept(lm, items, n: int, pairs=KEPT_PAIRS, fracs=KEPT_FRACS) -> pd.Dat
         prompt = it.build(lm.tokenizer, max_context=lm.shape.max_context)
         pos = token_positions(prompt, lm.tokenizer, text, within=gold)
         sess = EvictionSession.prepare(lm, prompt, need, 2, reusable=True, progress=False)
-        jobs = [(pols[p], resolve_budget(prompt.T, budget_frac=f)) for f in fracs for p in names]
-        for (pol, B), f, r in zip(jobs, [f for f in fracs for _ in names], sess.run_batch(jobs)):
-            rows.append(dict(item_id=it.item_id, policy=pol.name, budget_frac=f, budget=B, T=prompt.T,
+        plan = [(p, f, resolve_budget(prompt.T, budget_frac=f)) for f in fracs for p in names]
+        for (p, f, B), r in zip(plan, sess.run_batch([(pols[p], B) for p, f, B in plan])):
+            rows.append(dict(item_id=it.item_id, policy=p, budget_frac=f, budget=B, T=prompt.T,
                              answer_tokens=len(pos), kept=float(r.survival(pos).nanmean())))
         del sess
     return pd.DataFrame(rows)
@@ -358,7 +360,9 @@ def main():
                       "layer)", *pf]
     if a.kept_prompts and squad:
         kept = answer_kept(lm, squad, a.kept_prompts)
-        kept.to_parquet(out.with_name(out.stem + "_kept.parquet"))
+        buf = io.BytesIO()
+        kept.to_parquet(buf, index=False)
+        atomic_write_bytes(out.with_name(out.stem + "_kept.parquet"), buf.getvalue())
         parts += ["## The gold answer's tokens kept (SQuAD; the study's DeferKV and SnapKV evictions, "
                   "one shared prefill per prompt)", *kept_findings(kept)]
     if a.cap_tokens and squad:
@@ -366,7 +370,7 @@ def main():
                   *cap_check(lm, squad, df, out.with_name(f"{out.stem}_cap{a.cap_tokens}.parquet"), a.cap_tokens)]
     md = "\n\n".join(parts)
     print(md)
-    out.with_name(out.stem + "_summary.md").write_text(md + "\n")
+    atomic_write_bytes(out.with_name(out.stem + "_summary.md"), (md + "\n").encode())
 
 
 if __name__ == "__main__":
