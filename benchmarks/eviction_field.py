@@ -125,9 +125,7 @@ def correct(text, answers) -> bool:
 
 def run_prompt(model, prompt, pols, budgets, n_new, answers, survive_text):
     """Every policy at every budget from one prefill; one row per (policy, budget)."""
-    needs = Needs()
-    for _, _, p in pols:
-        needs = needs.merge(p.needs())
+    needs = Needs.of(p for _, _, p in pols)
     t0 = time.perf_counter()
     plain = EvictionSession.prepare(model, prompt, Needs(), 1, reusable=False, progress=False)
     prefill_s = plain.timings["prefill"]

@@ -143,9 +143,7 @@ def answer_kept(lm, items, n: int, pairs=KEPT_PAIRS, fracs=KEPT_FRACS) -> pd.Dat
 
     names = sorted({p for pair in pairs for p in pair})
     pols = {p: policy_from_params(p, seed=0) for p in names}
-    need = Needs()
-    for p in pols.values():
-        need = need.merge(p.needs())
+    need = Needs.of(pols.values())
     rows = []
     for it in tqdm(items[:n], desc="answer tokens kept", unit="prompt"):
         gold = it.documents[it.answer_doc]
@@ -264,6 +262,8 @@ def timing(df: pd.DataFrame, timing_table) -> list[str]:
     """The timing section on the prompts whose evictions shared one prefill (``shared_paid`` once): the first
     prompts of the study ran before the shared session held every policy's evidence (five prefills each, the
     rule's ``shared_s / sharing`` would not hold for them) and before batched decoding."""
+    from workbench.study.findings import with_settings
+
     keep, one, paid = timed_prompts(df)
     head = ("## Timing (rule: amortised_s = method_s + shared_s / sharing) on the "
             f"{len(one)} prompts whose evictions shared one prefill and decoded in batches")
@@ -273,8 +273,6 @@ def timing(df: pd.DataFrame, timing_table) -> list[str]:
             "table. Batched, every planned cell's `method_s` is the plan's time / the settings it decodes (the same "
             "for every policy of a prompt); `score_s` (below) is each policy's own scoring." if n_out else
             "- every prompt's evictions shared one prefill and decoded in batches.")
-    from workbench.study.findings import with_settings
-
     d = with_settings(df[keep & (df["method"] == "evict").to_numpy()])
     score = (d.assign(score_s=pd.to_numeric(d["score_s"], errors="coerce")).groupby(["task", "setting"])
              .agg(n=("score_s", "size"), score_ms=("score_s", lambda x: 1e3 * x.mean())).reset_index())

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import study  # noqa: E402
 
 from workbench.study import findings  # noqa: E402
+from workbench.util import atomic_write_bytes  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out-dir", default=str(Path(__file__).parent / "out"))
@@ -24,7 +25,8 @@ df = study.read_study(od / "study.parquet")
 out = []
 per = df.groupby("task").item_id.nunique().to_dict()
 cells = df.groupby(["task", "item_id"]).size()
-out.append(f"**The run:** cells {len(df)}, errors {int(df.error.notna().sum())}, prompts {per}, incomplete prompts {int((cells != 33).sum())}")
+n_settings = len(df[["method", "params"]].drop_duplicates())  # every setting some prompt ran
+out.append(f"**The run:** cells {len(df)}, errors {int(df.error.notna().sum())}, prompts {per}, incomplete prompts {int((cells != n_settings).sum())}")
 ref, warns = findings.reference_check(df)
 out += ["### Reference check", md(ref), *[f"- {w}" for w in warns]]
 acc = findings.accuracy_table(df)
@@ -44,7 +46,7 @@ wv = vs.pivot(index="a", columns="scope", values="cell")
 wv = wv.loc[[s for s in ["EntroPrefill paper", "EntroPrefill loose"] + sorted(x for x in wv.index if "@" in x) if s in wv.index]].reset_index()
 out += ["### Paired against full context (difference [95% bootstrap CI], wins/ties/losses, McNemar p)", md(wv)]
 cnt = vs.groupby("scope").verdict.value_counts().unstack(fill_value=0).reset_index()
-out += ["**Verdicts against full context, per scope** (of 32 settings)", md(cnt)]
+out += [f"**Verdicts against full context, per scope** (of {vs.a.nunique()} settings)", md(cnt)]
 cond = vs[vs.a.str.contains("EntroPrefill|@ ")][["scope", "a", "cond_n", "cond_right"]]
 cond["cell"] = cond.apply(lambda r: f"{int(r.cond_right)}/{int(r.cond_n)}", axis=1)
 out += ["### Kept right where full context is right", md(cond.pivot(index="a", columns="scope", values="cell").reset_index())]
@@ -63,7 +65,7 @@ t = df.groupby("task").prompt_tokens.agg(["min", "median", "max"]).reset_index()
 out += ["**Prompt tokens per task**", md(t)]
 hc = df[df.method == "full"].groupby("task").hit_cap.mean().reset_index()
 out += ["**Full-context replies that hit the `max_new_tokens` cap**", md(hc)]
-(od / "study_tables.md").write_text("\n\n".join(out) + "\n")
+atomic_write_bytes(od / "study_tables.md", ("\n\n".join(out) + "\n").encode())
 print("\n\n".join(out))
 # compact timing: prompts with one shared prefill and batched decoding
 keep, one, paid = study.timed_prompts(df)
@@ -86,5 +88,5 @@ timing_md = "\n\n".join([f"### Timing (1 thread per worker, two workers on the 2
     "Rule: `amortised_s = method_s + shared_s / sharing` (the shared eviction prefill spread over the prompt's 30 eviction cells; "
     "batched, a cell's `method_s` is its plan's time / 30). `score_ms`: each policy's own scoring, mean per prompt, the "
     "cheapest and the dearest policy. Per-setting rows: `benchmarks/study_summary.md`.", md(tab)])
-(od / "study_timing.md").write_text(timing_md + "\n")
+atomic_write_bytes(od / "study_timing.md", (timing_md + "\n").encode())
 print(timing_md)

@@ -79,10 +79,19 @@ def test_every_policy_is_in_the_contract():
 def session():
     model = tiny_model("llama", G=2, H_Q=4, L=3, seed=5)
     spans = PromptSpans.synthetic([10, 12, 9], query_len=8)  # T = 51
-    needs = Needs()
-    for p in POLICIES:
-        needs = needs.merge(p.needs())
-    return EvictionSession.prepare(model, spans, needs, N_NEW, reusable=True, progress=False)
+    return EvictionSession.prepare(model, spans, Needs.of(POLICIES), N_NEW, reusable=True, progress=False)
+
+
+def test_needs_of_every_policy():
+    """``Needs.of``: the widest of every field over the policies (and the base), so one prefill serves all."""
+    u = Needs.of(POLICIES)
+    each = [p.needs() for p in POLICIES]
+    for f in ("tail", "observers", "qstats"):
+        assert getattr(u, f) == max(getattr(n, f) for n in each) > 0, f
+    for f in ("colsum", "decode1", "answer", "keys", "wov"):
+        assert getattr(u, f) == any(getattr(n, f) for n in each), f
+    base = Needs(tail=999)
+    assert Needs.of([], base) == base and Needs.of(POLICIES, base).tail == 999
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=[p.name for p in POLICIES])

@@ -97,9 +97,7 @@ def _shared_session(lm, item, prompt, need: Needs, max_new_tokens: int) -> tuple
     Returns ``(session, shared_s, paid)``: ``shared_s`` the wall time of the shared prefill (with its
     evidence capture and the full-cache decode the evidence needs), ``paid`` whether this call ran it."""
     key = (id(lm.model), item.task, item.item_id, max_new_tokens, tuple(prompt.spans.input_ids))
-    union = need
-    for p in every_policy():  # every policy's evidence at once: a study's 30 cells per prompt share one prefill
-        union = union.merge(p.needs())
+    union = Needs.of(every_policy(), need)  # every policy's evidence at once: a prompt's 30 cells share one prefill
     if _SHARED.get("key") == key and _SHARED["sess"].needs.merge(need) == _SHARED["sess"].needs:
         return _SHARED["sess"], _SHARED["shared_s"], False
     _SHARED.clear()  # one session at a time: its caches are the size of the prompt's KV cache

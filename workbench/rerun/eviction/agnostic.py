@@ -37,9 +37,7 @@ def run_question_agnostic(model, prompts, policies, budgets, max_new_tokens: int
     if any(c != ctx for c, _ in parts):
         raise ValueError("prompts: do not share their context tokens (same documents, same template)")
     policies = list(policies)
-    needs = Needs()
-    for p in policies:
-        needs = needs.merge(p.needs())
+    needs = Needs.of(policies)
     sess = EvictionSession.prepare(model, ctx, needs, max_new_tokens, reusable=True, progress=progress)
     out = []
     for p in policies:

@@ -66,6 +66,14 @@ class Needs:
                      answer=self.answer or other.answer, keys=self.keys or other.keys, wov=self.wov or other.wov,
                      qstats=max(self.qstats, other.qstats))
 
+    @classmethod
+    def of(cls, policies, base: "Needs | None" = None) -> "Needs":
+        """What ``policies`` need together (with ``base``): one prefill serves all of them."""
+        out = cls() if base is None else base
+        for p in policies:
+            out = out.merge(p.needs())
+        return out
+
 
 @dataclass
 class Evidence:

@@ -499,9 +499,7 @@ def run_policies(model, prompt, policies, budgets, max_new_tokens: int, *, progr
     budgets = [check_int("budgets", b, 1) for b in budgets]
     if not budgets:
         raise ValueError("budgets: must not be empty")
-    needs = Needs()
-    for p in policies:
-        needs = needs.merge(p.needs())
+    needs = Needs.of(policies)
     sess = EvictionSession.prepare(model, prompt, needs, max_new_tokens, reusable=True,
                                    keep_logits=keep_logits, progress=progress)
     jobs = [(p, b) for p in policies for b in (budgets[:1] if p.keeps_all else budgets)]

@@ -371,9 +371,7 @@ class EvictionPanel(_RunMixin, Panel):
         """The shared prefill for every policy (created on the first run; calls the model once)."""
 
         if self._session is None:
-            needs = Needs()
-            for p in every_policy(**self.common):
-                needs = needs.merge(p.needs())
+            needs = Needs.of(every_policy(**self.common))
             self._session = EvictionSession.prepare(self.model, self.prompt, needs, self.max_new_tokens,
                                                     reusable=True, progress=False)
             self.model_calls += 1
