@@ -33,6 +33,7 @@ import argparse
 import io
 import os
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -144,11 +145,12 @@ def answer_kept(lm, items, n: int, pairs=KEPT_PAIRS, fracs=KEPT_FRACS) -> pd.Dat
     names = sorted({p for pair in pairs for p in pair})
     pols = {p: policy_from_params(p, seed=0) for p in names}
     need = Needs.of(pols.values())
-    rows = []
+    rows, skipped = [], []
     for it in tqdm(items[:n], desc="answer tokens kept", unit="prompt"):
         gold = it.documents[it.answer_doc]
         text = next((a for a in it.answers if a in gold), None)
         if text is None:
+            skipped.append(it.item_id)
             continue
         prompt = it.build(lm.tokenizer, max_context=lm.shape.max_context)
         pos = token_positions(prompt, lm.tokenizer, text, within=gold)
@@ -158,6 +160,9 @@ def answer_kept(lm, items, n: int, pairs=KEPT_PAIRS, fracs=KEPT_FRACS) -> pd.Dat
             rows.append(dict(item_id=it.item_id, policy=p, budget_frac=f, budget=B, T=prompt.T,
                              answer_tokens=len(pos), kept=float(r.survival(pos).nanmean())))
         del sess
+    if skipped:
+        warnings.warn(f"answer_kept: {len(skipped)} of {min(n, len(items))} prompts left out, no gold answer in "
+                      f"their gold passage: {skipped}", stacklevel=2)
     return pd.DataFrame(rows)
 
 

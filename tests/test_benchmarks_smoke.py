@@ -112,3 +112,30 @@ def test_study_cap_check(smollm, tmp_path):
                         f"with 6 it hits it on {int(long.hit_cap.sum())}.")
     assert "n = 2 paired prompts" in lines[1] and "full, 6 tokens vs full, 3 tokens on squad_single" in lines[1]
     assert study.cap_check(lm, items, short, out, 6) == lines  # resumed from the parquet: same finding
+
+
+@pytest.mark.model
+def test_study_answer_kept(smollm):
+    """``study.answer_kept``: one row per (prompt, policy, budget) with the share kept in [0, 1]; a prompt whose gold
+    passage lacks every gold answer (a diffuse item) is left out with a warning that names it, not silently."""
+    import dataclasses
+
+    import study
+    import torch
+
+    from workbench.run.models import LoadedModel, tiny_model
+    from workbench.study import datasets, tasks
+
+    model = tiny_model("llama", vocab=len(smollm.tokenizer), L=2, H_Q=4, G=2, d=16, seed=0)
+    lm = LoadedModel(model=model, tokenizer=smollm.tokenizer, model_id="tiny-llama-test",
+                     device=torch.device("cpu"), dtype=torch.float32)
+    (it,) = tasks.squad_single(datasets.load_squad("sample"), n=1, n_distractors=1, seed=0)
+    # TaskItem insists the gold answer lies in the gold passage, except for diffuse items (answer_parts)
+    part = it.documents[it.answer_doc][:12]
+    bad = dataclasses.replace(it, item_id="no-answer#0", answers=("zzz not in any passage",), answer_parts=(part,))
+    with pytest.warns(UserWarning, match=r"1 of 2 prompts left out.*no-answer#0"):
+        k = study.answer_kept(lm, [it, bad], 2)
+    assert len(k) == 4 and set(k.item_id) == {it.item_id} and set(k.policy) == {"deferkv", "snapkv"}
+    assert k.kept.between(0, 1).all() and (k.answer_tokens > 0).all()
+    T = int(k["T"].iloc[0])
+    assert sorted(set(k.budget)) == [-(-T // 4), -(-T // 2)]  # ⌈0.25 T⌉, ⌈0.5 T⌉
