@@ -9,7 +9,9 @@ from typing import Literal, get_args
 
 __all__ = ["AuditMode", "Priority", "PolicyName", "Pooling", "H2ONormalise", "HeadQuantity", "RowKind", "ShiftLevel",
            "Device", "RowDtype", "SyntheticStructure", "ROW_DTYPES", "SYNTHETIC_STRUCTURES",
-           "AUDIT_MODES", "PRIORITIES", "POLICY_NAMES", "HEAD_QUANTITIES", "ROW_KINDS", "SHIFT_LEVELS"]
+           "AUDIT_MODES", "PRIORITIES", "POLICY_NAMES", "HEAD_QUANTITIES", "ROW_KINDS", "SHIFT_LEVELS",
+           "MethodName", "ReportData", "ExportFormat", "WidthPreset", "POOLINGS", "H2O_NORMALISES", "METHOD_NAMES",
+           "REPORT_DATA", "EXPORT_FORMATS", "WIDTH_PRESETS"]
 
 AuditMode = Literal["sampled", "exact"]
 """SPEC §6: a sampled audit with its Hoeffding radius, or the exact finite population (``b = 0``)."""
@@ -46,6 +48,18 @@ RowDtype = Literal["float32", "float16", "bfloat16"]
 SyntheticStructure = Literal["random", "realistic"]
 """``Capture.synthetic``: Gaussian-logit rows, or rows with attention sinks, locality and retrieval heads."""
 
+MethodName = Literal["full", "entroprefill", "evict"]
+"""The report's sweep methods: full context, EntroPrefill pruning, KV eviction."""
+
+ReportData = Literal["auto", "sample", "fetched"]
+"""The report's data: the fetched SQuAD dev set and essays, the bundled samples, or fetched when cached."""
+
+ExportFormat = Literal["pdf", "svg", "png"]
+"""Figure file formats of ``show.export``."""
+
+WidthPreset = Literal["single", "double"]
+"""Paper column widths of ``show.export`` (3.33 in, 7.0 in)."""
+
 AUDIT_MODES: tuple[str, ...] = get_args(AuditMode)
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 POLICY_NAMES: tuple[str, ...] = get_args(PolicyName)
@@ -54,3 +68,9 @@ ROW_KINDS: tuple[str, ...] = get_args(RowKind)
 SHIFT_LEVELS: tuple[str, ...] = get_args(ShiftLevel)
 ROW_DTYPES: tuple[str, ...] = get_args(RowDtype)
 SYNTHETIC_STRUCTURES: tuple[str, ...] = get_args(SyntheticStructure)
+POOLINGS: tuple[str, ...] = get_args(Pooling)
+H2O_NORMALISES: tuple[str, ...] = get_args(H2ONormalise)
+METHOD_NAMES: tuple[str, ...] = get_args(MethodName)
+REPORT_DATA: tuple[str, ...] = get_args(ReportData)
+EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
+WIDTH_PRESETS: tuple[str, ...] = get_args(WidthPreset)

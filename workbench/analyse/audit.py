@@ -18,10 +18,11 @@ import pandas as pd
 import torch
 
 from workbench.analyse import priorities as P
-from workbench.analyse.params import AUDIT_MODES, EntroPrefillParams
+from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.rows import check_capture_rows, check_rows
 from workbench.analyse.selection import SelectionResult, mass_table
-from workbench.checks import check_int, check_real
+from workbench.checks import check_int
+from workbench.constraints import PARAMS
 from workbench.util import single_threaded
 
 NO_LAYER_CAN_PASS = "no layer can pass"
@@ -29,10 +30,10 @@ NO_LAYER_CAN_PASS = "no layer can pass"
 
 def hoeffding_b(m_a: int, delta: float, J: int, H_Q: int) -> float:
     """Hoeffding radius ``b = sqrt(ln(J H_Q / δ) / (2 m_a))`` (paper eq. after (17))."""
-    check_int("m_a", m_a, 1, rng=">= 1")
-    check_int("J", J, 1, rng=">= 1")
-    check_int("H_Q", H_Q, 1, rng=">= 1")
-    check_real("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True, rng="(0, 1)")
+    PARAMS["m_a"].check("m_a", m_a)
+    check_int("J", J, 1)
+    check_int("H_Q", H_Q, 1)
+    PARAMS["delta"].check("delta", delta)
     return math.sqrt(math.log(J * H_Q / delta) / (2.0 * m_a))
 
 
@@ -144,21 +145,20 @@ def audit_from_rows(
 ) -> AuditResult:
     """:func:`audit_bounds` from the discarded mass of every audit row, ``eta_rows [H_Q, n_pop]`` float64
     (``A^{l,h}_{U}(E)`` for each row ``U`` of the population)."""
-    if mode not in AUDIT_MODES:
-        raise ValueError(f"mode: must be one of {AUDIT_MODES}, got {mode!r}")
+    PARAMS["audit_mode"].check("mode", mode)
     H_Q, n_pop = eta_rows.shape
-    check_real("delta", delta, 0.0, 1.0, lo_open=True, hi_open=True, rng="(0, 1)")
-    check_int("J", J, 1, rng=">= 1")
+    PARAMS["delta"].check("delta", delta)
+    check_int("J", J, 1)
     if eps_audit is not None:
-        check_real("eps_audit", eps_audit, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
+        PARAMS["eps_audit"].check("eps_audit", eps_audit)
     if mode == "exact":
         eta = eta_rows.mean(-1)
         b = 0.0
         sample = None
         m_used = n_pop
     else:
-        check_int("m_a", m_a, 1, rng=">= 1")
-        check_int("seed", seed, 0, rng=">= 0")
+        PARAMS["m_a"].check("m_a", m_a)
+        PARAMS["seed"].check("seed", seed)
         sample = audit_sample(n_pop, m_a, seed)
         eta = eta_rows[:, sample].mean(-1)
         b = hoeffding_b(int(m_a), float(delta), int(J), int(H_Q))

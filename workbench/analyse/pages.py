@@ -17,7 +17,6 @@ group weights ``w_h`` (SPEC §2, :class:`~workbench.analyse.pooling.HeadPooling`
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import pandas as pd
@@ -26,6 +25,8 @@ from torch import Tensor
 
 from workbench.analyse.pooling import group_onehot
 from workbench.analyse.ranking import topk_mask
+from workbench.checks import check_fields, check_int
+from workbench.constraints import checked
 
 __all__ = [
     "keep_sets",
@@ -42,15 +43,6 @@ __all__ = [
 ]
 
 
-def _int_in(name: str, value, lo: int, hi: float | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name}: must be an integer >= {lo}, got {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name}: must be an integer {rng}, got {value!r}")
-    return int(value)
-
-
 # ----------------------------------------------------------------------------- per-head keep sets
 def keep_sets(scores: Tensor, s: int) -> Tensor:
     """Per-head keep sets ``𝒦_h``: the top-``s`` keys of each head's score (ties: lower position first).
@@ -63,7 +55,7 @@ def keep_sets(scores: Tensor, s: int) -> Tensor:
         bool ``[..., H, T]`` membership of ``𝒦_h``; exactly ``s`` per head.
     """
     T = scores.shape[-1]
-    s = _int_in("s", s, 1, T)
+    s = check_int("s", s, 1, T)
     return topk_mask(scores.to(torch.float64).cpu(), s)
 
 
@@ -114,7 +106,7 @@ def page_importance(p: Tensor, b: int) -> Tensor:
     Returns:
         ``[..., N_P]`` with ``N_P = ⌈T/b⌉`` (same dtype as ``p``).
     """
-    b = _int_in("b", b, 1)
+    b = check_int("b", b, 1)
     T = p.shape[-1]
     N_P = -(-T // b)
     pad = N_P * b - T
@@ -129,7 +121,7 @@ def top_pages(I: Tensor, K: int) -> Tensor:
 
     ``K`` larger than ``N_P`` keeps every page.
     """
-    K = _int_in("K", K, 1)
+    K = check_int("K", K, 1)
     N_P = I.shape[-1]
     if K >= N_P:
         return torch.ones(I.shape, dtype=torch.bool, device=I.device)
@@ -223,7 +215,7 @@ class PageScoreMemo:
 
     def uor(self, s: int) -> Tensor:
         """``UOR_g`` float64 ``[L, G]`` of :func:`union_over_retained` (memoised per ``s``)."""
-        s = min(_int_in("s", s, 1), self.a.shape[-1])
+        s = min(check_int("s", s, 1), self.a.shape[-1])
         if s not in self._uor:
             self._uor[s] = union_over_retained(self.a, self.head_group, s)
         return self._uor[s]
@@ -297,6 +289,7 @@ class PageResult:
         )
 
 
+@checked(prefix="pages", b="page")
 @dataclass(frozen=True)
 class PageSelection:
     """Parameters of page selection (SPEC §8).
@@ -314,10 +307,7 @@ class PageSelection:
     e: int = 2
 
     def __post_init__(self):
-        _int_in("b", self.b, 1)
-        _int_in("K", self.K, 1)
-        _int_in("s", self.s, 1)
-        _int_in("e", self.e, 1)
+        check_fields(self)
 
     def select(self, a: Tensor, w: Tensor, head_group: Tensor, d: int, *, memo: PageScoreMemo | None = None,
                v: Tensor | None = None, zeta: float | None = None) -> PageResult:
@@ -350,6 +340,6 @@ class PageSelection:
         U = page_union(sel)
         uor = memo.uor(self.s) if memo is not None else union_over_retained(a, head_group, min(self.s, T))
         T_ret = int((sel.any(dim=1).to(torch.int64) @ _page_lengths(sel.shape[-1], self.b, T)).max()) if L else 0
-        by = payload_bytes(e=self.e, d=_int_in("d", d, 1), b=self.b, K_lg=K_lg, U_l=U, G=G, L=L, T_retained=T_ret)
+        by = payload_bytes(e=self.e, d=check_int("d", d, 1), b=self.b, K_lg=K_lg, U_l=U, G=G, L=L, T_retained=T_ret)
         return PageResult(p=p, importance=I, selected=sel, K_lg=K_lg, U=U, uor=uor,
                           b=self.b, K=self.K, s=min(self.s, T), e=self.e, d=d, bytes=by)

@@ -15,10 +15,12 @@ __all__ = ["EntroPrefillParams", "PRESETS"]
 from workbench.analyse.pooling import HeadPooling
 from workbench.analyse.priorities import ChunkPriorities
 from workbench.analyse.selection import GreedySelection, resolve_target
-from workbench.checks import check_int, check_real, check_seed, is_int
-from workbench.choices import AUDIT_MODES, PRIORITIES, AuditMode, Priority
+from workbench.checks import check_fields
+from workbench.choices import AUDIT_MODES, PRIORITIES, AuditMode, Priority  # noqa: F401 (AUDIT_MODES, PRIORITIES re-exported)
+from workbench.constraints import checked
 
 
+@checked()
 @dataclass(frozen=True)
 class EntroPrefillParams:
     """Every threshold of the procedure, fixed before any audit value is seen.
@@ -68,34 +70,10 @@ class EntroPrefillParams:
     target_tokens: int | None = None
 
     def __post_init__(self):
-        check_real("zeta", self.zeta, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
-        check_real("tau", self.tau, 0.0, None, lo_open=True, hi_open=False, rng="(0, inf)")
-        check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True, rng="(0, 1)")
-        check_real("eps_s", self.eps_s, 0.0, None, lo_open=True, hi_open=False, rng="(0, inf)")
-        check_real("lam", self.lam, 0.0, None, lo_open=False, hi_open=False, rng="[0, inf)")
+        check_fields(self)  # every field against its constraint (workbench.constraints.PARAMS)
         resolve_target(self, self.target, self.target_tokens)
-        check_real("eps_row", self.eps_row, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
-        check_int("m0", self.m0, 0, rng=">= 0")
-        if self.monitored is not None:
-            mon = self.monitored
-            if isinstance(mon, (str, bytes)) or not hasattr(mon, "__iter__"):
-                raise ValueError(f"monitored: must be None or a non-empty collection of distinct ints >= 1, got {mon!r}")
-            mon = tuple(mon)
-            if not mon or not all(is_int(x) and int(x) >= 1 for x in mon) or len(set(int(x) for x in mon)) != len(mon):
-                raise ValueError(
-                    f"monitored: must be None or a non-empty collection of distinct ints >= 1, got {self.monitored!r}"
-                )
-            object.__setattr__(self, "monitored", tuple(sorted(int(x) for x in mon)))
-        if self.audit_mode not in AUDIT_MODES:
-            raise ValueError(f"audit_mode: must be one of {AUDIT_MODES}, got {self.audit_mode!r}")
-        check_int("m_a", self.m_a, 1, rng=">= 1")
-        check_real("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True, rng="(0, 1)")
-        check_real("eps_audit", self.eps_audit, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
-        check_real("d_max", self.d_max, 0.0, 1.0, lo_open=False, hi_open=False, rng="[0, 1]")
-        check_int("streak", self.streak, 0, rng=">= 0")
-        check_seed(self.seed)
-        if self.priority not in PRIORITIES:
-            raise ValueError(f"priority: must be one of {PRIORITIES}, got {self.priority!r}")
+        if self.monitored is not None:  # stored sorted, as ints
+            object.__setattr__(self, "monitored", self.CHECKS["monitored"].check("monitored", self.monitored))
 
     # ----- derived objects -----
     def pooling(self):

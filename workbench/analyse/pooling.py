@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from workbench.analyse.rows import check_capture_rows, check_rows
-from workbench.checks import check_real
+from workbench.checks import check_fields
+from workbench.constraints import checked
 
 __all__ = [
     "HeadPooling",
@@ -265,6 +266,7 @@ class PoolingResult:
 
 
 # ----------------------------------------------------------------------------- parameters
+@checked()
 @dataclass(frozen=True)
 class HeadPooling:
     """Parameters of sink-isolated Rényi head pooling (SPEC §2).
@@ -280,9 +282,7 @@ class HeadPooling:
     rho_min: float = 1e-6
 
     def __post_init__(self):
-        check_real("zeta", self.zeta, 0.0, 1.0, lo_open=True, rng="in (0, 1]")
-        check_real("tau", self.tau, 0.0, lo_open=True, rng="> 0")
-        check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True, rng="in (0, 1)")
+        check_fields(self)
 
     def pool(self, A_obs: Tensor, head_group: Tensor, n_sink: int, *, _stats=None, _va: dict | None = None) -> PoolingResult:
         """Pool the observer rows of every layer (SPEC §2).

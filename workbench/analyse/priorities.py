@@ -22,7 +22,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from workbench.checks import check_real
+from workbench.checks import check_fields
+from workbench.constraints import checked
 
 __all__ = [
     "ChunkPriorities",
@@ -181,6 +182,7 @@ class PriorityResult:
 
 
 # ----------------------------------------------------------------------------- parameters
+@checked()
 @dataclass(frozen=True)
 class ChunkPriorities:
     """Parameters of null-calibrated chunk priorities (SPEC §3).
@@ -196,9 +198,7 @@ class ChunkPriorities:
     rho_min: float = 1e-6
 
     def __post_init__(self):
-        check_real("eps_s", self.eps_s, 0.0, lo_open=True, rng="> 0")
-        check_real("lam", self.lam, 0.0, rng=">= 0")
-        check_real("rho_min", self.rho_min, 0.0, 1.0, lo_open=True, hi_open=True, rng="in (0, 1)")
+        check_fields(self)
 
     def score(self, mu: Tensor, spans) -> PriorityResult:
         """Chunk priorities of every layer (SPEC §3).

@@ -33,7 +33,8 @@ from scipy.optimize import linprog
 
 from workbench.analyse.priorities import chunk_sums_idx, take_last
 from workbench.analyse.rows import check_rows
-from workbench.checks import check_int, check_real, check_target, check_target_tokens
+from workbench.checks import check_fields, check_target, check_target_tokens
+from workbench.constraints import checked
 
 VERDICT_INFEASIBLE = "target infeasible (proved: U < target)"
 VERDICT_NO_CANDIDATES = "no candidate chunks (k = 0): ordinary inference, nothing removed"
@@ -337,6 +338,7 @@ def scan_order(S, n) -> list[int]:
     return out + sorted(group, key=lambda j: (-n[j], j))
 
 
+@checked()
 @dataclass(frozen=True)
 class GreedySelection:
     """Greedy proposer for (14) (SPEC §5).
@@ -356,9 +358,8 @@ class GreedySelection:
     target_tokens: int | None = None
 
     def __post_init__(self):
+        check_fields(self)
         resolve_target(self, self.target, self.target_tokens)
-        check_real("eps_row", self.eps_row, 0.0, 1.0, lo_open=True, hi_open=False, rng="(0, 1]")
-        check_int("m0", self.m0, 0, rng=">= 0")
 
     def select(self, S, n, m, eps=None, *, certify: bool = True) -> SelectionResult:
         """Run the greedy scan and (optionally) the LP certificate.
