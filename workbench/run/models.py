@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from workbench.run import adapter, families
+from workbench.run import adapter, families, shipped
 from workbench.util import atomic_dir, cache_dir, file_lock, sweep_stale_temp
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -140,8 +140,10 @@ def load_model(
     """Load a causal LM for the workbench.
 
     Args:
-        spec: ``None`` for the embedded SmolLM2-135M-Instruct; a local HF folder; or a hub id
-            already in the local HF cache (nothing is downloaded).
+        spec: ``None`` for the embedded SmolLM2-135M-Instruct; a research model's short name
+            (``"qwen2.5-coder-1.5b"``, ``"qwen2.5-coder-0.5b"``: :data:`workbench.run.shipped.SHIPPED`, installed
+            from their wheels and converted once); a local HF folder; or a hub id already in the local HF cache
+            (nothing is downloaded from a hub).
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...
         dtype: ``"auto"`` (fp32 on CPU, bf16 on GPU), or a torch dtype / its name.
         attn_implementation: the model's own kernel (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``).
@@ -159,6 +161,10 @@ def load_model(
     if spec is None:
         folder = default_model_folder(progress=progress)
         model_id = DEFAULT_MODEL_NAME
+        local_only = True
+    elif isinstance(spec, str) and spec in shipped.SHIPPED:  # a research model shipped in split wheels
+        folder = shipped.shipped_folder(spec, progress=progress)
+        model_id = spec
         local_only = True
     else:
         if not isinstance(spec, (str, os.PathLike)):

