@@ -91,8 +91,7 @@ def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
         "kept_positions": plots.kept_positions(res, sp, highlight=[30, 31]),
         "accuracy_vs_budget": plots.accuracy_vs_budget(df, metric="f1"),
         "kv_bytes_table": plots.kv_bytes_table(df),
-        "token_attention": plots.token_attention(cap, 2, head=4, removed=tr, removed_layer=l, log=True,
-                                                 chars_per_line=48),
+        "token_attention": plots.token_attention(cap, 2, head=4, removed=tr, removed_layer=l, log=True),
         "token_attention-row": plots.token_attention(cap, 2, query=int(cap.rows_of("tail")[0]), group=1,
-                                                     removed=res[0], exclude_sinks=True, chars_per_line=48),
+                                                     removed=res[0], exclude_sinks=True),
     }

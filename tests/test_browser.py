@@ -10,8 +10,9 @@ config/settings/runtime folders, kernels on one intra-op thread) serves two note
   moves the **ζ** slider with the keyboard (``Home``: ζ = 0.01) and checks that the figure followed:
   the heatmap's data, its ``meta.zeta``, its image, the residual rows' labels (``w=…``) and the pixels;
 - a small panel notebook on a synthetic capture (fast): the layer slider moves the residual figure's title;
-- a token-view notebook on a synthetic capture: clicking a token's bar makes that position's captured row
-  the query row (the figure's meta and the *query row* menu follow);
+- a token-view notebook on a synthetic capture: the rendered text of the token spans is the token strings
+  (leading spaces, tabs, newlines); clicking a token makes that position's captured row the query row (the
+  boxed token and the *query row* menu follow); no console warnings;
 - every notebook, one test each (``test_notebook_panels_in_browser[NN]``): run it, move every visible slider
   of every panel and check that the figures' data or the status changed, flip each *re-run on change*
   toggle once (a model run), press *export figures* and check the files, no console errors, screenshots.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -66,12 +68,19 @@ SYNTHETIC_CELLS = [
     "panel.widget",
 ]
 
+#: token strings as a tokenizer gives them: leading spaces, a tab, newlines, markup characters
+TOKEN_WORDS = ["The", " quick", " brown", "\n", " fox", "\tjumps", " <b>&", "\n\n", "  over", " the", " lazy", " dog",
+               ".", " Passengers", " where", " fewer", " service", " rural", "\n", " A", ":", " swordfish"]
+
 TOKEN_CELLS = [
     "import os\nos.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')\n"
     "from workbench.run.spans import PromptSpans\nfrom workbench.capture.data import Capture\n"
     "from workbench.show.widgets import TokenPanel",
+    "import dataclasses\n"
     "spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)\n"
     "T = spans.T\n"
+    f"WORDS = {TOKEN_WORDS!r}\n"
+    "spans = dataclasses.replace(spans, tokens=tuple(WORDS[i % len(WORDS)] for i in range(T)))\n"
     "cap = Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0,\n"
     "                        extra_rows={'tail': list(range(T - 6, T))})\n"
     "panel = TokenPanel(cap, layer=1)",
@@ -341,15 +350,18 @@ def _head_weights_ok(z: list[list[float]], zeta: float, r: int) -> tuple[float, 
 
 
 @contextlib.contextmanager
-def _notebook_page(lab, name: str):
+def _notebook_page(lab, name: str, console: list | None = None):
     """A chromium page showing notebook ``name`` after Run ▸ Run All Cells; closes the browser and shuts
-    the kernels down afterwards."""
+    the kernels down afterwards. ``console``: a list that collects the page's console warnings and errors."""
     base, token, _ = lab
     with sync_playwright() as p:
         browser = _launch(p)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.set_default_timeout(60_000)
+            if console is not None:
+                page.on("console", lambda m: console.append(f"{m.type}: {m.text}")
+                        if m.type in ("error", "warning") else None)
             _open(page, base, token, name)
             _run_all_from_menu(page)
             yield page
@@ -425,44 +437,60 @@ def test_synthetic_panel_layer_slider(lab, artifacts):
         panel.screenshot(path=str(artifacts / "synthetic-panel-after.png"))
 
 
-# the token bars of the token view: [{pos, x, y}] (screen centre of each bar) and the figure's meta
+# the token spans of the token view: [{pos, text, x, y}] (text as the browser renders it, screen centre of
+# each span's first box) and the position of the boxed query token
 _TOKENS_JS = """() => {
-  for (const gd of document.querySelectorAll('.jp-OutputArea .js-plotly-plot')) {
-    const meta = gd.layout && gd.layout.meta;
-    if (!meta || meta.figure !== 'token_attention') continue;
-    const pts = Array.from(gd.querySelectorAll('.barlayer .trace')[0].querySelectorAll('.point'));
-    const cd = gd.data[0].customdata;
-    return {meta, bars: pts.map((p, i) => { const r = p.getBoundingClientRect();
-      return {pos: cd[i][0], x: r.left + r.width / 2, y: r.top + r.height / 2, w: r.width}; })};
-  }
-  return null;
+  const root = document.querySelector('.jp-OutputArea .wb-token-widget');
+  if (!root) return null;
+  const spans = Array.from(root.querySelectorAll('.wb-text .tk[data-pos]'));
+  const q = root.querySelector('.wb-text .tk.q');
+  return {query: q ? +q.dataset.pos : null, title: (root.querySelector('.wb-title') || {}).textContent || '',
+    spans: spans.map(s => { const r = s.getClientRects()[0] || s.getBoundingClientRect();
+      return {pos: +s.dataset.pos, text: s.textContent, x: r.left + Math.min(r.width, 6) / 2 + 1,
+              y: r.top + r.height / 2, w: r.width}; })};
 }"""
 
 
 def test_token_view_click_sets_the_query_row(lab, artifacts):
-    """The token view (TokenPanel) in JupyterLab: clicking a token's bar makes the captured row at (or
-    nearest to) that position the query row; the figure's shading and meta follow."""
-    with _notebook_page(lab, "tokens.ipynb") as page:
-        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.bars.length > 10; }",
+    """The token view (TokenPanel, HTML) in JupyterLab: every token's full text is rendered (leading spaces,
+    tabs, newlines, markup characters), nothing clipped; clicking a token makes the captured row at (or
+    nearest to) that position the query row (the boxed token and the *query row* menu follow); no console
+    warnings or errors."""
+    console: list[str] = []
+    with _notebook_page(lab, "tokens.ipynb", console=console) as page:
+        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.spans.length > 10; }",
                                arg=_TOKENS_JS, timeout=150_000, polling=500)
         before = page.evaluate(_TOKENS_JS)
-        assert before["meta"]["query"] == "observers" and before["meta"]["query_pos"] is None
-        area = page.locator(".jp-OutputArea", has=page.locator(".js-plotly-plot")).last
+        T = len(before["spans"])
+        want = [TOKEN_WORDS[i % len(TOKEN_WORDS)] for i in range(T)]
+        assert [s["text"] for s in before["spans"]] == want          # the rendered text is the token strings
+        assert [s["pos"] for s in before["spans"]] == list(range(T)) and before["query"] is None
+        # nothing clipped: every span lies inside the output area, and the whole text reads back in order
+        area = page.locator(".jp-OutputArea", has=page.locator(".wb-token-widget")).last
         area.scroll_into_view_if_needed()
         before = page.evaluate(_TOKENS_JS)
-        target = before["bars"][-3]                 # a tail row's own token (T - 3)
+        box = area.bounding_box()
+        assert all(box["x"] - 1 <= s["x"] <= box["x"] + box["width"] + 1 for s in before["spans"] if s["w"] > 0)
+        text = page.locator(".wb-token-widget .wb-text").first.evaluate("e => e.textContent")
+        assert text == "".join(want)
+        target = before["spans"][-3]                 # a tail row's own token (T - 3)
         area.screenshot(path=str(artifacts / "tokens-before.png"))
         page.mouse.move(target["x"], target["y"])
         page.mouse.click(target["x"], target["y"])
-        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.meta.query_pos !== null; }",
+        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.query !== null; }",
                                arg=_TOKENS_JS, timeout=30_000, polling=250)
         after = page.evaluate(_TOKENS_JS)
-        assert after["meta"]["query_pos"] == target["pos"], after["meta"]
-        assert isinstance(after["meta"]["query"], int)
+        assert after["query"] == target["pos"], after["title"]
         label = page.locator(".widget-dropdown", has=page.locator(".widget-label", has_text="query row")).last
         text = label.locator("select").evaluate("s => s.options[s.selectedIndex].text").replace("\xa0", " ")
         assert f"@ {target['pos']}" in text, text
         area.screenshot(path=str(artifacts / "tokens-after.png"))
+    bad = [c for c in console if "favicon" not in c and not _LAB_START.search(c)]
+    assert not bad, f"console warnings or errors: {bad[:5]}"
+
+
+# JupyterLab's own start-up notes on a loaded machine (not the notebook's output)
+_LAB_START = re.compile(r"Plugin @jupyterlab/\S+ (is taking too long to activate|.*took [\d.]+ ?ms to activate)")
 
 
 # ----------------------------------------------------------------------------- every notebook's panels

@@ -127,3 +127,22 @@ def test_export_button_writes_every_figure(syn, tmp_path):
     assert all(p.exists() for p in paths)
     assert str((tmp_path / "out").resolve()) in panel.export_links.value
     assert panel.export_links.value.count("<a href=") == len(paths)
+
+
+def test_export_width_choice_and_sidecar_identity(syn, monkeypatch, tmp_path):
+    """The export button offers single column, double column or both; the sidecar gets the capture's model id
+    and prompt hash (they were null) and the panel's parameters."""
+    import workbench.show.export as E
+
+    sp, cap, params, tr = syn
+    seen = []
+    monkeypatch.setattr(E, "export_all", lambda figures, folder, **kw: seen.append(kw) or {n: [] for n in figures})
+    panel = Wd.PriorityPanel(cap, params, layer=max(tr.selections))
+    assert [v for _, v in panel.export_width.options] == ["single", "double", "both"]
+    for choice, want in (("single", "single"), ("double", "double"), ("both", ["single", "double"])):
+        panel.export_width.value = choice
+        panel.export_clicked(tmp_path / choice)
+        assert seen[-1]["width"] == want
+    kw = seen[-1]
+    assert kw["model_id"] == cap.model_id and kw["prompt_hash"] == E.prompt_hash(cap.spans)
+    assert kw["params"]["panel"] == "PriorityPanel" and "zeta" in kw["params"]

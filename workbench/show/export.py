@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from workbench._version import __version__
 from workbench.show import plots
 from workbench.show.decimate import full_frame
+from workbench.show.html_export import render_html
 from workbench.show.kaleido_server import (
     FORMATS,
     PX_PER_INCH,
@@ -56,6 +57,7 @@ from workbench.show.kaleido_server import (
     shutdown_server,
 )
 from workbench.show.paper_layout import paper_layout
+from workbench.show.token_view import PRINT_FONT_PT, TokenView
 from workbench.util import atomic_write_files, jsonable
 
 __all__ = ["WIDTHS", "FORMATS", "PX_PER_INCH", "DEFAULT_SCALE", "ExportSize", "resolve_size", "export",
@@ -240,7 +242,10 @@ def csv_bytes(frame) -> bytes:
 
 def figure_data(fig) -> pd.DataFrame:
     """The plotted data as a tidy frame (:func:`workbench.show.plots.figure_frame`); for a token-level figure
-    decimated to the screen, its full-resolution data (every token, :func:`workbench.show.decimate.full_frame`)."""
+    decimated to the screen, its full-resolution data (every token, :func:`workbench.show.decimate.full_frame`);
+    for a token view, one row per token (:meth:`~workbench.show.token_view.TokenView.to_frame`)."""
+    if isinstance(fig, TokenView):
+        return fig.to_frame()
     full = full_frame(fig)
     return full if full is not None else plots.figure_frame(fig)
 
@@ -278,7 +283,10 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
     """Export one figure for a paper; returns the paths written (figure files, then ``.json``, ``.csv``).
 
     Args:
-        fig: a plotly ``go.Figure`` (or ``FigureWidget``); its ``layout.meta`` goes into the sidecar.
+        fig: a plotly ``go.Figure`` (or ``FigureWidget``); its ``layout.meta`` goes into the sidecar. Or a
+            :class:`~workbench.show.token_view.TokenView` (the token view, HTML): printed by Chromium
+            (:mod:`workbench.show.html_export`: vector PDF and SVG, PNG; the height follows the text, ``height``
+            and ``aspect`` do not apply), plus ``stem.html`` (the self-contained page); CSV: one row per token.
         path: ``folder/stem`` (a suffix such as ``.pdf`` is dropped); the folder is created.
         width: ``"single"`` (3.33 in), ``"double"`` (7.0 in), a number of layout px (> 0), or a list of
             these: then every size is exported with the suffix ``-single``, ``-double`` or ``-<px>px``.
@@ -305,8 +313,11 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
 
     if isinstance(fig, BaseFigure) and not isinstance(fig, go.Figure):  # a FigureWidget
         fig = go.Figure(fig)
-    if not isinstance(fig, go.Figure):
-        raise ValueError(f"fig: must be a plotly go.Figure or FigureWidget, got {type(fig).__name__}")
+    view = getattr(fig, "view", None)
+    if isinstance(view, TokenView):  # a token widget: its view
+        fig = view
+    if not isinstance(fig, (go.Figure, TokenView)):
+        raise ValueError(f"fig: must be a plotly go.Figure, a FigureWidget or a TokenView, got {type(fig).__name__}")
     fmts = _check_formats(formats)
     widths = _check_widths(width)
     sizes = [resolve_size(fig, w, height=height, aspect=aspect, scale=scale) for w in widths]
@@ -335,11 +346,19 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
     else:
         ph = prompt_hash if prompt_hash is not None else meta.get("prompt_hash", params.get("prompt_hash"))
 
-    fig_dict = fig.to_dict()
-    fig_dict.get("layout", {}).pop("meta", None)  # not drawn; keeps the page small
     files: dict[Path, bytes] = {}
     fonts = []
-    for size in sizes:
+    if isinstance(fig, TokenView):  # HTML printed by Chromium (vector PDF/SVG, PNG) and the page itself
+        for size in sizes:
+            base = stem if len(sizes) == 1 else f"{stem}-{size.tag}"
+            text_pt, key_pt = PRINT_FONT_PT[size.preset or ("single" if size.width < 372 else "double")]
+            fonts.append({"base_font_pt": text_pt, "smallest_font_pt": key_pt, "font_ratio": 1.0})
+            for fmt, blob in render_html(fig, fmts, size, title=title).items():
+                files[folder / f"{base}.{fmt}"] = blob
+        files[folder / f"{stem}.html"] = fig.html(standalone=True).encode("utf-8")
+    fig_dict = {} if isinstance(fig, TokenView) else fig.to_dict()
+    fig_dict.get("layout", {}).pop("meta", None)  # not drawn; keeps the page small
+    for size in sizes if not isinstance(fig, TokenView) else ():
         base = stem if len(sizes) == 1 else f"{stem}-{size.tag}"
         d = copy.deepcopy(fig_dict)
         font, ratio = _paper_fonts(d, size, font_size)

@@ -131,12 +131,6 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
             ax["title"]["text"] = wrap_text(text, span, small)
             if "<br>" in ax["title"]["text"]:
                 ax["title"]["standoff"] = round(small * (0.4 + 1.2 * ax["title"]["text"].count("<br>")), 1)
-    # ---- text laid out in character cells (the token view): the font fits a cell
-    for t in fig_dict.get("data") or []:
-        cpl = (t.get("meta") or {}).get("chars_per_line") if isinstance(t, dict) else None
-        if isinstance(cpl, (int, float)) and cpl > 0 and isinstance(t.get("textfont"), dict):
-            room = plot_w - (base * 7 if (t.get("marker") or {}).get("colorbar") is not None else 0)
-            t["textfont"]["size"] = round(min(_font(t["textfont"], base), room / (cpl * 0.66)), 2)  # mono: 0.6 em
     # ---- tables: fonts shrink until the columns fit the width
     for t in fig_dict.get("data") or []:
         if not isinstance(t, dict) or t.get("type") != "table" or not isinstance(t.get("columnwidth"), list):

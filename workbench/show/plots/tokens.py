@@ -1,29 +1,27 @@
-"""The prompt as text, shaded by attention (the bertviz / CircuitsVis idea, offline, in plotly).
+"""The prompt as text, shaded by attention (the CircuitsVis idea, offline, as HTML).
 
-One ``go.Bar`` trace (horizontal bars, one per token, laid out as lines of text): a bar's colour is the
-attention the chosen query row gives that token, its text the token. Chunk boundaries are thin ticks,
-the answer passage is outlined, removed or evicted tokens are struck through and greyed, the query row's
-own token is boxed in black. Clicking a bar (in :class:`~workbench.show.widgets.TokenPanel`) makes that
-token the query row. At long ``T`` the view shows one page of ``per_page`` tokens.
+:func:`token_attention` gives a :class:`~workbench.show.token_view.TokenView`: the tokens as spans in flowing
+text (whitespace and newlines kept, nothing clipped), each shaded by the attention the chosen query row gives
+it. Chunk starts have a bar on their left, the answer passage is underlined, removed or evicted tokens are
+struck through and greyed, the query row's own token is boxed. Clicking a token (in
+:class:`~workbench.show.widgets.TokenPanel`) makes the nearest captured row the query row. At long ``T`` the
+view shows one page of ``per_page`` tokens.
 """
 from __future__ import annotations
 
-import html
 import math
 import numbers
 
 import numpy as np
-import plotly.graph_objects as go
 
 from workbench.checks import check_int
-from workbench.show.figure_engine import _finish, _meta, _np
-from workbench.show.plots._common import _answer_chunk, _cd, _removed_chunks
-from workbench.show.theme import ANSWER, NEUTRAL
+from workbench.show.figure_engine import _meta, _np
+from workbench.show.plots._common import _answer_chunk, _removed_chunks
+from workbench.show.token_view import TOKEN_SCALE, TokenView
 
-__all__ = ["token_attention", "token_values", "removed_positions"]
+__all__ = ["token_attention", "token_values", "removed_positions", "TOKEN_SCALE", "TokenView"]
 
 LOG_FLOOR = 1e-6  # log10 shading: values below are drawn at the floor
-TOKEN_SCALE = [[0.0, "#ffffff"], [0.5, "#9ecae1"], [1.0, "#3182bd"]]  # white → blue: black text stays legible
 
 
 def token_values(capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
@@ -94,27 +92,10 @@ def removed_positions(removed, spans, layer: int | None = None, group: int | Non
     return out
 
 
-def _layout_tokens(labels: list[str], chars_per_line: int) -> tuple[list[float], list[int], list[float]]:
-    """``(x start, line, width)`` of each token, in characters, wrapping at ``chars_per_line`` and at newlines."""
-    xs, ys, ws = [], [], []
-    x, line = 0.0, 0
-    for t in labels:
-        w = max(1.0, float(len(t)))
-        if x > 0 and x + w > chars_per_line:
-            x, line = 0.0, line + 1
-        xs.append(x)
-        ys.append(line)
-        ws.append(w)
-        x += w
-        if t.endswith("⏎"):
-            x, line = 0.0, line + 1
-    return xs, ys, ws
-
-
 def token_attention(capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
                     pooling=None, removed=None, removed_layer: int | None = None, removed_group: int | None = None,
                     log: bool = False, exclude_sinks: bool = False, page: int = 0, per_page: int = 384,
-                    chars_per_line: int = 96, params=None) -> go.Figure:
+                    params=None) -> TokenView:
     """The prompt's tokens as text, each shaded by the attention of one query row (:func:`token_values`).
 
     Args:
@@ -125,11 +106,10 @@ def token_attention(capture, layer: int, *, query="observers", head: int | None 
         log: shade by ``log10`` of the attention (floored at 1e-6), so a 0.7 sink does not flatten the rest.
         exclude_sinks: leave the sinks (first ``n_sink`` tokens) unshaded and out of the colour range.
         page, per_page: show tokens ``[page·per_page, (page+1)·per_page)`` (long prompts page through).
-        chars_per_line: line width in characters.
 
-    The bar colours (``marker.color``) are the row's values on the page (``log10`` with ``log``; excluded
-    sinks at the lowest colour),
-    ``customdata`` holds ``[position, token, attention, chunk]``; ``meta`` records the choices.
+    Returns a :class:`~workbench.show.token_view.TokenView` (HTML: tokens as spans in flowing text, exported
+    as PDF/SVG/PNG/HTML by :func:`workbench.show.export.export`): ``values`` the row on the page, ``shade``
+    what colours it (``log10`` with ``log``; excluded sinks at the lowest colour); ``meta`` records the choices.
     """
     if head is None and group is None and pooling is None:
         head = 0
@@ -138,14 +118,10 @@ def token_attention(capture, layer: int, *, query="observers", head: int | None 
     T = sp.T
     if isinstance(per_page, bool) or not isinstance(per_page, numbers.Integral) or per_page < 16:
         raise ValueError(f"per_page: must be an integer >= 16, got {per_page!r}")
-    if isinstance(chars_per_line, bool) or not isinstance(chars_per_line, numbers.Integral) or chars_per_line < 20:
-        raise ValueError(f"chars_per_line: must be an integer >= 20, got {chars_per_line!r}")
     n_pages = max(1, math.ceil(T / per_page))
     check_int("page", page, 0, n_pages - 1)
     lo, hi = page * per_page, min(T, (page + 1) * per_page)
     toks = list(sp.tokens[lo:hi]) if len(sp.tokens) >= hi else [f"#{j}" for j in range(lo, hi)]
-    labels = [t.replace("\n", "⏎").replace("\t", "⇥") or "∅" for t in toks]
-    xs, ys, ws = _layout_tokens(labels, int(chars_per_line))
     rem = set(removed_positions(removed, sp, removed_layer, removed_group))
     chunk_of = _np(sp.chunk_of()).tolist()
     ans = _answer_chunk(sp)
@@ -154,43 +130,21 @@ def token_attention(capture, layer: int, *, query="observers", head: int | None 
     n_ex = max(0, sp.n_sink - lo) if exclude_sinks else 0
     keep = shade[n_ex:][np.isfinite(shade[n_ex:])]
     qpos = None if isinstance(query, str) else int(capture.row_pos[query])
-    text = [("<s>" + html.escape(lb) + "</s>") if lo + i in rem else html.escape(lb) for i, lb in enumerate(labels)]
-    line_w = [2.5 if lo + i == qpos else (1.2 if ans is not None and chunk_of[lo + i] == ans else 0)
-              for i in range(hi - lo)]
-    line_c = ["#000" if lo + i == qpos else ANSWER for i in range(hi - lo)]
-    font_c = [NEUTRAL if lo + i in rem or i < n_ex else "#111" for i in range(hi - lo)]
     cmin, cmax = (float(keep.min()), float(keep.max())) if keep.size else (0.0, 1.0)
     if cmax <= cmin:
         cmax = cmin + 1e-12
     shade[:n_ex] = cmin  # excluded sinks: unshaded (the lowest colour), grey text, out of the colour range
-    fig = go.Figure(go.Bar(
-        x=np.asarray(ws), base=np.asarray(xs), y=np.asarray(ys), orientation="h", width=0.86, name="tokens",
-        marker=dict(color=shade, colorscale=TOKEN_SCALE, cmin=cmin, cmax=cmax,
-                    line=dict(color=line_c, width=line_w),
-                    colorbar=dict(title=dict(text="log10 A" if log else "A"), thickness=10)),
-        text=text, textposition="inside", insidetextanchor="middle", textangle=0, constraintext="none",
-        textfont=dict(family="DejaVu Sans Mono, Liberation Mono, monospace", size=11, color=font_c),
-        customdata=_cd(list(range(lo, hi)), [html.escape(t) for t in labels], v.tolist(), chunk_of[lo:hi]),
-        meta={"customdata": ["position", "token", "attention", "chunk"], "chars_per_line": int(chars_per_line)},
-        hovertemplate="%{customdata[0]}: %{customdata[1]}<br>A = %{customdata[2]:.4g} (chunk %{customdata[3]})"
-                      "<extra></extra>"))
-    # chunk boundaries: a thin tick at the start of every candidate chunk on the page
-    starts = [s for s, _ in sp.chunks if lo <= s < hi]
-    bx = [xs[s - lo] for s in starts]
-    by = [ys[s - lo] for s in starts]
-    fig.add_trace(go.Scatter(x=bx, y=by, mode="markers", name="chunk start", showlegend=False, hoverinfo="skip",
-                             marker=dict(symbol="line-ns", size=16, line=dict(color="#000", width=1.5))))
-    n_lines = (max(ys) + 1) if ys else 1
+    starts = {s for s, _ in sp.chunks}
     bits = [f"tokens {lo}–{hi - 1} of {T}" + (f" (page {page + 1}/{n_pages})" if n_pages > 1 else "")]
     if rem:
         bits.append(f"{len(rem)} struck through")
-    return _finish(fig, f"Attention over the prompt: {what}; " + ", ".join(bits),
-                   _meta("token_attention", capture.model_id, params, layer=layer,
-                         query=query, query_pos=qpos, head=head, group=group, pooled=pooling is not None,
-                         log=bool(log), exclude_sinks=bool(exclude_sinks), page=page, per_page=per_page,
-                         n_pages=n_pages, removed=sorted(rem)),
-                   aspect={"single": (n_lines * 13 + 30) / 240, "double": (n_lines * 14 + 30) / 504},
-                   height=max(160, 22 * n_lines + 90), bargap=0, showlegend=False,
-                   xaxis=dict(visible=False, range=[-0.5, chars_per_line + 0.5]),
-                   yaxis=dict(visible=False, autorange="reversed"),
-                   margin=dict(l=10, r=10, t=50, b=10), clickmode="event")
+    meta = _meta("token_attention", capture.model_id, params, layer=layer, query=query, query_pos=qpos, head=head,
+                 group=group, pooled=pooling is not None, log=bool(log), exclude_sinks=bool(exclude_sinks),
+                 page=page, per_page=per_page, n_pages=n_pages, removed=sorted(rem))
+    return TokenView(
+        tokens=toks, positions=list(range(lo, hi)), values=v, shade=shade,
+        chunk=[int(c) for c in chunk_of[lo:hi]], removed=[p in rem for p in range(lo, hi)],
+        chunk_start=[p in starts for p in range(lo, hi)],
+        answer=[ans is not None and chunk_of[p] == ans for p in range(lo, hi)],
+        excluded=[i < n_ex for i in range(hi - lo)], query_pos=qpos, cmin=cmin, cmax=cmax, log=bool(log),
+        title=f"Attention over the prompt: {what}; " + ", ".join(bits), meta=meta)

@@ -24,7 +24,8 @@ policy/page/shift dataclasses, so a value typed or set out of range is clamped t
 from workbench.show.widgets.analytic import AuditPanel, HeadsPanel, PagesPanel, PriorityPanel, ShiftPanel
 from workbench.show.widgets.base import SLIDERS, Panel, SliderSpec
 from workbench.show.widgets.run import EvictionPanel, PrunePanel
+from workbench.show.widgets.token_widget import TokenWidget
 from workbench.show.widgets.tokens import TokenPanel
 
 __all__ = ["Panel", "SliderSpec", "SLIDERS", "HeadsPanel", "PriorityPanel", "AuditPanel", "ShiftPanel", "PagesPanel",
-           "PrunePanel", "EvictionPanel", "TokenPanel"]
+           "PrunePanel", "EvictionPanel", "TokenPanel", "TokenWidget"]

@@ -15,12 +15,17 @@ import plotly.graph_objects as go
 from workbench.analyse.params import PRIORITIES, EntroPrefillParams
 from workbench.show import export
 from workbench.show.plots import as_figure, drafts, update_figure
+from workbench.show.token_view import TokenView
+from workbench.show.widgets.token_widget import TokenWidget
 from workbench.util import one_thread
 
 __all__ = ["Panel", "SliderSpec", "SLIDERS"]
 
 
-def _widget_figure(fig: go.Figure, uirevision: str) -> go.FigureWidget:
+def _widget_figure(fig, uirevision: str):
+    """The widget of a figure: a ``go.FigureWidget``, or a :class:`TokenWidget` for a token view (HTML)."""
+    if isinstance(fig, TokenView):
+        return TokenWidget(fig)
     fw = go.FigureWidget(fig)
     fw.layout.uirevision = uirevision
     return fw
@@ -145,11 +150,15 @@ class Panel(abc.ABC):
         rows = [W.HBox(ctrl[i:i + 3], layout=W.Layout(flex_flow="row wrap")) for i in range(0, len(ctrl), 3)]
         self.export_button = W.Button(description="export figures", icon="download",
                                       tooltip="write every figure (PDF, SVG, PNG, JSON sidecar, CSV) to a folder")
+        self.export_width = W.Dropdown(options=[("single column (3.33 in)", "single"),
+                                                ("double column (7 in)", "double"), ("both widths", "both")],
+                                       value="single", description="width", layout=W.Layout(width="260px"),
+                                       tooltip="the paper width of the exported files (layout and fonts follow)")
         self.export_links = W.HTML()
         self.export_button.on_click(lambda _b: self.export_clicked())
+        self._figure_box = W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap"))
         self.widget = W.VBox([W.HTML(f"<b>{_html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
-                              W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap")),
-                              W.HBox([self.export_button, self.export_links])])
+                              self._figure_box, W.HBox([self.export_button, self.export_width, self.export_links])])
         for w in self.controls.values():
             w.observe(self._on_change, names="value")
 
@@ -158,7 +167,7 @@ class Panel(abc.ABC):
 
         fw = _widget_figure(as_figure(fig), name)
         self.figures[name] = fw
-        box = self.widget.children[-1]
+        box = self._figure_box
         box.children = tuple(box.children) + (fw,)
         return fw
 
@@ -211,7 +220,9 @@ class Panel(abc.ABC):
         self.error = None
         t1 = time.perf_counter()
         for name, fig in figs.items():
-            if name in self.figures:
+            if isinstance(self.figures.get(name), TokenWidget):
+                self.figures[name].show(fig)
+            elif name in self.figures:
                 update_figure(self.figures[name], fig)
             else:
                 self._add_figure(name, fig)
@@ -225,14 +236,16 @@ class Panel(abc.ABC):
     export_root = Path("exports")  # relative to the notebook's folder (JupyterLab opens the links)
 
     def export_clicked(self, folder=None) -> list[Path]:
-        """What the *export figures* button does: every figure with its sidecar and CSV into ``folder``
+        """What the *export figures* button does: every figure with its sidecar and CSV into ``folder`` at the
+        width chosen beside the button (single column, double column or both: files ``<name>-single.pdf`` …)
         (default ``exports/<Panel>-<UTC time>/``), then links to the files under the button. Returns the paths."""
         folder = Path(folder) if folder is not None else self.export_root / (
             f"{type(self).__name__}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}")
         self.export_button.disabled = True
         self.export_links.value = "<i>exporting…</i>"
+        w = self.export_width.value
         try:
-            out = self.export_all(folder)
+            out = self.export_all(folder, width=["single", "double"] if w == "both" else w)
         except (RuntimeError, ValueError, OSError) as e:
             self.export_links.value = f"<span style='color:#D55E00'>export failed: {_html_escape(e)}</span>"
             raise
@@ -249,7 +262,14 @@ class Panel(abc.ABC):
         parameters unless given)."""
 
         kw.setdefault("params", {"panel": type(self).__name__, **self.params()})
-        return export.export_all({name: go.Figure(fw) for name, fw in self.figures.items()}, folder, **kw)
+        cap = getattr(self, "capture", None)
+        if cap is not None:  # the sidecar names the model and the prompt
+            kw.setdefault("model_id", getattr(cap, "model_id", None))
+            spans = getattr(cap, "spans", None)
+            if spans is not None and kw.get("prompt") is None:
+                kw.setdefault("prompt_hash", export.prompt_hash(spans))
+        return export.export_all({name: fw.view if isinstance(fw, TokenWidget) else go.Figure(fw)
+                                  for name, fw in self.figures.items()}, folder, **kw)
 
 
 def _ep_from(controls: dict, base: EntroPrefillParams) -> EntroPrefillParams:

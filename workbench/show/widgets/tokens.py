@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import ipywidgets as W
 import numpy as np
@@ -28,13 +27,12 @@ class TokenPanel(Panel):
     title = "Attention over the prompt text"
 
     def __init__(self, capture, *, layer: int | None = None, removed=None, removed_layer: int | None = None,
-                 removed_group: int | None = None, params: EntroPrefillParams | None = None, per_page: int = 384,
-                 chars_per_line: int = 110):
+                 removed_group: int | None = None, params: EntroPrefillParams | None = None, per_page: int = 384):
         super().__init__()
         self.capture = capture
         self.removed, self.removed_layer, self.removed_group = removed, removed_layer, removed_group
         self.base = params or EntroPrefillParams()
-        self.per_page, self.chars_per_line = int(per_page), int(chars_per_line)
+        self.per_page = int(per_page)
         L = capture.L
         hg = np.asarray(capture.head_group).tolist()
         G = max(hg) + 1
@@ -57,9 +55,7 @@ class TokenPanel(Panel):
         self._hook()
 
     def _hook(self) -> None:
-        fw = self.figures["tokens"]
-        fw.data[0].on_click(lambda trace, points, state: points.point_inds and self.click(
-            int(fw.data[0].customdata[points.point_inds[0]][0])))
+        self.figures["tokens"].on_token_click(self.click)
 
     def click(self, position: int) -> int:
         """Make the captured row nearest to prompt ``position`` the query row (what clicking a token does);
@@ -85,22 +81,9 @@ class TokenPanel(Panel):
         fig = plots.token_attention(self.capture, **a, removed=self.removed, removed_layer=self.removed_layer,
                                     removed_group=self.removed_group, log=bool(c["log"].value),
                                     exclude_sinks=bool(c["exclude_sinks"].value), page=int(c["page"].value),
-                                    per_page=self.per_page, chars_per_line=self.chars_per_line)
-        m = fig.layout.meta
+                                    per_page=self.per_page)
+        m = fig.meta
         st = (f"query: {_html_escape(c['query'].label)}; click a token to make the nearest captured row the query"
               + (f"; {len(m['removed'])} tokens struck through" if m["removed"] else ""))
         return {"tokens": fig}, st
 
-    def export_all(self, folder, **kw):
-        """The figures as for every panel (PDF/SVG/PNG + sidecar + CSV), plus ``tokens.html``: the view for the
-        web (self-contained, plotly.js inline, works offline)."""
-        out = super().export_all(folder, **kw)
-        html_path = Path(folder) / "tokens.html"
-        self.figures["tokens"].write_html(html_path, include_plotlyjs=True, full_html=True)
-        out["tokens"] = list(out["tokens"]) + [html_path]
-        return out
-
-    def update(self) -> None:
-        super().update()
-        if "tokens" in self.figures and not self.figures["tokens"].data[0]._click_callbacks:  # noqa: SLF001
-            self._hook()  # the traces were replaced
