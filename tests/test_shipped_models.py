@@ -8,6 +8,7 @@ import hashlib
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -147,3 +148,31 @@ def test_research_model_capture_equals_eager():
     out = adapter.eager_attentions(lm.model, full)
     A = torch.stack([a[0].float() for a in out.attentions])[:, :, cap.row_pos, :]
     assert (A - cap.attn).abs().max().item() <= 1e-5
+
+
+def test_reference_table_counts_solved_items_with_wilson_cis():
+    import sys
+    from pathlib import Path
+
+    from scipy.stats import binomtest
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import reference
+
+    rows = []
+    for i, s in enumerate([1.0, 1.0, 0.5, 0.0, 1.0]):  # variable tracking: 3 of 5 solved, one half-scored
+        rows.append(dict(method="full", task="variable_tracking", match=s, contains=0.0, meta_length=2048,
+                         model_id="m", prompt_tokens=2000 + i, wall_s=float(i)))
+    for i, c in enumerate([1.0, 0.0]):
+        rows.append(dict(method="full", task="squad", match=0.0, contains=c, meta_length=1024, model_id="m",
+                         prompt_tokens=900, wall_s=2.0))
+    rows.append(dict(method="snapkv", task="squad", match=1.0, contains=1.0, meta_length=1024, model_id="m",
+                     prompt_tokens=900, wall_s=2.0))  # not the reference: left out
+    t = reference.table(pd.DataFrame(rows), pass_at=0.6).set_index("family")
+    vt, sq = t.loc["variable_tracking"], t.loc["squad"]
+    assert (vt.n, vt.solved, vt.mean_score, bool(vt.passes)) == (5, 0.6, 0.7, True)
+    assert (sq.n, sq.solved, bool(sq.passes), sq.length) == (2, 0.5, False, 1024)  # squad scores `contains`
+    # the Wilson interval, against scipy's
+    ci = binomtest(3, 5).proportion_ci(0.95, method="wilson")
+    assert abs(vt.ci_lo - ci.low) < 1e-9 and abs(vt.ci_hi - ci.high) < 1e-9
+    assert vt.s_per_prompt == 2.0 and vt.T_mean == 2002.0
