@@ -1,18 +1,18 @@
 """The contract every eviction policy keeps (kvpress style: a new policy joins with one line in POLICIES).
 
-For each policy, on a tiny random-weight model with a real prefill and real evidence:
-- ``needs()`` is honoured: scoring with the evidence it asked for works, and without it fails clearly;
-- ``scores`` has shape ``[L, G, T]`` and no NaN;
+The checks themselves live in the library (``workbench.rerun.eviction.contract.check_policy``, ``wb.check_policy``),
+so a user runs the same ones on their own class; here they run for every built-in policy, on a tiny
+random-weight model with a real prefill and real evidence (and on the default model):
+- ``needs()`` is honoured: every declared piece is read, and nothing undeclared;
+- ``scores`` has shape ``[L, G, T]`` and is finite;
 - protected positions (sinks, recent window) are always kept;
-- exactly ``B`` sorted prompt positions are kept per layer and KV group at ``B < T``;
-- ``B ≥ T`` gives the full cache (same kept set and same tokens as :class:`FullCache`).
+- exactly ``B`` sorted prompt positions are kept per layer and KV group at ``B < T``, as the session keeps;
+- ``B ≥ T`` gives the full cache (same kept set and same tokens as :class:`FullCache`);
+- deterministic under a seed.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-import torch
 
 from workbench.choices import POLICY_NAMES
 from workbench.rerun.eviction import (
@@ -25,7 +25,6 @@ from workbench.rerun.eviction import (
     CriticalKV,
     DeferKV,
     EntroBudget,
-    EvictionSession,
     Evidence,
     ExpectedAttention,
     FullCache,
@@ -38,12 +37,12 @@ from workbench.rerun.eviction import (
     RandomKV,
     SnapKV,
     StreamingLLM,
+    check_policy,
     every_policy,
     preview,
 )
+from workbench.rerun.eviction.contract import CHECKS, WIDE_NEEDS, contract_session
 from workbench.run import adapter
-from workbench.run.models import tiny_model
-from workbench.run.spans import PromptSpans
 
 SMALL = dict(n_sink=2, recent=4)
 POLICIES = [  # one line per policy
@@ -77,9 +76,8 @@ def test_every_policy_is_in_the_contract():
 
 @pytest.fixture(scope="module")
 def session():
-    model = tiny_model("llama", G=2, H_Q=4, L=3, seed=5)
-    spans = PromptSpans.synthetic([10, 12, 9], query_len=8)  # T = 51
-    return EvictionSession.prepare(model, spans, Needs.of(POLICIES), N_NEW, reusable=True, progress=False)
+    """The contract's own tiny-model session (``contract_session``), capturing every kind of evidence."""
+    return contract_session("tiny", Needs.of(POLICIES, WIDE_NEEDS), N_NEW)
 
 
 def test_needs_of_every_policy():
@@ -96,46 +94,23 @@ def test_needs_of_every_policy():
 
 @pytest.mark.parametrize("policy", POLICIES, ids=[p.name for p in POLICIES])
 def test_policy_contract(policy, session):
-    ev = session.evidence
-    T, L, G = ev.T, ev.L, ev.G
-    shape = adapter.model_shape(session.model)
-    assert (L, G) == (shape.L, shape.G)
-    # needs() is honoured: the evidence it declared is enough, and each declared piece is necessary
-    s = policy.scores(ev)
-    assert s.shape == (L, G, T) and not torch.isnan(torch.as_tensor(s, dtype=torch.float64)).any()
-    need = policy.needs()
-    for name, field in (("tail", "tail"), ("observers", "observers"), ("colsum", "colsum"),
-                        ("decode1", "decode"), ("answer", "decode"), ("keys", "keys"), ("wov", "wov"),
-                        ("qstats", "q_sum")):
-        if getattr(need, name):
-            bare = dataclasses.replace(ev, **{field: None}, _scores={})
-            with pytest.raises(ValueError, match="needs|rows"):
-                preview(policy, bare, T // 2)  # scores and, for a budget allocation, allocate
-    prot = policy.protected(T)
-    assert prot.shape == (T,) and prot.dtype == torch.bool
-    full = session.run(FullCache(), T)
-    for B in (int(prot.sum()) + 3, T // 2, T - 1):
-        if policy.keeps_all:
-            break
-        kept = preview(policy, ev, B)
-        alloc = policy.allocate(ev, B)  # a budget allocation: B_{l,g} per cell, L·G·B in all
-        counts = torch.full((L, G), B) if alloc is None else alloc
-        assert int(counts.sum()) == L * G * B and kept.shape == (L, G, int(counts.max()))
-        assert torch.equal((kept >= 0).sum(-1), counts) and bool((kept < T).all())
-        for row in kept.reshape(L * G, -1).tolist():
-            row = [p for p in row if p >= 0]
-            assert row == sorted(set(row)), "kept positions are sorted and distinct"
-            assert set(torch.nonzero(prot).flatten().tolist()) <= set(row), "a protected position was evicted"
-        r = session.run(policy, B)
-        assert torch.equal(r.kept_prompt, kept), "the session keeps what preview() says"
-        assert r.kv_bytes_after < r.kv_bytes_before
-    # B >= T: the full cache, exactly
-    for B in (T, T + 7):
-        kept = preview(policy, ev, B)
-        assert torch.equal(kept, torch.arange(T).expand(L, G, T))
-        r = session.run(policy, B)
-        assert r.ids == full.ids
-        assert r.kv_bytes_after == r.kv_bytes_before
+    """The library's contract (``wb.check_policy``, one home) passes for every built-in policy."""
+    df = check_policy(policy, session=session)
+    assert list(df["check"]) == list(CHECKS)
+    failed = df[~df["passed"]]
+    assert failed.empty, "\n" + failed[["check", "reason"]].to_string()
+    assert adapter.model_shape(session.model).L == session.evidence.L
+
+
+@pytest.mark.model
+def test_policy_contract_on_the_default_model(smollm):
+    """The same checks on the default model and the bundled prompt, for SnapKV, DeferKV and a per-head budget
+    (one shared session; every policy runs there in tests/test_eviction.py)."""
+    pols = [p for p in POLICIES if p.name in ("snapkv", "deferkv", "adakv")]
+    sess = contract_session(smollm, Needs.of(pols, WIDE_NEEDS), N_NEW)
+    for p in pols:
+        df = check_policy(p, session=sess)
+        assert df["passed"].all(), f"{p.name}:\n" + df[~df["passed"]][["check", "reason"]].to_string()
 
 
 def test_preview_refuses_bad_input(session):

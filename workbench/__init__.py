@@ -47,6 +47,9 @@ _API = {
     "generate_with_policy": "workbench.rerun.eviction",
     "run_policies": "workbench.rerun.eviction",
     "preview": "workbench.rerun.eviction",
+    "register_policy": "workbench.rerun.eviction",
+    "check_policy": "workbench.rerun.eviction",
+    "policy_registry": "workbench.rerun.eviction",
     "sweep": "workbench.study.sweep",
     "read_sweep": "workbench.study.sweep",
     "TaskItem": "workbench.study.tasks",
@@ -65,6 +68,8 @@ def __getattr__(name: str):
     mod = importlib.import_module(_API[name])
     if name == "policies":
         value = importlib.import_module("workbench.rerun.eviction.policies")
+    elif name == "policy_registry":
+        value = mod.REGISTRY
     elif name in ("plots", "widgets"):
         value = importlib.import_module(f"workbench.show.{name}")
     else:

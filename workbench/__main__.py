@@ -168,8 +168,9 @@ def main(argv=None) -> int:
                                                  "unless --n-squad / --n-needle are given")
     r.add_argument("--filler", default=None, help="a .txt file used as the needles' haystack instead of the essays")
     r.add_argument("--methods", nargs="+", default=None, help="sweep methods (default: full entroprefill evict)")
-    r.add_argument("--policies", nargs="+", default=None,
-                   help="eviction policies (default: streaming h2o snapkv deferkv; tiny: deferkv)")
+    r.add_argument("--policies", "--policy", nargs="+", default=None, dest="policies",
+                   help="eviction policies: names (built-in or registered) or my_pkg.my_module:MyPolicy "
+                        "(default: streaming h2o snapkv deferkv; tiny: deferkv)")
     r.add_argument("--budget-fracs", nargs="+", type=float, default=None,
                    help="eviction budgets as fractions of the prompt (default 0.25 0.5; tiny 0.5)")
     r.add_argument("--model", default=None, help="a research model's short name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), a local HF folder or a cached hub id (default: embedded SmolLM2)")

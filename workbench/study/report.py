@@ -104,7 +104,7 @@ class ReportConfig:
             0``, instead of) the built-in families.
         filler: a ``.txt`` file used as the needles' haystack instead of the essays.
         methods: sweep methods, a subset of ``("full", "entroprefill", "evict")``.
-        policies: eviction policies for ``evict`` and the needle survival table (``eviction.POLICY_BY_NAME``).
+        policies: eviction policies for ``evict`` and the needle table (``eviction.REGISTRY`` names, or "module:Class").
         budget_fracs: eviction budgets as fractions of the prompt length [each in (0, 1]].
         entroprefill: EntroPrefill parameters for the sweep's ``entroprefill`` cells (``{}``: defaults).
         capture_tail, capture_decode: rows of the example capture (prompt tail, decode steps) [ints >= 0].
@@ -184,11 +184,11 @@ class ReportConfig:
             raise ValueError(f"methods: must be distinct entries of {METHODS}, got {self.methods!r}")
         object.__setattr__(self, "methods", methods)
 
-        pols = tuple(self.policies)
-        bad = [p for p in pols if p not in eviction.POLICY_BY_NAME or p == "full"]
+        pols = tuple(eviction.REGISTRY.resolve(p) if isinstance(p, str) and ":" in p else p for p in self.policies)
+        bad = [p for p in pols if p not in eviction.REGISTRY or p == "full"]
         if bad or len(set(pols)) != len(pols):
-            raise ValueError(f"policies: must be distinct entries of {sorted(set(eviction.POLICY_BY_NAME) - {'full'})}, "
-                             f"got {self.policies!r}")
+            raise ValueError(f"policies: must be distinct entries of {sorted(set(eviction.REGISTRY.names()) - {'full'})} "
+                             f"(built-in or registered) or 'module:Class', got {self.policies!r}")
         if "evict" in methods and not pols:
             raise ValueError("policies: the 'evict' method needs at least one policy")
         object.__setattr__(self, "policies", pols)

@@ -3,11 +3,14 @@
 - :mod:`.evidence`: what a policy scores with (:class:`Needs`, :class:`Evidence`) and the one budget
   rule (:func:`preview`, :func:`select_keep`);
 - :mod:`.policies`: one short file per policy, citing its paper;
+- :mod:`.contract`: :func:`check_policy`, the policy contract as a table of passed/failed checks;
+- :mod:`.registry`: :class:`PolicyRegistry`, every policy by name (``REGISTRY``: built-in and registered);
 - :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions) and :class:`GenerationResult`;
 - :mod:`.cache_evidence`: keys, values, ``‖W_O v‖`` and query statistics read from the model;
 - :mod:`.agnostic`: question-agnostic eviction (context compressed once, several questions answered).
 """
 from workbench.rerun.eviction.agnostic import run_question_agnostic, split_question
+from workbench.rerun.eviction.contract import check_policy
 from workbench.rerun.eviction.evidence import (
     EvictionPolicy,
     Evidence,
@@ -26,6 +29,7 @@ from workbench.rerun.eviction.policies import (
     H2O,
     POLICY_BY_NAME,
     POLICY_GROUPS,
+    REGISTRY,
     TOVA,
     AdaKV,
     CriticalKV,
@@ -41,17 +45,21 @@ from workbench.rerun.eviction.policies import (
     RandomKV,
     SnapKV,
     StreamingLLM,
+    build_policy,
     default_policies,
     every_policy,
     policy_from_params,
+    register_policy,
 )
+from workbench.rerun.eviction.registry import PolicyRegistry
 from workbench.rerun.eviction.result import GenerationResult, survival_table, token_positions
 from workbench.rerun.eviction.session import EvictionSession, generate_with_policy, run_policies
 
 __all__ = [
     "Needs", "Evidence", "EvictionPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV",
     "PageEntroKV", "RandomKV", "OracleKV", "TOVA", "KNorm", "KeyDiff", "CriticalKV", "PyramidKV", "AdaKV",
-    "EntroBudget", "ExpectedAttention", "ALL_POLICIES", "CLASSIC", "POLICY_BY_NAME", "POLICY_GROUPS", "default_policies", "every_policy",
+    "EntroBudget", "ExpectedAttention", "ALL_POLICIES", "CLASSIC", "POLICY_BY_NAME", "POLICY_GROUPS", "REGISTRY", "PolicyRegistry",
+    "register_policy", "build_policy", "check_policy", "default_policies", "every_policy",
     "policy_from_params", "select_keep", "split_budget", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
     "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "run_question_agnostic", "split_question", "token_positions",
     "survival_table",

@@ -11,8 +11,7 @@ import plotly.graph_objects as go
 from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
 from workbench.rerun.eviction import (
-    ALL_POLICIES,
-    POLICY_GROUPS,
+    REGISTRY,
     EvictionSession,
     Evidence,
     FullCache,
@@ -287,9 +286,9 @@ class EvictionPanel(_RunMixin, Panel):
             raise ValueError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
         self.capture, self.model, self.prompt = capture, model, prompt
         self.max_new_tokens = max_new_tokens
-        self.classes = {c.name: c for c in ALL_POLICIES}
+        self.classes = {c.name: c for c in REGISTRY.classes()}  # built-in and registered (wb.register_policy)
         if policy not in self.classes:
-            raise ValueError(f"policy: must be one of {sorted(self.classes)}, got {policy!r}")
+            raise ValueError(f"policy: must be one of {sorted(self.classes)} (built-in or registered), got {policy!r}")
         T = capture.T
         self.common = {"n_sink": capture.spans.n_sink if n_sink is None else int(n_sink), "recent": int(recent)}
         n_tail = capture.rows_of("tail").numel()
@@ -297,7 +296,7 @@ class EvictionPanel(_RunMixin, Panel):
             self.common["window"] = n_tail
         lo = min(self.common["n_sink"] + self.common["recent"], T)
         self.controls = {
-            "policy": W.Dropdown(options=[(f"{g} · {n}", n) for g, names in POLICY_GROUPS.items() for n in names],
+            "policy": W.Dropdown(options=[(f"{g} · {n}", n) for g, names in REGISTRY.groups().items() for n in names],
                                  value=policy, description="policy"),
             "budget": SLIDERS["budget"].make(budget if budget is not None else max(lo, T // 4), lo=max(lo, 1), hi=T,
                                              continuous=False),
