@@ -5,11 +5,21 @@ behaviour row, the documented behaviour). Every call refuses before any model wo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from transformers import AutoTokenizer
 
@@ -22,8 +32,16 @@ from workbench.capture import RowSet, run_capture
 from workbench.capture.data import Capture
 from workbench.capture.identity import check_model_match
 from workbench.checks import check_device
-from workbench.rerun.eviction import EvictionSession, StreamingLLM, generate_with_policy
-from workbench.rerun.prune import run_pruned
+from workbench.rerun.eviction import (
+    EvictionSession,
+    SnapKV,
+    StreamingLLM,
+    generate_with_policy,
+    run_policies,
+    run_question_agnostic,
+)
+from workbench.rerun.prune import run_full, run_pruned
+from workbench.run.examples import load_example
 from workbench.run.models import LoadedModel, default_model_folder, load_model, tiny_model
 from workbench.run.prompt import build_prompt
 from workbench.run.spans import PromptSpans
@@ -67,9 +85,12 @@ def _bad_rows(cap, where, value):
 
 
 def _saved(c, tmp, name, **changes):
-    """Save a capture with ``changes`` applied (``Capture.save`` does not validate) and return its path."""
+    """Write a capture with ``changes`` applied, bypassing the validation of ``Capture.save`` (which refuses
+    it), and return its path: what ``Capture.load`` must refuse."""
     bad = dataclasses.replace(c.cap, **changes)
-    return bad.save(tmp / f"{name}.safetensors")
+    path = tmp / f"{name}.safetensors"
+    path.write_bytes(bad.to_safetensors(validate=False))
+    return path
 
 
 def _newer(c):
@@ -222,7 +243,7 @@ ROWS = [
     ("prompt.chat str", lambda c: build_prompt(c.tok, DOCS, Q, chat="yes"), ValueError, "^chat:"),
     ("prompt.max_context 0", lambda c: build_prompt(c.tok, DOCS, Q, max_context=0), ValueError, "^max_context:"),
     ("prompt.max_context short", lambda c: build_prompt(c.tok, DOCS, Q, max_context=10), ValueError,
-     "max_context=10"),
+     r"^prompt: .*max_context = 10\b.*T = \d+"),
     # ---- Capture.load: shapes, spans, kinds, groups, version
     ("load chunk past T", lambda c: Capture.load(_saved(c, c.tmp, "chunk", spans=dataclasses.replace(
         SPANS, chunks=SPANS.chunks[:-1] + ((SPANS.chunks[-1][0], SPANS.T + 5),)))), ValueError, r"chunks\[3\]"),
@@ -359,3 +380,269 @@ def test_saved_capture_is_0644_and_loads_back(ctx, tmp_path):
     back = Capture.load(path)
     assert torch.equal(back.attn, ctx.cap.attn) and back.spans == ctx.cap.spans
     assert sorted(os.listdir(tmp_path)) == ["c.safetensors"]
+
+
+# ----------------------------------------------------------------------------- issue 28 (one test per case)
+# Each test below failed on the code before issue 28 (checked against it) and names its case.
+def _tiny32(c):
+    """A tiny model with the real tokenizer's vocabulary and a 32-token context (the prompts here are longer)."""
+    return tiny_model("llama", vocab=len(c.tok), L=2, H_Q=4, G=2, d=16, max_position_embeddings=32)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(ctx):
+    """A complete tiny Llama folder (config, safetensors weights, the real tokenizer)."""
+    d = ctx.tmp / "tiny-llama"
+    tiny_model("llama", vocab=128, L=2, H_Q=4, G=2, d=16).save_pretrained(str(d))
+    ctx.tok.save_pretrained(str(d))
+    return d
+
+
+def _edited_folder(src: Path, dst: Path, **config) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(config)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_case2_config_edited_to_a_refused_family_gets_the_workbench_refusal(ctx, tiny_folder):
+    d = _edited_folder(tiny_folder, ctx.tmp / "falcon-over-llama", model_type="falcon")
+    with pytest.raises(TypeError, match=r"^model: the 'falcon' architecture .*not supported.*Supported families: llama"):
+        load_model(d, device="cpu", progress=False)
+
+
+def test_case3_every_entry_point_refuses_a_prompt_longer_than_the_context(ctx):
+    lm = _with_lm(ctx, _tiny32(ctx))
+    T = ctx.prompt.spans.T
+    assert T > 32
+    calls = {
+        "run_pruned": lambda: run_pruned(lm, ctx.prompt, EntroPrefillParams(), max_new_tokens=1, progress=False),
+        "run_full": lambda: run_full(lm, ctx.prompt, max_new_tokens=1),
+        "run_capture": lambda: run_capture(lm, ctx.prompt, progress=False),
+        "generate_with_policy": lambda: generate_with_policy(lm, ctx.prompt, StreamingLLM(), 16, 1, progress=False),
+        "EvictionSession.prepare": lambda: EvictionSession.prepare(lm, ctx.prompt, StreamingLLM().needs(), 1,
+                                                                   progress=False),
+        "run_policies": lambda: run_policies(lm, ctx.prompt, [StreamingLLM()], [16], 1, progress=False),
+        "build_prompt (the report's items)": lambda: ctx.item.build(ctx.tok, max_context=32),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=rf"^prompt: .*max_context = 32\b.*T = {T} tokens") as e:
+            call()
+        assert "max_new_tokens" not in str(e.value) and "n_decode" not in str(e.value), name
+
+
+def test_case4_config_with_more_layers_than_its_weights_is_refused(ctx, tiny_folder):
+    d = _edited_folder(tiny_folder, ctx.tmp / "31-layers", num_hidden_layers=3)
+    with pytest.raises(ValueError, match=rf"^spec: the model folder {re.escape(str(d))} does not match its config: "
+                                         r"config.json says num_hidden_layers = 3, the weights hold 2 layers.*"
+                                         r"delete it and run prepare again"):
+        load_model(d, device="cpu", progress=False)
+
+
+def _flip_bit(path: Path, tensor: str, byte: int = 5) -> None:
+    """Flip one bit in the payload of ``tensor`` of a safetensors file."""
+    raw = bytearray(path.read_bytes())
+    n = struct.unpack("<Q", raw[:8])[0]
+    start = json.loads(raw[8:8 + n])[tensor]["data_offsets"][0]
+    raw[8 + n + start + byte] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_case5_a_one_bit_flip_in_attn_is_named_on_load(ctx, tmp_path):
+    path = ctx.cap.save(tmp_path / "c.safetensors")
+    _flip_bit(path, "attn")
+    with pytest.raises(ValueError, match=rf"^path: {re.escape(str(path))} is damaged: tensor 'attn' does not match "
+                                         r"its sha256 checksum"):
+        Capture.load(path)
+
+
+def test_case5_old_captures_without_checksums_load_with_a_warning(ctx, tmp_path):
+    path = tmp_path / "old.safetensors"
+    raw = ctx.cap.to_safetensors()
+    n = struct.unpack("<Q", raw[:8])[0]
+    table = json.loads(raw[8:8 + n])
+    meta = table.pop("__metadata__")
+    meta.pop("sha256")
+    tensors = safetensors_load(raw)
+    path.write_bytes(safetensors_save(tensors, metadata=meta))
+    with pytest.warns(UserWarning, match=rf"^path: {re.escape(str(path))} has no tensor checksums"):
+        back = Capture.load(path)
+    assert torch.equal(back.attn, ctx.cap.attn)
+
+
+@pytest.mark.parametrize("change,pattern", [
+    (lambda c: dict(attn=(c.attn * 100).to(torch.int8)), r"^capture: attn must be a floating-point tensor"),
+    (lambda c: dict(row_pos=c.row_pos + SPANS.T), r"^capture: row_pos row 0 \(observer\) at position \d+ is outside "
+                                                  rf"\[0, {SPANS.T}\)"),
+])
+def test_case6_save_refuses_what_load_refuses_before_writing(ctx, tmp_path, change, pattern):
+    bad = dataclasses.replace(ctx.cap, **change(ctx.cap))
+    with pytest.raises(ValueError, match=pattern):
+        bad.save(tmp_path / "bad.safetensors")
+    assert os.listdir(tmp_path) == []
+
+
+def test_case7_empty_policy_or_budget_lists_are_refused_everywhere_alike(ctx):
+    lm = _with_lm(ctx, ctx.tiny_big)
+    calls = [("budgets", lambda: run_question_agnostic(lm, [ctx.prompt], [SnapKV()], [], 3, progress=False)),
+             ("policies", lambda: run_question_agnostic(lm, [ctx.prompt], [], [40], 3, progress=False)),
+             ("budgets", lambda: run_policies(lm, ctx.prompt, [SnapKV()], [], 3, progress=False)),
+             ("policies", lambda: run_policies(lm, ctx.prompt, [], [40], 3, progress=False)),
+             ("prompts", lambda: run_question_agnostic(lm, [], [SnapKV()], [40], 3, progress=False))]
+    for name, call in calls:
+        with pytest.raises(ValueError, match=rf"^{name}: must be a non-empty list, got \[\] \(nothing would run\)$"):
+            call()
+
+
+def test_case10_damaged_custom_folders_get_the_workbench_message(ctx, tiny_folder):
+    trunc = _edited_folder(tiny_folder, ctx.tmp / "truncated")
+    w = trunc / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    with pytest.raises(ValueError, match=rf"^spec: the model folder {re.escape(str(trunc))} has a truncated or damaged "
+                                         r"model.safetensors: \d+ bytes, its header describes \d+; delete it and run "
+                                         r"prepare again"):
+        load_model(trunc, device="cpu", progress=False)
+    notjson = _edited_folder(tiny_folder, ctx.tmp / "not-json")
+    (notjson / "config.json").write_text("{model_type: llama")
+    with pytest.raises(ValueError, match=r"^spec: the model folder .*not-json has a config.json that is not valid JSON "
+                                         r"\(line 1, column 2"):
+        load_model(notjson, device="cpu", progress=False)
+    with pytest.raises(ValueError, match=r"^spec: must be a model folder .*got the file .*config.json'; pass its "
+                                         rf"folder '{re.escape(str(tiny_folder))}'"):
+        load_model(tiny_folder / "config.json", device="cpu", progress=False)
+    heads = _edited_folder(tiny_folder, ctx.tmp / "heads", num_attention_heads=8)
+    with pytest.raises(ValueError, match=r"^spec: the model folder .*heads does not match its config: "
+                                         r"model.layers.0.self_attn.q_proj.weight has shape \[64, 64\], the config "
+                                         r"\(num_attention_heads = 8, .*head_dim = 16.*\) needs \[128, 64\]"):
+        load_model(heads, device="cpu", progress=False)
+    assert load_model(tiny_folder, device="cpu", progress=False).shape.L == 2  # the intact folder loads
+
+
+def test_case11_model_and_device_from_the_notebook_environment_are_checked(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "notebooks"))
+    import lab_setup
+
+    monkeypatch.setenv("WORKBENCH_MODEL", "nonsense")
+    with pytest.raises(ValueError, match=r"^spec: 'nonsense' is neither a local folder nor a model in the local HF "
+                                         r"cache") as e:
+        lab_setup.load()
+    assert "internet" not in str(e.value) and "huggingface.co" not in str(e.value)
+    monkeypatch.delenv("WORKBENCH_MODEL")
+    monkeypatch.setenv("WORKBENCH_DEVICE", "tpu")
+    with pytest.raises(ValueError, match=r"^device: must be 'auto', 'cpu', 'cuda', 'cuda:<index>' or 'mps', got 'tpu'"):
+        lab_setup.load()
+    for bad in ("cuda:x", "gpu", 0):
+        with pytest.raises(ValueError, match="^device:"):
+            load_model(device=bad, progress=False)
+
+
+def test_case15_run_capture_of_a_string_names_prompt_and_build_prompt(ctx):
+    lm = _with_lm(ctx, ctx.tiny_big)
+    for call in (lambda: run_capture(lm, "hello", progress=False), lambda: run_pruned(lm, "hello", progress=False),
+                 lambda: run_full(lm, "hello")):
+        with pytest.raises(TypeError, match=r"^prompt: must be a Prompt \(from build_prompt\).*got str 'hello'.*"
+                                            r"build_prompt\(tokenizer, documents, query\)"):
+            call()
+
+
+def test_case17_the_length_check_names_the_prompt_not_a_zero_parameter(ctx):
+    lm = _with_lm(ctx, _tiny32(ctx))
+    T = ctx.prompt.spans.T
+    with pytest.raises(ValueError, match=rf"^prompt: must have T <= max_context = 32 tokens .*got T = {T} tokens"):
+        run_capture(lm, ctx.prompt, RowSet(n_decode=0), progress=False)
+    lm = _with_lm(ctx, tiny_model("llama", vocab=len(ctx.tok), L=2, H_Q=4, G=2, d=16, max_position_embeddings=T + 5))
+    with pytest.raises(ValueError, match=rf"^n_decode: must be <= 5 after this prompt of T = {T} tokens.*got 40$"):
+        run_capture(lm, ctx.prompt, RowSet(n_decode=40), progress=False)
+    with pytest.raises(ValueError, match=rf"^max_new_tokens: must be <= 5 after this prompt of T = {T} tokens.*got 6$"):
+        run_pruned(lm, ctx.prompt, max_new_tokens=6, progress=False)
+
+
+def test_case18_bad_tensor_keys_and_non_json_params_are_named(ctx, tmp_path):
+    raw = safetensors_load(ctx.cap.to_safetensors())
+    n = struct.unpack("<Q", ctx.cap.to_safetensors()[:8])[0]
+    meta = json.loads(ctx.cap.to_safetensors()[8:8 + n])["__metadata__"]
+    raw["hidden.x"] = torch.zeros(SPANS.T, 4)
+    sums = json.loads(meta["sha256"])
+    sums["hidden.x"] = hashlib.sha256(raw["hidden.x"].numpy().tobytes()).hexdigest()
+    meta["sha256"] = json.dumps(sums)
+    path = tmp_path / "hx.safetensors"
+    path.write_bytes(safetensors_save(raw, metadata=meta))
+    with pytest.raises(ValueError, match=rf"^path: {re.escape(str(path))} has an unexpected tensor 'hidden.x'"):
+        Capture.load(path)
+    bad = dataclasses.replace(ctx.cap, params={"rows": {"tail": object()}})
+    with pytest.raises(ValueError, match=r"^capture: params\['rows'\]\['tail'\] must be JSON .*got object"):
+        bad.save(tmp_path / "p.safetensors")
+    assert sorted(os.listdir(tmp_path)) == ["hx.safetensors"]
+
+
+def test_case20_invisible_documents_and_newer_versions_are_refused(ctx, tmp_path):
+    for i, doc in ((0, "\u200b\u200b\u200b"), (1, "\x00\x00"), (1, " \u200b\ufeff\u00a0\n\x00")):
+        docs = [DOCS[0], DOCS[1]]
+        docs[i] = doc
+        with pytest.raises(ValueError, match=rf"^documents: document {i} has no visible text"):
+            build_prompt(ctx.tok, docs, Q)
+    assert build_prompt(ctx.tok, ["\u200bParis\x00 is here.", DOCS[1]], Q).spans.k == 2  # text around them is fine
+    newer = dataclasses.replace(ctx.cap, version="99.0")
+    with pytest.raises(ValueError, match=r"^capture: version '99.0' is newer than this workbench"):
+        newer.save(tmp_path / "v.safetensors")
+    path = tmp_path / "v99.safetensors"
+    path.write_bytes(newer.to_safetensors(validate=False))
+    with pytest.raises(ValueError, match=rf"^path: {re.escape(str(path))}: version '99.0' is newer than this workbench"):
+        Capture.load(path)
+
+
+def _cli_error(capsys, argv) -> str:
+    """Run the command line in-process; it must return 2 with exactly one line on stderr (never a traceback)."""
+    from workbench import __main__ as cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_case13_cli_errors_are_one_line_with_rc_2(capsys, tmp_path):
+    out = str(tmp_path / "x.safetensors")
+    assert "capture: error: n_decode: must be an integer >= 0" in _cli_error(
+        capsys, ["capture", "--decode", "-1", "--out", out])
+    assert "capture: error: tail: must be an integer >= 0" in _cli_error(capsys, ["capture", "--tail", "-5", "--out", out])
+    assert "capture: error: device: must be 'auto', 'cpu'" in _cli_error(capsys, ["capture", "--device", "tpu", "--out", out])
+    with pytest.raises(SystemExit) as e:  # argparse's own errors: one line too
+        from workbench import __main__ as cli
+
+        cli.main(["capture", "--decode", "two"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "argument --decode: invalid int value: 'two'" in err[0]
+    assert not os.listdir(tmp_path)
+    # the report's errors go through the same wrapper (a subprocess: the report exits with os._exit)
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    r = subprocess.run([sys.executable, "-m", "workbench", "report", "--tiny", "--no-progress", "--out", str(f)],
+                       capture_output=True, text=True, timeout=600)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert err[0].startswith("python -m workbench report: error: ") and str(f) in err[0]
+
+
+def test_case14_example_takes_bundled_names_only(capsys, tmp_path):
+    for name in ("../tests/../data/squad_sample", "squad_sample", "/etc/passwd", "example_prompt.json"):
+        line = _cli_error(capsys, ["capture", "--example", name, "--out", str(tmp_path / "x")])
+        assert f"name: no bundled example {name!r}; available: ['example_prompt', 'needle_haystack']" in line
+    assert load_example("needle_haystack").name and not os.listdir(tmp_path)
+
+
+def test_case19_lab_on_a_busy_port_refuses_before_printing_a_url(capsys, monkeypatch):
+    from workbench import __main__ as cli
+
+    monkeypatch.setattr(cli.os, "execv", lambda *a: pytest.fail("JupyterLab started on a busy port"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert not cli.port_free("127.0.0.1", port)
+        assert cli.main(["lab", "--port", str(port), "--token", "t"]) == 2
+        cap = capsys.readouterr()
+    assert "http://" not in cap.out
+    assert f"lab: error: port: {port} on 127.0.0.1 is already in use" in cap.err and "--port" in cap.err
+    assert cli.port_free("127.0.0.1", port)  # released: free again

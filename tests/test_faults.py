@@ -7,11 +7,14 @@ model is loaded, no Chromium is started), so each test takes a few seconds, most
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import types
 from pathlib import Path
 
 import pandas as pd
@@ -265,3 +268,225 @@ def test_full_disk_gives_a_clear_error_and_writes_nothing(small_disk):
     assert os.listdir(small_disk) == []
     atomic_write_bytes(small_disk / "small.txt", b"ok")  # the disk was not left full of temp data
     assert os.listdir(small_disk) == ["small.txt"]
+
+
+# ----------------------------------------------------------------------------- issue 28
+MANIFEST = "workbench-manifest.json"  # the default model's sizes and checksums (workbench.run.model_folder)
+
+
+def _converted(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """A fake default model converted into a fresh cache (with its manifest); ``(gguf, folder)``."""
+    gguf = _fake_gguf(tmp_path)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "default_gguf_path", lambda: gguf)
+    monkeypatch.setattr(models, "_convert", _fast_convert)
+    return gguf, models.default_model_folder(progress=False)
+
+
+def test_case10_prepare_rebuilds_a_truncated_or_changed_default_model(tmp_path, monkeypatch, capsys):
+    gguf, target = _converted(tmp_path, monkeypatch)
+    assert (target / MANIFEST).is_file()
+    w = target / "model.safetensors"
+    w.write_bytes(b"{")  # truncated: 1 byte of 2
+    assert models.default_model_folder(progress=True) == target  # every load compares the sizes
+    out = capsys.readouterr().out
+    assert "damaged: model.safetensors has 1 bytes, 2 when it was converted; rebuilding it" in out
+    assert w.read_bytes() == b"{}"
+    w.write_bytes(b"[]")  # the same size, other bytes: only prepare's checksums see it
+    models.default_model_folder(progress=True)
+    assert w.read_bytes() == b"[]" and capsys.readouterr().out == ""
+    models.default_model_folder(progress=True, verify=True)
+    assert "model.safetensors does not match its sha256 checksum recorded at conversion" in capsys.readouterr().out
+    assert w.read_bytes() == b"{}"
+    assert stray(target.parent) == []
+
+
+def test_case10_an_old_default_folder_without_manifest_is_checked_then_adopted(tmp_path, monkeypatch, capsys):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(models.default_model_folder(progress=False)))
+
+    def tiny_convert(gguf, out):
+        models.tiny_model("llama", vocab=128, L=2, H_Q=4, G=2, d=16).save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+
+    gguf = _fake_gguf(tmp_path)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "default_gguf_path", lambda: gguf)
+    monkeypatch.setattr(models, "_convert", tiny_convert)
+    target = models.default_model_folder(progress=False)
+    good = (target / "model.safetensors").read_bytes()
+    (target / MANIFEST).unlink()  # an older workbench's folder
+    assert models.default_model_folder(progress=True) == target  # checked against its config, then adopted
+    assert (target / MANIFEST).is_file() and capsys.readouterr().out == ""
+    (target / MANIFEST).unlink()
+    (target / "model.safetensors").write_bytes(good[: len(good) // 2])  # and truncated
+    models.default_model_folder(progress=True)
+    assert "has a truncated or damaged model.safetensors" in capsys.readouterr().out
+    assert (target / "model.safetensors").read_bytes() == good
+
+
+def test_kill_during_prepare_checksum_step_then_prepare_again(tmp_path, monkeypatch):
+    gguf, target = _converted(tmp_path, monkeypatch)
+    before = {p.name: p.stat().st_mtime_ns for p in target.iterdir()}
+    kill_at_ready(f'''
+import time
+from pathlib import Path
+from workbench.run import models, model_folder
+models.default_gguf_path = lambda: Path({str(gguf)!r})
+def slow(path):  # killed while hashing the weights
+    print("READY", flush=True)
+    time.sleep(600)
+model_folder.file_sha256 = slow
+models.default_model_folder(progress=False, verify=True)
+''', block_at=0, WORKBENCH_CACHE=tmp_path / "cache")
+    assert models.default_model_folder(progress=False, verify=True) == target  # intact: nothing to rebuild
+    assert {p.name: p.stat().st_mtime_ns for p in target.iterdir()} == before
+    assert stray(target.parent) == [] and sorted(os.listdir(target.parent)) == sorted([gguf.stem, f".{gguf.stem}.lock"])
+
+
+def _fake_kaleido(monkeypatch=None, block: bool = False):
+    """A stand-in for kaleido's writer (no Chromium): writes an SVG and a PNG, or blocks (``READY``)."""
+    fake = types.ModuleType("kaleido")
+
+    def write(specs, cancel_on_error=True):
+        for s in specs:
+            Path(s["path"]).write_bytes(b"<svg width='1' height='1'></svg>" if s["path"].endswith(".svg")
+                                        else b"\x89PNG\r\n\x1a\n")
+
+    fake.write_fig_from_object_sync = write
+    if monkeypatch is not None:
+        monkeypatch.setitem(sys.modules, "kaleido", fake)
+    return fake
+
+
+def test_case21_a_killed_export_leaves_no_temp_folder_after_the_next_export(tmp_path, monkeypatch):
+    systmp = tmp_path / "systmp"
+    systmp.mkdir()
+    kill_at_ready('''
+import sys, time, types
+from types import SimpleNamespace
+fake = types.ModuleType("kaleido")
+def write(specs, cancel_on_error=True):
+    print("READY", flush=True)
+    time.sleep(600)
+fake.write_fig_from_object_sync = write
+sys.modules["kaleido"] = fake
+from workbench.show import kaleido_server as ks
+ks.ensure_server = lambda: None
+ks.render_all({}, ("svg", "png"), SimpleNamespace(width=10, height=10, scale=1, dpi=72))
+''', block_at=0, TMPDIR=systmp)
+    left = [p.name for p in systmp.iterdir()]
+    assert len(left) == 1 and left[0].startswith("workbench-export-")  # the killed export's folder
+    from workbench.show import kaleido_server as ks
+
+    _fake_kaleido(monkeypatch)
+    monkeypatch.setattr(ks, "ensure_server", lambda: None)
+    monkeypatch.setattr(tempfile, "tempdir", str(systmp))
+    out = ks.render_all({}, ("svg", "png"), types.SimpleNamespace(width=10, height=10, scale=1, dpi=72))
+    assert out["svg"].startswith(b"<svg") and out["png"].startswith(b"\x89PNG")
+    assert list(systmp.iterdir()) == []  # the next export swept it, and removed its own
+
+
+# a report child that blocks at the os.replace onto a file of a given name (WB_BLOCK_NAME)
+BLOCK_NAMED = '''
+import os, sys, time
+import workbench.util as U
+_real = os.replace
+def _replace(a, b):
+    if str(b).endswith(os.environ["WB_BLOCK_NAME"]):
+        print("READY", flush=True)
+        time.sleep(600)
+    return _real(a, b)
+U.os.replace = _replace
+'''
+
+
+def _report_args(out: Path) -> list[str]:
+    return ["report", "--tiny", "--n-needle", "0", "--methods", "full", "--data", "sample", "--no-progress",
+            "--out", str(out)]
+
+
+def _report_cli(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workbench", *_report_args(out)], capture_output=True, text=True,
+                          timeout=600, env=_env())
+
+
+def _report_complete(out: Path) -> None:
+    html = (out / "report.html").read_text()
+    assert html.rstrip().endswith("</html>")
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["html"] == "report.html" and not man["partial"]
+    for t in (out / "tables").glob("*.parquet"):
+        pd.read_parquet(t)
+    assert stray(out) == []
+
+
+@pytest.mark.slow  # two tiny reports (~1 min each on a loaded 2-core machine)
+def test_kill_during_report_html_write_then_the_same_command_finishes(tmp_path):
+    out = tmp_path / "rep"
+    p = subprocess.Popen([sys.executable, "-c", BLOCK_NAMED + f"from workbench.__main__ import main\n"
+                          f"main({_report_args(out)!r})"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=_env(WB_BLOCK_NAME="report.html"))
+    try:
+        for line in p.stdout:
+            if "READY" in line:
+                os.kill(p.pid, signal.SIGKILL)
+                break
+        p.wait(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == -signal.SIGKILL, p.stderr.read()[-3000:]
+    assert not (out / "report.html").exists() and stray(out)  # killed with its complete temp file not renamed
+    cells = len(pd.read_parquet(out / "tables" / "sweep.parquet"))
+    r = _report_cli(out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _report_complete(out)
+    assert len(pd.read_parquet(out / "tables" / "sweep.parquet")) == cells  # resumed: no cell run twice
+
+
+@pytest.mark.slow  # two tiny reports (~1 min each on a loaded 2-core machine)
+def test_full_disk_during_report_tables_then_the_same_command_finishes(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    out = tmp_path / "rep"
+    out.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(out)], capture_output=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    filler = out / "filler.bin"
+    try:
+        child = f'''
+import sys
+import workbench.study.report as R
+_real = R.write_table
+def full_then_write(df, folder, name):  # the disk fills up when the tables are written
+    if not (getattr(full_then_write, "done", False)):
+        full_then_write.done = True
+        f = open({str(filler)!r}, "wb", buffering=0)
+        try:
+            while True:
+                f.write(bytes(1 << 16))
+        except OSError:
+            pass
+        f.close()
+    return _real(df, folder, name)
+R.write_table = full_then_write
+from workbench.__main__ import main
+sys.exit(main({_report_args(out)!r}))
+'''
+        r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600, env=_env())
+        err = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(err) == 1, r.stderr[-3000:]
+        assert "error: no space left on the device to write" in err[0] and "nothing was written" in err[0]
+        assert not (out / "report.html").exists() and not (out / "manifest.json").exists()
+        assert stray(out) == []  # nothing half-written: no temp file, and every table there is whole
+        for t in (out / "tables").glob("*.parquet"):
+            pd.read_parquet(t)
+        filler.unlink()  # space again
+        r = _report_cli(out)
+        assert r.returncode == 0, r.stderr[-3000:]
+        _report_complete(out)
+    finally:
+        subprocess.run(["umount", str(out)], check=False)

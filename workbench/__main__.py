@@ -5,6 +5,7 @@ import argparse
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from workbench.run import shipped
 from workbench.run.examples import load_example
 from workbench.run.models import default_model_folder, load_model
 from workbench.study.report import ReportConfig, run_report
+from workbench.util import LockBusy
 
 
 def _prepare(args) -> int:
@@ -22,18 +24,19 @@ def _prepare(args) -> int:
         folder = shipped.shipped_folder(args.model, progress=True)
         print(f"{args.model} ready: {folder}")
         return 0
-    folder = default_model_folder(progress=True)
-    print(f"default model ready: {folder}")
+    folder = default_model_folder(progress=True, verify=True)  # sizes and sha256 against the conversion's manifest
+    print(f"default model ready (checked against its manifest): {folder}")
     return 0
 
 
 def _capture(args) -> int:
 
     t0 = time.perf_counter()
+    ex = load_example(args.example)  # the arguments first: a bad one is refused before the model loads
+    rows = RowSet(tail=args.tail, n_decode=args.decode)
     lm = load_model(args.model, device=args.device)
-    ex = load_example(args.example)
     prompt = ex.build(lm.tokenizer, max_context=lm.shape.max_context)
-    cap = run_capture(lm, prompt, RowSet(tail=args.tail, n_decode=args.decode), progress=True)
+    cap = run_capture(lm, prompt, rows, progress=True)
     out = Path(args.out)
     cap.save(out)
     answer = lm.tokenizer.decode(cap.generated_ids) if cap.generated_ids else ""
@@ -73,8 +76,8 @@ def _report(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         res = run_report(cfg)
-    except ValueError as e:  # bad data (an items file, a filler): say where, without a traceback
-        print(f"python -m workbench report: error: {e}", file=sys.stderr)
+    except CLI_ERRORS as e:  # bad data (an items file, a filler), an unwritable --out: say where, in one line
+        print(_one_line("report", e), file=sys.stderr)
         _exit(2)
     except KeyboardInterrupt:
         print("python -m workbench report: interrupted before the sweep; nothing to report", file=sys.stderr)
@@ -120,11 +123,34 @@ def kernel_installed(name: str = KERNEL) -> bool:
     return any((Path(d) / "kernels" / name / "kernel.json").is_file() for d in dirs if d)
 
 
+def port_free(ip: str, port: int) -> bool:
+    """Whether ``port`` can be bound on ``ip`` now (``SO_REUSEADDR`` as Jupyter binds it)."""
+    host = "0.0.0.0" if ip in ("*", "") else ip
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return True  # an address Jupyter itself will refuse, with its own message
+    for family, kind, proto, _, addr in infos[:1]:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(addr)
+            except OSError:
+                return False
+    return True
+
+
 def _lab(args) -> int:
     try:
         cmd, url = lab_command(notebook_dir=args.notebook_dir, port=args.port, ip=args.ip, token=args.token)
     except ValueError as e:
         print(f"python -m workbench lab: error: {e}", file=sys.stderr)
+        return 2
+    if not args.dry_run and not port_free(args.ip, args.port):
+        nxt = next((p for p in range(args.port + 1, min(args.port + 50, 65536)) if port_free(args.ip, p)), None)
+        hint = f"; pick another with --port (e.g. --port {nxt}, free now)" if nxt else "; pick another with --port"
+        print(f"python -m workbench lab: error: port: {args.port} on {args.ip} is already in use (another JupyterLab?)"
+              f"{hint}", file=sys.stderr)
         return 2
     ok = kernel_installed()
     print(f"kernel {KERNEL}: {'installed' if ok else 'MISSING (run make setup)'}")
@@ -136,8 +162,24 @@ def _lab(args) -> int:
     return 0  # pragma: no cover - execv does not return
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (rc 2), like every other error of the command line."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+# errors a user can mend (bad arguments or data, a missing or unwritable file, a busy lock): one line, rc 2
+CLI_ERRORS = (ValueError, TypeError, OSError, RuntimeError, LockBusy)
+
+
+def _one_line(cmd: str, e) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return f"python -m workbench {cmd}: error: {text}"
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m workbench", description=__doc__)
+    ap = _Parser(prog="python -m workbench", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="convert the embedded default model once (HF folder in the user cache)")
     p.add_argument("--model", default=None, choices=sorted(shipped.SHIPPED),
@@ -189,7 +231,16 @@ def main(argv=None) -> int:
     j.add_argument("--dry-run", action="store_true", help="print the URL and the command line, start nothing")
     j.set_defaults(fn=_lab)
     args = ap.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except CLI_ERRORS as e:  # never a traceback for an error the message explains
+        print(_one_line(args.cmd, e), file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - a bug: still one line, with the way to see where
+        if os.environ.get("WORKBENCH_DEBUG"):
+            raise
+        print(_one_line(args.cmd, f"{type(e).__name__}: {e} (WORKBENCH_DEBUG=1 shows the traceback)"), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

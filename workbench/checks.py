@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping
 
 __all__ = ["is_int", "is_real", "check_int", "check_real", "check_bool", "check_choice", "check_target",
            "check_target_tokens", "check_max_new_tokens", "check_seed", "check_kernel", "check_positions",
-           "check_str", "check_device", "SEED_MAX", "Constraint", "Interval", "Choice", "Bool", "Const", "AnyOf",
-           "Seq", "InstanceOf", "optional", "check_fields"]
+           "check_str", "check_device", "check_context", "check_nonempty", "SEED_MAX", "Constraint", "Interval",
+           "Choice", "Bool", "Const", "AnyOf", "Seq", "InstanceOf", "optional", "check_fields"]
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed's range
 
@@ -440,10 +440,10 @@ def check_target_tokens(x, name: str = "target_tokens") -> int:
 
 
 def check_device(x, name: str = "device") -> str:
-    """A device name: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:<index>"``."""
-    ok = isinstance(x, str) and (x in ("auto", "cpu", "cuda") or (x.startswith("cuda:") and x[5:].isdigit()))
+    """A device name: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:<index>"`` or ``"mps"``."""
+    ok = isinstance(x, str) and (x in ("auto", "cpu", "cuda", "mps") or (x.startswith("cuda:") and x[5:].isdigit()))
     if not ok:
-        raise ValueError(f"{name}: must be 'auto', 'cpu', 'cuda' or 'cuda:<index>', got {x!r}")
+        raise ValueError(f"{name}: must be 'auto', 'cpu', 'cuda', 'cuda:<index>' or 'mps', got {x!r}")
     return x
 
 
@@ -478,4 +478,31 @@ def check_positions(name: str, xs, T: int) -> list[int]:
         if not is_int(x) or not 0 <= x < T:
             raise ValueError(f"{name}: must hold integer positions in [0, {T}), got {x!r}")
         out.append(int(x))
+    return out
+
+
+def check_context(T: int, n_new: int, max_context: int | None, *, n_name: str = "max_new_tokens") -> None:
+    """The one length check of every entry point: a prompt of ``T`` tokens and ``n_new`` tokens after it must
+    fit in the model's context (``T + n_new <= max_context``; ``max_context`` 0 or ``None``: no limit known).
+
+    A prompt longer than the context alone is named as ``prompt`` (with its length), never as the count of new
+    tokens (which may be 0); otherwise ``n_name`` is named with the most that fits after this prompt.
+    """
+    if not max_context:
+        return
+    if T > max_context:
+        raise ValueError(f"prompt: must have T <= max_context = {max_context} tokens (the model's context), got T = "
+                         f"{T} tokens; shorten the documents")
+    if T + n_new > max_context:
+        raise ValueError(f"{n_name}: must be <= {max_context - T} after this prompt of T = {T} tokens (T + {n_name} "
+                         f"<= max_context = {max_context}, the model's context), got {n_new}")
+
+
+def check_nonempty(name: str, xs) -> list:
+    """A non-empty list of ``xs`` (policies, budgets, prompts ...): an empty one would silently run nothing."""
+    if isinstance(xs, (str, bytes)) or not isinstance(xs, Iterable):
+        raise ValueError(f"{name}: must be a non-empty list, got {xs!r}")
+    out = list(xs)
+    if not out:
+        raise ValueError(f"{name}: must be a non-empty list, got [] (nothing would run)")
     return out

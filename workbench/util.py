@@ -19,13 +19,14 @@ import numbers
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import torch
 
 __all__ = ["one_thread", "single_threaded", "atomic_write_bytes", "atomic_write_files", "atomic_dir",
-           "cache_dir", "file_lock", "sweep_stale_temp", "LockBusy", "jsonable", "CACHE_ENV", "TMP_DIRNAME"]
+           "cache_dir", "file_lock", "sweep_stale_temp", "sweep_private_temp", "private_temp_dir", "LockBusy", "jsonable", "CACHE_ENV", "TMP_DIRNAME"]
 
 CACHE_ENV = "WORKBENCH_CACHE"
 TMP_DIRNAME = ".workbench-tmp"
@@ -200,6 +201,44 @@ def atomic_dir(target: os.PathLike | str) -> Iterator[Path]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         _drop_home(target.parent / TMP_DIRNAME)
+
+
+STALE_UNNAMED_S = 3600.0  # a system-temp folder of ours with no writer PID in its name is stale after an hour
+
+
+def sweep_private_temp(prefix: str, folder: os.PathLike | str | None = None) -> list[Path]:
+    """Remove the folders ``<folder>/<prefix><pid>-*`` (``folder``: the system temp folder) whose process is gone,
+    and ``<prefix>*`` folders without a PID (an older workbench's) untouched for an hour; returns what was removed."""
+    root = Path(folder if folder is not None else tempfile.gettempdir())
+    removed = []
+    for p in root.glob(f"{prefix}*"):
+        if not p.is_dir() or p.is_symlink():
+            continue
+        head = p.name[len(prefix):].split("-", 1)[0]
+        try:
+            if head.isdigit() and "-" in p.name[len(prefix):]:
+                if _pid_alive(int(head)):
+                    continue
+            elif time.time() - p.stat().st_mtime < STALE_UNNAMED_S:
+                continue
+        except FileNotFoundError:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
+@contextlib.contextmanager
+def private_temp_dir(prefix: str) -> Iterator[str]:
+    """A private temp folder ``<system temp>/<prefix><pid>-<random>`` for one step (removed after it); the
+    folders of killed processes with the same ``prefix`` are swept first (:func:`sweep_private_temp`), so a
+    ``kill -9`` leaves nothing behind after the next call."""
+    sweep_private_temp(prefix)
+    tmp = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cache_dir() -> Path:

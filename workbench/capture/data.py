@@ -9,8 +9,11 @@ The key axis covers the prompt and, for decode rows, the generated tokens (``K =
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_save
 
+from workbench._version import __version__
 from workbench.capture.synthetic import synthetic_rows
 from workbench.checks import check_choice
 from workbench.choices import ROW_DTYPES, ROW_KINDS, SYNTHETIC_STRUCTURES, RowDtype, SyntheticStructure
@@ -27,6 +31,76 @@ from workbench.util import atomic_write_bytes
 
 FORMAT_PREFIX = "workbench.capture/"
 FORMAT_VERSION = 1
+TENSOR_NAMES = ("attn", "row_pos", "head_group", "vnorm_max", "learned_sink")
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    """sha256 of a tensor's bytes (row-major, its own dtype), as stored in a capture file."""
+    flat = t.detach().contiguous().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy() if flat.numel() else b"").hexdigest()
+
+
+def _verify_checksums(tensors: dict, recorded: str | None, path: Path) -> None:
+    """Every tensor against its recorded sha256 (a file without checksums, written by an older workbench,
+    loads with a warning)."""
+    if recorded is None:
+        warnings.warn(f"path: {path} has no tensor checksums (written by an older workbench); it is loaded "
+                      "unverified: save it again to add them", stacklevel=3)
+        return
+    try:
+        sums = json.loads(recorded)
+        assert isinstance(sums, dict)
+    except (json.JSONDecodeError, AssertionError):
+        raise ValueError(f"path: {path} is a damaged workbench capture (unreadable sha256 checksums)") from None
+    if set(sums) != set(tensors):
+        raise ValueError(f"path: {path} is a damaged workbench capture: its tensors {sorted(tensors)} are not the "
+                         f"ones its checksums list {sorted(sums)}")
+    for name, t in tensors.items():
+        if tensor_sha256(t) != sums[name]:
+            raise ValueError(f"path: {path} is damaged: tensor {name!r} does not match its sha256 checksum (the "
+                             "file changed after it was written); capture it again")
+
+
+def _not_json(x, where: str):
+    """``(field, what)`` of the first value under ``x`` that JSON cannot hold, else ``None``."""
+    if x is None or isinstance(x, (str, bool, int, float)):
+        return None
+    if isinstance(x, (list, tuple)):
+        for i, v in enumerate(x):
+            got = _not_json(v, f"{where}[{i}]")
+            if got:
+                return got
+        return None
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if not isinstance(k, str):
+                return f"{where}", f"the key {k!r} ({type(k).__name__})"
+            got = _not_json(v, f"{where}[{k!r}]")
+            if got:
+                return got
+        return None
+    return where, f"{type(x).__name__} {x!r:.60}"
+
+
+def _release(v: str) -> tuple[int, ...] | None:
+    m = re.match(r"(\d+(?:\.\d+)*)", v)
+    return tuple(int(p) for p in m.group(1).split(".")) if m else None
+
+
+def _check_version(version, where: str) -> None:
+    """A capture's workbench version: empty (unknown) or a version not newer than this workbench's."""
+    if not isinstance(version, str):
+        raise ValueError(f"{where}: version must be a string, got {type(version).__name__}")
+    if not version:
+        return
+    rel, ours = _release(version), _release(__version__)
+    if rel is None:
+        raise ValueError(f"{where}: version must be a workbench version such as {__version__!r}, got {version!r}")
+    n = max(len(rel), len(ours))
+    if rel + (0,) * (n - len(rel)) > ours + (0,) * (n - len(ours)):
+        raise ValueError(f"{where}: version {version!r} is newer than this workbench ({__version__}); it was written "
+                         "by a newer attn-workbench: upgrade to read it")
+
 
 
 @dataclass
@@ -135,9 +209,12 @@ class Capture:
         return self.attn[:, :, idx, : self.spans.n_sink].float().sum(-1).mean(-1)
 
     # ----- persistence -----
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write to ``path`` (safetensors with a JSON header). Atomic: a failed write leaves nothing."""
-        path = Path(path)
+    def to_safetensors(self, *, validate: bool = True) -> bytes:
+        """The file :meth:`save` writes: safetensors bytes with a JSON header holding the spans, the parameters
+        and a sha256 checksum of every tensor (``meta["sha256"]``, verified by :meth:`load`).
+        ``validate=False`` skips :meth:`validate` (only to write deliberately damaged files in tests)."""
+        if validate:
+            self.validate("capture")
         tensors = {
             "attn": self.attn.contiguous(),
             "row_pos": self.row_pos.contiguous(),
@@ -156,17 +233,29 @@ class Capture:
             "params": json.dumps(self.params),
             "version": self.version,
             "generated_ids": json.dumps(list(self.generated_ids)),
+            "sha256": json.dumps({k: tensor_sha256(v) for k, v in sorted(tensors.items())}),
         }
-        atomic_write_bytes(path, safetensors_save(tensors, metadata=meta))  # our own temp file: never safetensors'
+        return safetensors_save(tensors, metadata=meta)
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write to ``path`` (safetensors with a JSON header and a sha256 checksum of every tensor). Validated
+        first exactly as :meth:`load` validates (nothing is written for a capture ``load`` would refuse).
+        Atomic: a failed write leaves nothing."""
+        path = Path(path)
+        data = self.to_safetensors()
+        atomic_write_bytes(path, data)  # our own temp file: never safetensors'
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Capture":
-        """Read a capture written by :meth:`save` and :meth:`validate` it (shapes, spans, kinds, groups).
+        """Read a capture written by :meth:`save`, verify every tensor's sha256 checksum and :meth:`validate`
+        it (shapes, spans, kinds, groups, version). A file written before checksums existed loads with a
+        warning (it cannot be verified).
 
         Raises:
             ValueError: naming ``path`` when the file is not a workbench capture, was written by a newer
-                workbench (a newer format version), or is inconsistent (the field is named).
+                workbench (a newer format version or workbench version), has a tensor that does not match its
+                checksum (the tensor is named), or is inconsistent (the field is named).
         """
         path = Path(path)
         try:
@@ -187,9 +276,22 @@ class Capture:
             raise ValueError(f"path: {path} was written by a newer workbench (capture format version {ver}, "
                              f"version {meta.get('version') or '?'}); this one reads version {FORMAT_VERSION}: "
                              "upgrade attn-workbench to read it")
+        _check_version(meta.get("version", ""), f"path: {path}")
         try:
             t = load_file(str(path))
-            hidden = {int(k.split(".", 1)[1]): v for k, v in t.items() if k.startswith("hidden.")}
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"path: {path} is a damaged workbench capture ({type(e).__name__}: {e})") from None
+        _verify_checksums(t, meta.get("sha256"), path)
+        hidden = {}
+        for k, v in t.items():
+            if k in TENSOR_NAMES:
+                continue
+            layer = k[len("hidden."):] if k.startswith("hidden.") else ""
+            if not layer.isdigit():
+                raise ValueError(f"path: {path} has an unexpected tensor {k!r} (a workbench capture holds "
+                                 f"{', '.join(TENSOR_NAMES)} and hidden.<layer> with an integer layer)")
+            hidden[int(layer)] = v
+        try:
             cap = cls(
                 attn=t["attn"],
                 row_pos=t["row_pos"],
@@ -215,7 +317,8 @@ class Capture:
         ``[0, T)`` and decode rows in ``[T-1, K)``; ``row_kind`` ``R`` labels from ``ROW_KINDS``;
         ``head_group [H_Q]`` equal to ``h // r`` (every KV group of ``r = H_Q / G`` heads);
         ``vnorm_max [L, G]``; the spans inside ``[0, T)`` (:meth:`PromptSpans.validate`); hidden states
-        ``[T, D]``; generated ids integers.
+        ``[T, D]``; generated ids integers; ``params`` JSON (the field that is not is named); ``version`` empty
+        or not newer than this workbench.
         """
 
         def bad(field_, msg):
@@ -261,8 +364,17 @@ class Capture:
         ls = self.learned_sink
         if ls is not None and (not isinstance(ls, torch.Tensor) or tuple(ls.shape) != (L, H_Q, R)):
             bad("learned_sink", f"must have shape [L, H_Q, R] = [{L}, {H_Q}, {R}], got {list(getattr(ls, 'shape', []))}")
-        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.generated_ids):
+        if not isinstance(self.generated_ids, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.generated_ids):
             bad("generated_ids", "must be integer token ids >= 0")
+        if not isinstance(self.model_id, str):
+            bad("model_id", f"must be a string, got {type(self.model_id).__name__}")
+        if not isinstance(self.params, dict):
+            bad("params", f"must be a dict, got {type(self.params).__name__}")
+        unjson = _not_json(self.params, "params")
+        if unjson is not None:
+            bad(unjson[0], f"must be JSON (numbers, strings, lists, dicts with string keys), got {unjson[1]}")
+        _check_version(self.version, where)
         return self
 
     @classmethod

@@ -25,10 +25,10 @@ from tqdm.auto import tqdm
 from workbench._version import __version__
 from workbench.capture.budget import check_capture_budget, estimate_capture_bytes, max_capture_bytes, row_dtype
 from workbench.capture.data import Capture
-from workbench.checks import check_bool, check_int, is_int
+from workbench.checks import check_bool, check_context, check_int, is_int
 from workbench.choices import RowDtype
 from workbench.run import adapter
-from workbench.run.spans import PromptSpans
+from workbench.run.spans import PromptSpans, spans_of
 
 __all__ = ["capture_attention", "run_capture", "RowSet", "Capture"]
 
@@ -367,13 +367,12 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
     if hasattr(model, "tokenizer") and hasattr(model, "model"):
         model_id = model_id or model.model_id
         model = model.model
-    spans: PromptSpans = getattr(prompt, "spans", prompt)
+    spans: PromptSpans = spans_of(prompt)
     rows = rows or RowSet()
     wanted = rows.rows(spans)
     T, n = spans.T, rows.n_decode
     shape = adapter.model_shape(model)
-    if shape.max_context and T + n > shape.max_context:
-        raise ValueError(f"n_decode: T + n_decode = {T + n} exceeds the model's context {shape.max_context}")
+    check_context(T, n, shape.max_context, n_name="n_decode")
     if shape.vocab and max(spans.input_ids) >= shape.vocab:
         raise ValueError(f"prompt: token id {max(spans.input_ids)} is outside this model's vocabulary (size "
                          f"{shape.vocab}): the prompt was tokenised for another model")

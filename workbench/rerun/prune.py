@@ -32,9 +32,10 @@ from workbench.analyse.params import EntroPrefillParams
 from workbench.capture import RowSet, capture_attention
 from workbench.capture.data import Capture
 from workbench.capture.identity import check_model_match
-from workbench.checks import check_bool, check_max_new_tokens, is_int
+from workbench.checks import check_bool, check_context, check_max_new_tokens, is_int
 from workbench.run import adapter
 from workbench.run.generate import greedy_continue, stop_token_ids
+from workbench.run.spans import spans_of
 
 
 @dataclass
@@ -233,10 +234,11 @@ def run_pruned(
     """
     params = params or EntroPrefillParams()
     model, tok, model_id = _unwrap(model)
+    spans = spans_of(prompt)
     check_model_match(model, tok, prompt, allow_foreign=allow_foreign)
-    spans = getattr(prompt, "spans", prompt)
     shape = adapter.model_shape(model)
     check_max_new_tokens(max_new_tokens)
+    check_context(spans.T, max_new_tokens, shape.max_context)
     check_bool("keep_hidden", keep_hidden)
     if layer is not None and not (is_int(layer) and -1 <= layer <= shape.L - 1):
         raise ValueError(f"layer: must be an integer in [-1, {shape.L - 1}] (L = {shape.L}) or None, got {layer!r}")
@@ -310,8 +312,10 @@ def run_full(model, prompt, *, max_new_tokens: int = 16, keep_hidden: bool = Fal
     positions with their original position ids, i.e. textual removal with original RoPE positions; a
     sliding window then counts original positions, not retained tokens, as in :func:`run_pruned`)."""
     model, tok, _ = _unwrap(model)
-    spans = getattr(prompt, "spans", prompt)
+    spans = spans_of(prompt)
     T = spans.T
+    check_max_new_tokens(max_new_tokens)
+    check_context(T, max_new_tokens, adapter.model_shape(model).max_context)
     device = next(model.parameters()).device
     R = torch.arange(T) if positions is None else torch.as_tensor(positions, dtype=torch.int64)
     ids = torch.tensor([spans.input_ids], dtype=torch.int64)[:, R].to(device)

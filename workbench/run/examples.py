@@ -26,12 +26,14 @@ class Example:
                             answer_doc=self.answer_doc, **kw)
 
 
+EXAMPLES = ("example_prompt", "needle_haystack")  # the bundled prompts (data/<name>.json); other files are data sets
+
+
 def load_example(name: str = "example_prompt") -> Example:
-    """Load ``data/<name>.json`` (default: the multi-document harbor-town prompt)."""
-    path = DATA_DIR / f"{name}.json"
-    if not path.exists():
-        options = sorted(p.stem for p in DATA_DIR.glob("*.json"))
-        raise ValueError(f"name: no bundled example {name!r}; available: {options}")
-    d = json.loads(path.read_text())
+    """Load the bundled prompt ``data/<name>.json`` (default: the multi-document harbor-town prompt). Only the
+    names of :data:`EXAMPLES` are taken: never a path, nor a data set of ``data/``."""
+    if not isinstance(name, str) or name not in EXAMPLES:
+        raise ValueError(f"name: no bundled example {name!r}; available: {list(EXAMPLES)}")
+    d = json.loads((DATA_DIR / f"{name}.json").read_text())
     return Example(name=d["name"], instruction=d["instruction"], documents=tuple(d["documents"]),
                    query=d["query"], answer=d["answer"], answer_doc=int(d["answer_doc"]))

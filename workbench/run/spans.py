@@ -215,3 +215,14 @@ class PromptSpans:
             observers=tuple(range(q[1] - W, q[1])),
             answer_doc=answer_doc,
         )
+
+
+def spans_of(prompt, name: str = "prompt") -> PromptSpans:
+    """The :class:`PromptSpans` of a Prompt (or of a Capture, or spans given directly); a ``TypeError`` naming
+    ``name`` for anything else (a bare string has no spans: build it with :func:`workbench.build_prompt`)."""
+    spans = getattr(prompt, "spans", prompt)
+    if not isinstance(spans, PromptSpans):
+        raise TypeError(f"{name}: must be a Prompt (from build_prompt), its PromptSpans or a Capture, got "
+                        f"{type(prompt).__name__} {prompt!r:.60}; build one with "
+                        f"wb.build_prompt(tokenizer, documents, query)")
+    return spans

@@ -15,17 +15,19 @@ import queue
 import re
 import shutil
 import struct
-import tempfile
 import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from workbench.util import private_temp_dir
+
 __all__ = ["FORMATS", "RENDER_TIMEOUT_S", "browser_path", "ensure_server", "shutdown_server", "server_running",
            "render_all", "RenderSize"]
 
 FORMATS = ("pdf", "svg", "png")
+EXPORT_TMP_PREFIX = "workbench-export-"  # kaleido's private folders in the system temp: <prefix><pid>-<random>
 RENDER_TIMEOUT_S = 120.0
 BROWSER_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 CSS_PX_PER_INCH = 96.0  # Chromium's print resolution
@@ -177,7 +179,7 @@ def render_all(fig_dict: dict, fmts: Sequence[str], size: RenderSize) -> dict[st
     if len(fmts) == 1:
         return {fmts[0]: _render(fig_dict, fmts[0], size)}
     ensure_server()
-    with _LOCK, tempfile.TemporaryDirectory(prefix="workbench-export-") as tmp:
+    with _LOCK, private_temp_dir(EXPORT_TMP_PREFIX) as tmp:  # a killed export's folder is swept by the next
         specs = [{"fig": fig_dict, "path": os.path.join(tmp, f"figure.{fmt}"), "opts": _opts(fmt, size)}
                  for fmt in fmts]
         _bounded(lambda: kaleido.write_fig_from_object_sync(specs, cancel_on_error=True),

@@ -4,6 +4,7 @@ question-aware run (the whole prompt prefilled, then evicted) this measures what
 a policy's scores."""
 from __future__ import annotations
 
+from workbench.checks import check_int, check_nonempty
 from workbench.rerun.eviction.evidence import Needs
 from workbench.rerun.eviction.result import GenerationResult
 from workbench.rerun.eviction.session import EvictionSession
@@ -30,13 +31,12 @@ def run_question_agnostic(model, prompts, policies, budgets, max_new_tokens: int
     prefilled and evicted once per policy and budget, then every prompt's question is answered from the
     same compressed cache (reset after each answer). Results in ``policies × budgets × prompts`` order
     (the full cache once, with the first budget)."""
-    parts = [split_question(p) for p in prompts]
-    if not parts:
-        raise ValueError("prompts: must not be empty")
+    parts = [split_question(p) for p in check_nonempty("prompts", prompts)]
+    policies = check_nonempty("policies", policies)
+    budgets = [check_int("budgets", b, 1) for b in check_nonempty("budgets", budgets)]
     ctx = parts[0][0]
     if any(c != ctx for c, _ in parts):
         raise ValueError("prompts: do not share their context tokens (same documents, same template)")
-    policies = list(policies)
     needs = Needs.of(policies)
     sess = EvictionSession.prepare(model, ctx, needs, max_new_tokens, reusable=True, progress=progress)
     out = []

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from workbench.capture import capture_attention
 from workbench.capture.identity import check_model_match
-from workbench.checks import check_int, check_max_new_tokens
+from workbench.checks import check_context, check_int, check_max_new_tokens, check_nonempty
 from workbench.rerun.eviction.cache_evidence import QueryStats, cache_evidence
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, preview_window, renorm_rows
 from workbench.rerun.eviction.result import GenerationResult
@@ -93,8 +93,7 @@ class EvictionSession:
         ids, spans = _prompt_ids(prompt, self.tokenizer)
         T = len(ids)
         shape = adapter.model_shape(self.model)
-        if shape.max_context and T + n + 1 > shape.max_context:
-            raise ValueError(f"max_new_tokens: T + max_new_tokens = {T + n} exceeds the model's context {shape.max_context}")
+        check_context(T, n, shape.max_context)
         self.T, self.ids, self.spans, self.n, self.needs = T, ids, spans, n, needs
         self.keep_logits, self.reusable, self.progress = keep_logits, reusable, progress
         self.eos = stop_token_ids(self.model, self.tokenizer)
@@ -203,7 +202,7 @@ class EvictionSession:
         :meth:`run`'s up to float rounding of the batched matrix products). Per-step times are the
         batch's; ``timings["batch"]`` is the largest batch a run was part of. Runs that keep a count per
         layer or head (a per-head key mask) decode alone; the others still share their batches."""
-        states = [self._evict(p, b) for p, b in jobs]
+        states = [self._evict(p, b) for p, b in check_nonempty("jobs", jobs)]
         ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]
         even = [st for st, r in zip(states, ragged) if not r]
         done = dict(zip(map(id, even), self._decode(even))) if even else {}
@@ -233,6 +232,7 @@ class EvictionSession:
             q = [int(i) for i in torch.as_tensor(q).flatten().tolist()]
             if not q:
                 raise ValueError("questions: a question has no tokens")
+            check_context(self.T + len(q), self.n, adapter.model_shape(self.model).max_context)
             cache = adapter.clone_cache(st0.cache)
             x = torch.tensor([q], device=self.device)
             pos = torch.arange(self.T - st0.shift, self.T - st0.shift + len(q), device=self.device)[None]
@@ -495,10 +495,8 @@ def run_policies(model, prompt, policies, budgets, max_new_tokens: int, *, progr
     ``batch=True`` decodes runs with equal cache lengths together (:meth:`EvictionSession.run_batch`):
     faster, equal to the unbatched runs up to float rounding.
     """
-    policies = list(policies)
-    budgets = [check_int("budgets", b, 1) for b in budgets]
-    if not budgets:
-        raise ValueError("budgets: must not be empty")
+    policies = check_nonempty("policies", policies)
+    budgets = [check_int("budgets", b, 1) for b in check_nonempty("budgets", budgets)]
     needs = Needs.of(policies)
     sess = EvictionSession.prepare(model, prompt, needs, max_new_tokens, reusable=True,
                                    keep_logits=keep_logits, progress=progress)

@@ -1,0 +1,207 @@
+"""A local model folder checked against its config before transformers reads it.
+
+:func:`check_folder` reads ``config.json`` (it must be a JSON object), refuses a family outside the table
+(:func:`workbench.run.families.family_of`) from the raw ``model_type`` before transformers parses the config,
+and reads the headers of the safetensors weights (the JSON header only, never a weight): every file must be
+exactly as long as its header says (a truncated copy is named), and the tensor names and shapes must match
+the config (layer count, query and KV heads, head and hidden sizes, vocabulary). A mismatch is a
+``ValueError`` naming the folder, the file and what differs, with the mend (:data:`MEND`).
+
+The default model's folder also carries a manifest (:data:`MANIFEST`) of its files' sizes and sha256
+checksums, recorded at conversion: :func:`manifest_damage` compares the folder with it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from pathlib import Path
+
+from workbench.run import families
+
+__all__ = ["MANIFEST", "MEND", "check_folder", "read_config", "weight_headers", "make_manifest", "manifest_damage",
+           "file_sha256"]
+
+MANIFEST = "workbench-manifest.json"
+MEND = "delete it and run prepare again (python -m workbench prepare) for the default model, or copy the folder again"
+_LAYER = re.compile(r"^(?:model\.|model\.language_model\.|language_model\.model\.|language_model\.|gpt_neox\.|"
+                    r"transformer\.)?(?:layers|h)\.(\d+)\.")
+_HEADER_MAX = 100 * 2**20  # safetensors' own limit on the header size
+
+
+def _bad(folder: Path, what: str) -> ValueError:
+    return ValueError(f"spec: the model folder {folder} {what}; {MEND}")
+
+
+def read_config(folder: Path) -> dict:
+    """``config.json`` of ``folder`` as a dict (a clear error when it is not a JSON object)."""
+    path = folder / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise _bad(folder, f"has a config.json that is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise _bad(folder, f"has a config.json that is not valid JSON (line {e.lineno}, column {e.colno}: "
+                           f"{e.msg})") from None
+    if not isinstance(cfg, dict):
+        raise _bad(folder, f"has a config.json that is not a JSON object (got {type(cfg).__name__})")
+    return cfg
+
+
+def _text_config(cfg: dict) -> dict:
+    tc = cfg.get("text_config")
+    return {**cfg, **tc} if isinstance(tc, dict) and "num_hidden_layers" not in cfg else cfg
+
+
+def check_family(cfg: dict) -> None:
+    """The family refusal (``TypeError`` listing the supported families) from the raw config, so that a refused
+    or unknown ``model_type`` never reaches transformers' config classes."""
+    mt = cfg.get("model_type")
+    tc = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else None
+    name = "".join(p.title() for p in str(mt).split("_")) + "Config"
+    text = type(name, (), {"model_type": tc.get("model_type")})() if tc is not None else None
+    raw = type(name, (), {"model_type": mt, "get_text_config": lambda self: text if text is not None else self})()
+    families.family_of(raw)
+
+
+def _first(cfg: dict, *names, default=None):
+    for n in names:
+        v = cfg.get(n)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return default
+
+
+def _read_header(folder: Path, f: Path) -> dict:
+    """The tensor table of one safetensors file, after checking the file is as long as its header says."""
+    size = f.stat().st_size
+    with open(f, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise _bad(folder, f"has a truncated {f.name} ({size} bytes, shorter than a safetensors header)")
+        n = struct.unpack("<Q", head)[0]
+        if n > _HEADER_MAX or 8 + n > size:
+            raise _bad(folder, f"has a truncated or damaged {f.name} ({size} bytes; its header alone would be "
+                               f"{8 + n} bytes)")
+        try:
+            table = json.loads(fh.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise _bad(folder, f"has a damaged {f.name} (its header is not JSON)") from None
+    if not isinstance(table, dict):
+        raise _bad(folder, f"has a damaged {f.name} (its header is not a tensor table)")
+    table.pop("__metadata__", None)
+    try:
+        end = max((int(v["data_offsets"][1]) for v in table.values()), default=0)
+        out = {k: [int(x) for x in v["shape"]] for k, v in table.items()}
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise _bad(folder, f"has a damaged {f.name} (its header lacks shapes or offsets)") from None
+    if size != 8 + n + end:
+        raise _bad(folder, f"has a truncated or damaged {f.name}: {size} bytes, its header describes {8 + n + end}")
+    return out
+
+
+def weight_headers(folder: Path) -> dict[str, list[int]] | None:
+    """``{tensor name: shape}`` from the safetensors headers of ``folder`` (one file or an index of shards);
+    ``None`` for weights in another format (``pytorch_model.bin``: not checked)."""
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        return _read_header(folder, single)
+    if not index.is_file():
+        return None
+    try:
+        wmap = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(wmap.values()))
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
+        raise _bad(folder, "has a damaged model.safetensors.index.json (no weight_map)") from None
+    out: dict[str, list[int]] = {}
+    for s in shards:
+        if not (folder / s).is_file():
+            raise _bad(folder, f"is incomplete: the weight shard {s} listed in model.safetensors.index.json is missing")
+        out.update(_read_header(folder, folder / s))
+    missing = sorted(set(wmap) - set(out))
+    if missing:
+        raise _bad(folder, f"is incomplete: {len(missing)} tensors of the index are in no shard (first: {missing[0]})")
+    return out
+
+
+def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]]) -> None:
+    c = _text_config(cfg)
+    L = _first(c, "num_hidden_layers", "n_layer", "num_layers")
+    H = _first(c, "num_attention_heads", "n_head")
+    G = _first(c, "num_key_value_heads", default=H)
+    D = _first(c, "hidden_size", "n_embd")
+    d = _first(c, "head_dim", default=(D // H if D and H else None))
+    V = _first(c, "vocab_size")
+    layers = sorted({int(m.group(1)) for k in shapes if (m := _LAYER.match(k))})
+    if L is not None and layers and layers != list(range(L)):
+        raise _bad(folder, f"does not match its config: config.json says num_hidden_layers = {L}, the weights hold "
+                           f"{len(layers)} layers ({layers[0]} … {layers[-1]})")
+    if "quantization_config" in c or None in (H, G, D, d):
+        return  # packed (quantised) weights have other shapes; a config without the geometry is not checked
+    want = {"q_proj.weight": (H * d, "num_attention_heads", H), "k_proj.weight": (G * d, "num_key_value_heads", G),
+            "v_proj.weight": (G * d, "num_key_value_heads", G), "qkv_proj.weight": ((H + 2 * G) * d, "heads", H),
+            "query_key_value.weight": (3 * H * d, "num_attention_heads", H)}
+    for k, shape in shapes.items():
+        if not _LAYER.match(k):
+            continue
+        for suffix, (rows, field, value) in want.items():
+            if k.endswith("." + suffix) and len(shape) == 2 and (shape[0] != rows or shape[1] != D):
+                raise _bad(folder, f"does not match its config: {k} has shape {shape}, the config ({field} = "
+                                   f"{value}, num_key_value_heads = {G}, head_dim = {d}, hidden_size = {D}) needs "
+                                   f"[{rows}, {D}]")
+    for k, shape in shapes.items():
+        if k.endswith(("embed_tokens.weight", "embed_in.weight", "wte.weight")) and V and shape != [V, D]:
+            raise _bad(folder, f"does not match its config: {k} has shape {shape}, the config (vocab_size = {V}, "
+                               f"hidden_size = {D}) needs [{V}, {D}]")
+
+
+def check_folder(folder: Path) -> dict:
+    """Check ``folder`` against its config before any weight is read (see the module docstring); returns the
+    config. ``TypeError`` for a refused family, ``ValueError`` naming the folder for anything else."""
+    cfg = read_config(folder)
+    check_family(cfg)
+    shapes = weight_headers(folder)
+    if shapes is not None:
+        _check_shapes(folder, cfg, shapes)
+    return cfg
+
+
+# ----------------------------------------------------------------------------- the default model's manifest
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(4 * 2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def make_manifest(folder: Path) -> bytes:
+    """The manifest of ``folder``: every file's size and sha256 (JSON bytes, written as :data:`MANIFEST`)."""
+    files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+             for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+    return (json.dumps({"files": files}, indent=1, sort_keys=True) + "\n").encode()
+
+
+def manifest_damage(folder: Path, *, checksums: bool) -> str | None:
+    """What in ``folder`` differs from its manifest (a missing or resized file; with ``checksums``, a changed
+    sha256); ``"no manifest"`` when it has none; ``None`` when it matches."""
+    try:
+        files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
+        assert isinstance(files, dict)
+    except FileNotFoundError:
+        return "no manifest"
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AssertionError):
+        return f"its {MANIFEST} is unreadable"
+    for name, rec in sorted(files.items()):
+        p = folder / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != rec.get("size"):
+            return f"{name} has {p.stat().st_size} bytes, {rec.get('size')} when it was converted"
+    if checksums:
+        for name, rec in sorted(files.items()):
+            if file_sha256(folder / name) != rec.get("sha256"):
+                return f"{name} does not match its sha256 checksum recorded at conversion"
+    return None
