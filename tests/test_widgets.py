@@ -421,8 +421,14 @@ def _fingerprint(panel) -> str:
 
     figs = []
     for fw in panel.figures.values():
+        if isinstance(fw, Wd.TokenWidget):  # the token view: its HTML is what is shown
+            figs.append(fw.html)
+            continue
         d = json.loads(fw.to_json())
         d["layout"].pop("meta", None)  # the parameters written beside an export: not something shown
+        for key in ("annotations", "shapes"):  # an emptied list draws what no list draws
+            if d["layout"].get(key) == []:
+                d["layout"].pop(key)
         figs.append(json.dumps(d, sort_keys=True))
     return "|".join(figs) + "#" + panel.status.value
 
@@ -442,12 +448,13 @@ NB05 = dict(zeta=0.5, tau=1.0, target=0.25, eps_row=0.2, streak=1, eps_audit=0.2
     lambda cap: Wd.HeadsPanel(cap), lambda cap: Wd.PriorityPanel(cap),
     lambda cap: Wd.AuditPanel(cap, EntroPrefillParams(**NB05), certify=False),
     lambda cap: Wd.AuditPanel(cap, EntroPrefillParams(**{**NB05, "audit_mode": "sampled", "m_a": 32}), certify=False),
-    lambda cap: Wd.ShiftPanel(cap), lambda cap: Wd.PagesPanel(cap)],
-    ids=["heads", "priority", "audit-exact", "audit-sampled", "shift", "pages"])
-def test_every_shown_slider_changes_a_figure_or_the_status(smollm_capture, make):
-    """A slider that is shown and moves nothing misleads (issue: δ in the exact audit): each visible,
-    enabled slider, moved to one end (or else the other) from the panel's start, changes a figure's data
-    or the status; the hidden ones are the ones that could not."""
+    lambda cap: Wd.ShiftPanel(cap), lambda cap: Wd.PagesPanel(cap), lambda cap: Wd.TokenPanel(cap)],
+    ids=["heads", "priority", "audit-exact", "audit-sampled", "shift", "pages", "tokens"])
+def test_every_shown_control_changes_a_figure_or_the_status(smollm_capture, make):
+    """A control that is shown and moves nothing misleads (issue: δ in the exact audit, m₀ with nothing
+    removed): each visible, enabled slider moved to one end (or else the other), each dropdown set to its
+    other options, each check box flipped, from the panel's start, changes a figure's data or the status;
+    the hidden or disabled ones are the ones that could not. Every dropdown shows its value (a label)."""
     import ipywidgets as W
 
     panel = make(smollm_capture)
@@ -455,19 +462,30 @@ def test_every_shown_slider_changes_a_figure_or_the_status(smollm_capture, make)
     base = _fingerprint(panel)
     inert = []
     for name, w in panel.controls.items():
-        if not isinstance(w, W.widgets.widget_int._Int | W.widgets.widget_float._Float) or w.disabled \
-                or w.layout.display == "none":
+        if w.disabled or w.layout.display == "none":
+            assert w.tooltip, f"{name}: hidden or disabled without a reason in its tooltip"
             continue
-        lo, hi = _ends(w)
+        if isinstance(w, W.widgets.widget_int._Int | W.widgets.widget_float._Float):
+            tries = _ends(w)
+        elif isinstance(w, W.Dropdown):
+            assert w.label not in (None, ""), f"{name}: the dropdown shows a blank"
+            tries = [v for v in w._options_values if v != w.value]
+        elif isinstance(w, W.Checkbox):
+            tries = [not w.value]
+        else:
+            continue
         moved = False
-        for end in (lo, hi):
-            panel.set(**{name: end})
+        for v in tries:
+            panel.set(**{name: v})
             if panel.params()[name] != start[name] and _fingerprint(panel) != base:
                 moved = True
                 break
         panel.set(**{name: start[name]})
-        assert _fingerprint(panel) == base, f"{name}: back at its start value, the panel does not show the start"
+        now = _fingerprint(panel)
+        at = next((i for i, (x, y) in enumerate(zip(now, base)) if x != y), None)
+        assert now == base, (f"{name}: back at its start value, the panel does not show the start: "
+                             f"{base[max(0, (at or 0) - 150):(at or 0) + 150]!r} vs {now[max(0, (at or 0) - 150):(at or 0) + 150]!r}")
         if not moved:
             inert.append(name)
-    assert not inert, f"shown sliders that change nothing: {inert}"
+    assert not inert, f"shown controls that change nothing: {inert}"
 

@@ -181,12 +181,38 @@ def as_figure(fig) -> go.Figure:
     return fig.figure() if isinstance(fig, _Draft) else fig
 
 
+def _undrawn(y) -> bool:
+    """Whether a trace's ``y`` draws nothing (every value missing or non-finite)."""
+    if y is None or isinstance(y, str):
+        return False
+    try:
+        a = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError):  # categorical values: drawn
+        return False
+    return a.size > 0 and not np.isfinite(a).any()
+
+
+def _legend_only_drawn(traces) -> None:
+    """Legends list only drawn traces: a trace whose every ``y`` is missing (no certificate ``U_l``, no audit
+    bound) leaves the legend (``showlegend=False``), in place; the trace stays, so updates keep the structure."""
+    for t in traces:
+        get = t.get if isinstance(t, dict) else (lambda k, _t=t: getattr(_t, k, None))
+        if get("showlegend") is False or not _undrawn(get("y")):
+            continue
+        if isinstance(t, dict):
+            t["showlegend"] = False
+        else:
+            t.showlegend = False
+
+
 def _finish(fig, title: str, meta: dict, *, aspect: dict | None = None, **layout) -> go.Figure:
     """Title, ``meta`` and the workbench template; a :class:`_Draft` becomes its ``go.Figure`` here (or
     stays a draft inside :func:`drafts`). ``aspect``: the export height / width per column preset
-    (``{"single": …, "double": …}``, into ``meta["aspect"]``; multi-panel figures need more height)."""
+    (``{"single": …, "double": …}``, into ``meta["aspect"]``; multi-panel figures need more height).
+    Traces that draw nothing leave the legend (:func:`_legend_only_drawn`)."""
     if aspect is not None:
         meta = {**meta, "aspect": dict(aspect)}
+    _legend_only_drawn(fig.traces if isinstance(fig, _Draft) else fig.data)
     if isinstance(fig, _Draft):
         fig.update_layout(title=dict(text=title), meta=meta, **layout)
         fig.layout["template"] = TEMPLATE

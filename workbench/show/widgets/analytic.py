@@ -76,7 +76,40 @@ class PriorityPanel(Panel):
         self.controls = _ep_controls(("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0"), self.base, k=k)
         self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1)
         self.controls["certify"] = W.Checkbox(value=certify, description="LP certificate U")
+        self._m0_memo: dict = {}
         self._finish()
+        self._m0_state()
+
+    def m0_matters(self) -> bool:
+        """Whether ``m₀`` can change the selection or the certificate at the current other parameters: the
+        greedy's removals shrink and ``U_l`` falls as ``m₀`` grows (the cardinality row ``Σ x ≤ k − m₀``), so
+        ``m₀`` is inert exactly when ``m₀ = 0`` and ``m₀ = k`` give the same removals, ``D``, ``U`` and verdict."""
+        c = self.controls
+        p = _ep_from(c, self.base)
+        l, cert, k = int(c["layer"].value), bool(c["certify"].value), self.capture.spans.k
+        key = (p.replace(m0=0), l, cert)
+        if key not in self._m0_memo:
+            inputs = proposal_inputs(self.capture, p)
+            out = []
+            for m0 in (0, k):
+                sel = layer_proposal(self.capture, p.replace(m0=m0), l, certify=cert, inputs=inputs).selection
+                out.append(None if sel is None else (tuple(sel.removed), sel.D, sel.U, sel.verdict.replace(
+                    f"m0={m0}", "").replace(f"m₀ = {m0}", "")))
+            self._m0_memo = {key: out[0] != out[1]}
+        return self._m0_memo[key]
+
+    def _m0_state(self) -> None:
+        """Disable ``m₀`` (the reason in its tooltip) when it cannot change anything here."""
+        w = self.controls["m0"]
+        on = self.m0_matters()
+        w.disabled = not on
+        w.tooltip = (self.tooltip("m0") if on else
+                     "m₀ cannot change anything here: at this layer the greedy removes the same chunks, and U_l is "
+                     "the same, for every m₀ in [0, k] (nothing is removed even with m₀ = 0)")
+
+    def update(self) -> None:
+        super().update()
+        self._m0_state()
 
     def analysis(self):
         """``(params, pooling, priorities, selection or None, envelope or None)`` at the chosen layer."""
@@ -192,8 +225,8 @@ class ShiftPanel(Panel):
             "ref_start": SLIDERS["ref_start"].make(1, lo=1, hi=max(n_dec, 1), continuous=False),
             "W": SLIDERS["W"].make(n_tail, lo=1, hi=n_tail),
             "level": W.Dropdown(options=["group", "head"], value="group", description="level"),
-            "layer": W.Dropdown(options=[("all", None)] + [(str(l), l) for l in range(capture.L)], value=None,
-                                description="layer"),
+            "layer": W.Dropdown(options=[("all", "all")] + [(str(l), l) for l in range(capture.L)], value="all",
+                                description="layer"),  # not None: a Dropdown shows None as a blank
         }
         self._shift_key = self._shift = None
         if n_dec == 1:
@@ -213,7 +246,8 @@ class ShiftPanel(Panel):
     def compute(self):
         sh = self._analyse()
         c = self.controls
-        fig = plots.shift_steps(sh, level=c["level"].value, layer=c["layer"].value)
+        layer = None if c["layer"].value == "all" else int(c["layer"].value)
+        fig = plots.shift_steps(sh, level=c["level"].value, layer=layer)
         s = sh.summary()
         parts = [f"{r.level}: recall r=0 {r.recall_0:.3f} → r=1 {r.recall_1:.3f}, leap fraction {r.leap_fraction:.2f}"
                  for r in s.itertuples()]
@@ -242,7 +276,24 @@ class PagesPanel(Panel):
             **_ep_controls(("zeta", "tau"), self.base),
             "layer": SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1),
         }
+        self._k_range()
+        self.controls["page"].observe(self._k_range, names="value")  # before the panel's own observer
         self._finish()
+
+    def n_pages(self) -> int:
+        """Pages of the prompt at the current page size: ``⌈T / b⌉``."""
+        return -(-self.capture.T // int(self.controls["page"].value))
+
+    def _k_range(self, change=None) -> None:
+        """K's range follows the data: ``1 ≤ K ≤`` the number of pages (a smaller page size allows more)."""
+        k = self.controls["K"]
+        n = self.n_pages()
+        silent, self._silent = self._silent, True
+        try:
+            k.max = max(1, n)
+        finally:
+            self._silent = silent
+        k.tooltip = f"{self.tooltip('K')} (here at most the {n} pages of size b = {int(self.controls['page'].value)})"
 
     def analysis(self):
         c = self.controls

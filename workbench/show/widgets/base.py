@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from workbench.analyse.params import PRIORITIES, EntroPrefillParams
 from workbench.show import export
+from workbench.show.notation import tooltip
 from workbench.show.plots import as_figure, drafts, update_figure
 from workbench.show.token_view import TokenView
 from workbench.show.widgets.token_widget import TokenWidget
@@ -115,6 +116,8 @@ class Panel(abc.ABC):
     """
 
     title = "panel"
+    #: control name → its key in the notation table where they differ (e.g. the token view's page index)
+    TOOLTIP_KEYS: dict[str, str] = {}
 
     def __init__(self):
         self.controls: dict[str, W.Widget] = {}
@@ -141,8 +144,16 @@ class Panel(abc.ABC):
         """The pure analysis result(s) for the current controls (no figures)."""
 
     # ----- building -----
+    def tooltip(self, name: str) -> str:
+        """The tooltip of control ``name``: its row of the notation table (:mod:`workbench.show.notation`)."""
+        return tooltip(self.TOOLTIP_KEYS.get(name, name))
+
     def _finish(self) -> None:
-        """Compute once, build the figure widgets and the container, and watch the controls."""
+        """Compute once, build the figure widgets and the container, and watch the controls. Every control
+        gets its tooltip from the notation table (unless a panel set a more specific one)."""
+        for name, w in self.controls.items():
+            if not w.tooltip:
+                w.tooltip = self.tooltip(name)
         figs, status = self.compute()
         self.status.value = status
         self.figures = {name: _widget_figure(f, name) for name, f in figs.items()}

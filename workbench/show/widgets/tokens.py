@@ -25,6 +25,7 @@ class TokenPanel(Panel):
     """
 
     title = "Attention over the prompt text"
+    TOOLTIP_KEYS = {"page": "page_view"}
 
     def __init__(self, capture, *, layer: int | None = None, removed=None, removed_layer: int | None = None,
                  removed_group: int | None = None, params: EntroPrefillParams | None = None, per_page: int = 384):
