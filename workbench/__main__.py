@@ -174,6 +174,8 @@ CLI_ERRORS = (ValueError, TypeError, OSError, RuntimeError, LockBusy)
 
 
 def _one_line(cmd: str, e) -> str:
+    if isinstance(e, OSError) and e.strerror:  # "[Errno 28] ..." is noise: the message and the file it names
+        e = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     text = " ".join(str(e).split()) or type(e).__name__
     return f"python -m workbench {cmd}: error: {text}"
 
