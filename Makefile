@@ -1,6 +1,6 @@
 # Two commands on a fresh machine (see README.md):
 #   make lab    set up, then JupyterLab on notebooks/ with the default model ready
-#   make test   set up, then the whole test suite
+#   make test   set up, then the whole test suite (make test-fast: without the model and the slow tests)
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 MODEL   ?=
 DEVICE  ?=
 
-.PHONY: setup lab test test-peers test-floor report capture bench clean-venv
+.PHONY: setup lab test test-fast test-peers test-floor report capture bench clean-venv
 
 setup: $(STAMP)
 
@@ -52,6 +52,11 @@ lab: setup
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The fast lane: every test that needs neither the embedded model nor a browser nor minutes (tests/conftest.py
+# marks the model's tests); WORKBENCH_HYPOTHESIS=dev makes the property tests a tenth as long.
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not model and not slow" $(PYTEST_ARGS)
 
 report: setup
 	$(BIN)/python -m workbench report

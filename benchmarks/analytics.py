@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import statistics
 import time
@@ -33,6 +31,7 @@ sys_path = Path(__file__).resolve().parent
 import sys  # noqa: E402
 
 sys.path.insert(0, str(sys_path))
+import _harness as harness  # noqa: E402
 from prune import layout  # noqa: E402  (same T-token layout as the prune benchmark)
 
 
@@ -128,10 +127,7 @@ def main():
     if a.shape:
         torch.set_num_threads(1)
         res = main_shape(a)
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(dict(meta=dict(machine=platform.machine(), threads=torch.get_num_threads(),
-                                                         torch=torch.__version__, load_avg=os.getloadavg()),
-                                               results=res), indent=2))
+        harness.write_json(a.out, dict(results=res))
         print(f"wrote {a.out}")
         return
     a.T = a.T[0]
@@ -183,9 +179,7 @@ def main():
           f"p95 {res['recompute_p95_ms']:.1f} ms (n={len(ms)}); per slider {json.dumps({k: round(v, 1) for k, v in per.items()})}")
     print(f"LP certificate: {res['lp_per_layer_median_ms']:.1f} ms per layer (median), "
           f"{res['lp_all_layers_ms']:.0f} ms for all {len(lp)} monitored layers")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(dict(meta=dict(machine=platform.machine(), threads=torch.get_num_threads(),
-                                                     torch=torch.__version__), results=res), indent=2))
+    harness.write_json(a.out, dict(results=res))
     print(f"wrote {a.out}")
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import statistics
 import subprocess
@@ -19,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import _harness as harness
 import torch
 
 ROWS = dict(observer=8, audit=16, tail=32)
@@ -133,10 +133,7 @@ def main():
               f"| extra peak: capture {r['capture_extra_peak_mib']:.1f} MiB, eager {r['eager_extra_peak_mib']:.1f} MiB "
               f"({100 * r['peak_fraction']:.1f}%)  held: {r['capture_held_mib']:.1f} vs {r['eager_held_mib']:.1f} MiB "
               f"({100 * r['held_fraction']:.2f}%)", flush=True)
-    meta = dict(machine=platform.machine(), cpus=torch.get_num_threads(), torch=torch.__version__,
-                targets=dict(ratio_at_2048="<= 1.10", memory_fraction="<= 0.05"))
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(dict(meta=meta, results=rows), indent=2))
+    harness.write_json(a.out, dict(results=rows), targets=dict(ratio_at_2048="<= 1.10", memory_fraction="<= 0.05"))
     print(f"wrote {a.out}")
 
 

@@ -18,8 +18,6 @@ Layers as in Llama-3.1-8B (hidden 4096, 32 query heads, 8 KV heads, head dim 128
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _harness as harness  # noqa: E402
 from _memory import PeakRSS  # noqa: E402
 from gpu import build_model, layout  # noqa: E402
 
@@ -97,9 +96,7 @@ def main(argv=None) -> int:
               f"time plain {plain_s:.1f} s, capture fp32 {s32:.1f} s, fp16 {s16:.1f} s; fp16 vs fp32: max rel dmu "
               f"{r['mu_max_rel_err']:.2e}, max |dH| {r['H_max_abs_err']:.2e}, same decision {r['same_decision']}", flush=True)
         del c32, c16
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(dict(meta=dict(load_avg=os.getloadavg(), torch=torch.__version__,
-                                                     threads=torch.get_num_threads()), results=out), indent=2))
+    harness.write_json(a.out, dict(results=out))
     print(f"wrote {a.out}")
     return 0
 

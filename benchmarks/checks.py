@@ -14,13 +14,12 @@ A synthetic capture shaped like the default model's (L = 30, H_Q = 9, G = 3) on 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import _harness as harness
 import torch
 
 
@@ -74,10 +73,7 @@ def main() -> None:
     print(f"| {'step':28s} | seconds |")
     for name, t in rows.items():
         print(f"| {name:28s} | {t:.4f} |")
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"T": sp.T, "shape": list(cap.attn.shape), "n": a.n, "seconds": rows,
-                               "machine": platform.platform()}, indent=2))
+    harness.write_json(a.out, {"T": sp.T, "shape": list(cap.attn.shape), "n": a.n, "seconds": rows})
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ number of layers where the target was reached, and in how many layers the answer
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+import _harness as harness
 
 PRIORITIES = ("renyi", "mass", "uniform", "random", "headmax")
 
@@ -68,8 +69,7 @@ def main():
           f"{cap.spans.chunk_doc.index(cap.spans.answer_doc)}; target {a.target} of N, eps_row {a.eps_row}, m0 1, "
           f"audit exact eps_audit 0.3, streak 0")
     print(md)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(dict(target=a.target, eps_row=a.eps_row, rows=rows), indent=2))
+    harness.write_json(a.out, dict(target=a.target, eps_row=a.eps_row, rows=rows))
 
 
 if __name__ == "__main__":

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
+import _harness as harness
 import pandas as pd
-import torch
 
 OUT = Path(__file__).parent / "out"
 
@@ -48,17 +47,13 @@ def markdown(df: pd.DataFrame, floatfmt: str = "{:.3g}") -> str:
 
 
 def _write(part: str, meta: dict, rows, out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"eviction_{part}.json"
-    path.write_text(json.dumps(dict(meta=meta, results=rows), indent=2, default=str))
+    path = harness.write_json(out_dir / f"eviction_{part}.json", dict(results=rows), **meta)
     print(f"wrote {path}\n", flush=True)
 
 
 def _meta(**kw) -> dict:
-    import transformers
-
-    return dict(machine=platform.machine(), threads=torch.get_num_threads(), torch=torch.__version__,
-                transformers=transformers.__version__, **kw)
+    """The part's own settings, written beside the harness's metadata."""
+    return dict(kw)
 
 
 def _ids_of_length(tok, T: int) -> list[int]:

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
+import _harness as harness
 import pandas as pd
 import torch
 from eviction import markdown  # benchmarks/eviction.py (the script's folder is on the path)
@@ -220,10 +219,9 @@ def main(argv=None) -> int:
         keep([dict(x, task="needle", item="needle") for x in r])
     df = pd.DataFrame(rows)
     OUT.mkdir(exist_ok=True)
-    meta = {"machine": platform.platform(), "torch": torch.__version__, "args": vars(args),
-            "new_tokens": {"squad": n_squad, "needle": n_needle}, "wall_s": time.perf_counter() - t_start,
-            "load_avg_end": os.getloadavg()}
-    (OUT / ("eviction_field_needle.json" if args.no_squad else "eviction_field.json")).write_text(json.dumps({"meta": meta, "rows": rows}, default=str, indent=1))
+    harness.write_json(OUT / ("eviction_field_needle.json" if args.no_squad else "eviction_field.json"), {"rows": rows},
+                       indent=1, args=vars(args), new_tokens={"squad": n_squad, "needle": n_needle},
+                       wall_s=time.perf_counter() - t_start)
     print(markdown(summary(df)))
     return 0
 

@@ -14,8 +14,6 @@ a narrow MLP and a small vocabulary, which the KV cache does not depend on). At 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
@@ -26,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _harness as harness  # noqa: E402
 from _memory import PeakRSS, rss_bytes  # noqa: E402
 from gpu import build_model, layout  # noqa: E402
 
@@ -71,9 +70,7 @@ def main(argv=None) -> int:
               f"peak +{r['evict_decode_peak_extra'] / 2**20:.0f} MiB above the prefill's level; decode step full "
               f"{r['decode_step_full_ms']:.1f} ms, B=T/4 {r['decode_step_b25_ms']:.1f} ms", flush=True)
         del sess, full, snap
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(dict(meta=dict(load_avg=os.getloadavg(), torch=torch.__version__,
-                                                     threads=torch.get_num_threads()), results=out), indent=2))
+    harness.write_json(a.out, dict(results=out))
     print(f"wrote {a.out}")
     return 0
 

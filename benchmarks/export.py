@@ -11,9 +11,6 @@ Prints a markdown table and writes ``benchmarks/out/export.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -24,6 +21,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import _harness as harness  # noqa: E402
 
 from workbench.show import export as ex  # noqa: E402
 from workbench.show.plots import TEMPLATE  # noqa: E402
@@ -101,14 +100,10 @@ def main(argv=None) -> int:
     print(markdown(rows))
     print(f"\nserver start (Chromium launch + probe): {start_s:.2f} s; export_all of both figures on the warm "
           f"server: {all_s:.2f} s")
-    meta = dict(machine=platform.machine(), cpus=os.cpu_count(), python=platform.python_version(),
-                load_avg=os.getloadavg(), reps=args.reps, versions=ex._versions(), browser=ex.browser_path(),
-                note="one export = PDF + SVG + PNG (single column, 300 dpi) + JSON + CSV; first_export_s of the "
-                     "first figure includes the server start")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(meta=meta, server_start_s=start_s, export_all_s=all_s, results=rows),
-                              indent=2, default=str))
+    out = harness.write_json(args.out, dict(server_start_s=start_s, export_all_s=all_s, results=rows),
+                             reps=args.reps, export_versions=ex._versions(), browser=ex.browser_path(),
+                             note="one export = PDF + SVG + PNG (single column, 300 dpi) + JSON + CSV; first_export_s "
+                                  "of the first figure includes the server start")
     print(f"wrote {out}")
     return 0
 

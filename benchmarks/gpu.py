@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
-import platform
 import statistics
 import sys
 import time
@@ -32,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _harness as harness  # noqa: E402
 from _memory import PeakRSS  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
@@ -235,11 +234,8 @@ def main(argv=None) -> int:
             for name, p in r.get("policies", {}).items():
                 print(f"    {name:13s} overhead {p['overhead_vs_prefill']:.3f} x prefill (score {p['score_s'] * 1e3:.1f} ms)")
         del model
-    meta = dict(device=torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine(),
-                torch=torch.__version__, smoke=smoke, note="smoke run on the CPU: not GPU numbers" if smoke else "")
-    path = Path(a.out or Path(__file__).parent / "out" / ("gpu_smoke.json" if smoke else "gpu.json"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(meta=meta, results=out), indent=2, default=str))
+    path = harness.write_json(a.out or Path(__file__).parent / "out" / ("gpu_smoke.json" if smoke else "gpu.json"),
+                              dict(results=out), smoke=smoke, note="smoke run on the CPU: not GPU numbers" if smoke else "")
     print(f"wrote {path}")
     return 0
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-import torch
+import _harness as harness
 
 CHUNK = 64
 
@@ -137,12 +136,9 @@ def main():
     l_stars = a.l_stars or [-1, L // 3 - 1, L // 2 - 1, 2 * L // 3 - 1]
     rows = main_timing(a.T, a.reps, l_stars, a.keeps)
     mem = measure_memory(a.T, L // 3 - 1, 0.5)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(dict(
-        meta=dict(machine=platform.machine(), threads=torch.get_num_threads(), torch=torch.__version__,
-                  note="l* = 9 is 'L/3' (the gather after 10 of 30 blocks)",
-                  targets=dict(measured_over_predicted="within 15%", speedup_at_L3_half=">= 1.4")),
-        results=rows, memory_mib=mem), indent=2))
+    harness.write_json(a.out, dict(results=rows, memory_mib=mem),
+                       note="l* = 9 is 'L/3' (the gather after 10 of 30 blocks)",
+                       targets=dict(measured_over_predicted="within 15%", speedup_at_L3_half=">= 1.4"))
     print(f"wrote {a.out}")
 
 

@@ -10,8 +10,9 @@ first-token agreement and the composed bound.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+
+import _harness as harness
 
 
 def main():
@@ -59,8 +60,7 @@ def main():
         print(f"| {r['setting']} | {r['l_star']} | {r['removed']} | {r['T_prime']} | {r['answer_removed']} | "
               f"{r['text'].strip()!r} | {f(r['margin'], '.3f')} | {f(r['Delta_L'], '.1f')} | {f(r['Lambda'], '.3f')} | "
               f"{r['certified'] if r['certified'] is not None else '–'} | {r['agree']} | {f(r['composed'], '.3g')} |")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(rows, indent=2, default=str))
+    harness.write_json(a.out, dict(results=rows))
 
 
 if __name__ == "__main__":

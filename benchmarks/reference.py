@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
-import platform
-import subprocess
 import time
 from pathlib import Path
 
+import _harness as harness
 import pandas as pd
 import torch
 from eviction import markdown  # benchmarks/eviction.py (the script's folder is on the path)
@@ -114,12 +111,9 @@ def main(argv=None) -> int:
         del lm
     t = table(pd.concat(frames, ignore_index=True), a.pass_at)
     print(markdown(t, "{:.2f}"))
-    meta = {"commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "load_avg": os.getloadavg(),
-            "machine": platform.machine(), "cpus": os.cpu_count(), "args": vars(a)}
     if not a.smoke:
-        OUT.mkdir(exist_ok=True)
-        (OUT / "reference.json").write_text(json.dumps({"meta": meta, "rows": t.to_dict("records")}, indent=1))
+        harness.write_json(OUT / "reference.json", {"rows": t.to_dict("records")}, indent=1,
+                           args=vars(a))
     return 0
 
 

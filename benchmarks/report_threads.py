@@ -10,12 +10,12 @@ machine oversubscribed OpenMP threads can be slower than one.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 
+import _harness as harness
 import torch
 
 
@@ -53,9 +53,7 @@ def main():
         print(f"| {r['task']} | {r['cell']} | {r['threads']} | {r['median_s']:.2f} | {r['runs']} |")
     tot = {th: sum(r["median_s"] for r in rows if r["threads"] == th) for th in a.threads}
     print("total per thread count:", {k: round(v, 2) for k, v in tot.items()})
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rows": rows, "total": tot, "load_before": load0, "load_after": load1}, indent=1))
+    harness.write_json(a.out, {"rows": rows, "total": tot, "load_before": load0, "load_after": load1}, indent=1)
 
 
 if __name__ == "__main__":

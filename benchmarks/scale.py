@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _harness as harness  # noqa: E402
 from analytics import SHAPES, peak_rss_mib, recompute, slider_draws, synthetic_layout  # noqa: E402
 from plotly.utils import PlotlyJSONEncoder  # noqa: E402
 
@@ -157,10 +157,7 @@ def main(argv=None) -> int:
         print(f"| {name} | " + " | ".join(f"{y:.3g}" for y in ys) + f" | {fits[name]:.2f} |")
     msg = [max(r["widgets"][p]["max_message_bytes"] for p in ("heads", "pages")) for r in rows]
     print("| largest widget message (bytes) | " + " | ".join(str(m) for m in msg) + " | |")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(dict(meta=dict(load_avg=os.getloadavg(), torch=torch.__version__,
-                                                     threads=torch.get_num_threads()), results=rows, exponents=fits),
-                                      indent=2))
+    harness.write_json(a.out, dict(results=rows, exponents=fits))
     print(f"wrote {a.out}")
     return 0
 

@@ -36,6 +36,7 @@ import time
 import warnings
 from pathlib import Path
 
+import _harness as harness
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -373,7 +374,7 @@ def main():
                   *cap_check(lm, squad, df, out.with_name(f"{out.stem}_cap{a.cap_tokens}.parquet"), a.cap_tokens)]
     md = "\n\n".join(parts)
     print(md)
-    atomic_write_bytes(out.with_name(out.stem + "_summary.md"), (md + "\n").encode())
+    harness.write_markdown(out.with_name(out.stem + "_summary.md"), md)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as harness  # noqa: E402
 import study  # noqa: E402
 
 from workbench.study import findings  # noqa: E402
-from workbench.util import atomic_write_bytes  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out-dir", default=str(Path(__file__).parent / "out"))
@@ -65,7 +65,7 @@ t = df.groupby("task").prompt_tokens.agg(["min", "median", "max"]).reset_index()
 out += ["**Prompt tokens per task**", md(t)]
 hc = df[df.method == "full"].groupby("task").hit_cap.mean().reset_index()
 out += ["**Full-context replies that hit the `max_new_tokens` cap**", md(hc)]
-atomic_write_bytes(od / "study_tables.md", ("\n\n".join(out) + "\n").encode())
+harness.write_markdown(od / "study_tables.md", "\n\n".join(out))
 print("\n\n".join(out))
 # compact timing: prompts with one shared prefill and batched decoding
 keep, one, paid = study.timed_prompts(df)
@@ -88,5 +88,5 @@ timing_md = "\n\n".join([f"### Timing (1 thread per worker, two workers on the 2
     "Rule: `amortised_s = method_s + shared_s / sharing` (the shared eviction prefill spread over the prompt's 30 eviction cells; "
     "batched, a cell's `method_s` is its plan's time / 30). `score_ms`: each policy's own scoring, mean per prompt, the "
     "cheapest and the dearest policy. Per-setting rows: `benchmarks/study_summary.md`.", md(tab)])
-atomic_write_bytes(od / "study_timing.md", (timing_md + "\n").encode())
+harness.write_markdown(od / "study_timing.md", timing_md)
 print(timing_md)

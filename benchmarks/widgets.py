@@ -14,14 +14,13 @@ analytic sliders only (no model call).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+import _harness as harness
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -75,7 +74,6 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "widgets.json"))
     a = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
 
     from workbench.analyse.params import EntroPrefillParams
     from workbench.capture import RowSet, run_capture
@@ -132,19 +130,8 @@ def main():
             print(f"| {name} | {s} | {v['analysis_ms']:.1f} | {v['figure_ms']:.1f} | {v['sync_ms']:.1f} | "
                   f"{v['total_ms']:.1f} | {v['max_total_ms']:.1f} |")
     out = {"T": spans.T, "k": spans.k, "L": cap.L, "n": a.n, "capture_s": capture_s, "model_calls": calls["n"],
-           "threads": torch.get_num_threads(), "machine": platform.platform(), "python": platform.python_version(),
            "panels": results}
-    path = Path(a.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(out, f, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    path = harness.write_json(a.out, out)
     print(f"wrote {path}")
 
 

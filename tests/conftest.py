@@ -1,10 +1,27 @@
-"""Shared fixtures. The default model is loaded once per session (converted once per machine)."""
+"""Shared fixtures and the suite's rules.
+
+- The default model is loaded once per session (converted once per machine).
+- Hypothesis profiles ``dev``, ``ci`` (default), ``nightly``, chosen by ``$WORKBENCH_HYPOTHESIS``; property
+  tests write their CI count through ``_examples.examples(n)`` (counts per profile: ``tests/_examples.py``).
+- Every test that uses the embedded default model is marked ``model`` here (:func:`uses_the_model`), so
+  ``pytest -m "not model and not slow"`` is the fast lane. The browser tests (a JupyterLab server and a
+  chromium) are marked ``slow``.
+- Under pytest-xdist (``-n 2 --dist loadgroup``) the tests that share an expensive module fixture run in one
+  worker: the browser tests (one JupyterLab server), the report's subprocess, the eviction runs.
+- Each notebook executes once per run: ``test_browser.py`` executes it in JupyterLab where Debian's chromium
+  exists (and makes the headless test's assertions); ``test_notebooks.py::test_notebook_executes`` runs it
+  with nbclient only where the browser test for that notebook is not part of the run.
+"""
 from __future__ import annotations
 
+import inspect
 import os
+import re
 
 import pytest
 import torch
+from _examples import PROFILES, profile_name
+from hypothesis import settings
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -12,8 +29,93 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # floor next to NVIDIA kvpress); the main suite never collects it, so it never imports kvpress.
 collect_ignore = [] if os.environ.get("WORKBENCH_PEERS") else ["peers"]
 torch.manual_seed(0)
+# Under pytest-xdist the workers share the cores: each gets its share of torch's intra-op threads (two
+# workers on two cores: one thread each; torch's default would oversubscribe the cores and spin-wait).
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+for _name, (_scale, _least, _default) in PROFILES.items():
+    settings.register_profile(_name, max_examples=_default)
+settings.load_profile(profile_name())
+
+# ----------------------------------------------------------------------------- the model marker
+# A test uses the default model when its fixture closure holds one of these fixtures (every fixture built
+# on the model depends on ``smollm``), or when its code or the code of one of its fixtures loads the default
+# model itself: ``load_model()`` without a model argument, or ``python -m workbench capture|report`` (no
+# ``--model``: the embedded one).
+MODEL_FIXTURES = frozenset({"smollm"})
+_MODEL_CALL = re.compile(r"\bload_model\(\s*(\)|device=|progress=|None\b)"
+                         r"|[\"']-m[\"'],\s*[\"']workbench[\"'],\s*[\"'](capture|report)[\"']")
+# Tests that share a module fixture worth building once (a server, a subprocess run, model runs) stay in one
+# xdist worker (``--dist loadgroup``); without xdist the marker does nothing.
+XDIST_GROUPS = {"test_browser.py": "browser", "test_report.py": "report", "test_eviction.py": "eviction",
+                "test_notebooks.py": "notebooks", "test_figure_layout.py": "browser"}
 
 
+def _sources(item) -> list[str]:
+    """The source of the test function and of every fixture it uses that is defined in tests/ (not a
+    builtin or plugin fixture)."""
+    funcs = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        for fd in (info.name2fixturedefs.get(name, ()) if info else ()):
+            funcs.append(fd.func)
+    out = []
+    for f in funcs:
+        try:
+            if f is not None and "tests" in inspect.getsourcefile(f).replace("\\", "/").split("/"):
+                out.append(inspect.getsource(f))
+        except (OSError, TypeError):
+            continue
+    return out
+
+
+def uses_the_model(item) -> bool:
+    """Whether ``item`` uses the embedded default model (see :data:`MODEL_FIXTURES` and :data:`_MODEL_CALL`)."""
+    if item.get_closest_marker("model") is not None:
+        return True
+    if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    return any(_MODEL_CALL.search(src) for src in _sources(item))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if uses_the_model(item) and item.get_closest_marker("model") is None:
+            item.add_marker(pytest.mark.model)
+        group = XDIST_GROUPS.get(item.path.name)
+        if group and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+class _NotebookOnce:
+    """After selection (``-m``, ``-k``, node ids): drop the nbclient execution of a notebook whose browser
+    test is part of the run, where the browser test can run (so each notebook executes once)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        from _notebook_checks import BROWSER_RUNS, BROWSER_TEST, HEADLESS_TEST, notebook_of
+
+        if not BROWSER_RUNS:
+            return
+        in_browser = {notebook_of(i) for i in items if i.originalname == BROWSER_TEST and i.path.name == "test_browser.py"}
+        dropped = [i for i in items if i.originalname == HEADLESS_TEST and i.path.name == "test_notebooks.py"
+                   and notebook_of(i) in in_browser]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [i for i in items if i not in dropped]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "xdist_group(name): tests that run in one pytest-xdist worker")
+    config.pluginmanager.register(_NotebookOnce(), "workbench-notebook-once")
+
+
+def pytest_report_header(config):
+    return f"hypothesis profile: {profile_name()} ($WORKBENCH_HYPOTHESIS: dev, ci, nightly)"
+
+
+# ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="session")
 def smollm():
     """The embedded SmolLM2-135M-Instruct (``LoadedModel``), on CPU in fp32."""

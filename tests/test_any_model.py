@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from _examples import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_conformance import SUPPORTED, _model, _spans
@@ -217,7 +218,7 @@ def test_notebook_runs_on_a_second_local_model(notebook, family, tmp_path, smoll
     monkeypatch.setenv("WORKBENCH_MODEL", str(folder))
     monkeypatch.setenv("WORKBENCH_DEVICE", "cpu")
     path = next(p for p in tn.NOTEBOOKS if p.name.startswith(notebook))
-    tn.test_notebook_executes(path, tmp_path, lambda *a: None)
+    tn.execute_headless(path, tmp_path)
 
 
 class _OddLayer(DynamicLayer):
@@ -240,7 +241,7 @@ def test_a_layer_that_cannot_be_compacted_warns_and_shows_in_the_bytes():
 
 
 @given(T=st.integers(12, 40), S=st.integers(3, 11), B=st.integers(4, 14), seed=st.integers(0, 10_000))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_window_layer_keeps_the_policy_choice_among_what_it_sees(T, S, B, seed):
     """SPEC §7 [decided]: a window layer keeps the policy's top-B among the positions it still holds
     (protected ones first), all of them when B >= their count."""

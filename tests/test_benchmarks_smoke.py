@@ -1,16 +1,87 @@
-"""``benchmarks/gpu.py`` runs end to end on the CPU (its 2-layer smoke version, small T): every measurement
-of the GPU script is exercised here, so the GPU run does not meet its first bug on the GPU."""
+"""The benchmark scripts: every one writes the same metadata through ``benchmarks/_harness.py`` (checked on
+the source of all of them and on the files of the runs below); ``benchmarks/gpu.py`` runs end to end on the CPU
+(its 2-layer smoke version, small T): every measurement of the GPU script is exercised here, so the GPU run
+does not meet its first bug on the GPU."""
 from __future__ import annotations
 
+import ast
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
 
+import _harness as harness  # noqa: E402
 import gpu  # noqa: E402
+
+SCRIPTS = sorted(p for p in BENCH.glob("[a-z]*.py"))
+# writes that are not results: a worker's claim file (study.py), the resume cache of finished prompts
+# (eviction_field.py), the study's kept-tokens parquet (its summary carries the metadata)
+OTHER_WRITES = {("study.py", "fdopen"), ("study.py", "atomic_write_bytes"), ("eviction_field.py", "open")}
+
+
+def _head() -> str | None:
+    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=BENCH, capture_output=True, text=True)
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def _check_meta(meta: dict) -> None:
+    assert set(harness.KEYS) <= set(meta), sorted(set(harness.KEYS) - set(meta))
+    assert meta["commit"] == _head()
+    assert set(meta["versions"]) == {"python", "torch", "transformers", "workbench"} and all(meta["versions"].values())
+    assert meta["threads"] >= 1 and meta["cpus"] >= 1 and len(meta["load_avg"]) == 3 and meta["machine"]
+
+
+def test_there_are_benchmark_scripts():
+    assert len(SCRIPTS) >= 17, [p.name for p in SCRIPTS]
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+def test_every_script_writes_through_the_harness(path):
+    """Each script imports the harness and writes its results with ``harness.write_json`` / ``write_markdown``;
+    no other write of a result (``write_text``, ``json.dump``, ``open(..., "w")``, ``atomic_write_bytes``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    imported = any(isinstance(n, ast.Import) and any(a.name == "_harness" for a in n.names) for n in ast.walk(tree))
+    assert imported, f"{path.name}: does not import _harness"
+    calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    names = {f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None) for f in calls}
+    harness_calls = [f.attr for f in calls if isinstance(f, ast.Attribute) and getattr(f.value, "id", None) == "harness"]
+    assert set(harness_calls) & {"write_json", "write_markdown"}, f"{path.name}: writes nothing through the harness"
+    other = {n for n in names & {"write_text", "write_bytes", "dump", "atomic_write_bytes", "fdopen"}
+             if (path.name, n) not in OTHER_WRITES}
+    for f in calls:  # open(..., "w"/"a") outside the allowed ones
+        if getattr(f, "id", None) == "open" and (path.name, "open") not in OTHER_WRITES:
+            call = next(c for c in ast.walk(tree) if isinstance(c, ast.Call) and c.func is f)
+            modes = [a.value for a in call.args[1:2] if isinstance(a, ast.Constant)]
+            if modes and any(ch in modes[0] for ch in "wax"):
+                other.add("open")
+    assert not other, f"{path.name}: writes a result without the harness's metadata: {sorted(other)}"
+
+
+def test_harness_layout(tmp_path):
+    """``write_json`` / ``write_markdown`` put the same metadata in a JSON file and a markdown file; a list
+    payload becomes ``results``; an extra key may not replace the harness's own; a file without it is refused."""
+    j = harness.write_json(tmp_path / "a" / "x.json", [1, 2], T=8)
+    d = json.loads(j.read_text())
+    assert d["results"] == [1, 2] and d["meta"]["T"] == 8
+    _check_meta(harness.read_meta(j))
+    m = harness.write_markdown(tmp_path / "x.md", "# table\n\n| a |\n|---|\n| 1 |\n", note="n")
+    text = m.read_text()
+    assert text.startswith("# table") and text.rstrip().endswith("-->")
+    meta = harness.read_meta(m)
+    _check_meta(meta)
+    assert meta["note"] == "n"
+    with pytest.raises(ValueError, match="^extra: \\['commit'\\]"):
+        harness.metadata(commit="x")
+    with pytest.raises(ValueError, match="^payload:"):
+        harness.write_json(tmp_path / "y.json", {"meta": {}})
+    (tmp_path / "bare.json").write_text("{}")
+    with pytest.raises(ValueError, match="^path: .*no benchmark metadata"):
+        harness.read_meta(tmp_path / "bare.json")
 
 
 def test_gpu_benchmark_smoke(tmp_path):
@@ -18,6 +89,7 @@ def test_gpu_benchmark_smoke(tmp_path):
     assert gpu.main(["--smoke", "--T", "192", "--reps", "1", "--steps", "2", "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["meta"]["smoke"] is True and "not GPU numbers" in d["meta"]["note"]
+    _check_meta(harness.read_meta(out))
     (r,) = d["results"]
     assert (r["T"], r["L"], r["H_Q"], r["G"], r["smoke"]) == (192, 2, 4, 2, True)
     # half-precision rows on the host: L · H_Q · R · T · 2 bytes (8 observers + the 32-token query)
@@ -38,6 +110,7 @@ def test_eviction_scale_smoke(tmp_path):
     out = tmp_path / "ev.json"
     assert eviction_scale.main(["--T", "512", "--steps", "2", "--out", str(out)]) == 0
     (r,) = json.loads(out.read_text())["results"]
+    _check_meta(harness.read_meta(out))
     assert (r["L"], r["H_Q"], r["G"], r["d"], r["budget"]) == (2, 32, 8, 128, 128)
     assert r["kv_bytes_b25"] == r["kv_bytes_b25_formula"] == 2 * 2 * 8 * 128 * 4 * 128
     assert r["kv_bytes_full"] == 2 * 2 * 8 * 128 * 4 * 512 and r["kv_ratio"] == 0.25

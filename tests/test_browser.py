@@ -1,24 +1,27 @@
 """Widget panels in a real JupyterLab, driven from a real browser (Debian chromium via Playwright).
 
 One JupyterLab server per module (random free port, token auth, a temporary root folder, its own
-config/settings/runtime folders, kernels on one intra-op thread) serves two notebooks:
+config/settings/runtime folders, kernels on one intra-op thread) serves every notebook and two synthetic ones:
 
-- ``02_sinks_and_pooling.ipynb`` from ``notebooks/`` (the real default model, loaded from the local
-  cache): the test opens it, runs every cell from the **Run** menu, waits for the closing
-  :class:`~workbench.show.widgets.HeadsPanel` and its plotly figures, reads the head-weight heatmap back from
-  the browser (the numbers plotly drew: every KV group's weights sum to 1, none below the floor ``ζ/r``),
-  moves the **ζ** slider with the keyboard (``Home``: ζ = 0.01) and checks that the figure followed:
-  the heatmap's data, its ``meta.zeta``, its image, the residual rows' labels (``w=…``) and the pixels;
+- every notebook, one test each (``test_notebook_panels_in_browser[NN]``), which is that notebook's execution
+  test (each notebook executes once per run: ``conftest.py`` deselects the nbclient run of
+  ``test_notebooks.py`` for it): run it from the **Run** menu, check the notebook as JupyterLab holds it with
+  the headless test's assertions (``_notebook_checks.check_executed``: no error, figures with data, a widget,
+  the checks cell's numbers), move every visible slider of every panel and check that the figures' data or
+  the status changed, flip each *re-run on change* toggle once (a model run), press *export figures* and
+  check the files, no console errors, screenshots;
+- on ``02_sinks_and_pooling.ipynb`` (the real default model) the same test also checks the closing
+  :class:`~workbench.show.widgets.HeadsPanel`: it reads the head-weight heatmap back from the browser (the
+  numbers plotly drew: every KV group's weights sum to 1, none below the floor ``ζ/r``), moves the **ζ**
+  slider with the keyboard (``Home``: ζ = 0.01) and checks that the figure followed: the heatmap's data, its
+  ``meta.zeta``, its image, the residual rows' labels (``w=…``) and the pixels;
 - a small panel notebook on a synthetic capture (fast): the layer slider moves the residual figure's title;
 - a token-view notebook on a synthetic capture: the rendered text of the token spans is the token strings
   (leading spaces, tabs, newlines); clicking a token makes that position's captured row the query row (the
-  boxed token and the *query row* menu follow); no console warnings;
-- every notebook, one test each (``test_notebook_panels_in_browser[NN]``): run it, move every visible slider
-  of every panel and check that the figures' data or the status changed, flip each *re-run on change*
-  toggle once (a model run), press *export figures* and check the files, no console errors, screenshots.
+  boxed token and the *query row* menu follow); no console warnings.
 
-Both notebooks are opened in a fresh workspace and run only once their own kernel is connected and
-idle. Screenshots of the panel before and after each move are test artefacts: they go to
+Every module test is marked ``slow`` (a server and a browser). Notebooks are opened in a fresh workspace and
+run only once their own kernel is connected and idle. Screenshots of the panel before and after each move are test artefacts: they go to
 ``$WORKBENCH_ARTIFACTS/browser/`` if that variable is set, else ``tests/artifacts/browser/``, else (not
 writable) the test's tmp folder; a full-page screenshot is added when a panel does not render. Every
 wait is bounded (``WORKBENCH_BROWSER_RUN_TIMEOUT``, default 420 s, for running the pooling notebook;
@@ -43,12 +46,12 @@ import uuid
 from pathlib import Path
 
 import pytest
+from _notebook_checks import CHROMIUM, check_executed
 
 _sync_api = pytest.importorskip("playwright.sync_api")
 PlaywrightTimeout = _sync_api.TimeoutError
 sync_playwright = _sync_api.sync_playwright
 
-CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
 POOLING_NB = ROOT / "notebooks" / "02_sinks_and_pooling.ipynb"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -56,7 +59,9 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 # The notebook runs the real model on a CPU shared with other jobs: 20 s alone, minutes under load.
 RUN_ALL_TIMEOUT_S = float(os.environ.get("WORKBENCH_BROWSER_RUN_TIMEOUT", "420"))
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Debian chromium at {CHROMIUM}")
+# a JupyterLab server and a chromium: never in the fast lane
+pytestmark = [pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no Debian chromium at {CHROMIUM}"),
+              pytest.mark.slow]
 
 SYNTHETIC_CELLS = [
     "import os\nos.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')\n"
@@ -212,7 +217,7 @@ def artifacts(request, tmp_path) -> Path:
         probe.unlink()
     except OSError:
         folder = tmp_path
-    prefix = {"test_pooling_notebook_zeta_slider": "02-", "test_synthetic_panel_layer_slider": "synthetic-",
+    prefix = {"test_synthetic_panel_layer_slider": "synthetic-",
               "test_token_view_click_sets_the_query_row": "tokens-"}.get(
         request.node.name, request.node.name + "-")
     for old in folder.glob(prefix + "*.png"):   # this test's screenshots from an earlier run
@@ -370,51 +375,57 @@ def _notebook_page(lab, name: str, console: list | None = None):
             _shutdown_kernels(base, token)
 
 
-@pytest.mark.model
-@pytest.mark.slow
-def test_pooling_notebook_zeta_slider(lab, artifacts):
-    """The pooling notebook (02) run from the Run menu; its HeadsPanel follows the ζ slider."""
-    with _notebook_page(lab, POOLING_NB.name) as page:
-        # the panel: two figures with data (the w heatmap of 30 layers x 9 heads, the residual rows)
-        _wait_panel(page, "ζ", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.href) "
-                               "&& figs.some(f => f.title.includes('per layer and head'))",
-                    RUN_ALL_TIMEOUT_S, artifacts / "02-not-rendered.png")
-        panel = _panel(page, "ζ")
-        panel.scroll_into_view_if_needed()
-        figs = _figures(page, "ζ")
-        heads = next(f for f in figs if "per layer and head" in f["title"])
-        residual = next(f for f in figs if f is not heads)
-        assert heads["meta"]["figure"] == "head_heatmap" and heads["meta"]["zeta"] == pytest.approx(0.5)
-        assert len(heads["z"]) == 30 and all(len(row) == 9 for row in heads["z"])   # SmolLM2: 30 layers, 9 heads
-        _head_weights_ok(heads["z"], zeta=0.5, r=3)
-        assert "layer 15" in residual["title"] and any("w=" in t for t in residual["yticks"])
-        before = artifacts / "02-pooling-panel-before.png"
-        panel.screenshot(path=str(before))
+def _pooling_zeta_checks(page, artifacts: Path) -> None:
+    """The pooling notebook (02), run: its HeadsPanel draws valid head weights and follows the ζ slider
+    (keyboard ``Home``: ζ = 0.01); ζ is typed back to 0.5 at the end (the notebook's value)."""
+    # the panel: two figures with data (the w heatmap of 30 layers x 9 heads, the residual rows)
+    _wait_panel(page, "ζ", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.href) "
+                           "&& figs.some(f => f.title.includes('per layer and head'))",
+                RUN_ALL_TIMEOUT_S, artifacts / "nb02-not-rendered.png")
+    panel = _panel(page, "ζ")
+    panel.scroll_into_view_if_needed()
+    figs = _figures(page, "ζ")
+    heads = next(f for f in figs if "per layer and head" in f["title"])
+    residual = next(f for f in figs if f is not heads)
+    assert heads["meta"]["figure"] == "head_heatmap" and heads["meta"]["zeta"] == pytest.approx(0.5)
+    assert len(heads["z"]) == 30 and all(len(row) == 9 for row in heads["z"])   # SmolLM2: 30 layers, 9 heads
+    _head_weights_ok(heads["z"], zeta=0.5, r=3)
+    assert "layer 15" in residual["title"] and any("w=" in t for t in residual["yticks"])
+    before = artifacts / "nb02-zeta-before.png"
+    panel.screenshot(path=str(before))
 
-        # ζ: Home on the slider's handle (keyboard) → the lowest value 0.01; the panel recomputes the pooling
-        zeta, handle = _slider_handle(page, "ζ")
-        handle.focus()
-        handle.press("Home")
-        _wait_figures(page, "ζ", "figs.some(f => f.meta && f.meta.figure === 'head_heatmap' "
-                                 "&& Math.abs(f.meta.zeta - 0.01) < 1e-9 && f.href !== " + json.dumps(heads["href"]) + ")",
-                      timeout_s=60)
-        assert float(zeta.locator(".widget-readout").first.inner_text(timeout=10_000)) == pytest.approx(0.01)
-        figs2 = _figures(page, "ζ")
-        heads2 = next(f for f in figs2 if f["meta"] and f["meta"]["figure"] == "head_heatmap")
-        residual2 = next(f for f in figs2 if f is not heads2)
-        assert heads2["meta"]["zeta"] == pytest.approx(0.01) and heads2["href"] != heads["href"], _kernel_errors(page)
-        _, low = _head_weights_ok(heads2["z"], zeta=0.01, r=3)
-        change = max(abs(a - b) for r1, r2 in zip(heads["z"], heads2["z"]) for a, b in zip(r1, r2))
-        assert change > 0.05, f"the drawn weights moved by at most {change}"
-        assert low < 0.5 / 3, "with ζ = 0.01 some head must fall below the old floor ζ/r = 1/6"
-        # the residual rows' labels carry w_h; the layer (and hence the title) stays
-        _wait_figures(page, "ζ", "figs.some(f => f.yticks.length && f.yticks.join('|') !== "
-                                 + json.dumps("|".join(residual["yticks"])) + ")", timeout_s=30)
-        assert residual2["title"] == residual["title"]
-        after = artifacts / "02-pooling-panel-after.png"
-        panel.screenshot(path=str(after))
-        assert before.read_bytes() != after.read_bytes(), "the panel's pixels did not change"
-        assert after.stat().st_size > 10_000
+    # ζ: Home on the slider's handle (keyboard) → the lowest value 0.01; the panel recomputes the pooling
+    zeta, handle = _slider_handle(page, "ζ")
+    handle.focus()
+    handle.press("Home")
+    _wait_figures(page, "ζ", "figs.some(f => f.meta && f.meta.figure === 'head_heatmap' "
+                             "&& Math.abs(f.meta.zeta - 0.01) < 1e-9 && f.href !== " + json.dumps(heads["href"]) + ")",
+                  timeout_s=60)
+    assert float(zeta.locator(".widget-readout").first.inner_text(timeout=10_000)) == pytest.approx(0.01)
+    figs2 = _figures(page, "ζ")
+    heads2 = next(f for f in figs2 if f["meta"] and f["meta"]["figure"] == "head_heatmap")
+    residual2 = next(f for f in figs2 if f is not heads2)
+    assert heads2["meta"]["zeta"] == pytest.approx(0.01) and heads2["href"] != heads["href"], _kernel_errors(page)
+    _, low = _head_weights_ok(heads2["z"], zeta=0.01, r=3)
+    change = max(abs(a - b) for r1, r2 in zip(heads["z"], heads2["z"]) for a, b in zip(r1, r2))
+    assert change > 0.05, f"the drawn weights moved by at most {change}"
+    assert low < 0.5 / 3, "with ζ = 0.01 some head must fall below the old floor ζ/r = 1/6"
+    # the residual rows' labels carry w_h; the layer (and hence the title) stays
+    _wait_figures(page, "ζ", "figs.some(f => f.yticks.length && f.yticks.join('|') !== "
+                             + json.dumps("|".join(residual["yticks"])) + ")", timeout_s=30)
+    assert residual2["title"] == residual["title"]
+    after = artifacts / "nb02-zeta-after.png"
+    panel.screenshot(path=str(after))
+    assert before.read_bytes() != after.read_bytes(), "the panel's pixels did not change"
+    assert after.stat().st_size > 10_000
+    # back to the notebook's ζ = 0.5 (typed into the editable readout) before the generic slider sweep
+    ro = zeta.locator(".widget-readout").first
+    ro.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("0.5")
+    page.keyboard.press("Enter")
+    _wait_figures(page, "ζ", "figs.some(f => f.meta && f.meta.figure === 'head_heatmap' "
+                             "&& Math.abs(f.meta.zeta - 0.5) < 1e-9)", timeout_s=60)
 
 
 def test_synthetic_panel_layer_slider(lab, artifacts):
@@ -542,7 +553,8 @@ def _wait_done(page, timeout_s: float) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_NOTEBOOKS, ids=[n[:2] for n in ALL_NOTEBOOKS])
 def test_notebook_panels_in_browser(lab, artifacts, name):
-    """Open the notebook, run it, then on every panel: move each visible slider (Home, or End at the start)
+    """Open the notebook, run it (the notebook's execution test: :func:`_notebook_checks.check_executed` on the
+    notebook JupyterLab holds; 02 also gets :func:`_pooling_zeta_checks`), then on every panel: move each visible slider (Home, or End at the start)
     and check that the figures' data or the status changed; flip each *re-run on change* toggle once (a model
     run, bounded); press *export figures* and check the files; no console errors; screenshots as artefacts."""
     console: list[str] = []
@@ -558,6 +570,11 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
             raise
         errors = _kernel_errors(page)
         assert not errors, "\n".join(e[-2000:] for e in errors)
+        # the execution test of this notebook (nbclient's run is deselected when this one runs): the headless
+        # test's assertions on the notebook as JupyterLab holds it, outputs included
+        check_executed(page.evaluate("() => window.jupyterapp.shell.currentWidget.context.model.toJSON()"))
+        if name == POOLING_NB.name:
+            _pooling_zeta_checks(page, artifacts)
         panels = _panels(page)
         assert panels, f"{name}: no panel with a slider"
         for p in panels:

@@ -1,9 +1,14 @@
-"""The headless entry point ``python -m workbench capture``."""
+"""The entry point ``python -m workbench``: one subprocess smoke test (``capture`` on the embedded model, a
+loadable file), the rest in process (``workbench.__main__.main([...])``, output captured): every argument is
+checked before a model loads (``load_model``/``run_report`` replaced by a function that fails the test)."""
 from __future__ import annotations
 
 import subprocess
 import sys
 
+import pytest
+
+import workbench.__main__ as cli
 from workbench.capture.data import Capture
 
 
@@ -19,17 +24,56 @@ def test_capture_command_writes_a_loadable_file(tmp_path):
     assert list(tmp_path.iterdir()) == [out]
 
 
-def test_cli_rejects_unknown_example(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "workbench", "capture", "--example", "nope",
-                        "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=600)
-    assert r.returncode != 0 and "name: no bundled example" in r.stderr
-    assert not (tmp_path / "x").exists()
+@pytest.fixture()
+def no_model(monkeypatch):
+    """``load_model`` and ``run_report`` fail the test: the arguments must be refused before either runs."""
+    def refuse(*a, **k):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(cli, "load_model", refuse)
+    monkeypatch.setattr(cli, "run_report", refuse)
 
 
-def test_report_rejects_bad_arguments(tmp_path):
+@pytest.mark.parametrize("argv,message", [
+    (["--example", "nope"], "name: no bundled example 'nope'"),
+    (["--decode", "-1"], "n_decode: "),
+    (["--tail", "-2"], "tail: "),
+    (["--device", "cuda:7" if not __import__("torch").cuda.is_available() else "nonsense"], "device"),
+])
+def test_capture_rejects_bad_arguments_before_loading(tmp_path, capsys, no_model, argv, message):
+    out = tmp_path / "x"
+    assert cli.main(["capture", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m workbench capture: error: ") and message in err, err
+    assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--n-squad", "-1"], "error: n_squad: must be an integer in [0, 1000]"),
+    (["--budget-fracs", "1.5"], "error: budget_fracs"),
+    (["--threads", "0"], "error: threads"),
+])
+def test_report_rejects_bad_arguments(tmp_path, capsys, no_model, argv, message):
     out = tmp_path / "rep"
-    r = subprocess.run([sys.executable, "-m", "workbench", "report", "--tiny", "--n-squad", "-1", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 2 and "error: n_squad: must be an integer in [0, 1000]" in r.stderr
-    assert "Traceback" not in r.stderr
+    assert cli.main(["report", "--tiny", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_argparse_refuses_before_anything(capsys, no_model):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["report", "--threads", "many"])
+    assert e.value.code == 2 and "must be 'auto' or an integer >= 1, got 'many'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["nonsense"])
+    assert e.value.code == 2
+
+
+def test_lab_dry_run_prints_the_command(capsys):
+    rc = cli.main(["lab", "--dry-run", "--port", "9011", "--token", "abc"])
+    out = capsys.readouterr().out
+    assert rc in (0, 1) and "JupyterLab: http://127.0.0.1:9011/lab?token=abc" in out
+    assert "--port=9011" in out and "--IdentityProvider.token=abc" in out
+    assert cli.main(["lab", "--dry-run", "--port", "0"]) == 2
+    assert "port: must be an integer in [1, 65535], got 0" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from _examples import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from plotly.utils import PlotlyJSONEncoder
@@ -29,7 +30,7 @@ class _Encoder(PlotlyJSONEncoder):
             return None
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(T=st.integers(1, 5000), width=st.integers(1, 1500), seed=st.integers(0, 10))
 def test_bins_cover_every_token_once_and_reduce_exactly(T, width, seed):
     b = dec.token_bins(T, width, offset=3)

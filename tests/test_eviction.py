@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
+from _examples import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,7 +67,7 @@ def _by(results, name, budget=None):
 
 
 # ----------------------------------------------------------------------------- shared selection step
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(seed=st.integers(0, 10_000), T=st.integers(1, 40), n_sink=st.integers(0, 6), recent=st.integers(0, 8),
        extra=st.integers(0, 40), levels=st.sampled_from([2, 5, 1000]), use_tb=st.booleans())
 def test_select_keep_properties(seed, T, n_sink, recent, extra, levels, use_tb):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _examples import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,7 @@ from workbench.run.spans import PromptSpans
 SMALL = dict(n_sink=2, recent=4)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.floats(0, 10), min_size=1, max_size=12), st.integers(0, 5), st.integers(0, 40), st.data())
 def test_split_budget_is_an_allocation(w, floor, extra, data):
     n = len(w)

@@ -4,7 +4,10 @@ Each executed notebook must show at least one plotly figure and no error output,
 cell (the checks) must print what it asserted; the committed notebooks must be clean (no outputs),
 end with a code cell that asserts and prints, name the ``attn-workbench`` kernel, and be identical to
 what ``notebooks/build.py`` writes from their jupytext sources ``notebooks/src/NN_*.py`` (one source per
-notebook and one notebook per source). The execution time of every notebook is printed (``pytest -s``;
+notebook and one notebook per source). Each notebook executes once per run: where Debian's chromium and
+Playwright exist, ``test_browser.py`` runs it in JupyterLab and makes the same assertions
+(``_notebook_checks.check_executed``), and ``conftest.py`` deselects the nbclient run of every notebook whose
+browser test is selected. The execution time of every notebook is printed (``pytest -s``;
 a table after the module) and recorded as the test property ``seconds`` (``--junitxml``).
 ``WORKBENCH_NB_CELL_TIMEOUT`` sets the per-cell timeout (s), ``WORKBENCH_NB_THREADS`` the kernels'
 intra-op threads (default 1; 0 = torch's default). ``WORKBENCH_MODEL`` and ``WORKBENCH_DEVICE`` are
@@ -15,13 +18,13 @@ notebooks name (``attn-workbench`` is installed by ``make lab``, not needed here
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
+from _notebook_checks import check_executed, uses_panel
 from nbclient import NotebookClient
 
 NB_DIR = Path(__file__).resolve().parent.parent / "notebooks"
@@ -35,8 +38,6 @@ CELL_TIMEOUT_S = int(os.environ.get("WORKBENCH_NB_CELL_TIMEOUT", "300"))
 KERNEL_THREADS = os.environ.get("WORKBENCH_NB_THREADS", "1")
 # Environment variables the notebooks read (notebooks/lab_setup.py), passed on to every kernel.
 KERNEL_ENV_PASSTHROUGH = ("WORKBENCH_MODEL", "WORKBENCH_DEVICE")
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 NOTEBOOK_TIMES: dict[str, float] = {}
 
 
@@ -64,17 +65,6 @@ def _kernel_env() -> dict[str, str]:
         env["MKL_NUM_THREADS"] = KERNEL_THREADS
     env.update({k: os.environ[k] for k in KERNEL_ENV_PASSTHROUGH if os.environ.get(k)})
     return env
-
-
-def _uses_panel(nb) -> bool:
-    """A notebook with a panel: one from workbench.show.widgets, or its own ipywidgets panel."""
-    return any("widgets import" in c.source or "import ipywidgets" in c.source for c in nb.cells if c.cell_type == "code")
-
-
-def _outputs(nb):
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            yield from cell.get("outputs", [])
 
 
 def test_there_are_notebooks():
@@ -108,7 +98,7 @@ def test_notebook_is_clean(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_has_a_panel(path):
     """notebooks/README.md promises an interactive panel in every notebook."""
-    assert _uses_panel(nbformat.read(path, as_version=4)), f"{path.name}: no interactive panel"
+    assert uses_panel(nbformat.read(path, as_version=4)), f"{path.name}: no interactive panel"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -148,9 +138,9 @@ def test_notebooks_are_in_sync():
     assert build.out_of_sync() == []
 
 
-@pytest.mark.model
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(path, tmp_path, record_property):
+def execute_headless(path, tmp_path, record_property=lambda *a: None) -> None:
+    """Run notebook ``path`` under nbclient (the kernels' environment from :func:`_kernel_env`) and make the
+    assertions of :func:`_notebook_checks.check_executed`; the executed copy is written to ``tmp_path``."""
     nb = nbformat.read(path, as_version=4)
     # kernel_name: this interpreter's python3 kernel, not the notebooks' attn-workbench (``make lab`` installs
     # that one); cwd notebooks/, where the notebooks import lab_setup from
@@ -166,21 +156,12 @@ def test_notebook_executes(path, tmp_path, record_property):
         nbformat.write(nb, tmp_path / path.name)  # executed copy for inspection on failure
     record_property("seconds", round(NOTEBOOK_TIMES[path.stem], 1))
     print(f"\n{path.name}: executed in {NOTEBOOK_TIMES[path.stem]:.1f} s")
-    outs = list(_outputs(nb))
-    errors = [o for o in outs if o.output_type == "error"]
-    assert not errors, [f"{o.ename}: {o.evalue}" for o in errors]
-    stderr = "".join(o.text for o in outs if o.output_type == "stream" and o.name == "stderr")
-    assert "Traceback" not in stderr, stderr[-2000:]
-    figures = [o for o in outs if o.output_type in ("display_data", "execute_result") and PLOTLY_MIME in o.get("data", {})]
-    assert figures, "the notebook shows no plotly figure"
-    for o in figures:
-        fig = o["data"][PLOTLY_MIME]
-        if isinstance(fig, str):
-            fig = json.loads(fig)
-        assert fig.get("data"), "an empty figure"
-    last = [c for c in nb.cells if c.cell_type == "code"][-1]
-    printed = "".join(o.text for o in last.get("outputs", []) if o.output_type == "stream" and o.name == "stdout")
-    assert any(ch.isdigit() for ch in printed), f"the closing checks cell printed no numbers: {printed!r}"
-    widgets = [o for o in outs if WIDGET_MIME in o.get("data", {})]
-    if _uses_panel(nb):
-        assert widgets, "a panel cell shows no widget"
+    check_executed(nb)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes(path, tmp_path, record_property):
+    """Headless execution, where the browser test does not execute this notebook in this run (no chromium or
+    Playwright, or its browser test deselected): ``conftest.py`` deselects it otherwise."""
+    execute_headless(path, tmp_path, record_property)

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from _examples import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,7 @@ from workbench.analyse.pages import (
 )
 from workbench.analyse.pooling import HeadPooling
 
-SETTINGS = settings(max_examples=60, deadline=None)
+SETTINGS = settings(max_examples=examples(60), deadline=None)
 
 
 def _rows(seed: int, L: int, H: int, T: int, conc: float) -> torch.Tensor:

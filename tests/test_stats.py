@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from _examples import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
@@ -51,7 +52,7 @@ def test_bootstrap_coverage_of_a_mean():
 
 
 @given(st.lists(st.floats(-5, 5, allow_nan=False), min_size=2, max_size=30))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 def test_bootstrap_interval_brackets_the_mean_range(x):
     lo, hi = bootstrap_ci(x, n_boot=200)
     assert min(x) - 1e-9 <= lo <= hi <= max(x) + 1e-9
@@ -67,7 +68,7 @@ def test_bootstrap_degenerate_cases():
 
 
 @given(st.integers(0, 60), st.integers(0, 60))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_mcnemar_against_scipy(b, c):
     m = mcnemar(b, c)
     if b + c == 0:

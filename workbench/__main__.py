@@ -13,7 +13,7 @@ from pathlib import Path
 from workbench.capture import RowSet, run_capture
 from workbench.run import shipped
 from workbench.run.examples import load_example
-from workbench.run.models import default_model_folder, load_model
+from workbench.run.models import default_model_folder, load_model, resolve_device
 from workbench.study.report import ReportConfig, run_report
 from workbench.util import LockBusy
 
@@ -34,6 +34,7 @@ def _capture(args) -> int:
     t0 = time.perf_counter()
     ex = load_example(args.example)  # the arguments first: a bad one is refused before the model loads
     rows = RowSet(tail=args.tail, n_decode=args.decode)
+    resolve_device(args.device)
     lm = load_model(args.model, device=args.device)
     prompt = ex.build(lm.tokenizer, max_context=lm.shape.max_context)
     cap = run_capture(lm, prompt, rows, progress=True)

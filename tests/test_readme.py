@@ -1,0 +1,213 @@
+"""The README's Python: every fenced ``python`` block of README.md and notebooks/README.md compiles, and each
+name it uses resolves without running a model:
+
+- ``import`` / ``from … import`` name modules and attributes that exist;
+- an attribute chain on the workbench module (``wb.tasks.load_items``) resolves attribute by attribute, on the
+  real (lazily imported) objects;
+- a call of a resolved function or class binds its arguments (``inspect.signature(...).bind_partial``): the
+  keyword names exist and the positional count fits;
+- every other name is bound in the same file's blocks (earlier or later: the blocks are one session) or is
+  a builtin.
+
+And the flat API keeps its rule (``workbench/__init__.py``): a flat name is a function or class, a module only
+as a plural-noun namespace.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import inspect
+import re
+import types
+from pathlib import Path
+
+import pytest
+
+import workbench
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "notebooks" / "README.md"]
+_FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+
+
+def python_blocks(path: Path) -> list[tuple[int, str]]:
+    """``(first line number, code)`` of every fenced ``python`` block of a markdown file."""
+    text = path.read_text(encoding="utf-8")
+    return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in _FENCE.finditer(text)]
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` → ``["a", "b", "c"]``; None for anything else (a call or subscript in the chain)."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return [node.id, *reversed(parts)]
+    return None
+
+
+class _Resolver:
+    """The objects that imports bind in a file's blocks (modules, their attributes)."""
+
+    def __init__(self):
+        self.known: dict[str, object] = {}
+        self.problems: list[str] = []
+
+    def imports(self, tree: ast.AST, where: str) -> None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    try:
+                        mod = importlib.import_module(a.name)
+                    except ImportError as e:
+                        self.problems.append(f"{where}: import {a.name}: {e}")
+                        continue
+                    if a.asname:
+                        self.known[a.asname] = mod
+                    else:
+                        top = a.name.split(".")[0]
+                        self.known[top] = importlib.import_module(top)
+            elif isinstance(node, ast.ImportFrom):
+                try:
+                    mod = importlib.import_module(node.module)
+                except ImportError as e:
+                    self.problems.append(f"{where}: from {node.module} import ...: {e}")
+                    continue
+                for a in node.names:
+                    try:
+                        value = getattr(mod, a.name)
+                    except AttributeError:
+                        try:
+                            value = importlib.import_module(f"{node.module}.{a.name}")
+                        except ImportError:
+                            self.problems.append(f"{where}: {node.module} has no {a.name!r}")
+                            continue
+                    self.known[a.asname or a.name] = value
+
+    def resolve(self, parts: list[str], where: str):
+        """The object of an attribute chain rooted at an imported name, or None (a variable of the example)."""
+        if parts[0] not in self.known:
+            return None
+        obj = self.known[parts[0]]
+        for i, attr in enumerate(parts[1:], 1):
+            if not (isinstance(obj, (types.ModuleType, type))):
+                return None  # an instance's attribute: not checked statically
+            try:
+                obj = getattr(obj, attr)
+            except AttributeError:
+                self.problems.append(f"{where}: {'.'.join(parts[:i])} has no attribute {attr!r}")
+                return None
+        return obj
+
+    def calls(self, tree: ast.AST, where: str) -> None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                parts = _chain(node)
+                if parts:
+                    self.resolve(parts, f"{where}:{node.lineno}")
+            if not isinstance(node, ast.Call):
+                continue
+            parts = _chain(node.func)
+            fn = self.resolve(parts, f"{where}:{node.lineno}") if parts else None
+            if fn is None or not callable(fn) or any(isinstance(a, ast.Starred) for a in node.args) \
+                    or any(k.arg is None for k in node.keywords):
+                continue
+            try:
+                sig = inspect.signature(fn)
+            except (TypeError, ValueError):
+                continue
+            try:
+                sig.bind_partial(*[None] * len(node.args), **{k.arg: None for k in node.keywords})
+            except TypeError as e:
+                self.problems.append(f"{where}:{node.lineno}: {'.'.join(parts)}(...): {e}")
+
+
+def _check_file(path: Path, root: Path = ROOT) -> tuple[int, list[str]]:
+    blocks = python_blocks(path)
+    rel = path.relative_to(root)
+    trees, problems = [], []
+    for line, code in blocks:
+        try:
+            trees.append((line, ast.parse(code, filename=f"{rel}:{line}")))
+            compile(code, f"{rel}:{line}", "exec")
+        except SyntaxError as e:
+            problems.append(f"{rel}:{line + (e.lineno or 1) - 1}: does not compile: {e.msg}")
+    bound = set(dir(builtins))
+    for _, tree in trees:
+        bound |= _bound_names(tree)
+    res = _Resolver()
+    for line, tree in trees:
+        res.imports(tree, f"{rel}:{line}")
+    for line, tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id not in bound:
+                problems.append(f"{rel}:{line + node.lineno - 1}: name {node.id!r} is never bound")
+        res.calls(tree, f"{rel}:{line}")
+    return len(blocks), problems + res.problems
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[str(p.relative_to(ROOT)) for p in DOCS])
+def test_every_python_block_compiles_and_resolves(path):
+    n, problems = _check_file(path)
+    assert not problems, "\n".join(problems)
+    if path.name == "README.md" and path.parent == ROOT:
+        assert n >= 2, "README.md: its Python examples are gone"
+
+
+def test_readme_examples_use_the_flat_api():
+    """README.md's examples import only ``workbench as wb`` from the workbench (no deep imports)."""
+    for line, code in python_blocks(ROOT / "README.md"):
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").startswith("workbench"), f"README.md:{line}: from {node.module} import"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    assert not a.name.startswith("workbench") or (a.name, a.asname) == ("workbench", "wb"), (
+                        f"README.md:{line}: import {a.name}")
+
+
+def test_the_checker_finds_what_it_should(tmp_path):
+    """The checker itself: a misspelt flat name, a wrong keyword, an unbound name, a bad import, bad syntax."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("```python\nimport workbench as wb\nwb.load_modle()\nwb.RowSet(tails=3)\nprint(cap)\n"
+                   "from workbench.capture import nope\n```\n\n```python\nx = (\n```\n")
+    n, problems = _check_file(doc, root=tmp_path)
+    text = "\n".join(problems)
+    assert n == 2
+    for expected in ("has no attribute 'load_modle'", "unexpected keyword argument 'tails'", "name 'cap' is never bound",
+                     "workbench.capture has no 'nope'", "does not compile"):
+        assert expected in text, text
+
+
+def test_flat_api_rule():
+    """Every flat name resolves; the functions, classes and objects are not modules, the namespaces are modules with
+    plural-noun names; ``dir(wb)`` lists them all; an unknown name is an AttributeError naming it."""
+    for name, where in workbench.NAMES.items():
+        obj = getattr(workbench, name)
+        module, _, attr = where.partition(":")
+        assert not isinstance(obj, types.ModuleType), name
+        assert obj is getattr(importlib.import_module(module), attr or name)
+    for name, module in workbench.MODULES.items():
+        obj = getattr(workbench, name)
+        assert isinstance(obj, types.ModuleType) and obj.__name__ == module and name.endswith("s"), name
+    assert not set(workbench.NAMES) & set(workbench.MODULES)
+    assert set(dir(workbench)) == {"__version__", *workbench.NAMES, *workbench.MODULES}
+    assert workbench.export.__module__ == "workbench.show.export"   # the function, beside the module of that name
+    with pytest.raises(AttributeError, match="'nonexistent'"):
+        workbench.nonexistent  # noqa: B018
