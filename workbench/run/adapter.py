@@ -602,40 +602,35 @@ def per_head_key_mask(model, drop: dict, head_group: torch.Tensor):
         set_attn_implementation(model, old)
 
 
-def rope_cos_sin(model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's rotary embedding at ``positions`` (int64 ``[P]``): ``cos, sin`` float32 ``[P, d]`` on CPU
-    (the ``rotate_half`` convention of Llama-family models: ``x·cos + rotate_half(x)·sin``)."""
-    inner = getattr(model, "model", model)
-    rot = getattr(inner, "rotary_emb", None)
-    if rot is None:
-        raise ValueError(f"model: {type(model).__name__} has no shared rotary embedding (rotary_emb)")
-    p = next(model.parameters())
-    cos, sin = rot(torch.zeros(1, device=p.device, dtype=torch.float32), positions[None].to(p.device))
-    return cos[0].float().cpu(), sin[0].float().cpu()
-
-
-def rotate_cache_keys(cache, layers, cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """Turn stored keys in place by ``cos, sin [L, G, S, d]``: ``R(-δ) R(p) k = R(p - δ) k`` (re-positioning)."""
+def rotate_cache_keys(cache, layers, cos: torch.Tensor, sin: torch.Tensor, pair: torch.Tensor) -> None:
+    """Turn stored keys in place: ``k ← cos ⊙ k + sin ⊙ k[pair]`` with ``cos, sin [L, G, S, d]`` and ``pair [L, d]``
+    (a :class:`~workbench.run.rotary.RotaryMaps` form), e.g. ``R(-δ) R(p) k = R(p - δ) k`` (re-positioning)."""
     for l in layers:
         lay = cache_layers(cache)[l]
-        k, h = lay.keys, lay.keys.shape[-1] // 2
-        lay.keys = k * cos[l].to(k)[None] + torch.cat([-k[..., h:], k[..., :h]], -1) * sin[l].to(k)[None]
+        k = lay.keys
+        lay.keys = k * cos[l].to(k)[None] + k.index_select(-1, pair[l].to(k.device)) * sin[l].to(k)[None]
+
+
+QUERIES_PREFIX = "workbench_queries_"
 
 
 @contextlib.contextmanager
-def query_projections(model, fn: Callable):
-    """``fn(layer, q)`` on every layer's pre-RoPE queries ``q [B, S, H_Q, d]`` (``q_proj``; no ``q_norm`` models)."""
-    shape = model_shape(model)
-    handles = []
+def attention_queries(model, fn: Callable):
+    """``fn(layer, q)`` with the queries every attention call receives, ``q [B, H_Q, q_len, d]``: after the
+    model's own projections (fused ones split), q-norm and RoPE, as the kernel sees them. Registers a wrapper
+    of the current implementation (the model's mask and kernel unchanged); always restores it."""
+    old = current_attn_implementation(model)
+    base = base_attention_function(old)
+
+    def wrapped(module, query, key, value, attention_mask, **kwargs):
+        fn(int(getattr(module, "layer_idx", -1)), query)
+        return base(module, query, key, value, attention_mask, **kwargs)
+
+    name = QUERIES_PREFIX + old.replace("|", "_")
+    AttentionInterface.register(name, wrapped)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[old])
+    set_attn_implementation(model, name)
     try:
-        for l, layer in enumerate(decoder_layers(model)):
-            att = layer.self_attn
-            if getattr(att, "q_norm", None) is not None:
-                raise ValueError(f"model: {shape.model_type} normalises its queries (q_norm); query statistics "
-                                 "from q_proj would be wrong")
-            handles.append(att.q_proj.register_forward_hook(
-                lambda m, a, out, l=l: fn(l, out.reshape(out.shape[0], out.shape[1], shape.H_Q, -1))))
         yield
     finally:
-        for h in handles:
-            h.remove()
+        set_attn_implementation(model, old)

@@ -16,7 +16,7 @@ from workbench.run import families
 from workbench.run.families import decoder_layers, family_of, final_norm, layer_window, layers_owner
 
 __all__ = ["Unavailable", "NormGain", "BlockWeights", "norm_gain_eps", "final_norm_gain", "lm_head_weight",
-           "block_weights", "run_block", "activation"]
+           "block_weights", "attention_output_weight", "run_block", "activation"]
 
 
 class Unavailable(Exception):
@@ -94,6 +94,17 @@ def _w(m) -> torch.Tensor:
     return m.weight.detach().float()
 
 
+def attention_output_weight(model, l: int) -> torch.Tensor:
+    """The attention output projection ``W_O [D, H_Q d_v]`` of layer ``l`` (float32), from the family table;
+    available for every family (no stability refusal: CriticalKV needs only this)."""
+    fam = family_of(model)
+    att = getattr(decoder_layers(model)[l], fam.attn)
+    proj = getattr(att, fam.out, None)
+    if proj is None or getattr(proj, "weight", None) is None:
+        raise TypeError(f"model: {fam.name} layer {l} has no attention output projection {fam.attn}.{fam.out}")
+    return _w(proj)
+
+
 def block_weights(model, l: int) -> BlockWeights:
     """The block's weights, or :class:`Unavailable` (post-norm, parallel, MoE, unsplit fused projections)."""
     fam = family_of(model)
@@ -111,7 +122,7 @@ def block_weights(model, l: int) -> BlockWeights:
         WQ, WK, WV = W[: H * d], W[H * d: (H + G) * d], W[(H + G) * d:]
     else:
         WQ, WK, WV = _w(att.q_proj), _w(att.k_proj), _w(att.v_proj)
-    WO = _w(getattr(att, "o_proj", None) or getattr(att, "dense"))
+    WO = attention_output_weight(model, l)
     if fam.mlp_kind == "gated":
         mats, gated = {"gate": _w(mlp.gate_proj), "up": _w(mlp.up_proj), "down": _w(mlp.down_proj)}, True
     elif fam.mlp_kind == "gated_fused":

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
-           "layer_window", "sliding_layers", "unavailable"]
+           "layer_window", "sliding_layers", "unavailable", "eviction_refused"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,15 @@ class Family:
         input_norm, mlp_norm: attribute names of the block's attention-input and MLP-input norms.
         up, down: attribute names of a plain MLP's projections.
         eager_only: transformers runs the family only on ``eager`` (soft-capping, learned sinks).
+        out: attribute name of the attention output projection (``W_O``, CriticalKV's value norms).
+        rotary: ``"probe"`` (the rotary map is read from the model's own ``apply_rotary_pos_emb``,
+            :mod:`workbench.run.rotary`) or the reason it cannot be (ExpectedAttention and ``rerotate`` refused).
+        nope: which layers skip RoPE when the attention module does not say so itself (``use_rope``):
+            ``""`` none, ``"global"`` the layers without a window (Cohere-2), ``"global_if_hybrid"`` those
+            layers when the model has windowed ones (EXAONE-4).
+        recurrent: ``""``, or the reason pruned prefill and eviction are refused for the family (a hybrid's
+            recurrent or convolution layers keep a state that a gather cannot shorten); capture covers its
+            softmax-attention layers (:func:`attention_layers`).
     """
 
     model_types: tuple[str, ...]
@@ -57,6 +66,10 @@ class Family:
     up: str = "c_fc"
     down: str = "c_proj"
     eager_only: bool = False
+    out: str = "o_proj"
+    rotary: str = "probe"
+    nope: str = ""
+    recurrent: str = ""
 
     @property
     def name(self) -> str:
@@ -81,7 +94,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(("starcoder2",), mlp_kind="plain", norm_kind="layer"),
     Family(("gpt_neox",), layers=("gpt_neox.layers",), norm=("gpt_neox.final_layer_norm",), attn="attention",
            qkv="query_key_value", block="parallel", mlp_kind="plain", norm_kind="layer",
-           up="dense_h_to_4h", down="dense_4h_to_h"),
+           up="dense_h_to_4h", down="dense_4h_to_h", out="dense"),
     Family(("gpt_oss",), mlp_kind="moe", eager_only=True),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
@@ -171,6 +184,11 @@ def layer_window(model, l: int) -> int | None:
 def sliding_layers(model) -> list[int]:
     L = len(decoder_layers(model))
     return [l for l in range(L) if layer_window(model, l) is not None]
+
+
+def eviction_refused(fam: Family) -> str | None:
+    """Why pruned prefill and KV eviction cannot run on ``fam`` (``None`` when they can)."""
+    return fam.recurrent or None
 
 
 def unavailable(fam: Family, term: str) -> str | None:

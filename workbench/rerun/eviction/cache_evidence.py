@@ -13,16 +13,21 @@ __all__ = ["QueryStats", "cache_evidence"]
 
 
 class QueryStats:
-    """Accumulates ``Σ q``, ``Σ q qᵀ`` (float64) and the first 16 pre-RoPE queries of a prefill, per layer."""
+    """Accumulates ``Σ q``, ``Σ q qᵀ`` (float64) and the first 16 pre-RoPE queries of a prefill, per layer.
 
-    def __init__(self, L: int):
+    Called with the queries each attention call receives (post-norm, post-RoPE, ``[B, H_Q, T, d]``:
+    :func:`~workbench.run.adapter.attention_queries`); ``maps`` (the rotary maps at ``0 … T-1``) turns them
+    back to their pre-RoPE values, so fused projections, q-norms and every rotary convention are the model's."""
+
+    def __init__(self, L: int, maps):
         self.sum, self.outer, self.first = [None] * L, [None] * L, [None] * L
+        self.maps = maps
         self.active = True
 
     def __call__(self, l: int, q: Tensor) -> None:
-        if not self.active:
+        if not self.active or l < 0:
             return
-        x = q[0].detach().to("cpu", torch.float64).transpose(0, 1)  # [H_Q, T, d]
+        x = self.maps.apply(l, q[0].detach().to("cpu", torch.float64), inverse=True)  # [H_Q, T, d]
         self.sum[l] = x.sum(1)
         self.outer[l] = torch.einsum("hti,htj->hij", x, x)
         self.first[l] = x[:, :16].clone()
@@ -52,7 +57,7 @@ def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None
         hg = ev.head_group
         out = torch.empty(L, len(hg), T, dtype=torch.float64)
         for l in range(L):
-            W_O = blocks.block_weights(model, l).W_O.float().cpu()  # [D, H_Q d]
+            W_O = blocks.attention_output_weight(model, l).cpu()  # [D, H_Q d_v]
             d = V[l].shape[-1]
             for h in range(len(hg)):
                 out[l, h] = (V[l][int(hg[h])] @ W_O[:, h * d:(h + 1) * d].T).abs().sum(-1).double()

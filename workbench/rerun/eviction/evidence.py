@@ -93,7 +93,9 @@ class Evidence:
         wov: float64 ``[L, H_Q, T]`` ``‖W_O^h v_{g(h),j}‖_1`` (the value's contribution to the layer output).
         q_sum, q_outer: float64 ``[L, H_Q, d]`` and ``[L, H_Q, d, d]``, ``Σ_i q_i`` and ``Σ_i q_i q_iᵀ`` over
             the prompt's pre-RoPE queries; q_first: float64 ``[L, H_Q, Q0, d]`` the first ``Q0 ≤ 16`` queries
-            (to leave the sinks out); rope_cos, rope_sin: float32 ``[F, d]`` RoPE at ``T … T+F-1``.
+            (to leave the sinks out); rope_cos, rope_sin: float64 ``[L, F, d]`` and rope_pair: int64 ``[L, d]``,
+            each layer's rotary map at ``T … T+F-1`` (:class:`~workbench.run.rotary.RotaryMaps`:
+            ``R(p) x = cos ⊙ x + sin ⊙ x[pair]``; a NoPE layer is the identity).
     """
 
     T: int
@@ -112,6 +114,7 @@ class Evidence:
     q_first: Tensor | None = None
     rope_cos: Tensor | None = None
     rope_sin: Tensor | None = None
+    rope_pair: Tensor | None = None
     _scores: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -40,6 +40,8 @@ class GenerationResult:
         step_s: seconds of every decode forward after eviction (one per generated token after the
             eviction, the last generated token needs none).
         logits: optional float32 ``[n, V]`` logits of every generated token.
+        error: ``None``, or why this policy did not run (``run_policies``/``run_batch`` record one policy's
+            failure here and return the others' results; ``ids`` is then empty).
     """
 
     policy: str
@@ -62,6 +64,14 @@ class GenerationResult:
     kv_layer_bytes_after: tuple = ()
     kv_bytes_masked: int = 0
     rerotated: bool = False
+    error: str | None = None
+
+    @classmethod
+    def failed(cls, policy, budget: int, T: int, error: str) -> "GenerationResult":
+        """The result of a policy that could not run: no tokens, no cache, ``error`` the message."""
+        return cls(policy=policy.name, params=policy.params(), budget=budget, T=T, ids=[], text=None,
+                   kept=torch.empty(0, 0, 0, dtype=torch.int64), evicted_at=0, compacted_layers=(), kv_bytes_before=0,
+                   kv_bytes_after=0, timings={}, error=error)
 
     @property
     def kept_prompt(self) -> Tensor:
@@ -94,7 +104,7 @@ class GenerationResult:
             "evicted_at": self.evicted_at, "kv_bytes_before": self.kv_bytes_before,
             "kv_bytes_after": self.kv_bytes_after, "kv_bytes_masked": self.kv_bytes_masked, "rerotated": self.rerotated,
             "kv_ratio": self.kv_bytes_after / self.kv_bytes_before if self.kv_bytes_before else float("nan"),
-            "layers_not_compacted": len(self.not_compacted),
+            "layers_not_compacted": len(self.not_compacted), "error": self.error,
             **{f"{k}_s": v for k, v in self.timings.items()},
             "step_s_median": steps[len(steps) // 2] if steps else float("nan"),
         }

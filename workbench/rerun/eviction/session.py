@@ -31,10 +31,10 @@ from workbench.checks import check_context, check_int, check_max_new_tokens, che
 from workbench.rerun.eviction.cache_evidence import QueryStats, cache_evidence
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, preview_window, renorm_rows
 from workbench.rerun.eviction.result import GenerationResult
-from workbench.run import adapter
+from workbench.run import adapter, families, rotary
 from workbench.run.generate import stop_token_ids
 
-__all__ = ["EvictionSession", "generate_with_policy", "run_policies"]
+__all__ = ["EvictionSession", "generate_with_policy", "run_policies", "policy_refusal", "needs_refusal"]
 
 
 def _unwrap(model):
@@ -88,6 +88,9 @@ class EvictionSession:
         """
         self = object.__new__(cls)
         self.model, self.tokenizer = _unwrap(model)
+        why = needs_refusal(self.model, needs)
+        if why:
+            raise ValueError(why)
         check_model_match(self.model, self.tokenizer, prompt, allow_foreign=allow_foreign)
         n = check_max_new_tokens(max_new_tokens)
         ids, spans = _prompt_ids(prompt, self.tokenizer)
@@ -118,9 +121,9 @@ class EvictionSession:
             cache = adapter.new_cache(self.model)
             if rec is not None:
                 rec.positions = torch.arange(T)
-            qs = QueryStats(shape.L) if needs.qstats else None
+            qs = QueryStats(shape.L, rotary.rotary_maps(self.model, torch.arange(T))) if needs.qstats else None
             if qs is not None:
-                stack.enter_context(adapter.query_projections(self.model, qs))
+                stack.enter_context(adapter.attention_queries(self.model, qs))
             t0 = time.perf_counter()
             out = adapter.forward(self.model, x, cache=cache, logits_to_keep=1)
             self.timings["prefill"] = time.perf_counter() - t0
@@ -178,7 +181,8 @@ class EvictionSession:
                 ev.colsum = rec.colsum.cpu()
         if qs is not None:
             ev.q_sum, ev.q_outer, ev.q_first = qs.tensors()
-            ev.rope_cos, ev.rope_sin = adapter.rope_cos_sin(self.model, torch.arange(T, T + needs.qstats))
+            fut = rotary.rotary_maps(self.model, torch.arange(T, T + needs.qstats))
+            ev.rope_cos, ev.rope_sin, ev.rope_pair = fut.cos, fut.sin, fut.pair
         if needs.keys or needs.wov:
             cache_evidence(self.model, self.cache0, ev, keys=needs.keys, wov=needs.wov)
         self.evidence = ev
@@ -202,11 +206,28 @@ class EvictionSession:
         :meth:`run`'s up to float rounding of the batched matrix products). Per-step times are the
         batch's; ``timings["batch"]`` is the largest batch a run was part of. Runs that keep a count per
         layer or head (a per-head key mask) decode alone; the others still share their batches."""
-        states = [self._evict(p, b) for p, b in check_nonempty("jobs", jobs)]
+        jobs = list(check_nonempty("jobs", jobs))
+        states, failed = [], {}
+        for i, (p, b) in enumerate(jobs):
+            try:
+                states.append(self._evict(p, b))
+            except Exception as e:  # one policy's failure is its result; the others still run
+                failed[i] = GenerationResult.failed(p, b, self.T, _message(e))
         ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]
         even = [st for st, r in zip(states, ragged) if not r]
-        done = dict(zip(map(id, even), self._decode(even))) if even else {}
-        return [self._decode([st])[0] if r else done[id(st)] for st, r in zip(states, ragged)]
+        try:
+            done = dict(zip(map(id, even), self._decode(even))) if even else {}
+        except Exception:  # a shared batch failed: decode its runs alone, so the failure is one run's
+            done = {}
+            ragged = [True] * len(states)
+        res = iter(self._decode_alone(st) if r else done[id(st)] for st, r in zip(states, ragged))
+        return [failed[i] if i in failed else next(res) for i in range(len(jobs))]
+
+    def _decode_alone(self, st) -> GenerationResult:
+        try:
+            return self._decode([st])[0]
+        except Exception as e:
+            return GenerationResult.failed(st.policy, st.B, self.T, _message(e))
 
     @torch.no_grad()
     def run_questions(self, policy: EvictionPolicy, budget: int, questions, *,
@@ -326,11 +347,16 @@ class EvictionSession:
             if any(adapter.cache_layer_is_sliding(cache, l) for l in range(L)):
                 raise ValueError("rerotate: not with sliding-window layers (their window is measured in original "
                                  "positions)")
+            why = rotary.unavailable(self.model)
+            if why:
+                raise ValueError(f"rerotate: {why}")
             S = kept.shape[-1]
             delta = kept - torch.arange(S)  # [L, G, S] positions to turn back
-            cos, sin = adapter.rope_cos_sin(self.model, delta.flatten())
-            d = cos.shape[-1]
-            adapter.rotate_cache_keys(cache, compacted, cos.reshape(L, G, S, d), -sin.reshape(L, G, S, d))
+            maps = rotary.rotary_maps(self.model, delta.reshape(L, G * S))  # per layer; NoPE layers: the identity
+            d = maps.cos.shape[-1]
+            inv_sin = maps.sin.gather(-1, maps.pair[:, None, :].expand_as(maps.sin))  # R(δ)ᵀ = R(-δ)
+            adapter.rotate_cache_keys(cache, compacted, maps.cos.reshape(L, G, S, d), inv_sin.reshape(L, G, S, d),
+                                      maps.pair)
             shift = T - keep.shape[-1]
         return _RunState(policy=policy, B=B, defer=defer, kept=kept, compacted=compacted, before=before,
                          after=after, timings=timings, ids=ids, logits=logits, cache=cache, kept_layers=kept_layers,
@@ -495,17 +521,51 @@ def run_policies(model, prompt, policies, budgets, max_new_tokens: int, *, progr
     ``batch=True`` decodes runs with equal cache lengths together (:meth:`EvictionSession.run_batch`):
     faster, equal to the unbatched runs up to float rounding.
     """
-    policies = check_nonempty("policies", policies)
+    policies = list(check_nonempty("policies", policies))
     budgets = [check_int("budgets", b, 1) for b in check_nonempty("budgets", budgets)]
-    needs = Needs.of(policies)
+    net, _ = _unwrap(model)
+    refused = {i: policy_refusal(net, p) for i, p in enumerate(policies)}
+    needs = Needs.of([p for i, p in enumerate(policies) if not refused[i]])
     sess = EvictionSession.prepare(model, prompt, needs, max_new_tokens, reusable=True,
                                    keep_logits=keep_logits, progress=progress)
-    jobs = [(p, b) for p in policies for b in (budgets[:1] if p.keeps_all else budgets)]
+    jobs = [(i, p, b) for i, p in enumerate(policies) for b in (budgets[:1] if p.keeps_all else budgets)]
+    todo = [(p, b) for i, p, b in jobs if not refused[i]]
     if batch:
-        return sess.run_batch(jobs)
-    out = []
-    for p, b in tqdm(jobs, desc="policies", disable=not progress, leave=False):
-        out.append(sess.run(p, b))
-    return out
+        ran = iter(sess.run_batch(todo) if todo else [])
+    else:
+        ran = iter([_run_one(sess, p, b) for p, b in tqdm(todo, desc="policies", disable=not progress, leave=False)])
+    return [GenerationResult.failed(p, b, sess.T, refused[i]) if refused[i] else next(ran) for i, p, b in jobs]
+
+
+def _message(e: Exception) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+def _run_one(sess: EvictionSession, policy: EvictionPolicy, budget: int) -> GenerationResult:
+    try:
+        return sess.run(policy, budget)
+    except Exception as e:  # one policy's failure is its result; the others still run
+        return GenerationResult.failed(policy, budget, sess.T, _message(e))
+
+
+def needs_refusal(model, needs: Needs, policy: str | None = None) -> str | None:
+    """Why ``model``'s family cannot give the evidence ``needs`` asks for (``None`` when it can): the message
+    names the policy (or the policy that asks for that evidence), the family and the reason."""
+    fam = families.family_of(model)
+    why = families.eviction_refused(fam)
+    if why:
+        return f"policy: {policy or 'eviction'} cannot run on {fam.name}: {why}"
+    if needs.qstats:
+        why = rotary.unavailable(model)
+        if why:
+            return (f"policy: {policy or 'ExpectedAttention'} cannot run on {fam.name}: its query statistics need the "
+                    f"rotary maps, {why}")
+    return None
+
+
+def policy_refusal(model, policy: EvictionPolicy) -> str | None:
+    """Why ``policy`` cannot run on ``model``'s family (``None`` when it can): names the policy, the family
+    and the reason."""
+    return needs_refusal(model, policy.needs(), type(policy).__name__)
 
 

@@ -10,6 +10,7 @@ from torch import Tensor
 
 from workbench.checks import check_bool, check_int, check_real
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean
+from workbench.run.rotary import RotaryMaps
 
 
 @dataclass(frozen=True)
@@ -17,9 +18,11 @@ class ExpectedAttention(EvictionPolicy):
     """The question-agnostic forecast (evict at ``t = 0``): attention predicted for the *future* queries
     from the statistics of the prompt's own queries, times the value norm.
 
-    Per layer and query head, with pre-RoPE prompt queries ``q_i`` for ``i ≥ n_sink`` (the sinks left out):
+    Per layer and query head, with pre-RoPE prompt queries ``q_i`` (as the model computes them: fused
+    projections split, its own q-norm applied; read at the attention call and turned back by ``R(i)ᵀ``) for ``i ≥ n_sink`` (the sinks left out):
     ``μ = mean q_i``, ``Σ = mean (q_i − μ)(q_i − μ)ᵀ``; the averaged future rotation
-    ``R̄ = (1/F) Σ_{p=T}^{T+F-1} R(p)`` (``R(p) = diag(cos_p) + diag(sin_p)·P``, ``P x = rotate_half(x)``) gives
+    ``R̄ = (1/F) Σ_{p=T}^{T+F-1} R(p)`` (``R(p) = diag(cos_p) + diag(sin_p)·P``, each layer's own rotary map read
+    from the model: ``rotate_half``, interleaved or partial; the identity on a NoPE layer) gives
     ``μ' = R̄ μ`` and ``Σ' = R̄ Σ R̄ᵀ``. A query ``q ~ 𝒩(μ', Σ')`` has ``E[exp(qᵀk/√d)] = exp(μ'ᵀk/√d +
     kᵀΣ'k/(2d))``, so the expected attention of key ``k_j`` (post-RoPE, ``j ≥ n_sink``) is
 
@@ -58,23 +61,23 @@ class ExpectedAttention(EvictionPolicy):
         K = ev.require("keys", "ExpectedAttention").to(torch.float64)  # [L, G, T, d]
         qs, qo, q0 = (ev.require(n, "ExpectedAttention") for n in ("q_sum", "q_outer", "q_first"))
         cos, sin = ev.require("rope_cos", "ExpectedAttention"), ev.require("rope_sin", "ExpectedAttention")
-        if cos.shape[0] < self.n_future:
-            raise ValueError(f"n_future: {self.n_future} positions needed, the evidence has {cos.shape[0]}")
+        pair = ev.require("rope_pair", "ExpectedAttention")
+        if cos.shape[1] < self.n_future:
+            raise ValueError(f"n_future: {self.n_future} positions needed, the evidence has {cos.shape[1]}")
         s, T, d = min(self.n_sink, ev.T - 1), ev.T, K.shape[-1]
         head = q0[:, :, :s]
         n = T - s
         mu = (qs - head.sum(2)) / n  # [L, H, d]
         second = (qo - torch.einsum("lhti,lhtj->lhij", head, head)) / n
         cov = second - mu[..., :, None] * mu[..., None, :]
-        cos, sin = cos[: self.n_future].double(), sin[: self.n_future].double()
-        P = torch.zeros(d, d, dtype=torch.float64)
-        P[d // 2:, : d // 2], P[: d // 2, d // 2:] = torch.eye(d // 2), -torch.eye(d // 2)
-        R = (cos[:, :, None] * torch.eye(d, dtype=torch.float64) + sin[:, :, None] * P).mean(0)  # [d, d]
-        mu = mu @ R.T
+        # each layer's own rotary map averaged over the future positions (NoPE layers: the identity)
+        R = torch.stack([RotaryMaps(cos, sin, pair, torch.empty(0)).mean_matrix(l, self.n_future)
+                         for l in range(ev.L)])  # [L, d, d]
+        mu = torch.einsum("lij,lhj->lhi", R, mu)
         k = K[:, ev.head_group, s:]  # [L, H_Q, T-s, d]
         z = torch.einsum("lhd,lhtd->lht", mu, k) / math.sqrt(d)
         if self.use_covariance:
-            cov = R @ cov @ R.T
+            cov = R[:, None] @ cov @ R[:, None].transpose(-1, -2)
             z = z + torch.einsum("lhti,lhij,lhtj->lht", k, cov, k) / d / 2
         a = group_mean(torch.softmax(z, dim=-1), ev)  # [L, G, T-s]
         if self.use_vnorm:
