@@ -4,7 +4,7 @@
     python benchmarks/report_threads.py [--repeats 2] [--out benchmarks/out/report_threads.json]
 
 Cells: full context (32 greedy tokens) on one SQuAD prompt and one 1k-token needle prompt, and an eviction
-(SnapKV at 50 %, its shared prefill included). Report the machine's load beside the numbers: on a shared
+(SnapKV at 50 %, its own prefill included: ``methods.evict`` runs one cell alone). Report the machine's load beside the numbers: on a shared
 machine oversubscribed OpenMP threads can be slower than one.
 """
 from __future__ import annotations
@@ -39,7 +39,6 @@ def main():
             for it in items:
                 for name, fn, p in (("full", methods.run_full_context, {}),
                                     ("evict snapkv@0.5", methods.evict, {"policy": "snapkv", "budget_frac": 0.5})):
-                    methods._SHARED.clear()  # the eviction prefill is paid in every timed call
                     t0 = time.perf_counter()
                     fn(lm, it, {**p, "max_new_tokens": 32, "seed": 0})
                     times.setdefault((it.task, name, th), []).append(time.perf_counter() - t0)

@@ -17,7 +17,7 @@ all (one prompt's cells are always in one file):
 
 Methods: full context; EntroPrefill at the default ("paper") preset and the "loose" preset (adaptive);
 every eviction policy at 25 % and 50 % of the prompt (decoded in batches from the prompt's shared prefill,
-``methods.plan_evict_batches``; a per-head budget decodes alone). Each family decodes its own ``max_new_tokens``
+the sweep runs a prompt's ``evict`` cells together, ``methods.evict_cells``; a per-head budget decodes alone). Each family decodes its own ``max_new_tokens``
 (``tasks.TASK_MAX_NEW_TOKENS``). Writes beside the parquet ``<stem>_summary.md``: the reference check,
 accuracies with Wilson CIs, one finding per comparison (paired: wins/ties/losses, McNemar, bootstrap CI),
 the timing rule's table, the leap-specificity table (every adjacent step's recall gain across
@@ -315,7 +315,6 @@ def main():
     torch.set_num_threads(a.threads)
     from workbench.run.models import load_model
     from workbench.study import findings
-    from workbench.study.methods import plan_evict_batches
     from workbench.study.sweep import sweep
     from workbench.study.tasks import max_new_tokens_for
 
@@ -326,8 +325,6 @@ def main():
     if not a.summary_only:
         t0 = time.perf_counter()
         mine = out if w == 0 else out.with_name(f"{out.stem}.w{w}{out.suffix}")
-        ev = dict(methods(a.policies))["evict"]  # each prompt's evictions decode in batches from its shared prefill
-        plan_evict_batches(items, [{"policy": p, "budget_frac": f} for p in ev["policy"] for f in ev["budget_frac"]])
         claims = out.with_name(f".{out.stem}.claims")
         claims.mkdir(parents=True, exist_ok=True)
         for part in worker_files(out):  # prompts with rows already belong to that file's worker

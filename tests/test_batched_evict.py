@@ -1,41 +1,66 @@
 """Batched eviction decoding for a study (issue 15): one batch per prompt from its shared prefill gives the
-answers of one-by-one runs, and each cell's own time is the batch's share."""
+answers of one-by-one runs, and each cell's own time is the batch's share. The ``evict`` method runs all its
+cells of one item together (issue 23: ``per_item``), with no state carried between sweeps or cells, and a
+resumed sweep runs only the missing cells (together)."""
 from __future__ import annotations
 
-import pytest
+import pandas as pd
 
 from workbench.study import methods
-from workbench.study.sweep import comparable, sweep
+from workbench.study.sweep import comparable, get_method, read_sweep, sweep
 from workbench.study.tasks import TaskItem
 
 ITEM = TaskItem(task="t", item_id="a", query="What is the name of the keeper's cat?", answers=("Biscuit",),
                 answer_doc=1, documents=("The harbour opened in 1901 and ships still dock there every day.",
                                          "The keeper has a grey cat. The keeper's cat is named Biscuit."))
-GRID = {"evict": {"policy": ["streaming", "snapkv", "deferkv", "adakv"], "budget_frac": [0.5]}}
+POLICIES = ["streaming", "snapkv", "deferkv", "adakv"]
+GRID = {"evict": {"policy": POLICIES, "budget_frac": [0.5]}}
+COLS = ["item_id", "params", "generated_ids", "answer", "retained_tokens", "kv_bytes", "contains"]
 
 
 def test_batched_equals_one_by_one(smollm):
-    one = sweep(smollm, [ITEM], GRID, max_new_tokens=6, progress=False, reference=False)
-    methods.plan_evict_batches([ITEM], [{"policy": p, "budget_frac": 0.5} for p in GRID["evict"]["policy"]])
-    try:
-        methods._SHARED.clear()
-        bat = sweep(smollm, [ITEM], GRID, max_new_tokens=6, progress=False, reference=False)
-    finally:
-        methods.plan_evict_batches([], [])
+    # one by one: each policy in a sweep of its own (its own prefill, decoded alone)
+    one = pd.concat([sweep(smollm, [ITEM], {"evict": {"policy": p, "budget_frac": 0.5}}, max_new_tokens=6,
+                           progress=False, reference=False) for p in POLICIES], ignore_index=True)
+    one = one.sort_values("params", kind="stable").reset_index(drop=True)
+    bat = sweep(smollm, [ITEM], GRID, max_new_tokens=6, progress=False, reference=False)
     # AdaKV keeps a count per head (a key mask): it decodes alone, the other three share their batches
     assert dict(zip(bat["p_policy"], bat["batched"])) == {"streaming": 3, "snapkv": 3, "deferkv": 3, "adakv": 1}
-    assert list(one["batched"]) == [1, 1, 1, 1]
+    assert list(one["batched"]) == [1, 1, 1, 1] and list(one["shared_paid"]) == [True] * 4
     assert bat["method_s"].nunique() == 1 and bat["method_s"].iloc[0] > 0  # the batch's share, the same for each
-    cols = ["item_id", "params", "generated_ids", "answer", "retained_tokens", "kv_bytes", "contains"]
-    assert comparable(bat)[cols].equals(comparable(one)[cols])
+    assert comparable(bat)[COLS].equals(comparable(one)[COLS])
     assert int(bat["shared_paid"].sum()) == 1 and bat["shared_s"].nunique() == 1
+    # the call's wall time is charged to the cell that paid the shared prefill
+    is_paid = bat["shared_paid"].astype(bool)
+    paid = bat[is_paid].iloc[0]
+    assert paid["wall_s"] > paid["shared_s"] > 0 and (bat.loc[~is_paid, "wall_s"] == 0).all()
 
 
-def test_plan_off_by_default():
-    assert methods._PLAN == {}
-    methods.plan_evict_batches([ITEM], [{"policy": "snapkv", "budget_frac": 0.5}])
-    assert methods._PLAN[("t", "a")] == [{"policy": "snapkv", "budget_frac": 0.5}]
-    methods.plan_evict_batches([ITEM], [])
-    assert methods._PLAN == {}
-    with pytest.raises(KeyError):
-        methods._PLAN[("t", "a")]
+def test_evict_runs_per_item_and_carries_no_state(smollm):
+    assert get_method("evict").per_item and not get_method("full").per_item
+    assert not any(hasattr(methods, name) for name in ("_SHARED", "_PLAN", "plan_evict_batches"))
+    a = sweep(smollm, [ITEM], GRID, max_new_tokens=2, progress=False, reference=False)
+    b = sweep(smollm, [ITEM], GRID, max_new_tokens=2, progress=False, reference=False)
+    # the second sweep of the same item pays its own prefill: nothing is kept between sweeps
+    assert int(a["shared_paid"].sum()) == int(b["shared_paid"].sum()) == 1
+    assert comparable(a)[COLS].equals(comparable(b)[COLS])
+    # the single-cell entry point runs one cell alone, as its own sweep would
+    alone = methods.evict(smollm, ITEM, {"policy": "snapkv", "budget_frac": 0.5, "max_new_tokens": 2, "seed": 0})
+    row = a[a["p_policy"] == "snapkv"].iloc[0]
+    assert alone["generated_ids"] == list(row["generated_ids"]) and alone["shared_paid"] and alone["batched"] == 1
+
+
+def test_resume_runs_the_missing_cells_of_an_item_together(smollm, tmp_path):
+    out = tmp_path / "s.parquet"
+    full = sweep(smollm, [ITEM], GRID, out=out, max_new_tokens=6, progress=False, reference=False)
+    # keep streaming and adakv only, as if the run had stopped after them
+    kept = read_sweep(out)
+    kept = kept[kept["p_policy"].isin(["streaming", "adakv"])]
+    kept.to_parquet(out, index=False)
+    resumed = sweep(smollm, [ITEM], GRID, out=out, max_new_tokens=6, progress=False, reference=False)
+    assert comparable(resumed)[COLS].equals(comparable(full)[COLS])
+    old = resumed[resumed["p_policy"].isin(["streaming", "adakv"])].set_index("p_policy")
+    assert dict(old["wall_s"]) == dict(full.set_index("p_policy").loc[["adakv", "streaming"], "wall_s"])  # not rerun
+    new = resumed[resumed["p_policy"].isin(["snapkv", "deferkv"])].set_index("p_policy")
+    assert dict(new["batched"]) == {"snapkv": 2, "deferkv": 2}  # the two missing cells decoded together
+    assert int(new["shared_paid"].sum()) == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 
 from workbench.analyse.params import EntroPrefillParams
 from workbench.checks import is_int
@@ -25,7 +26,7 @@ from workbench.run.generate import greedy_generate, stop_token_ids
 from workbench.study.sweep import register_method
 from workbench.study.tasks import TaskItem
 
-__all__ = ["run_full_context", "entroprefill", "evict", "POLICY_FIELDS", "plan_evict_batches"]
+__all__ = ["run_full_context", "entroprefill", "evict", "evict_cells", "POLICY_FIELDS"]
 
 POLICY_FIELDS = tuple(sorted({f for cls in ALL_POLICIES for f in cls.__dataclass_fields__} - {"seed"}))
 
@@ -62,23 +63,6 @@ def entroprefill(lm, item: TaskItem, params: dict) -> dict:
             "prefill_s": r.prefill_s, "decode_s": r.decode_s}
 
 
-_SHARED: dict = {}
-_PLAN: dict = {}  # (task, item_id) -> the evict settings to decode in one batch (plan_evict_batches)
-
-
-def plan_evict_batches(items, settings) -> None:
-    """Opt in to batched decoding: the first ``evict`` cell of each item in ``items`` evicts every setting of
-    ``settings`` (dicts of ``evict`` parameters plus ``seed``) and decodes them together
-    (``EvictionSession.run_batch``: equal to one-by-one runs up to float rounding of batched products); the
-    item's later cells take their result from it. Timing rule: each planned cell's ``method_s`` is the
-    plan's time (evicting and decoding all its settings) divided by their number; ``batched`` is the largest
-    decode batch the cell was part of (1: it decoded alone, e.g. a per-head budget). ``settings=[]`` turns
-    it off."""
-    _PLAN.clear()
-    for it in items if settings else ():
-        _PLAN[(it.task, it.item_id)] = [dict(x) for x in settings]
-
-
 def _job(prompt, params: dict):
     extra = {k: v for k, v in params.items() if k in POLICY_FIELDS}
     policy = policy_from_params(params.get("policy", "full"), seed=int(params.get("seed", 0)), **extra)
@@ -89,61 +73,65 @@ def _job(prompt, params: dict):
     return policy, min(B, prompt.T)
 
 
-def _shared_session(lm, item, prompt, need: Needs, max_new_tokens: int) -> tuple[EvictionSession, float, bool]:
-    """One reusable session per (model, item, decode length), holding the evidence every policy
-    needs (and ``need``), so that consecutive sweep cells on one prompt share one prefill. Each run
-    evicts a copy of the pristine cache, so a result equals :func:`generate_with_policy`'s.
-
-    Returns ``(session, shared_s, paid)``: ``shared_s`` the wall time of the shared prefill (with its
-    evidence capture and the full-cache decode the evidence needs), ``paid`` whether this call ran it."""
-    key = (id(lm.model), item.task, item.item_id, max_new_tokens, tuple(prompt.spans.input_ids))
-    union = Needs.of(every_policy(), need)  # every policy's evidence at once: a prompt's 30 cells share one prefill
-    if _SHARED.get("key") == key and _SHARED["sess"].needs.merge(need) == _SHARED["sess"].needs:
-        return _SHARED["sess"], _SHARED["shared_s"], False
-    _SHARED.clear()  # one session at a time: its caches are the size of the prompt's KV cache
-    t0 = time.perf_counter()
-    sess = EvictionSession.prepare(lm, prompt, union, max_new_tokens, reusable=True, progress=False)
-    shared_s = time.perf_counter() - t0
-    _SHARED.update(key=key, sess=sess, shared_s=shared_s, results={})
-    return sess, shared_s, True
-
-
-@register_method("evict", replace=True, params=("policy", "budget", "budget_frac", *POLICY_FIELDS),
+@register_method("evict", replace=True, per_item=True, params=("policy", "budget", "budget_frac", *POLICY_FIELDS),
                  description="one-shot KV eviction after prefill (DeferKV: after decode step 1), then greedy decoding")
-def evict(lm, item: TaskItem, params: dict) -> dict:
-    """KV eviction under ``policy`` at ``budget`` positions or ``budget_frac`` of the prompt (the full
-    cache needs neither); the random policy takes the sweep's seed."""
+def evict_cells(lm, item: TaskItem, cells: Sequence[dict]) -> list[dict | Exception]:
+    """KV eviction under each cell's ``policy`` at ``budget`` positions or ``budget_frac`` of the prompt (the
+    full cache needs neither; the random policy takes the cell's seed), every cell of ``item`` from one
+    shared prefill (an :class:`EvictionSession` holding the evidence every policy needs) and the cells of
+    one seed decoded together (``EvictionSession.run_batch``: equal to one-by-one runs up to float rounding
+    of batched products). Returns one row dict per cell, or the exception of a cell whose settings are
+    refused.
+
+    Timing rule: ``shared_s`` is the shared prefill's wall time (with its evidence capture and the
+    full-cache decode the evidence needs), the same for every cell of the item; ``shared_paid`` marks the
+    first cell, which the sweep charges with the call's ``wall_s``; ``method_s`` is a cell's own work: the
+    time of its batch (scoring, evicting and decoding every distinct setting of it) divided by the
+    settings it holds; ``batched`` is the largest decode batch the cell was part of (1: it decoded alone,
+    e.g. a per-head budget); the report amortises ``shared_s`` over the cells that share it."""
     prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
-    policy, B = _job(prompt, params)
-    n = int(params["max_new_tokens"])
-    sess, shared_s, paid = _shared_session(lm, item, prompt, policy.needs(), n)
-    done = _SHARED["results"]
-    me = (repr(policy), B)
-    batched = 1
-    if me not in done and (item.task, item.item_id) in _PLAN:
-        jobs = {}
-        for p in _PLAN[(item.task, item.item_id)]:
-            pol, b = _job(prompt, {**p, "seed": params["seed"]})
-            if sess.needs.merge(pol.needs()) == sess.needs and (repr(pol), b) not in done:
-                jobs[(repr(pol), b)] = (pol, b)
-        if me in jobs:
-            t0 = time.perf_counter()
-            results = sess.run_batch(list(jobs.values()))
-            share = (time.perf_counter() - t0) / len(jobs)
-            for k, r in zip(jobs, results):
-                done[k] = (r, share, int(r.timings.get("batch", 1)))
-    if me in done:
-        r, own_s, batched = done.pop(me)
-    else:
+    out: list = [None] * len(cells)
+    jobs = {}  # cell index -> (policy, B)
+    for i, p in enumerate(cells):
+        try:
+            jobs[i] = _job(prompt, p)
+        except Exception as e:  # noqa: BLE001 - that cell's error: the sweep records or raises it
+            out[i] = e
+    if not jobs:
+        return out
+    lengths = {int(cells[i]["max_new_tokens"]) for i in jobs}
+    if len(lengths) != 1:
+        raise ValueError(f"max_new_tokens: the cells of one item decode one length, got {sorted(lengths)}")
+    union = Needs.of([pol for pol, _ in jobs.values()], Needs.of(every_policy()))  # one prefill serves every cell
+    t0 = time.perf_counter()
+    sess = EvictionSession.prepare(lm, prompt, union, lengths.pop(), reusable=True, progress=False)
+    shared_s = time.perf_counter() - t0
+    first = min(jobs)
+    by_seed: dict[int, list[int]] = {}
+    for i in jobs:
+        by_seed.setdefault(int(cells[i]["seed"]), []).append(i)
+    for idx in by_seed.values():
+        distinct = {}  # (repr(policy), B) -> (policy, B): equal settings decode once
+        for i in idx:
+            distinct.setdefault((repr(jobs[i][0]), jobs[i][1]), jobs[i])
         t0 = time.perf_counter()
-        r = sess.run(policy, B)
-        own_s = time.perf_counter() - t0
-    kept = r.kept_prompt.shape[-1]
-    # timing rule: `wall_s` charges the shared prefill to the cell that ran it (shared_paid); `method_s` is
-    # this policy's own work (score, evict, decode from the shared cache); the report amortises `shared_s`
-    # over the cells of the prompt that share it
-    return {"generated_ids": list(r.ids), "prompt_tokens": r.T, "prefill_tokens": r.T, "retained_tokens": kept,
-            "kv_bytes": r.kv_bytes_after, "kv_bytes_full": r.kv_bytes_before, "budget_positions": kept,
-            "evicted_at": r.evicted_at, "shared_prefill": True, "shared_paid": paid, "shared_s": shared_s,
-            "method_s": own_s, "batched": batched, "prefill_s": r.timings.get("prefill", math.nan),
-            "score_s": r.timings.get("score", math.nan)}
+        results = dict(zip(distinct, sess.run_batch(list(distinct.values()))))
+        share = (time.perf_counter() - t0) / len(distinct)
+        for i in idx:
+            r = results[(repr(jobs[i][0]), jobs[i][1])]
+            kept = r.kept_prompt.shape[-1]
+            out[i] = {"generated_ids": list(r.ids), "prompt_tokens": r.T, "prefill_tokens": r.T,
+                      "retained_tokens": kept, "kv_bytes": r.kv_bytes_after, "kv_bytes_full": r.kv_bytes_before,
+                      "budget_positions": kept, "evicted_at": r.evicted_at, "shared_prefill": True,
+                      "shared_paid": i == first, "shared_s": shared_s, "method_s": share,
+                      "batched": int(r.timings.get("batch", 1)), "prefill_s": r.timings.get("prefill", math.nan),
+                      "score_s": r.timings.get("score", math.nan)}
+    return out
+
+
+def evict(lm, item: TaskItem, params: dict) -> dict:
+    """One ``evict`` cell on its own (its own prefill): the row dict of :func:`evict_cells`."""
+    (out,) = evict_cells(lm, item, [params])
+    if isinstance(out, Exception):
+        raise out
+    return out

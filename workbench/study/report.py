@@ -54,7 +54,6 @@ from tqdm.auto import tqdm
 
 import workbench.study.datasets as datasets
 import workbench.study.findings as fnd
-import workbench.study.methods as methods
 import workbench.study.tasks as tasks
 from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
@@ -377,10 +376,7 @@ def _run_sweep(cfg: ReportConfig, lm, items, path: Path) -> tuple[pd.DataFrame, 
     bar = tqdm(total=len(keys), initial=len(done), desc="study", unit="cell", disable=not cfg.progress,
                smoothing=0.1)
     interrupted = False
-    ev = grid.get("evict")  # batched decoding: each prompt's evictions decode together from its shared prefill
-    methods.plan_evict_batches(items, [{"policy": p, "budget_frac": f} for p in ev["policy"] for f in ev["budget_frac"]]
-                               if ev else [])
-    try:
+    try:  # the `evict` cells of a prompt run together: one shared prefill, batched decoding (methods.evict_cells)
         for n, its in groups.items():
             sweep(lm, its, grid, seeds=(cfg.seed,), out=path, max_new_tokens=n, progress=False, on_error="record",
                   checkpoint_s=0.0, on_row=lambda row: bar.update(1))
@@ -388,7 +384,6 @@ def _run_sweep(cfg: ReportConfig, lm, items, path: Path) -> tuple[pd.DataFrame, 
         interrupted = True
     finally:
         bar.close()
-        methods.plan_evict_batches([], [])
     df = read_sweep(path) if path.exists() else pd.DataFrame(columns=["cell"])
     df = df[df["cell"].isin(keys)].reset_index(drop=True) if len(df) else df
     return df, interrupted or len(df) < len(keys)

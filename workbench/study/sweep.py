@@ -17,6 +17,12 @@ are decoded up to the first stop token), and any scalar diagnostics (their own c
 ending in ``_s`` are wall times). The methods ``full``, ``entroprefill`` and ``evict`` are registered by
 :mod:`workbench.study.methods` (imported with the package); the sweep itself decodes nothing.
 
+A method registered with ``per_item=True`` runs all its cells of one item together (``evict`` does: one
+shared prefill, batched decoding): ``fn(lm, item, [params, ...]) -> [dict or exception, ...]``, one entry
+per cell in order (an exception is that cell's error). The sweep groups those cells per item after
+skipping the finished ones (resume stays cell by cell) and passes nothing else between cells: no state
+is carried from one call to the next.
+
 :func:`sweep` expands the grid, skips the cells already in ``out`` (resumable: rows are keyed by
 model, task, item id, method, parameters, seed and ``max_new_tokens``), runs the rest locally or on
 Ray (``executor="ray"``: one task per cell, one GPU per task when the cluster has GPUs, rows streamed
@@ -59,14 +65,14 @@ import torch
 from tqdm.auto import tqdm
 
 import workbench.study.metrics as metrics
-from workbench.checks import SEED_MAX, check_choice, check_real, is_int
+from workbench.checks import SEED_MAX, check_bool, check_choice, check_real, is_int
 from workbench.run.generate import decode_answer, stop_token_ids
 from workbench.run.models import DEFAULT_MODEL_NAME, LoadedModel, load_model
 from workbench.study.tasks import TaskItem
 from workbench.util import atomic_write_bytes, file_lock
 
 __all__ = ["Method", "register_method", "unregister_method", "get_method", "available_methods", "Cell",
-           "expand_grid", "grid_frame", "run_cell", "sweep", "read_sweep", "comparable", "COLUMNS",
+           "expand_grid", "grid_frame", "run_cell", "run_cells", "sweep", "read_sweep", "comparable", "COLUMNS",
            "MEASURED"]
 
 Scalar = (int, float, str, bool, type(None))
@@ -86,27 +92,32 @@ METHOD_KEYS = ("generated_ids", "answer", "prompt_tokens", "prefill_tokens", "re
 @dataclass(frozen=True)
 class Method:
     """A registered method: ``fn(lm, item, params) -> dict``; ``params`` the accepted parameter names
-    (``None``: any)."""
+    (``None``: any); ``per_item``: ``fn(lm, item, [params, ...]) -> [dict or exception, ...]`` runs all
+    the method's cells of one item in one call."""
 
     name: str
     fn: Callable
     params: tuple[str, ...] | None = None
     description: str = ""
+    per_item: bool = False
 
 
 METHODS: dict[str, Method] = {}
 
 
 def register_method(name: str, fn: Callable | None = None, *, params: Sequence[str] | None = None,
-                    description: str = "", replace: bool = False):
+                    description: str = "", replace: bool = False, per_item: bool = False):
     """Register ``fn(lm, item, params) -> dict`` under ``name`` (usable as a decorator).
 
     Args:
         params: the parameter names the method accepts (a grid with another name raises); ``None``: any.
         replace: allow replacing an existing registration.
+        per_item: the method runs all its cells of one item together: ``fn(lm, item, [params, ...])``
+            returns one dict (or one exception, that cell's error) per cell, in order.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name: must be an identifier-like string, got {name!r}")
+    check_bool("per_item", per_item)
     if params is not None:
         params = tuple(params)
         for p in params:
@@ -117,7 +128,7 @@ def register_method(name: str, fn: Callable | None = None, *, params: Sequence[s
             raise ValueError(f"fn: must be callable, got {f!r}")
         if name in METHODS and not replace and METHODS[name].fn is not f:
             raise ValueError(f"name: method {name!r} is already registered (pass replace=True)")
-        METHODS[name] = Method(name, f, params, description or (f.__doc__ or "").strip().split("\n")[0])
+        METHODS[name] = Method(name, f, params, description or (f.__doc__ or "").strip().split("\n")[0], per_item)
         return f
 
     return deco(fn) if fn is not None else deco
@@ -312,34 +323,17 @@ def _method_row(out, cell: Cell) -> dict:
     return row
 
 
-def run_cell(lm, item: TaskItem, cell: Cell, *, model_id: str, max_new_tokens: int, fn: Callable | None = None,
-             on_error: str = "raise") -> dict:
-    """Run one cell and return its row (scores included; ``first_token_agree`` is left to the sweep)."""
-    fn = fn or get_method(cell.method).fn
-    row = {"model": model_id, "task": cell.task, "item_id": cell.item_id, "method": cell.method,
-           "params": cell.params_json, **{f"p_{k}": v for k, v in cell.params}, "seed": cell.seed,
-           "max_new_tokens": max_new_tokens, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-           "error": None, "cell": cell.key(model_id, max_new_tokens), "gold": item.answers[0],
-           "n_docs": len(item.documents), "answer_doc": item.answer_doc,
-           **{f"meta_{k}": v for k, v in item.meta.items() if isinstance(v, (int, float, str, bool))}}
-    device = torch.device(lm.device)
-    cuda = device.type == "cuda" and torch.cuda.is_available()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-    params = dict(cell.params, max_new_tokens=max_new_tokens, seed=cell.seed)
-    t0 = time.perf_counter()
-    try:
-        _seed_everything(cell.seed)  # inside the try: on_error="record" records a seeding error too
-        out = _method_row(fn(lm, item, params), cell)
-    except Exception as e:  # noqa: BLE001 - recorded or re-raised
-        if on_error == "raise":
-            raise
-        out = {"generated_ids": [], "error": f"{type(e).__name__}: {e}"}
-    if cuda:
-        torch.cuda.synchronize(device)
-    row["wall_s"] = time.perf_counter() - t0
-    row["peak_cuda_bytes"] = float(torch.cuda.max_memory_allocated(device)) if cuda else math.nan
-    row["peak_rss_bytes"] = _peak_rss_bytes()
+def _start_row(lm, item: TaskItem, cell: Cell, model_id: str, max_new_tokens: int) -> dict:
+    return {"model": model_id, "task": cell.task, "item_id": cell.item_id, "method": cell.method,
+            "params": cell.params_json, **{f"p_{k}": v for k, v in cell.params}, "seed": cell.seed,
+            "max_new_tokens": max_new_tokens, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+            "error": None, "cell": cell.key(model_id, max_new_tokens), "gold": item.answers[0],
+            "n_docs": len(item.documents), "answer_doc": item.answer_doc,
+            **{f"meta_{k}": v for k, v in item.meta.items() if isinstance(v, (int, float, str, bool))}}
+
+
+def _finish_row(lm, item: TaskItem, row: dict, out: dict, max_new_tokens: int) -> dict:
+    """Fill ``row`` (timings already in it) with a method's checked output ``out`` and the scores."""
     error = out.pop("error", None)
     answer = out.pop("answer", None)
     row.update(out)
@@ -357,6 +351,121 @@ def run_cell(lm, item: TaskItem, cell: Cell, *, model_id: str, max_new_tokens: i
     else:
         row.update(em=math.nan, f1=math.nan, contains=math.nan, match=math.nan, contains_conflict=math.nan)
     return row
+
+
+class _Meter:
+    """Wall time and peak memory of one method call (the CUDA peak is reset at the start)."""
+
+    def __init__(self, lm):
+        self.device = torch.device(lm.device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> dict:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return {"wall_s": time.perf_counter() - self.t0,
+                "peak_cuda_bytes": float(torch.cuda.max_memory_allocated(self.device)) if self.cuda else math.nan,
+                "peak_rss_bytes": _peak_rss_bytes()}
+
+
+def _error_out(e: BaseException) -> dict:
+    return {"generated_ids": [], "error": f"{type(e).__name__}: {e}"}
+
+
+def run_cell(lm, item: TaskItem, cell: Cell, *, model_id: str, max_new_tokens: int, fn: Callable | None = None,
+             on_error: str = "raise") -> dict:
+    """Run one cell and return its row (scores included; ``first_token_agree`` is left to the sweep)."""
+    fn = fn or get_method(cell.method).fn
+    row = _start_row(lm, item, cell, model_id, max_new_tokens)
+    params = dict(cell.params, max_new_tokens=max_new_tokens, seed=cell.seed)
+    meter = _Meter(lm)
+    try:
+        _seed_everything(cell.seed)  # inside the try: on_error="record" records a seeding error too
+        out = _method_row(fn(lm, item, params), cell)
+    except Exception as e:  # noqa: BLE001 - recorded or re-raised
+        if on_error == "raise":
+            raise
+        out = _error_out(e)
+    row.update(meter.stop())
+    return _finish_row(lm, item, row, out, max_new_tokens)
+
+
+def _group_rows(lm, item: TaskItem, cells: Sequence[Cell], *, model_id: str, max_new_tokens: int,
+                fn: Callable, on_error: str) -> tuple[list[dict], Exception | None]:
+    """The rows of one per-item call, and (``on_error="raise"``) the first cell's error, if any: the rows of
+    the cells that succeeded are returned beside it, so that a failing cell loses none of them."""
+    rows = [_start_row(lm, item, c, model_id, max_new_tokens) for c in cells]
+    meter = _Meter(lm)
+    try:
+        _seed_everything(cells[0].seed)  # per-item methods take each cell's seed from its params
+        outs = fn(lm, item, [dict(c.params, max_new_tokens=max_new_tokens, seed=c.seed) for c in cells])
+        if not isinstance(outs, Sequence) or isinstance(outs, (str, Mapping)) or len(outs) != len(cells):
+            raise ValueError(f"method: {cells[0].method!r} runs per item and must return a list of one dict per cell "
+                             f"({len(cells)}), got {type(outs).__name__}")
+    except Exception as e:  # noqa: BLE001 - recorded or re-raised
+        if on_error == "raise":
+            raise
+        outs = [e] * len(cells)
+    measured = meter.stop()
+    done, first_error = [], None
+    for i, (row, cell, out) in enumerate(zip(rows, cells, outs)):
+        try:
+            if isinstance(out, Exception):
+                raise out
+            out = _method_row(out, cell)
+        except Exception as e:  # noqa: BLE001 - recorded or re-raised
+            if on_error == "raise":
+                first_error = first_error or e
+                continue
+            out = _error_out(e)
+        # the call's wall time is charged to the group's first cell (it ran the steps the cells share); each
+        # cell's own work is the method's ``method_s``
+        row.update(measured, wall_s=measured["wall_s"] if i == 0 else 0.0)
+        done.append(_finish_row(lm, item, row, out, max_new_tokens))
+    return done, first_error
+
+
+def run_cells(lm, item: TaskItem, cells: Sequence[Cell], *, model_id: str, max_new_tokens: int,
+              fn: Callable | None = None, on_error: str = "raise") -> list[dict]:
+    """Run the cells of one item under a per-item method (``register_method(per_item=True)``) in one call and
+    return their rows in order. ``wall_s``: the call's time, charged to the first cell (0 for the others);
+    ``peak_*_bytes``: the call's. With ``on_error="raise"`` the first cell error is raised."""
+    cells = list(cells)
+    if not cells or any((c.task, c.item_id) != (item.task, item.item_id) for c in cells):
+        raise ValueError(f"cells: must be a non-empty list of cells of item {item.task}/{item.item_id}")
+    rows, error = _group_rows(lm, item, cells, model_id=model_id, max_new_tokens=max_new_tokens,
+                              fn=fn or get_method(cells[0].method).fn, on_error=on_error)
+    if error is not None:
+        raise error
+    return rows
+
+
+def _units(todo: Sequence[Cell], methods: Mapping[str, Method]) -> list[list[Cell]]:
+    """The cells to run, one call each: a per-item method's cells of one item together (where its first
+    cell stands), every other cell alone."""
+    units, groups = [], {}
+    for c in todo:
+        if methods[c.method].per_item:
+            key = (c.method, c.task, c.item_id)
+            if key not in groups:
+                groups[key] = []
+                units.append(groups[key])
+            groups[key].append(c)
+        else:
+            units.append([c])
+    return units
+
+
+def _run_unit(lm, item: TaskItem, unit: list[Cell], method: Method, *, model_id, max_new_tokens, on_error):
+    """``(rows, error)`` of one unit of :func:`_units`."""
+    if not method.per_item:
+        return [run_cell(lm, item, unit[0], model_id=model_id, max_new_tokens=max_new_tokens, fn=method.fn,
+                         on_error=on_error)], None
+    return _group_rows(lm, item, unit, model_id=model_id, max_new_tokens=max_new_tokens, fn=method.fn,
+                       on_error=on_error)
 
 
 # ----------------------------------------------------------------------------- the frame
@@ -505,19 +614,24 @@ def _load(source):
 
 
 # ----------------------------------------------------------------------------- executors
-def _run_local(lm, model_source, todo, items, fns, emit, *, model_id, max_new_tokens, on_error):
+def _run_local(lm, model_source, todo, items, methods, emit, *, model_id, max_new_tokens, on_error):
     if lm is None:  # loaded for this sweep only (pass a LoadedModel to reuse one)
 
         lm = model_source() if callable(model_source) else load_model(model_source, device="auto", progress=False)
-    for cell in todo:
-        emit(run_cell(lm, items[(cell.task, cell.item_id)], cell, model_id=model_id, max_new_tokens=max_new_tokens,
-                      fn=fns[cell.method], on_error=on_error))
+    for unit in _units(todo, methods):
+        rows, error = _run_unit(lm, items[(unit[0].task, unit[0].item_id)], unit, methods[unit[0].method],
+                                model_id=model_id, max_new_tokens=max_new_tokens, on_error=on_error)
+        for row in rows:
+            emit(row)
+        if error is not None:
+            raise error
 
 
-def _ray_cell(model_source, item, cell, fn, model_id, max_new_tokens, on_error):
-    """A Ray task: one grid cell in a worker that keeps its model between tasks."""
-    return run_cell(_load(model_source), item, cell, model_id=model_id, max_new_tokens=max_new_tokens, fn=fn,
-                    on_error=on_error)
+def _ray_unit(model_source, item, unit, method, model_id, max_new_tokens, on_error):
+    """A Ray task: one unit of cells (:func:`_units`) in a worker that keeps its model between tasks;
+    returns ``(rows, error)``."""
+    return _run_unit(_load(model_source), item, unit, method, model_id=model_id, max_new_tokens=max_new_tokens,
+                     on_error=on_error)
 
 
 def _import_ray():
@@ -545,7 +659,7 @@ def _ray_start(ray, address, kw) -> None:
                 raise
 
 
-def _run_ray(model_source, todo, items, fns, emit, *, model_id, max_new_tokens, on_error, ray_address, ray_init):
+def _run_ray(model_source, todo, items, methods, emit, *, model_id, max_new_tokens, on_error, ray_address, ray_init):
     ray = _import_ray()
     started = False
     if not ray.is_initialized():
@@ -559,25 +673,29 @@ def _run_ray(model_source, todo, items, fns, emit, *, model_id, max_new_tokens, 
     try:
         gpus = ray.cluster_resources().get("GPU", 0)
         # max_calls=0: a worker keeps running cells (and keeps its model) even when it holds a GPU
-        remote = ray.remote(num_cpus=1, num_gpus=1 if gpus >= 1 else 0, max_calls=0, max_retries=0)(_ray_cell)
+        remote = ray.remote(num_cpus=1, num_gpus=1 if gpus >= 1 else 0, max_calls=0, max_retries=0)(_ray_unit)
         src_ref = ray.put(model_source)
         item_refs = {}
-        for cell in todo:
-            k = (cell.task, cell.item_id)
+        for unit in _units(todo, methods):
+            k = (unit[0].task, unit[0].item_id)
             if k not in item_refs:
                 item_refs[k] = ray.put(items[k])
-            ref = remote.remote(src_ref, item_refs[k], cell, fns[cell.method], model_id, max_new_tokens, on_error)
-            pending[ref] = cell
+            ref = remote.remote(src_ref, item_refs[k], unit, methods[unit[0].method], model_id, max_new_tokens,
+                                on_error)
+            pending[ref] = unit
         while pending:
             done, _ = ray.wait(list(pending), num_returns=min(len(pending), 64), timeout=1.0, fetch_local=True)
             for ref in done:
                 pending.pop(ref)
                 try:
-                    row = ray.get(ref)
+                    rows, error = ray.get(ref)
                 except ray.exceptions.RayTaskError as e:
                     cause = e.as_instanceof_cause() if hasattr(e, "as_instanceof_cause") else e
                     raise cause from None
-                emit(row)
+                for row in rows:
+                    emit(row)
+                if error is not None:
+                    raise error
     finally:
         for ref in pending:
             ray.cancel(ref)
@@ -651,7 +769,7 @@ def _sweep(model, source, model_id, item_list, cells, path, max_new_tokens, exec
            checkpoint_s, ray_address, ray_init, on_row=None) -> pd.DataFrame:
     """The body of :func:`sweep`, under the lock on ``path`` when there is one."""
     by_key = {(it.task, it.item_id): it for it in item_list}
-    fns = {c.method: get_method(c.method).fn for c in cells}
+    methods = {c.method: get_method(c.method) for c in cells}
     old = read_sweep(path) if path is not None and path.exists() else pd.DataFrame(columns=list(COLUMNS))
     ok = old["error"].map(_is_null).astype(bool) if len(old) else pd.Series([], dtype=bool)
     done = set(old.loc[ok, "cell"]) if len(old) else set()  # rows with an error are run again
@@ -681,9 +799,9 @@ def _sweep(model, source, model_id, item_list, cells, path, max_new_tokens, exec
         if todo:
             kw = dict(model_id=model_id, max_new_tokens=max_new_tokens, on_error=on_error)
             if executor == "local":
-                _run_local(model if isinstance(model, LoadedModel) else None, source, todo, by_key, fns, emit, **kw)
+                _run_local(model if isinstance(model, LoadedModel) else None, source, todo, by_key, methods, emit, **kw)
             else:
-                _run_ray(source, todo, by_key, fns, emit, ray_address=ray_address, ray_init=ray_init, **kw)
+                _run_ray(source, todo, by_key, methods, emit, ray_address=ray_address, ray_init=ray_init, **kw)
     finally:
         bar.close()
         save()
