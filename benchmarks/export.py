@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     print(f"\nserver start (Chromium launch + probe): {start_s:.2f} s; export_all of both figures on the warm "
           f"server: {all_s:.2f} s")
     out = harness.write_json(args.out, dict(server_start_s=start_s, export_all_s=all_s, results=rows),
-                             reps=args.reps, export_versions=ex._versions(), browser=ex.browser_path(),
+                             reps=args.reps, export_versions=ex.versions(), browser=ex.browser_path(),
                              note="one export = PDF + SVG + PNG (single column, 300 dpi) + JSON + CSV; first_export_s "
                                   "of the first figure includes the server start")
     print(f"wrote {out}")

@@ -17,11 +17,11 @@ MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "Counter",
 MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "setdefault", "add", "discard",
             "remove", "sort", "reverse", "appendleft", "extendleft", "popleft", "__setitem__", "__delitem__"}
 ALLOWED = {
-    ("workbench/study/sweep.py", "METHODS"):
+    ("workbench/study/registry.py", "METHODS"):
         "the method registry: filled at import by @register_method (workbench.study.methods) and changed only "
         "through its documented API register_method / unregister_method; a registration is configuration, not "
         "state passed between cells",
-    ("workbench/study/sweep.py", "_WORKER_MODEL"):
+    ("workbench/study/executors.py", "_WORKER_MODEL"):
         "a Ray worker's model, loaded once per process and reused by the cells that worker runs (a cache no "
         "caller sets or resets; one model per process)",
     ("workbench/rerun/stability.py", "_SPEC_CACHE"):

@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
+from workbench.run.generate import stop_token_ids
 from workbench.run.models import LoadedModel, tiny_model
-from workbench.study import datasets, tasks
+from workbench.study import cells, datasets, executors, tasks
 from workbench.study import sweep as sw
 
 
@@ -105,7 +106,7 @@ def test_full_context_greedy_on_the_real_model(smollm, items):
     ref = smollm.model.generate(prompt.input_ids, attention_mask=torch.ones_like(prompt.input_ids),
                                 do_sample=False, max_new_tokens=4, pad_token_id=smollm.tokenizer.eos_token_id)
     ref_ids = ref[0, prompt.T:].tolist()
-    stop = sw.stop_token_ids(smollm)
+    stop = stop_token_ids(smollm)
     assert row["generated_ids"] == ref_ids[:len(row["generated_ids"])]
     assert row["n_generated"] == 4 or row["generated_ids"][-1] in stop
     assert row["answer"] == smollm.tokenizer.decode([t for t in ref_ids if t not in stop], skip_special_tokens=True).strip()
@@ -135,8 +136,8 @@ def test_interrupted_sweep_resumes_to_the_same_frame(tmp_path, tiny_lm, items, p
 
     sw.register_method("probe", _make_probe(), params=("mode", "budget"), replace=True)
     ran = []
-    real_run_cell = sw.run_cell
-    monkeypatch.setattr(sw, "run_cell", lambda *a, **k: ran.append(a[2]) or real_run_cell(*a, **k))
+    real_run_cell = cells.run_cell
+    monkeypatch.setattr(cells, "run_cell", lambda *a, **k: ran.append(a[2]) or real_run_cell(*a, **k))
     resumed = sw.sweep(tiny_lm, items, GRID, out=tmp_path / "b.parquet", **kw)
     assert len(ran) == 7  # only the unfinished cells ran
     pd.testing.assert_frame_equal(sw.comparable(resumed), sw.comparable(full))
@@ -225,13 +226,13 @@ def _tiny_factory():
 
 
 def test_model_sources(smollm):
-    assert sw._model_source(smollm) == (None, "SmolLM2-135M-Instruct")  # Ray workers load the default model
-    assert sw._model_source(None) == (None, "SmolLM2-135M-Instruct")
-    assert sw._model_source("/some/folder") == ("/some/folder", "/some/folder")
+    assert executors.model_source(smollm) == (None, "SmolLM2-135M-Instruct")  # Ray workers load the default model
+    assert executors.model_source(None) == (None, "SmolLM2-135M-Instruct")
+    assert executors.model_source("/some/folder") == ("/some/folder", "/some/folder")
     f = _tiny_factory()
-    assert sw._model_source(f) == (f, "tiny-llama-factory")
+    assert executors.model_source(f) == (f, "tiny-llama-factory")
     with pytest.raises(ValueError, match="model_id"):
-        sw._model_source(lambda: None)
+        executors.model_source(lambda: None)
 
 
 @pytest.mark.slow

@@ -61,7 +61,8 @@ from workbench.show.token_view import PRINT_FONT_PT, TokenView
 from workbench.util import atomic_write_files, jsonable
 
 __all__ = ["WIDTHS", "FORMATS", "PX_PER_INCH", "DEFAULT_SCALE", "ExportSize", "resolve_size", "export",
-           "export_all", "ensure_server", "shutdown_server", "server_running", "prompt_hash", "browser_path", "csv_bytes"]
+           "export_all", "ensure_server", "shutdown_server", "server_running", "prompt_hash", "browser_path", "csv_bytes",
+           "versions"]
 
 WIDTHS: dict[str, float] = {"single": 3.33, "double": 7.0}  # inches
 DEFAULT_SCALE = 300.0 / 72.0  # PNG pixels per layout pixel (300 dpi)
@@ -164,9 +165,8 @@ def prompt_hash(prompt) -> str:
 _hash_prompt = prompt_hash  # export() has an argument of that name
 
 
-def _versions() -> dict:
-
-
+def versions() -> dict:
+    """The versions a sidecar records (workbench, plotly, kaleido ...)."""
     out = {"workbench": __version__}
     for pkg in ("plotly", "kaleido", "choreographer"):
         try:
@@ -381,7 +381,7 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
             "sizes": [{**s.to_dict(), **f} for s, f in zip(sizes, fonts)],
             "formats": list(fmts),
             "files": sorted(f.name for f in files if f.suffix != ".json") + [f"{stem}.json"],
-            "versions": _versions(),
+            "versions": versions(),
             "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
         files[folder / f"{stem}.json"] = (json.dumps(jsonable(side), indent=2, ensure_ascii=False) + "\n").encode()

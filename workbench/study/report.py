@@ -40,12 +40,10 @@ import hashlib
 import io
 import json
 import math
-import os
 import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -58,176 +56,27 @@ import workbench.study.tasks as tasks
 from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
 from workbench.capture import RowSet, run_capture
-from workbench.checks import check_bool, check_device
 from workbench.rerun import eviction
 from workbench.run.examples import load_example
 from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
-from workbench.show.export import _versions, csv_bytes, prompt_hash
+from workbench.show.export import csv_bytes, prompt_hash, versions
+from workbench.study.report_config import (
+    DATA,
+    DEFAULT_POLICIES,
+    DEFAULT_THREADS,
+    METHODS,
+    ReportConfig,
+    ReportResult,
+)
 from workbench.study.report_html import write_html
 from workbench.study.sweep import expand_grid, read_sweep, sweep
 from workbench.study.tasks import items_frame, max_new_tokens_for
 from workbench.util import atomic_write_bytes, auto_threads, jsonable
 
-__all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write_html", "write_table"]
-
-DEFAULT_POLICIES = ("streaming", "h2o", "snapkv", "deferkv")
-METHODS = ("full", "entroprefill", "evict")
-DATA = ("auto", "sample", "fetched")
-# torch threads of the report (benchmarks/report_threads.py, RESULTS.md): on a quiet 2-core machine 2 threads were
-# 1.3x faster than 1; on the same machine at load 12 one thread was 5.2x faster than 2. So: the free cores.
-DEFAULT_THREADS = "auto"
-
-
-
-# ----------------------------------------------------------------------------- settings
-@dataclass(frozen=True)
-class ReportConfig:
-    """What the report runs.
-
-    Attributes (allowed range in brackets):
-        out: output folder (created).
-        model: ``None`` for the embedded default model, or a local HF folder / cached hub id.
-        device: ``"auto"``, ``"cpu"``, ``"cuda"`` ...
-        n_squad: SQuAD single-hop prompts [int >= 0].
-        n_needle: needle prompts (needle depths spread over ``[0.1, 0.9]``) [int >= 0]; ``n_squad + n_needle >= 1``.
-        needle_length: haystack length in tokens [int in [64, 8192]].
-        n_distractors: SQuAD distractor paragraphs per prompt [int >= 1].
-        max_new_tokens: greedy tokens per run [int >= 1]; ``None``: each family's own
-            (``tasks.TASK_MAX_NEW_TOKENS``, 32 for custom items).
-        data: ``"fetched"`` (the cached SQuAD dev set and essays; ``python -m workbench.study.datasets
-            fetch``), ``"sample"`` (the bundled samples: 4 SQuAD articles, 5 essays) or ``"auto"`` (fetched
-            when cached, else the samples); the report header says which.
-        items: a JSONL file of TaskItems (``tasks.load_items``) run beside (or, with ``n_squad = n_needle =
-            0``, instead of) the built-in families.
-        filler: a ``.txt`` file used as the needles' haystack instead of the essays.
-        methods: sweep methods, a subset of ``("full", "entroprefill", "evict")``.
-        policies: eviction policies for ``evict`` and the needle table (``eviction.REGISTRY`` names, or "module:Class").
-        budget_fracs: eviction budgets as fractions of the prompt length [each in (0, 1]].
-        entroprefill: EntroPrefill parameters for the sweep's ``entroprefill`` cells (``{}``: defaults).
-        capture_tail, capture_decode: rows of the example capture (prompt tail, decode steps) [ints >= 0].
-        seed: task-building and run seed [int >= 0].
-        threads: torch CPU threads for the run [``"auto"``, None: torch's default, or int >= 1]; default
-            ``"auto"``: :func:`auto_threads`, the cores the load leaves free (``benchmarks/report_threads.py``).
-        widths: export width per figure name (others: :func:`export_width`).
-        progress: show tqdm progress bars.
-    """
-
-    out: Path = Path("out/report")
-    model: str | None = None
-    device: str = "auto"
-    n_squad: int = 3
-    n_needle: int = 3
-    needle_length: int = 1024
-    n_distractors: int = 4
-    max_new_tokens: int | None = None
-    data: str = "auto"
-    items: Path | None = None
-    filler: Path | None = None
-    methods: tuple[str, ...] = METHODS
-    policies: tuple[str, ...] = DEFAULT_POLICIES
-    budget_fracs: tuple[float, ...] = (0.25, 0.5)
-    entroprefill: dict = field(default_factory=dict)
-    capture_tail: int = 32
-    capture_decode: int = 4
-    seed: int = 0
-    threads: int | str | None = DEFAULT_THREADS
-    widths: dict = field(default_factory=dict)
-    progress: bool = True
-    tiny: bool = False
-
-    @classmethod
-    def tiny_config(cls, **kw) -> "ReportConfig":
-        """The CI setting: one SQuAD and one needle prompt, 3 tokens, one policy and budget (< 2 min on 2 cores)."""
-        base = dict(n_squad=1, n_needle=1, needle_length=128, n_distractors=1, max_new_tokens=3,
-                    policies=("deferkv",), budget_fracs=(0.5,), capture_tail=4, capture_decode=1, threads=1,
-                    tiny=True)
-        base.update({k: v for k, v in kw.items() if v is not None})
-        return cls(**base)
-
-    def __post_init__(self):
-        if not isinstance(self.out, (str, os.PathLike)) or not str(self.out):
-            raise ValueError(f"out: must be a folder path, got {self.out!r}")
-        object.__setattr__(self, "out", Path(self.out))
-        if self.model is not None and not isinstance(self.model, (str, os.PathLike)):
-            raise ValueError(f"model: must be None (the embedded default model), a local folder or a hub id, "
-                             f"got {self.model!r}")
-        check_device(self.device)
-        check_bool("progress", self.progress)
-        check_bool("tiny", self.tiny)
-        for name, lo, hi in (("n_squad", 0, 1000), ("n_needle", 0, 1000), ("needle_length", 64, 8192),
-                             ("n_distractors", 1, 20), ("max_new_tokens", 1, 4096), ("capture_tail", 0, 4096),
-                             ("capture_decode", 0, 256), ("seed", 0, 2**31 - 1)):
-            v = getattr(self, name)
-            if name == "max_new_tokens" and v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise ValueError(f"{name}: must be an integer in [{lo}, {hi}], got {v!r}")
-        if self.threads is not None and self.threads != "auto" and (
-                isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 1 <= self.threads <= 1024):
-            raise ValueError(f"threads: must be 'auto', None or an integer in [1, 1024], got {self.threads!r}")
-        if self.data not in DATA:
-            raise ValueError(f"data: must be one of {DATA}, got {self.data!r}")
-        for name in ("items", "filler"):
-            v = getattr(self, name)
-            if v is not None:
-                object.__setattr__(self, name, Path(v))
-                if not Path(v).is_file():
-                    raise ValueError(f"{name}: must be an existing file, got {str(v)!r}")
-        if self.n_squad + self.n_needle < 1 and self.items is None:
-            raise ValueError("n_squad: n_squad + n_needle must be >= 1 when no items file is given (the study "
-                             "needs a prompt)")
-        methods = tuple(self.methods)
-        if not methods or any(m not in METHODS for m in methods) or len(set(methods)) != len(methods):
-            raise ValueError(f"methods: must be distinct entries of {METHODS}, got {self.methods!r}")
-        object.__setattr__(self, "methods", methods)
-
-        pols = tuple(eviction.REGISTRY.resolve(p) if isinstance(p, str) and ":" in p else p for p in self.policies)
-        bad = [p for p in pols if p not in eviction.REGISTRY or p == "full"]
-        if bad or len(set(pols)) != len(pols):
-            raise ValueError(f"policies: must be distinct entries of {sorted(set(eviction.REGISTRY.names()) - {'full'})} "
-                             f"(built-in or registered) or 'module:Class', got {self.policies!r}")
-        if "evict" in methods and not pols:
-            raise ValueError("policies: the 'evict' method needs at least one policy")
-        object.__setattr__(self, "policies", pols)
-        fr = tuple(self.budget_fracs)
-        if not fr or any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1 for f in fr):
-            raise ValueError(f"budget_fracs: must be a non-empty list of fractions in (0, 1], got {self.budget_fracs!r}")
-        object.__setattr__(self, "budget_fracs", tuple(float(f) for f in fr))
-        if not isinstance(self.entroprefill, dict):
-            raise ValueError(f"entroprefill: must be a dict of EntroPrefill parameters, got {self.entroprefill!r}")
-
-        EntroPrefillParams(**{k: v for k, v in self.entroprefill.items() if k != "layer"})  # validates
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        for k in ("out", "items", "filler"):
-            d[k] = None if d[k] is None else str(d[k])
-        return d
-
-
-@dataclass
-class ReportResult:
-    """What :func:`run_report` wrote: ``html``, ``figures`` ``{name: [paths]}``, ``tables``
-    ``{name: [csv, parquet]}``, ``manifest`` and the per-stage ``timings`` (seconds)."""
-
-    out: Path
-    html: Path
-    manifest: Path
-    figures: dict
-    tables: dict
-    timings: dict
-    partial: bool = False
-
-    def summary(self) -> str:
-        n_fig = sum(len(v) for v in self.figures.values())
-        n_tab = sum(len(v) for v in self.tables.values())
-        head = "PARTIAL report (the sweep was interrupted; re-run to resume)\n" if self.partial else ""
-        return (f"{head}wrote {self.html}\n  figures: {self.out / 'figures'} ({len(self.figures)} figures, {n_fig} files)\n"
-                f"  tables:  {self.out / 'tables'} ({len(self.tables)} tables, {n_tab} files)\n"
-                f"  manifest: {self.manifest}\n  total {self.timings.get('total', float('nan')):.1f} s")
-
+__all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write_html", "write_table",
+           "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS", "export_width"]
 
 # ----------------------------------------------------------------------------- atomic writes
 
@@ -591,4 +440,4 @@ def _run_info(cfg: ReportConfig, lm, prompt_info: dict, timings: dict) -> dict:
     return {"title": "Attention workbench report", "model_id": lm.model_id, "device": str(lm.device),
             "dtype": str(lm.dtype).replace("torch.", ""),
             "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "config": cfg.to_dict(), "versions": _versions(), "example": prompt_info}
+            "config": cfg.to_dict(), "versions": versions(), "example": prompt_info}

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import workbench.study.datasets as datasets
 from workbench.checks import check_int
 from workbench.study.metrics import string_match_all, string_match_part
-from workbench.study.tasks import TaskItem, _count_tokens, _finish, _Haystack, _rng
+from workbench.study.tasks.haystack import Haystack, check_lengths, count_tokens
+from workbench.study.tasks.item import TaskItem, seeded_rng, with_content_id
 
 __all__ = ["RULER_TASKS", "build_ruler", "ruler_grid", "score", "string_match_all", "string_match_part", "NOISE",
            "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking",
@@ -72,20 +73,12 @@ def _numbers(rng: random.Random, n: int) -> list[str]:
     return out
 
 
-def _check(lengths, n, passage_tokens):
-    lengths = list(lengths)
-    if not lengths:
-        raise ValueError("lengths: must be a non-empty list of token counts")
-    for L in lengths:
-        check_int("lengths", L, 256, 1_000_000)
-    check_int("n", n, 1)
-    check_int("passage_tokens", passage_tokens, 16)
-    return lengths
+MIN_LENGTH = 256  # tokens: the shortest RULER-style prompt
 
 
 def _haystack_texts(tokenizer, haystack, budget: int) -> dict:
     if haystack is None:  # the paper's noise: one sentence block, repeated past the budget
-        reps = budget // max(1, _count_tokens(tokenizer, " " + NOISE)) + 2
+        reps = budget // max(1, count_tokens(tokenizer, " " + NOISE)) + 2
         return {"noise": " ".join([NOISE] * reps)}
     return haystack
 
@@ -97,16 +90,16 @@ def _label(haystack) -> str:
 def _needle_items(task, tokenizer, lengths, n, seed, passage_tokens, haystack, make):
     """For each replicate and length: ``make(rng) -> dict(sentences, depths, query, answers, parts, answer_fact)``;
     the sentences go at their depths of a haystack filling the rest of the length."""
-    lengths = _check(lengths, n, passage_tokens)
+    lengths = check_lengths(lengths, n, passage_tokens, min_length=MIN_LENGTH)
     out = []
     for rep in range(n):
-        spec = make(_rng(seed, task, rep, "facts"))
-        need = sum(_count_tokens(tokenizer, " " + s) for s in spec["sentences"])
+        spec = make(seeded_rng(seed, task, rep, "facts"))
+        need = sum(count_tokens(tokenizer, " " + s) for s in spec["sentences"])
         for L in lengths:
             if need >= L:
                 raise ValueError(f"lengths: {L} tokens cannot hold the {need} tokens of the {task} needles")
             texts = _haystack_texts(tokenizer, haystack, L - need)
-            hay = _Haystack(tokenizer, texts, L - need, passage_tokens, _rng(seed, task, rep, L, "haystack"))
+            hay = Haystack(tokenizer, texts, L - need, passage_tokens, seeded_rng(seed, task, rep, L, "haystack"))
             docs, where = hay.documents(list(zip(spec["depths"], spec["sentences"])))
             evidence = tuple(dict.fromkeys(where[i] for i in spec.get("evidence", range(len(where)))))
             answer_doc = where[spec.get("answer_fact", 0)]
@@ -117,7 +110,7 @@ def _needle_items(task, tokenizer, lengths, n, seed, passage_tokens, haystack, m
             item = TaskItem(task=task, item_id="-", documents=tuple(docs), query=spec["query"],
                             answers=spec["answers"], answer_doc=answer_doc, evidence_docs=evidence,
                             answer_parts=spec.get("parts", ()), meta=meta)
-            out.append(_finish(item, f"{task}-L{L}-r{rep}"))
+            out.append(with_content_id(item, f"{task}-L{L}-r{rep}"))
     return out
 
 
@@ -202,16 +195,16 @@ def variable_tracking(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096),
 
 def _list_items(task, tokenizer, lengths, n, seed, passage_tokens, make_words, query, parts_of):
     """Word-list families: ``make_words(rng, budget_words) -> words`` (in order) at each length, chunked."""
-    lengths = _check(lengths, n, passage_tokens)
+    lengths = check_lengths(lengths, n, passage_tokens, min_length=MIN_LENGTH)
     out = []
-    per_word = max(1, _count_tokens(tokenizer, " 12. kalomi"))
+    per_word = max(1, count_tokens(tokenizer, " 12. kalomi"))
     for rep in range(n):
         for L in lengths:
             budget = max(20, L // per_word)
             for _ in range(20):  # shrink the word budget until the list fits the length (redrawn each time)
-                words = make_words(_rng(seed, task, rep, L), budget)
+                words = make_words(seeded_rng(seed, task, rep, L), budget)
                 lines = [f"{i + 1}. {w}" for i, w in enumerate(words)]
-                t = _count_tokens(tokenizer, " ".join(lines))
+                t = count_tokens(tokenizer, " ".join(lines))
                 if t <= L:
                     break
                 budget = max(20, int(budget * L / t * 0.98))
@@ -219,7 +212,7 @@ def _list_items(task, tokenizer, lengths, n, seed, passage_tokens, make_words, q
             parts = parts_of(kept)
             docs, cur, cur_t = [], [], 0
             for ln in lines:
-                t = _count_tokens(tokenizer, " " + ln)
+                t = count_tokens(tokenizer, " " + ln)
                 if cur and cur_t + t > passage_tokens:
                     docs.append(" ".join(cur))
                     cur, cur_t = [], 0
@@ -232,7 +225,7 @@ def _list_items(task, tokenizer, lengths, n, seed, passage_tokens, make_words, q
                         words=len(kept), passages=len(docs), metric="all")
             item = TaskItem(task=task, item_id="-", documents=tuple(docs), query=query, answers=(" ".join(parts),),
                             answer_doc=ev[0], evidence_docs=ev, answer_parts=tuple(parts), meta=meta)
-            out.append(_finish(item, f"{task}-L{L}-r{rep}"))
+            out.append(with_content_id(item, f"{task}-L{L}-r{rep}"))
     return out
 
 
@@ -294,7 +287,7 @@ def qa_distractors(tokenizer, articles=None, *, lengths: Sequence[int] = (1024, 
     """Question answering with distractors: a SQuAD-format question's paragraph among paragraphs of the other
     articles (none holding a gold answer) up to the length, the gold at a seeded position; string_match_part.
     ``articles``: SQuAD-format articles (default: the bundled sample, ``datasets.load_squad("sample")``)."""
-    lengths = _check(lengths, n, 16)
+    lengths = check_lengths(lengths, n, 16, min_length=MIN_LENGTH)
     arts = articles if articles is not None else datasets.load_squad("sample")
     label = datasets.provenance(arts)["label"]
     paras = [(ai, p["context"]) for ai, a in enumerate(arts) for p in a["paragraphs"] if len(p["context"]) <= max_passage_chars]
@@ -303,14 +296,14 @@ def qa_distractors(tokenizer, articles=None, *, lengths: Sequence[int] = (1024, 
           if qa["answers"] and qa["answers"][0]["text"].strip() in p["context"]]
     if len(qs) < n:
         raise ValueError(f"n: the articles hold {len(qs)} usable questions, fewer than {n}")
-    picks = _rng(seed, "qa_distractors", "pick").sample(qs, n)
-    counts = {c: _count_tokens(tokenizer, " " + c) for _, c in paras}
+    picks = seeded_rng(seed, "qa_distractors", "pick").sample(qs, n)
+    counts = {c: count_tokens(tokenizer, " " + c) for _, c in paras}
     out = []
     for rep, (ai, gold, qa) in enumerate(picks):
         answers = tuple(dict.fromkeys(a["text"].strip() for a in qa["answers"] if a["text"].strip()))
         pool = [c for aj, c in paras if aj != ai and not any(a.lower() in c.lower() for a in answers)]
         for L in lengths:
-            rng = _rng(seed, "qa_distractors", rep, L)
+            rng = seeded_rng(seed, "qa_distractors", rep, L)
             order = pool[:]
             rng.shuffle(order)
             docs, total = [], counts[gold]
@@ -325,7 +318,7 @@ def qa_distractors(tokenizer, articles=None, *, lengths: Sequence[int] = (1024, 
                         haystack_tokens=total, passages=len(docs), metric="part")
             item = TaskItem(task="qa_distractors", item_id="-", documents=tuple(docs), query=qa["question"].strip(),
                             answers=answers, answer_doc=pos, meta=meta)
-            out.append(_finish(item, f"qa_distractors-L{L}-{qa['id']}"))
+            out.append(with_content_id(item, f"qa_distractors-L{L}-{qa['id']}"))
     return out
 
 

@@ -1,0 +1,110 @@
+"""Haystacks shared by the needle families and the RULER-style tasks (:mod:`workbench.study.ruler`): texts split
+into sentences, drawn in a seeded order, grouped into passages (the candidate chunks) of about ``passage_tokens``
+tokens, with facts inserted at relative depths; and the one check of their length arguments."""
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+
+from workbench.checks import check_int
+
+__all__ = ["Haystack", "split_sentences", "count_tokens", "check_lengths", "check_depth", "SENTENCE_SPLIT"]
+
+SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[a-z0-9][.!?])(?=[A-Z])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of an essay (whitespace collapsed; the essays' lost paragraph breaks, as in
+    ``accelerating.We``, are split too)."""
+    text = " ".join(text.split())
+    return [s.strip() for s in SENTENCE_SPLIT.split(text) if s.strip()]
+
+
+def count_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class Haystack:
+    """Sentences of the essays in a seeded order, grouped into passages, at most ``budget`` tokens."""
+
+    def __init__(self, tokenizer, essays: dict, budget: int, passage_tokens: int, rng: random.Random):
+        names = sorted(essays)
+        rng.shuffle(names)
+        sents, counts, used, total, full = [], [], [], 0, False
+        for name in names:
+            used.append(name)
+            for s in split_sentences(essays[name]):
+                c = count_tokens(tokenizer, " " + s)
+                if total + c > budget:
+                    full = True
+                    break
+                sents.append(s)
+                counts.append(c)
+                total += c
+            if full:
+                break
+        if not full:
+            raise ValueError(f"lengths: the essays hold only ~{total} tokens, fewer than {budget}; "
+                             "use shorter lengths or more essays (source='cache')")
+        self.sentences, self.counts, self.total, self.essays = sents, counts, total, used
+        # passages: consecutive sentences, closed when the next sentence would pass passage_tokens
+        self.passages: list[list[int]] = []
+        cur, cur_t = [], 0
+        for i, c in enumerate(counts):
+            if cur and cur_t + c > passage_tokens:
+                self.passages.append(cur)
+                cur, cur_t = [], 0
+            cur.append(i)
+            cur_t += c
+        if cur:
+            self.passages.append(cur)
+
+    def slot(self, depth: float) -> tuple[int, int]:
+        """``(passage, index in passage)`` of the sentence boundary at ``depth`` of the tokens."""
+        target, acc = depth * self.total, 0
+        b = len(self.sentences)
+        for i, c in enumerate(self.counts):
+            if acc + c / 2 >= target:
+                b = i
+                break
+            acc += c
+        for p, idx in enumerate(self.passages):
+            if b <= idx[-1]:
+                return p, idx.index(b)
+        return len(self.passages) - 1, len(self.passages[-1])
+
+    def documents(self, needles: Sequence[tuple[float, str]]) -> tuple[list[str], list[int]]:
+        """Passages with each ``(depth, sentence)`` inserted; returns the documents and, per needle,
+        the index of its document."""
+        inserts: dict[int, list[tuple[int, int, str]]] = {}
+        for n_i, (depth, sentence) in enumerate(needles):
+            p, j = self.slot(depth)
+            inserts.setdefault(p, []).append((j, n_i, sentence))
+        docs, where = [], [0] * len(needles)
+        for p, idx in enumerate(self.passages):
+            sents = [self.sentences[i] for i in idx]
+            for j, n_i, sentence in sorted(inserts.get(p, []), reverse=True):
+                sents.insert(j, sentence)
+                where[n_i] = p
+            docs.append(" ".join(sents))
+        return docs, where
+
+
+def check_lengths(lengths, n, passage_tokens, *, min_length: int = 64) -> list[int]:
+    """The length arguments of a haystack family: ``lengths`` a non-empty list of token counts in
+    ``[min_length, 10^6]``, ``n`` (replicates) ``>= 1``, ``passage_tokens`` ``>= 16``; returns ``lengths`` as a list."""
+    lengths = list(lengths)
+    if not lengths:
+        raise ValueError("lengths: must be a non-empty list of token counts")
+    for L in lengths:
+        check_int("lengths", L, min_length, 1_000_000)
+    check_int("n", n, 1)
+    check_int("passage_tokens", passage_tokens, 16)
+    return lengths
+
+
+def check_depth(name, d):
+    if not isinstance(d, (int, float)) or isinstance(d, bool) or not 0.0 <= d <= 1.0:
+        raise ValueError(f"{name}: every depth must be a number in [0, 1], got {d!r}")
+    return float(d)

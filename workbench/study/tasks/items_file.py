@@ -1,0 +1,71 @@
+"""TaskItems from a JSONL file (``report --items``), validated completely before any model work."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from workbench.study.tasks.item import TaskItem, with_content_id
+
+__all__ = ["load_items", "ITEM_FIELDS", "REQUIRED_FIELDS"]
+
+ITEM_FIELDS = ("task", "item_id", "documents", "query", "answers", "answer_doc", "evidence_docs", "answer_parts",
+               "conflict_answers", "conflict_doc", "instruction", "meta")
+REQUIRED_FIELDS = ("task", "documents", "query", "answers", "answer_doc")
+
+
+def load_items(path) -> list[TaskItem]:
+    """TaskItems from a JSONL file: one JSON object per line with :class:`TaskItem` fields (``task,
+    documents, query, answers, answer_doc`` required; ``item_id`` optional, else ``line<N>``); blank lines
+    and lines starting with ``#`` are skipped. Every item gets a content digest in its id (``<id>#<8 hex>``)
+    and ``meta.source = "items:<file name>"`` unless it names its own source.
+
+    Raises:
+        ValueError: naming the file, the line and the field (``items: f.jsonl line 3: answer_doc: ...``);
+            nothing is returned unless every line is valid.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"items: must be a readable JSONL file, got {str(path)!r}")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    out, seen = [], set()
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"items: {path.name} line {i}"
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: must be a JSON object of TaskItem fields, got {type(d).__name__}")
+        unknown = sorted(set(d) - set(ITEM_FIELDS))
+        if unknown:
+            raise ValueError(f"{where}: {unknown[0]}: not a TaskItem field (fields: {', '.join(ITEM_FIELDS)})")
+        missing = [f for f in REQUIRED_FIELDS if f not in d]
+        if missing:
+            raise ValueError(f"{where}: {missing[0]}: required field missing")
+        for f in ("documents", "answers", "evidence_docs", "answer_parts", "conflict_answers"):
+            if f in d and not isinstance(d[f], list):
+                raise ValueError(f"{where}: {f}: must be a JSON list, got {type(d[f]).__name__}")
+        for f in ("answer_doc", "conflict_doc"):
+            if f in d and d[f] is not None and (isinstance(d[f], bool) or not isinstance(d[f], int)):
+                raise ValueError(f"{where}: {f}: must be an integer, got {d[f]!r}")
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ValueError(f"{where}: meta: must be a JSON object, got {type(meta).__name__}")
+        d["meta"] = {"source": f"items:{path.name}", "items_sha256": digest[:16], "line": i, **meta}
+        base = d.pop("item_id", None) or f"line{i}"
+        if not isinstance(base, str):
+            raise ValueError(f"{where}: item_id: must be a string, got {base!r}")
+        try:
+            item = with_content_id(TaskItem(item_id="-", **d), base)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        if (item.task, base) in seen:
+            raise ValueError(f"{where}: item_id: duplicate id {base!r} in task {item.task!r}")
+        seen.add((item.task, base))
+        out.append(item)
+    if not out:
+        raise ValueError(f"items: {path.name} holds no item")
+    return out
