@@ -71,6 +71,7 @@ from workbench.study.report_config import (
     ReportResult,
 )
 from workbench.study.report_html import write_html
+from workbench.study.storage import check_writable, read_resumable
 from workbench.study.sweep import expand_grid, read_sweep, sweep
 from workbench.study.tasks import items_frame, max_new_tokens_for
 from workbench.util import atomic_write_bytes, auto_threads, jsonable
@@ -153,9 +154,16 @@ def _data_source(cfg: ReportConfig) -> str:
     return "cache" if datasets.is_fetched("squad") and datasets.is_fetched("essays") else "sample"
 
 
-def _items(cfg: ReportConfig, tokenizer) -> tuple[list, list[dict]]:
+def _user_data(cfg: ReportConfig) -> dict:
+    """The user's files (``items``, ``filler``), read and validated completely before any model work: errors name
+    the file, the line and the field."""
+    return {"items": tasks.load_items(cfg.items) if cfg.items is not None else None,
+            "filler": datasets.load_filler(cfg.filler) if cfg.filler is not None and cfg.n_needle else None}
+
+
+def _items(cfg: ReportConfig, tokenizer, user: dict) -> tuple[list, list[dict]]:
     """The study's items and the provenance of every source they come from (label, kind, path, sha256, size,
-    items used)."""
+    items used); ``user``: :func:`_user_data`."""
     items, sources = [], []
     src = _data_source(cfg)
     if cfg.n_squad:
@@ -166,12 +174,12 @@ def _items(cfg: ReportConfig, tokenizer) -> tuple[list, list[dict]]:
     if cfg.n_needle:
         n = cfg.n_needle
         depths = (0.5,) if n == 1 else tuple(round(0.1 + 0.8 * i / (n - 1), 3) for i in range(n))
-        hay = datasets.load_filler(cfg.filler) if cfg.filler is not None else datasets.load_essays(src)
+        hay = user["filler"] if user["filler"] is not None else datasets.load_essays(src)
         new = tasks.needle(tokenizer, hay, lengths=(cfg.needle_length,), depths=depths, n=1, seed=cfg.seed)
         items += new
         sources.append({**datasets.provenance(hay), "task": "needle", "items": len(new)})
     if cfg.items is not None:
-        new = tasks.load_items(cfg.items)
+        new = user["items"]
         items += new
         prov = {"label": new[0].meta["source"], "kind": "file", "path": str(cfg.items),
                 "sha256": hashlib.sha256(cfg.items.read_bytes()).hexdigest(), "size": f"{len(new)} items",
@@ -220,7 +228,7 @@ def _run_sweep(cfg: ReportConfig, lm, items, path: Path) -> tuple[pd.DataFrame, 
     for it in items:
         groups.setdefault(cfg.max_new_tokens or max_new_tokens_for(it.task), []).append(it)
     keys = {c.key(lm.model_id, n) for n, its in groups.items() for c in expand_grid(its, grid, (cfg.seed,))}
-    old = read_sweep(path) if path.exists() else pd.DataFrame(columns=["cell", "error"])
+    old = read_resumable(path)  # a damaged file is moved aside (kept), its cells run again
     done = set(old.loc[old["error"].isna(), "cell"]) & keys if len(old) else set()
     bar = tqdm(total=len(keys), initial=len(done), desc="study", unit="cell", disable=not cfg.progress,
                smoothing=0.1)
@@ -247,6 +255,8 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
     out = cfg.out
+    user = _user_data(cfg)  # before any model work, and before anything is written
+    check_writable(out, "out", folder=True)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     # Chromium starts while the model loads (figure export needs it at the end)
     server_error: list[BaseException] = []
@@ -283,7 +293,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
         tables.update(tables_c)
         notes.update(notes_c)
 
-        items, sources = _items(cfg, lm.tokenizer)
+        items, sources = _items(cfg, lm.tokenizer, user)
         df, partial = timed("sweep", lambda: _run_sweep(cfg, lm, items, out / "tables" / "sweep.parquet"))
         tables["items"] = items_frame(items)
         tables["sweep"] = df

@@ -3,7 +3,7 @@ range) and what a run wrote (:class:`ReportResult`)."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from workbench.analyse.params import EntroPrefillParams
@@ -89,6 +89,9 @@ class ReportConfig:
         if not isinstance(self.out, (str, os.PathLike)) or not str(self.out):
             raise ValueError(f"out: must be a folder path, got {self.out!r}")
         object.__setattr__(self, "out", Path(self.out))
+        if self.out.exists() and not self.out.is_dir():
+            raise ValueError(f"out: must be a folder (the report writes report.html, figures/ and tables/ in it), got "
+                             f"the file {str(self.out)!r}")
         if self.model is not None and not isinstance(self.model, (str, os.PathLike)):
             raise ValueError(f"model: must be None (the embedded default model), a local folder or a hub id, "
                              f"got {self.model!r}")
@@ -136,6 +139,11 @@ class ReportConfig:
         object.__setattr__(self, "budget_fracs", tuple(float(f) for f in fr))
         if not isinstance(self.entroprefill, dict):
             raise ValueError(f"entroprefill: must be a dict of EntroPrefill parameters, got {self.entroprefill!r}")
+        allowed = sorted({f.name for f in fields(EntroPrefillParams) if f.init} | {"layer"})
+        unknown = sorted(map(str, set(self.entroprefill) - set(allowed)))
+        if unknown:
+            raise ValueError(f"entroprefill: {unknown[0]!r} is not an EntroPrefill parameter (allowed: "
+                             f"{', '.join(allowed)})")
 
         EntroPrefillParams(**{k: v for k, v in self.entroprefill.items() if k != "layer"})  # validates
 

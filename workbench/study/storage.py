@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import io
 import math
+import os
+import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +16,7 @@ import workbench.study.metrics as metrics
 from workbench.util import atomic_write_bytes
 
 __all__ = ["COLUMNS", "FRONT", "BACK", "MEASURED", "METHOD_KEYS", "tidy", "is_null", "write_parquet", "roundtrip",
-           "read_sweep", "comparable"]
+           "read_sweep", "comparable", "check_out", "check_writable", "read_resumable"]
 
 # front and back columns of every sweep frame; p_<name> parameter columns sit between, extras after
 FRONT = ("model", "task", "item_id", "method", "params")
@@ -136,3 +140,80 @@ def comparable(df: pd.DataFrame) -> pd.DataFrame:
     whose name ends in ``_s`` (wall times)."""
     drop = [c for c in df.columns if c in MEASURED or (c not in COLUMNS and c.endswith("_s"))]
     return df.drop(columns=drop)
+
+
+# ----------------------------------------------------------------------------- where the frame lives
+def check_out(out) -> Path:
+    """The sweep's ``out`` as a path, refused before any cell runs when the sweep could not write it: not a
+    ``.parquet`` path, a directory or another non-file, or a place this process cannot create files in (a
+    read-only place). Nothing is created."""
+    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
+        raise ValueError(f"out: must be a .parquet file path or None, got {out!r}")
+    path = Path(out)
+    if path.is_dir():
+        raise ValueError(f"out: must be a .parquet file path, got the directory {str(path)!r} "
+                         f"(for example {str(path / 'sweep.parquet')!r})")
+    if path.suffix != ".parquet":
+        raise ValueError(f"out: must be a .parquet file path (the sweep writes parquet), got {str(path)!r}")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"out: must be a regular file, got {str(path)!r}")
+    check_writable(path, "out", folder=False)
+    return path
+
+
+def check_writable(path: Path, name: str, *, folder: bool) -> None:
+    """Refuse (a ``ValueError`` naming ``name``) a place this process cannot create files in: the nearest existing
+    folder at or above ``path`` (``folder``: ``path`` is the folder to write in; else its parent is) must be a folder
+    that accepts a new file (probed with a temporary file, removed at once). Nothing else is created."""
+    probe_dir = path if folder else path.parent
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        raise ValueError(f"{name}: {str(probe_dir)!r} is a file, not a folder; choose another {name}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".workbench-probe-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise ValueError(f"{name}: cannot write in {str(probe_dir)!r} ({e.strerror or e}); choose a writable "
+                         "place") from None
+
+
+def _aside(path: Path) -> Path:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    return aside
+
+
+def read_resumable(path: Path) -> pd.DataFrame:
+    """The rows of an earlier sweep at ``path`` to resume from (an empty frame when there is none).
+
+    A file that does not read as parquet (truncated, damaged: a sweep writes atomically, so another program or a
+    failing disk made it so) is not deleted: it is moved aside to ``<name>.damaged-<UTC time>`` with a warning
+    naming both files, and its cells are computed again. A parquet file that is not a sweep frame (no ``cell``
+    and ``error`` columns) is someone else's data: it is refused, untouched."""
+    empty = pd.DataFrame(columns=list(COLUMNS))
+    if not path.exists():
+        return empty
+    try:
+        df = read_sweep(path)
+    except (ValueError, OSError, TypeError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        aside = _aside(path)
+        try:
+            os.replace(path, aside)
+        except OSError as e2:
+            raise ValueError(f"out: {str(path)!r} is damaged ({type(e).__name__}: {e}) and could not be moved aside "
+                             f"({e2.strerror or e2}); move or delete it, then run again") from None
+        warnings.warn(f"out: {str(path)!r} was damaged ({type(e).__name__}: {e}); it is kept as {str(aside)!r} and "
+                      "its cells are computed again (delete the copy once you no longer need it)", RuntimeWarning,
+                      stacklevel=3)
+        return empty
+    missing = [c for c in ("cell", "error") if c not in df.columns]
+    if missing:
+        raise ValueError(f"out: {str(path)!r} is a parquet file but not a sweep frame (no column {missing[0]!r}); "
+                         "choose another out, or move that file away")
+    return df

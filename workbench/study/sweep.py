@@ -50,7 +50,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import pandas as pd
 from tqdm.auto import tqdm
@@ -61,7 +60,18 @@ from workbench.study.cells import run_cell, run_cells
 from workbench.study.executors import model_source, run_local, run_ray
 from workbench.study.grid import Cell, expand_grid, flatten_items, grid_frame
 from workbench.study.registry import Method, available_methods, get_method, register_method, unregister_method
-from workbench.study.storage import COLUMNS, MEASURED, comparable, is_null, read_sweep, roundtrip, tidy, write_parquet
+from workbench.study.storage import (
+    COLUMNS,
+    MEASURED,
+    check_out,
+    comparable,
+    is_null,
+    read_resumable,
+    read_sweep,
+    roundtrip,
+    tidy,
+    write_parquet,
+)
 from workbench.util import file_lock
 
 __all__ = ["Method", "register_method", "unregister_method", "get_method", "available_methods", "Cell",
@@ -83,8 +93,11 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
         methods: ``{name: {param: value or values}}`` or a list of names / ``(name, {param: values})``
             (see :func:`expand_grid`); registered names only (:func:`available_methods`).
         seeds: run seeds (``random``, ``numpy`` and ``torch`` are seeded per cell).
-        out: parquet path; existing rows are kept and their cells skipped (resume), rows with an error
-            are run again. ``None``: nothing written, nothing resumed.
+        out: a ``.parquet`` path; existing rows are kept and their cells skipped (resume), rows with an error
+            are run again. ``None``: nothing written, nothing resumed. A directory, another kind of file or a
+            place this process cannot write in is refused before any cell runs; a damaged file (one that does
+            not read as parquet) is moved aside to ``<name>.damaged-<UTC time>`` with a warning and its cells
+            run again; a parquet file that is not a sweep frame is refused, untouched.
         max_new_tokens: greedy tokens per run, ``≥ 1``.
         executor: ``"local"`` (this process) or ``"ray"`` (one task per cell on the connected or a new
             local Ray instance; needs the ``[cluster]`` extra).
@@ -116,7 +129,7 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
     source, model_id = model_source(model)
     item_list = flatten_items(items)
     cells = expand_grid(item_list, methods, seeds, reference=reference)
-    path = Path(out) if out is not None else None
+    path = check_out(out) if out is not None else None  # refused before any cell runs
     if path is None:
         return _sweep(model, source, model_id, item_list, cells, None, max_new_tokens, executor, on_error, progress,
                       checkpoint_s, ray_address, ray_init, on_row)
@@ -136,7 +149,7 @@ def _sweep(model, source, model_id, item_list, cells, path, max_new_tokens, exec
     """The body of :func:`sweep`, under the lock on ``path`` when there is one."""
     by_key = {(it.task, it.item_id): it for it in item_list}
     methods = {c.method: get_method(c.method) for c in cells}
-    old = read_sweep(path) if path is not None and path.exists() else pd.DataFrame(columns=list(COLUMNS))
+    old = read_resumable(path) if path is not None else pd.DataFrame(columns=list(COLUMNS))
     ok = old["error"].map(is_null).astype(bool) if len(old) else pd.Series([], dtype=bool)
     done = set(old.loc[ok, "cell"]) if len(old) else set()  # rows with an error are run again
     todo = [c for c in cells if c.key(model_id, max_new_tokens) not in done]

@@ -65,11 +65,13 @@ class TaskItem:
         if not isinstance(self.answer_doc, int) or isinstance(self.answer_doc, bool) or not 0 <= self.answer_doc < k:
             raise ValueError(f"answer_doc: must be an integer in [0, {k - 1}], got {self.answer_doc!r}")
         for e in self.evidence_docs:
-            if not isinstance(e, int) or not 0 <= e < k:
-                raise ValueError(f"evidence_docs: every index must be in [0, {k - 1}], got {self.evidence_docs!r}")
+            if not isinstance(e, int) or isinstance(e, bool) or not 0 <= e < k:
+                raise ValueError(f"evidence_docs: every index must be an integer in [0, {k - 1}], got "
+                                 f"{self.evidence_docs!r}")
         if self.answer_doc not in self.evidence_docs:
             raise ValueError(f"evidence_docs: must contain answer_doc={self.answer_doc}, got {self.evidence_docs!r}")
-        if self.conflict_doc is not None and not (isinstance(self.conflict_doc, int) and 0 <= self.conflict_doc < k):
+        if self.conflict_doc is not None and not (isinstance(self.conflict_doc, int) and not isinstance(
+                self.conflict_doc, bool) and 0 <= self.conflict_doc < k):
             raise ValueError(f"conflict_doc: must be None or an integer in [0, {k - 1}], got {self.conflict_doc!r}")
         if self.conflict_answers and self.conflict_doc is None:
             raise ValueError("conflict_doc: must be given with conflict_answers")

@@ -12,6 +12,48 @@ __all__ = ["load_items", "ITEM_FIELDS", "REQUIRED_FIELDS"]
 ITEM_FIELDS = ("task", "item_id", "documents", "query", "answers", "answer_doc", "evidence_docs", "answer_parts",
                "conflict_answers", "conflict_doc", "instruction", "meta")
 REQUIRED_FIELDS = ("task", "documents", "query", "answers", "answer_doc")
+LIST_FIELDS = ("documents", "answers", "evidence_docs", "answer_parts", "conflict_answers")
+STRING_FIELDS = ("task", "query", "instruction")
+STRING_LIST_FIELDS = ("documents", "answers", "answer_parts", "conflict_answers")
+
+
+def _lines(raw: bytes, path: Path) -> list[str]:
+    """The file's lines as text (``\\n`` or ``\\r\\n`` ends); a line that is not UTF-8 is named with its line and
+    column."""
+    out = []
+    for i, b in enumerate(raw.split(b"\n"), start=1):
+        try:
+            out.append(b.decode("utf-8").removesuffix("\r"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"items: {path.name} line {i}: not UTF-8 text (byte 0x{b[e.start]:02x} at column "
+                             f"{e.start + 1}); save the file as UTF-8") from None
+    if out and out[-1] == "":
+        out.pop()
+    return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # JSON true/false are not indices
+
+
+def _check_types(d: dict, where: str) -> None:
+    """Each field's JSON type (an index is an integer, never true/false; texts are strings)."""
+    for f in LIST_FIELDS:
+        if f in d and not isinstance(d[f], list):
+            raise ValueError(f"{where}: {f}: must be a JSON list, got {type(d[f]).__name__}")
+    for f in STRING_FIELDS:
+        if f in d and not isinstance(d[f], str):
+            raise ValueError(f"{where}: {f}: must be a string, got {d[f]!r}")
+    for f in STRING_LIST_FIELDS:
+        bad = [v for v in d.get(f, []) if not isinstance(v, str)]
+        if bad:
+            raise ValueError(f"{where}: {f}: every entry must be a string, got {bad[0]!r}")
+    for f in ("answer_doc", "conflict_doc"):
+        if f in d and not (_is_int(d[f]) or (f == "conflict_doc" and d[f] is None)):
+            raise ValueError(f"{where}: {f}: must be an integer, got {d[f]!r}")
+    bad = [v for v in d.get("evidence_docs", []) if not _is_int(v)]
+    if bad:
+        raise ValueError(f"{where}: evidence_docs: every entry must be an integer index, got {bad[0]!r}")
 
 
 def load_items(path) -> list[TaskItem]:
@@ -27,9 +69,10 @@ def load_items(path) -> list[TaskItem]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"items: must be a readable JSONL file, got {str(path)!r}")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    raw = path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
     out, seen = [], set()
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for i, line in enumerate(_lines(raw, path), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"items: {path.name} line {i}"
@@ -45,12 +88,7 @@ def load_items(path) -> list[TaskItem]:
         missing = [f for f in REQUIRED_FIELDS if f not in d]
         if missing:
             raise ValueError(f"{where}: {missing[0]}: required field missing")
-        for f in ("documents", "answers", "evidence_docs", "answer_parts", "conflict_answers"):
-            if f in d and not isinstance(d[f], list):
-                raise ValueError(f"{where}: {f}: must be a JSON list, got {type(d[f]).__name__}")
-        for f in ("answer_doc", "conflict_doc"):
-            if f in d and d[f] is not None and (isinstance(d[f], bool) or not isinstance(d[f], int)):
-                raise ValueError(f"{where}: {f}: must be an integer, got {d[f]!r}")
+        _check_types(d, where)
         meta = d.get("meta", {})
         if not isinstance(meta, dict):
             raise ValueError(f"{where}: meta: must be a JSON object, got {type(meta).__name__}")
