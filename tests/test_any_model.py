@@ -9,7 +9,7 @@ import torch
 from _examples import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_conformance import SUPPORTED, _model, _spans
+from test_conformance import CLASSIC_ROWS, SUPPORTED, _model, _rows, _spans
 from transformers.cache_utils import DynamicLayer
 
 from workbench.capture import RowSet, capture_attention, run_capture
@@ -163,7 +163,7 @@ def test_eviction_compacts_window_layers_exactly(family):
 
 
 # ----------------------------------------------------------------------------- stability
-@pytest.mark.parametrize("family", SUPPORTED)
+@pytest.mark.parametrize("family", _rows(SUPPORTED, fast=set(CLASSIC_ROWS)))  # issue 25's families: slow rows
 def test_stability_never_crashes(family):
     m = _model(family)
     spans = _spans()
@@ -265,3 +265,43 @@ def test_window_layer_keeps_the_policy_choice_among_what_it_sees(T, S, B, seed):
         out = [p for p in rest if p not in kept]
         if free and out:
             assert min(float(scores[gi, p]) for p in free) >= max(float(scores[gi, p]) for p in out)
+
+
+# ----------------------------------------------------------------------------- multimodal wrappers (issue 25)
+@pytest.mark.parametrize("wrapper", ["llava", "mistral3", "paligemma"])
+def test_load_model_refuses_a_multimodal_wrapper_before_reading_a_weight(tmp_path, wrapper):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(wrapper)
+    assert families.family_of(cfg.get_text_config()) is not None  # its language model is a supported family
+    cfg.save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not a weight file")  # read it and the load would fail otherwise
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(TypeError, match=f"the '{wrapper}' configuration wraps a .* language model"):
+        load_model(tmp_path, device="cpu", progress=False)
+
+
+def test_gemma3_multimodal_model_runs_on_its_language_model():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from workbench.rerun.eviction import every_policy, run_policies
+
+    text = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, sliding_window=8, max_position_embeddings=4096,
+                layer_types=["sliding_attention", "full_attention"])
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = AutoConfig.for_model("gemma3", text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                               image_token_index=299, boi_token_index=297, eoi_token_index=298)
+    torch.manual_seed(0)
+    m = _quiet(AutoModelForCausalLM.from_config, cfg, attn_implementation="sdpa").eval()
+    assert families.family_of(m).name == "gemma3_text" and len(families.decoder_layers(m)) == 2
+    spans = _spans()
+    T = spans.T
+    cap = run_capture(m, spans, RowSet(tail=T, n_decode=2), progress=False)
+    ids = torch.tensor([list(spans.input_ids) + cap.generated_ids])
+    ref = torch.stack([a[0] for a in adapter.eager_attentions(m, ids).attentions])
+    assert (cap.attn - ref[:, :, cap.row_pos, : T + 2]).abs().max().item() <= 1e-5
+    full = run_full(m, spans, max_new_tokens=3)
+    res = run_policies(m, spans, every_policy(n_sink=2, recent=2), [T], 3, progress=False)
+    assert all(r.error is None and r.ids == full.generated_ids for r in res), [(r.policy, r.error) for r in res]

@@ -9,23 +9,41 @@ is its refusal. Runs under the transformers floor (5.2) and the current version 
 """
 from __future__ import annotations
 
+import os
+import re
 import warnings
 
 import pytest
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from workbench.capture import RowSet, capture_attention, run_capture
-from workbench.rerun.eviction import default_policies, run_policies
+from workbench.rerun.eviction import H2O, DeferKV, SnapKV, every_policy, run_policies
 from workbench.rerun.prune import run_full, run_pruned
 from workbench.run import adapter, families
 from workbench.run.models import tiny_model
 from workbench.run.spans import PromptSpans
 
 TOL = 1e-5
-WINDOWED = {"mistral", "mixtral", "gemma2", "gemma3", "phi3", "starcoder2", "gpt_oss"}
-EAGER = {"gemma2", "gpt_oss"}  # transformers runs these exactly only on eager
+WINDOWED = {"mistral", "mixtral", "gemma2", "gemma3", "phi3", "starcoder2", "gpt_oss", "ministral", "olmo3", "exaone4",
+            "cohere2", "vaultgemma"}
+EAGER = {"gemma2", "gpt_oss", "vaultgemma"}  # transformers runs these exactly only on eager
 SUPPORTED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
              "phi3", "olmo2", "cohere", "granite", "starcoder2", "gpt_neox", "gpt_oss"]
+NEW = ["ministral", "ministral3", "ernie4_5", "seed_oss", "helium", "hunyuan_v1_dense", "olmo", "olmo3", "exaone4", "glm4",
+       "glm4_moe", "apertus", "arcee", "cohere2", "phi", "phimoe", "granitemoe", "stablelm", "vaultgemma"]
+CLASSIC_ROWS = list(SUPPORTED)
+SUPPORTED = SUPPORTED + NEW
+# the rows of the default run (one of each kind: plain, windows + soft-capping + q-norm, sinks + MoE, NoPE +
+# parallel, partial rotary + fused, post-norm); the others are `slow` (WORKBENCH_SLOW=1 runs every row)
+FAST = {"llama", "gemma3", "gpt_oss", "cohere2", "phi3", "olmo3"}
+SLOW_OK = bool(os.environ.get("WORKBENCH_SLOW"))
+
+
+def _rows(names, fast=FAST):
+    return [f if f in fast else pytest.param(f, marks=[pytest.mark.slow, pytest.mark.skipif(
+        not SLOW_OK, reason="a slow row of the matrix: WORKBENCH_SLOW=1 runs it")]) for f in names]
 REFUSED = ["gpt2", "falcon"]
 
 
@@ -62,7 +80,63 @@ def test_refused_family(family):
             pass
 
 
-@pytest.mark.parametrize("family", SUPPORTED)
+# ----------------------------------------------------------------------------- the independent oracle
+ORACLE = "conformance_oracle"
+
+
+def oracle_logits(m, ids, pos, *, removed_after=None, R=None, kept=None, T=None, gen_from=None):
+    """Logits ``[N, V]`` of ONE eager forward over ``ids [N]`` at original positions ``pos [N]``, every layer
+    through the model's own ``eager_attention_forward`` with a mask built here from scratch, per layer (and
+    per KV head): key ``j`` is visible from query ``u`` iff ``pos_j ≤ pos_u`` and, on a window layer,
+    ``pos_u - pos_j < window``; for layers ``> removed_after`` only keys at positions in ``R`` or ``≥ T``
+    (pruned prefill from a mid layer; ``removed_after = -1``: every layer), and for the rows ``≥ T`` of every
+    layer (the gathered cache); rows ``u ≥ gen_from`` see, in layer ``l``
+    and KV head ``g``, only ``kept[l][g]`` and the positions ``≥ gen_from`` (evicted decoding)."""
+    fam = families.family_of(m)
+    c = adapter.text_config(m.config)
+    H, G = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    N = len(ids)
+    dpos = pos[:, None] - pos[None, :]
+
+    def attention(module, query, key, value, attention_mask, **kw):
+        l = module.layer_idx
+        vis = dpos >= 0
+        w = families.layer_window(m, l)
+        if w is not None:
+            vis = vis & (dpos < w)
+        vis = vis.expand(H, N, N).clone()
+        if R is not None:  # the gathered caches of layers <= removed_after hold only R for the decode rows
+            ok = torch.isin(pos, R) | (pos >= T)
+            rows = torch.ones(N, dtype=torch.bool) if l > removed_after else pos >= T
+            vis[:, rows] &= ok[None, None, :]
+        if kept is not None:
+            for h in range(H):
+                ok = torch.isin(pos, kept[l][h // (H // G)]) | (pos >= gen_from)
+                vis[h, pos >= gen_from] &= ok[None, :]
+        mask = torch.zeros(1, H, N, N, dtype=query.dtype).masked_fill(~vis[None], torch.finfo(query.dtype).min)
+        return adapter.own_eager_function(module)(module, query, key, value, mask, **kw)
+
+    AttentionInterface.register(ORACLE, attention)
+    AttentionMaskInterface.register(ORACLE, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["eager"])
+    old = adapter.current_attn_implementation(m)
+    m.set_attn_implementation(ORACLE)
+    try:
+        with torch.no_grad():
+            out = m(input_ids=torch.tensor([list(ids)]), position_ids=pos[None], use_cache=False)
+    finally:
+        m.set_attn_implementation(old)
+    assert fam is not None
+    return out.logits[0].float()
+
+
+def _check_against_oracle(logits, ids, ref, T0):
+    """``logits [n, V]`` of generated tokens ``ids`` equal the oracle's rows ``T0-1 …``; greedy ids follow."""
+    n = len(ids)
+    assert (ref[T0 - 1:T0 - 1 + n] - logits[:n]).abs().max().item() <= TOL
+    assert ref[T0 - 1:T0 - 1 + n].argmax(-1).tolist() == ids
+
+
+@pytest.mark.parametrize("family", _rows(SUPPORTED))
 def test_conformance(family):
     m = _model(family)
     spans = _spans()
@@ -90,25 +164,61 @@ def test_conformance(family):
         with capture_attention(m, [T - 1], K=T, T=T):
             on = m(x).logits
     assert torch.equal(on, off)
-    # 3. E = ∅ equals full; l* = -1 equals its reference with the window binding; a mid removal decodes
+    # 3. E = ∅ equals full; l* = -1 and a mid-prefill removal equal the independent oracle
     full = run_full(m, spans, max_new_tokens=4)
     e0 = run_pruned(m, spans, layer=1, removed=[], max_new_tokens=4, progress=False)
     assert (e0.first_logits - full.first_logits).abs().max().item() <= TOL and e0.generated_ids == full.generated_ids
     removed = [1, 3]
     R = spans.retained_positions(removed)
-    a = run_pruned(m, spans, layer=-1, removed=removed, max_new_tokens=4, progress=False)
-    b = run_full(m, spans, positions=R, max_new_tokens=4)
-    assert (a.first_logits - b.first_logits).abs().max().item() <= TOL and a.generated_ids == b.generated_ids
-    c = run_pruned(m, spans, layer=1, removed=removed, max_new_tokens=4, progress=False)
-    assert len(c.generated_ids) == 4 and c.T_prime == len(R)
-    # 4. every policy at B >= T equals the full cache; 5. at B < T the KV bytes fall on every layer kind
-    pols = default_policies(n_sink=2, recent=2)
+    for layer in (-1, 0):
+        a = run_pruned(m, spans, layer=layer, removed=removed, max_new_tokens=4, progress=False)
+        assert a.T_prime == len(R) and len(a.generated_ids) == 4
+        gen = torch.arange(T, T + 3)
+        if layer == -1:  # only the retained tokens, at their original positions
+            toks = [spans.input_ids[int(i)] for i in R] + a.generated_ids[:-1]
+            o = oracle_logits(m, toks, torch.cat([R, gen]), R=R, T=T, removed_after=-1)
+            last = len(R)
+        else:  # every token through layers 0..l*, then only R
+            toks = list(spans.input_ids) + a.generated_ids[:-1]
+            o = oracle_logits(m, toks, torch.arange(T + 3), R=R, T=T, removed_after=layer)
+            last = T
+        assert (o[last - 1] - a.first_logits).abs().max().item() <= TOL, layer
+        assert o[last - 1:].argmax(-1).tolist() == a.generated_ids, layer
+    # 4. every policy at B >= T equals the full cache; at B < T the KV bytes fall on every layer kind
+    pols = every_policy(n_sink=2, recent=2)
     res = run_policies(m, spans, pols, [T, 4], 4, progress=False)
     for r in res:
+        assert r.error is None, (r.policy, r.error)
         if r.budget >= T or r.policy == "full":
             assert r.ids == full.generated_ids, (r.policy, r.budget)
             assert r.kv_bytes_after == r.kv_bytes_before
         else:
             assert not r.not_compacted
             assert all(a_ < b_ for a_, b_ in zip(r.kv_layer_bytes_after, r.kv_layer_bytes_before)), r.policy
-            assert all(k.shape[-1] <= 4 + r.evicted_at for k in r.kept_layers)
+    # 5. SnapKV, DeferKV and H2O at B < T equal the oracle masked to the kept sets, per layer and KV head
+    for pol in (SnapKV(n_sink=2, recent=2, window=4), DeferKV(n_sink=2, recent=2), H2O(n_sink=2, recent=2)):
+        r = run_policies(m, spans, [pol], [6], 4, progress=False, keep_logits=True)[0]
+        assert r.error is None, r.error
+        toks = list(spans.input_ids) + r.ids[:-1]
+        o = oracle_logits(m, toks, torch.arange(len(toks)), kept=r.kept_layers, gen_from=T + r.evicted_at)
+        _check_against_oracle(r.logits, r.ids, o, T)
+
+
+NEW_REFUSED = ["llama4_text", "deepseek_v2", "deepseek_v3", "gemma3n_text", "gemma4_text", "qwen3_next", "qwen3_5_text",
+               "granitemoehybrid", "falcon_h1", "jamba", "bamba", "lfm2"]
+
+
+@pytest.mark.parametrize("family", NEW_REFUSED)
+def test_refused_current_family_at_load(family, tmp_path):
+    """Refused by ``load_model`` from its config alone, with the reason, before a weight is read (the weight file
+    here is not one)."""
+    from transformers import AutoConfig
+
+    from workbench.run.models import load_model
+
+    AutoConfig.for_model(family).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"not a weight file")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    why = families.REFUSED[family]
+    with pytest.raises(TypeError, match=f"'{family}' architecture .* not supported: {re.escape(why[:30])}"):
+        load_model(tmp_path, device="cpu", progress=False)

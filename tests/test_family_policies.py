@@ -170,3 +170,17 @@ def test_a_failing_policy_is_recorded_and_the_others_run(batch):
     assert res[1].error == "RuntimeError: this policy always fails" and res[1].ids == []
     assert res[0].error is None and res[2].error is None and len(res[0].ids) == len(res[2].ids) == 3
     assert res[1].to_frame().error.iloc[0].startswith("RuntimeError")
+
+
+def test_a_policy_the_family_cannot_serve_is_refused_at_prepare(monkeypatch):
+    m = _model("llama")
+    spans = _spans()
+    fam = families.family_of(m)
+    monkeypatch.setitem(families._BY_TYPE, "llama", dataclasses.replace(fam, rotary="complex rotary frequencies"))
+    pol = ExpectedAttention(**SMALL, n_future=8)
+    with pytest.raises(ValueError, match="policy: ExpectedAttention cannot run on llama: .*complex rotary frequencies"):
+        EvictionSession.prepare(m, spans, pol.needs(), 2, progress=False)
+    with pytest.raises(ValueError, match="rerotate: not available for llama: complex rotary"):
+        EvictionSession.prepare(m, spans, Needs(), 2, progress=False).run(StreamingLLM(**SMALL), 12, rerotate=True)
+    res = run_policies(m, spans, [pol, SnapKV(**SMALL)], [6], 2, progress=False)
+    assert res[0].error.startswith("policy: ExpectedAttention cannot run on llama") and res[1].error is None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
-           "layer_window", "sliding_layers", "unavailable", "eviction_refused"]
+           "layer_window", "sliding_layers", "unavailable"]
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,8 @@ class Family:
         nope: which layers skip RoPE when the attention module does not say so itself (``use_rope``):
             ``""`` none, ``"global"`` the layers without a window (Cohere-2), ``"global_if_hybrid"`` those
             layers when the model has windowed ones (EXAONE-4).
-        recurrent: ``""``, or the reason pruned prefill and eviction are refused for the family (a hybrid's
-            recurrent or convolution layers keep a state that a gather cannot shorten); capture covers its
-            softmax-attention layers (:func:`attention_layers`).
+        bound: ``""``, or why the stability constants ``K_l`` are not offered for the family (its block is not
+            one the bounds were verified on); the per-block drift is still exact.
     """
 
     model_types: tuple[str, ...]
@@ -69,7 +68,7 @@ class Family:
     out: str = "o_proj"
     rotary: str = "probe"
     nope: str = ""
-    recurrent: str = ""
+    bound: str = ""
 
     @property
     def name(self) -> str:
@@ -96,8 +95,33 @@ FAMILIES: tuple[Family, ...] = (
            qkv="query_key_value", block="parallel", mlp_kind="plain", norm_kind="layer",
            up="dense_h_to_4h", down="dense_4h_to_h", out="dense"),
     Family(("gpt_oss",), mlp_kind="moe", eager_only=True),
+    # issue 25: current families (each a row of tests/test_conformance.py)
+    Family(("ministral",)),
+    Family(("ministral3",)),
+    Family(("ernie4_5",)),
+    Family(("seed_oss",)),
+    Family(("helium",)),
+    Family(("hunyuan_v1_dense",), bound="the stability constants are not verified on its block"),
+    Family(("olmo",), norm_kind="layer", bound="its LayerNorms have no gain"),
+    Family(("olmo3",), block="post_norm", mlp_norm="post_feedforward_layernorm"),
+    Family(("exaone4",), block="post_norm", mlp_norm="post_feedforward_layernorm", nope="global_if_hybrid"),
+    Family(("glm4",), mlp_kind="gated_fused", bound="sandwich norms around a fused gate/up MLP (the stability constants are not verified on its block)"),
+    Family(("glm4_moe",), mlp_kind="moe"),
+    Family(("apertus",), input_norm="attention_layernorm", mlp_norm="feedforward_layernorm", mlp_kind="plain",
+           up="up_proj", down="down_proj", bound="xIELU activation"),
+    Family(("arcee",), mlp_kind="plain", up="up_proj", down="down_proj", bound="the stability constants are not verified on its block"),
+    Family(("cohere2",), block="parallel", norm_kind="layer", nope="global"),
+    Family(("phi",), norm=("model.final_layernorm",), block="parallel", mlp_kind="plain", norm_kind="layer", up="fc1",
+           down="fc2", out="dense"),
+    Family(("phimoe",), mlp_kind="moe", norm_kind="layer"),
+    Family(("granitemoe",), mlp="block_sparse_moe", mlp_kind="moe"),
+    Family(("stablelm",), norm_kind="layer", bound="the stability constants are not verified on its block"),
+    Family(("vaultgemma",), gemma_gain=True, mlp_norm="pre_feedforward_layernorm", eager_only=True, bound="the stability constants are not verified on its block"),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+
+_HYBRID = ("a gather cannot shorten a recurrent state, so pruned prefill"
+           " and eviction would run on a state they did not compact")
 
 # families seen and refused, with the reason (the refusal is their row of the conformance matrix)
 REFUSED: dict[str, str] = {
@@ -105,6 +129,22 @@ REFUSED: dict[str, str] = {
             "execution (a mid-prefill gather to T' < T tokens) cannot run through it",
     "falcon": "its config derives head_dim and its attention mixes ALiBi and fused multi-query layouts that "
               "the capture and the pruning gather are not verified against",
+    "llama4_text": "chunked attention with a post-RoPE L2 q/k norm, NoPE layers with attention-temperature tuning and "
+                   "complex rotary frequencies: not yet verified against the conformance matrix",
+    "deepseek_v2": "multi-head latent attention (split rope/nope heads, value head size apart): not yet verified "
+                   "against the conformance matrix",
+    "deepseek_v3": "multi-head latent attention (split rope/nope heads, value head size apart): not yet verified "
+                   "against the conformance matrix",
+    "gemma3n_text": "KV shared across layers (later layers read earlier layers' cache), AltUp and per-layer inputs: "
+                    "evicting one layer's cache changes another's; not yet verified",
+    "gemma4_text": "per-layer head sizes (its config refuses a global head_dim): not yet verified",
+    "qwen3_next": "hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID,
+    "qwen3_5_text": "hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID,
+    "granitemoehybrid": "hybrid of Mamba-2 and softmax layers: " + _HYBRID,
+    "falcon_h1": "every layer runs Mamba-2 beside attention: " + _HYBRID,
+    "jamba": "hybrid of Mamba and softmax layers: " + _HYBRID,
+    "bamba": "hybrid of Mamba-2 and softmax layers: " + _HYBRID,
+    "lfm2": "hybrid of short convolutions and softmax layers: " + _HYBRID,
 }
 
 
@@ -125,6 +165,13 @@ def family_of(model) -> Family:
     has none."""
     mt = _text_type(model)
     fam = _BY_TYPE.get(mt)
+    c = getattr(model, "config", model)
+    outer = str(getattr(c, "model_type", "") or "")
+    if fam is not None and outer and outer != mt and outer not in _BY_TYPE:
+        raise TypeError(f"model: the {outer!r} configuration wraps a {mt!r} language model with other modalities "
+                        f"(vision, audio); the workbench loads decoder-only causal LMs and does not unwrap it. Save "
+                        f"the language model on its own (its text_config and language_model weights) and load that. "
+                        f"Supported families: {', '.join(supported_families())}")
     if fam is None:
         why = REFUSED.get(mt, "its layout is not in the workbench's family table")
         what = type(model).__name__.replace("Config", "")
@@ -186,11 +233,6 @@ def sliding_layers(model) -> list[int]:
     return [l for l in range(L) if layer_window(model, l) is not None]
 
 
-def eviction_refused(fam: Family) -> str | None:
-    """Why pruned prefill and KV eviction cannot run on ``fam`` (``None`` when they can)."""
-    return fam.recurrent or None
-
-
 def unavailable(fam: Family, term: str) -> str | None:
     """Why a stability term cannot be bounded for ``fam`` (``None`` when it can)."""
     if term == "K":
@@ -201,4 +243,6 @@ def unavailable(fam: Family, term: str) -> str | None:
             return f"not available for {fam.name}: fused {fam.qkv} projection (Conv1D/interleaved heads)"
         if fam.mlp_kind == "moe":
             return f"not available for {fam.name}: mixture-of-experts MLP (no Jacobian bound over routed experts)"
+        if fam.bound:
+            return f"not available for {fam.name}: {fam.bound}"
     return None

@@ -265,6 +265,15 @@ TINY_OVERRIDES: dict[str, dict] = {
     "starcoder2": dict(sliding_window=8),
     "gpt_oss": dict(sliding_window=8, num_local_experts=4, num_experts_per_tok=2,
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+    "ministral": dict(sliding_window=8),
+    "olmo3": dict(sliding_window=8),
+    "exaone4": dict(sliding_window=8),
+    "cohere2": dict(sliding_window=8),
+    "vaultgemma": dict(sliding_window=8, attn_logit_softcapping=5.0, final_logit_softcapping=30.0),
+    "glm4_moe": dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
+                     n_group=1, topk_group=1),
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    "phimoe": dict(num_local_experts=4, num_experts_per_tok=2),
     "gpt2": dict(n_positions=4096),
     "falcon": dict(new_decoder_architecture=False),
 }
@@ -290,7 +299,7 @@ def tiny_model(model_type: str = "llama", *, G: int = 2, H_Q: int = 4, L: int = 
         for k in ("head_dim", "num_key_value_heads"):
             cfg.pop(k)
     cfg.update(TINY_OVERRIDES.get(model_type, {}))
-    if model_type in ("gemma3_text", "gemma2", "gpt_oss"):
+    if model_type in ("gemma3_text", "gemma2", "gpt_oss", "olmo3", "exaone4", "cohere2", "vaultgemma", "ministral"):
         cfg.update(layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)])
     cfg.update(overrides)
     config = AutoConfig.for_model(model_type, **cfg)

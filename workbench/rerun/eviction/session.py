@@ -552,9 +552,6 @@ def needs_refusal(model, needs: Needs, policy: str | None = None) -> str | None:
     """Why ``model``'s family cannot give the evidence ``needs`` asks for (``None`` when it can): the message
     names the policy (or the policy that asks for that evidence), the family and the reason."""
     fam = families.family_of(model)
-    why = families.eviction_refused(fam)
-    if why:
-        return f"policy: {policy or 'eviction'} cannot run on {fam.name}: {why}"
     if needs.qstats:
         why = rotary.unavailable(model)
         if why:
