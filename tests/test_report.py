@@ -254,3 +254,25 @@ def test_kv_bytes_table_never_pools_tasks_silently():
     fig = plots.kv_bytes_table(df, by=["method"])
     assert "pooled over 2 tasks" in fig.layout.title.text
     assert "pooled" not in plots.kv_bytes_table(df[df.task == "a"], by=["method"]).layout.title.text
+
+
+def test_cells_are_written_as_kvpress_runs(report):
+    import yaml
+
+    out, _, _ = report
+    man = json.loads((out / "manifest.json").read_text())
+    sweep = pd.read_parquet(out / "tables" / "sweep.parquet")
+    ok = sweep[sweep["error"].isna()]
+    runs = man["kvpress_runs"]
+    assert runs and all((out / r / f).is_file() for r in runs for f in ("predictions.csv", "metrics.json", "config.yaml"))
+    # one run per (task, length, model, method, parameters), and every finished cell in exactly one of them
+    assert len(set(runs)) == len(runs) >= ok.groupby(["task", "method", "params"]).ngroups
+    assert sum(len(pd.read_csv(out / r / "predictions.csv")) for r in runs) == len(ok)
+    full = [r for r in runs if "__no_press__0.00" in r]
+    assert full and all(yaml.safe_load((out / r / "config.yaml").read_text())["compression_ratio"] == 0 for r in full)
+    for r in runs:
+        cfg = yaml.safe_load((out / r / "config.yaml").read_text())
+        m = json.loads((out / r / "metrics.json").read_text())
+        cells = ok[(ok["task"] == cfg["dataset"]) & (ok["method"] == cfg["method"])]
+        assert m[cfg["dataset"]]["n"] == cfg["n"] and cfg["n"] <= len(cells)
+        assert Path(r).name.startswith(cfg["dataset"] + "__") and cfg["press_name"] in Path(r).name

@@ -30,6 +30,8 @@ Output folder::
     manifest.json              settings, versions, timings, every file written
     figures/<name>.{pdf,svg,png,json,csv}    via workbench.show.export.export_all
     tables/<name>.{csv,parquet}
+    kvpress/<dataset>__<length>__<model>__<press>__<ratio>[__query_aware]/{predictions.csv,metrics.json,config.yaml}
+                               each (task, model, method, budget) as a kvpress evaluation run (study.kvpress_runs)
 
 Every file is written atomically (temporary file + ``os.replace``).
 """
@@ -62,6 +64,7 @@ from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show.export import csv_bytes, prompt_hash, versions
+from workbench.study.kvpress_runs import write_kvpress_runs
 from workbench.study.report_config import (
     DATA,
     DEFAULT_POLICIES,
@@ -335,6 +338,8 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
             csv = out / "tables" / "sweep.csv"
             atomic_write_bytes(csv, csv_bytes(df))
             table_files["sweep"] = [csv, out / "tables" / "sweep.parquet"]
+        kvpress_dirs = write_kvpress_runs(df, out / "kvpress") if len(df) else []  # read beside kvpress's runs
+        info_extra["kvpress_runs"] = [str(p.relative_to(out)) for p in kvpress_dirs]
         timings["tables_html"] = time.perf_counter() - t0
         timings["total"] = time.perf_counter() - t_start
         info = {**_run_info(cfg, lm, prompt_info, timings), "sources": sources, "partial": partial, **info_extra}
