@@ -49,7 +49,12 @@ def _same(a, b, path="") -> None:
 
 
 def assert_shows(fw: go.FigureWidget, fig: go.Figure) -> None:
-    """``fw`` shows exactly ``fig``'s traces and layout (template and uirevision aside)."""
+    """``fw`` shows exactly ``fig``'s traces and layout (template and uirevision aside), laid out for the
+    screen as a panel lays out its figures (``live_layout``: the paper rules at the live width)."""
+    from workbench.show.plots import as_figure
+    from workbench.show.widgets.base import live_layout
+
+    fig = as_figure(live_layout(go.Figure(fig)))
     assert len(fw.data) == len(fig.data)
     for a, b in zip(fw.data, fig.data):
         _same(a.to_plotly_json(), b.to_plotly_json(), f"trace {a.type}")
@@ -309,7 +314,7 @@ def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, coun
     assert panel.last_pruned.l_star == 1 and panel.last_pruned.mode == "fixed"
     assert "drift" not in first_figures and panel.last_stability is not None  # the drift joined on this run
     assert_shows(panel.figures["drift"], plots.drift(panel.last_stability))
-    assert panel.figures["drift"] in panel.widget.children[-1].children
+    assert panel.figures["drift"] in panel._figure_box.children   # in the figure row (was: the export row)
     # auto-run: a parameter change runs once, a return to a cached set does not
     panel.auto.value = True
     panel.wait(120)

@@ -75,6 +75,14 @@ class _Draft:
     _GRIDS: dict[str, tuple] = {}
 
     @classmethod
+    def of(cls, fig: go.Figure) -> "_Draft":
+        """A draft of a validated figure (dicts copied, read-only arrays shared), e.g. to re-lay it out."""
+        d = cls()
+        d.traces = [_share_arrays(tr._props) for tr in fig.data]
+        d.layout = _share_arrays(fig._layout)
+        return d
+
+    @classmethod
     def subplots(cls, **kw) -> "_Draft":
         """``make_subplots(**kw)``'s grid; plotly builds it once per argument set, later calls copy its layout."""
         key = repr(sorted(kw.items()))

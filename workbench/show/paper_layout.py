@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import re
 
+import plotly.io as pio
+
 __all__ = ["paper_layout", "wrap_text", "CHAR_WIDTH"]
 
 CHAR_WIDTH = 0.62  # average advance of a DejaVu Sans character, in font sizes (generous: ~0.55 measured)
@@ -60,8 +62,17 @@ def _font(d: dict | None, default: float) -> float:
     return float(s) if isinstance(s, (int, float)) else default
 
 
+_NAMED: dict[str, dict] = {}
+
+
 def _tmpl(lay: dict) -> dict:
-    return (lay.get("template") or {}).get("layout") or {}
+    """The template's layout (a draft names its template, e.g. ``"workbench"``: looked up in plotly's registry)."""
+    t = lay.get("template")
+    if isinstance(t, str):
+        if t not in _NAMED:
+            _NAMED[t] = pio.templates[t].layout.to_plotly_json()
+        return _NAMED[t]
+    return (t or {}).get("layout") or {}
 
 
 def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None, title: bool) -> None:
@@ -89,9 +100,10 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
                         "pad": {"l": 4, "t": 0, "b": 0}, "automargin": False}
         margin["t"] = round(top + base * 0.9, 1)
     # ---- legend: under the title (if any), above the plot area, its rows reserved in the top margin
-    leg = lay.setdefault("legend", {})
+    leg = lay.get("legend") if isinstance(lay.get("legend"), dict) else {}
     names = _legend_names(fig_dict)
     if names and lay.get("showlegend", True) is not False:
+        lay["legend"] = leg
         lf = _font(leg.get("font"), _font((tl.get("legend") or {}).get("font"), base))
         text_w = max(len(re.sub(r"<[^>]*>", "", n)) for n in names) * CHAR_WIDTH * lf
         per_row = max(1, int((width - 8) // (text_w + 45)))  # symbol (30) and gaps beside the text

@@ -15,12 +15,36 @@ import plotly.graph_objects as go
 from workbench.analyse.params import PRIORITIES, EntroPrefillParams
 from workbench.show import export
 from workbench.show.notation import tooltip
-from workbench.show.plots import as_figure, drafts, update_figure
+from workbench.show.paper_layout import paper_layout
+from workbench.show.plots import _Draft, as_figure, drafts, update_figure
 from workbench.show.token_view import TokenView
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.util import one_thread
 
 __all__ = ["Panel", "SliderSpec", "SLIDERS"]
+
+
+#: the live figures' width (px): the layout rules of ``paper_layout`` are applied at this width, in the browser too
+FIGURE_WIDTH = 660
+FIGURE_HEIGHT = (300, 900)  # the live height: the figure's double-column aspect × the width, within these
+
+
+def live_layout(fig, width: int = FIGURE_WIDTH):
+    """``fig`` (a ``go.Figure`` or a draft) laid out for the screen at ``width`` px by the same rules as the
+    paper files (:func:`workbench.show.paper_layout.paper_layout`: the title above a legend in a reserved
+    margin, axis titles fitted, the gaps between stacked panels widened, ticks thinned), with its size set;
+    returns a draft (what :func:`update_figure` writes into a widget). A token view passes unchanged."""
+    if isinstance(fig, TokenView):
+        return fig
+    d = fig if isinstance(fig, _Draft) else _Draft.of(fig)
+    lay = d.layout
+    meta = lay.get("meta") if isinstance(lay.get("meta"), dict) else {}
+    aspect = (meta.get("aspect") or {}).get("double") if isinstance(meta.get("aspect"), dict) else None
+    h = lay.get("height") or (width * float(aspect) if aspect else 450)
+    h = int(round(min(max(h, FIGURE_HEIGHT[0]), FIGURE_HEIGHT[1])))
+    paper_layout({"data": d.traces, "layout": lay}, width, h, preset=None, title=True)
+    lay.update(width=width, height=h, autosize=False)
+    return d
 
 
 def _widget_figure(fig, uirevision: str):
@@ -156,7 +180,7 @@ class Panel(abc.ABC):
                 w.tooltip = self.tooltip(name)
         figs, status = self.compute()
         self.status.value = status
-        self.figures = {name: _widget_figure(f, name) for name, f in figs.items()}
+        self.figures = {name: _widget_figure(as_figure(live_layout(f)), name) for name, f in figs.items()}
         ctrl = list(self.controls.values())
         rows = [W.HBox(ctrl[i:i + 3], layout=W.Layout(flex_flow="row wrap")) for i in range(0, len(ctrl), 3)]
         self.export_button = W.Button(description="export figures", icon="download",
@@ -176,7 +200,7 @@ class Panel(abc.ABC):
     def _add_figure(self, name: str, fig: go.Figure) -> go.FigureWidget:
         """A figure that appears later (e.g. the drift after the first run) joins the figure row."""
 
-        fw = _widget_figure(as_figure(fig), name)
+        fw = _widget_figure(as_figure(live_layout(fig)), name)
         self.figures[name] = fw
         box = self._figure_box
         box.children = tuple(box.children) + (fw,)
@@ -223,6 +247,7 @@ class Panel(abc.ABC):
         try:
             with drafts():  # figures stay dicts of validated pieces until written into the widgets
                 figs, status = self.compute()
+                figs = {name: live_layout(f) for name, f in figs.items()}  # the layout rules, at every update
         except ValueError as e:  # a parameter combination the analysis rejects: say so, keep the figures
             self.error = str(e)
             self.status.value = f"<span style='color:#D55E00'>{_html_escape(e)}</span>"
