@@ -152,38 +152,22 @@ def _foreign_capture(c):
     run_pruned(other, cap, max_new_tokens=1, progress=False)
 
 
-# (id, call, exception type, regex the message must match)
+# (id, call, exception type, regex the message must match). Rows whose value the generated test
+# (tests/test_constraints.py: every constraint's invalid() values, exact message) covers are not repeated here.
 ROWS = [
     # ---- EntroPrefillParams: every field
-    ("params.zeta", lambda c: EntroPrefillParams(zeta=float("nan")), ValueError, "^zeta:"),
-    ("params.tau", lambda c: EntroPrefillParams(tau=0.0), ValueError, "^tau:"),
     ("params.rho_min", lambda c: EntroPrefillParams(rho_min=2), ValueError, "^rho_min:"),
     ("params.eps_s", lambda c: EntroPrefillParams(eps_s=-1.0), ValueError, "^eps_s:"),
-    ("params.lam", lambda c: EntroPrefillParams(lam=float("nan")), ValueError, "^lam:"),
-    ("params.target int 1", lambda c: EntroPrefillParams(target=1), ValueError, "^target: .*target_tokens=1"),
     ("params.target 1.5", lambda c: EntroPrefillParams(target=1.5), ValueError, "^target:"),
-    ("params.target bool", lambda c: EntroPrefillParams(target=True), ValueError, "^target:"),
     ("params.target_tokens float", lambda c: EntroPrefillParams(target_tokens=0.5), ValueError, "^target_tokens:"),
-    ("params.target_tokens bool", lambda c: EntroPrefillParams(target_tokens=True), ValueError, "^target_tokens:"),
     ("params.target both", lambda c: EntroPrefillParams(target=0.3, target_tokens=3), ValueError, "^target: give either"),
-    ("params.eps_row", lambda c: EntroPrefillParams(eps_row=0.0), ValueError, "^eps_row:"),
-    ("params.m0 bool", lambda c: EntroPrefillParams(m0=True), ValueError, "^m0:"),
     ("params.monitored str", lambda c: EntroPrefillParams(monitored="12"), ValueError, "^monitored:"),
     ("params.monitored bool", lambda c: EntroPrefillParams(monitored=(True,)), ValueError, "^monitored:"),
     ("params.audit_mode", lambda c: EntroPrefillParams(audit_mode="worst"), ValueError, "^audit_mode:"),
-    ("params.m_a bool", lambda c: EntroPrefillParams(m_a=True), ValueError, "^m_a:"),
-    ("params.delta", lambda c: EntroPrefillParams(delta=1.0), ValueError, "^delta:"),
-    ("params.eps_audit", lambda c: EntroPrefillParams(eps_audit=0.0), ValueError, "^eps_audit:"),
     ("params.d_max", lambda c: EntroPrefillParams(d_max=2.0), ValueError, "^d_max:"),
-    ("params.streak float", lambda c: EntroPrefillParams(streak=1.5), ValueError, "^streak:"),
-    ("params.seed 2^63", lambda c: EntroPrefillParams(seed=2**63), ValueError, "^seed:"),
-    ("params.seed bool", lambda c: EntroPrefillParams(seed=True), ValueError, "^seed:"),
     ("params.priority", lambda c: EntroPrefillParams(priority="entropy"), ValueError, "^priority:"),
     # ---- GreedySelection
     ("selection.target int", lambda c: GreedySelection(target=10), ValueError, "^target: .*target_tokens=10"),
-    ("selection.target_tokens neg", lambda c: GreedySelection(target_tokens=-1), ValueError, "^target_tokens:"),
-    ("selection.eps_row nan", lambda c: GreedySelection(eps_row=float("nan")), ValueError, "^eps_row:"),
-    ("selection.m0", lambda c: GreedySelection(m0=-1), ValueError, "^m0:"),
     ("selection.n non-integer", lambda c: GreedySelection(m0=0).select([0.0, 1.0], [2.5, 3], [[0.0, 0.0]]),
      ValueError, "^n: .*never truncated"),
     ("selection.S nan", lambda c: GreedySelection(m0=0).select([float("nan"), 1.0], [2, 3], [[0.0, 0.0]]),
@@ -218,15 +202,10 @@ ROWS = [
                                                 torch.zeros(SPANS.T, dtype=torch.bool), "exact", 1, 0.05, 1, 0),
      ValueError, r"^A_audit: .*head 2"),
     # ---- RowSet: bools where ints are meant, floats never truncated to positions
-    ("rowset.tail bool", lambda c: RowSet(tail=True), ValueError, "^tail:"),
-    ("rowset.tail float", lambda c: RowSet(tail=1.5), ValueError, "^tail:"),
-    ("rowset.observers 'no'", lambda c: RowSet(observers="no"), ValueError, "^observers:"),
-    ("rowset.observers 1", lambda c: RowSet(observers=1), ValueError, "^observers:"),
     ("rowset.audit float", lambda c: RowSet(audit=(1.5,)), ValueError, "^audit:"),
     ("rowset.audit bool", lambda c: RowSet(audit=(True,)), ValueError, "^audit:"),
     ("rowset.audit 'all'", lambda c: RowSet(audit="all"), ValueError, "^audit:"),
     ("rowset.custom float", lambda c: RowSet(custom=(2.0,)), ValueError, "^custom:"),
-    ("rowset.n_decode bool", lambda c: RowSet(n_decode=True), ValueError, "^n_decode:"),
     # ---- build_prompt
     ("prompt.documents str", lambda c: build_prompt(c.tok, "Paris", Q), ValueError, r"^documents: .*\[document\]"),
     ("prompt.documents int", lambda c: build_prompt(c.tok, 5, Q), ValueError, "^documents:"),
@@ -306,7 +285,6 @@ ROWS = [
     ("report.model 123", lambda c: ReportConfig(model=123), ValueError, "^model:"),
     ("report.progress", lambda c: ReportConfig(progress="yes"), ValueError, "^progress:"),
     ("report.out", lambda c: ReportConfig(out=5), ValueError, "^out:"),
-    ("report.seed bool", lambda c: ReportConfig(seed=True), ValueError, "^seed:"),
     ("report.target int", lambda c: ReportConfig(entroprefill={"target": 5}), ValueError, "^target:"),
     # ---- models
     ("load_model incomplete", _incomplete_folder, ValueError, r"^spec: .*not a complete model folder \(no config"),

@@ -112,7 +112,7 @@ def test_policy_parameter_validation():
         SnapKV(kernel=4)
     with pytest.raises(ValueError, match="window: must be an integer >= 1"):
         DeferKV(window=0)
-    with pytest.raises(ValueError, match=r"decode_weight: must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"decode_weight: must be None or in \[0, 1\]"):
         DeferKV(decode_weight=1.5)
     with pytest.raises(ValueError, match="lam: must be"):
         DeferKV(lam=float("nan"))

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 __all__ = ["is_int", "is_real", "check_int", "check_real", "check_bool", "check_choice", "check_target",
            "check_target_tokens", "check_max_new_tokens", "check_seed", "check_kernel", "check_positions",
            "check_str", "check_device", "check_context", "check_nonempty", "SEED_MAX", "Constraint", "Interval",
-           "Choice", "Bool", "Const", "AnyOf", "Seq", "InstanceOf", "optional", "check_fields"]
+           "Choice", "Bool", "Const", "AnyOf", "Seq", "InstanceOf", "optional", "check_fields", "check_args"]
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed's range
 
@@ -380,9 +380,16 @@ class InstanceOf(Constraint):
         return list(self.examples)
 
 
+def check_args(checks: Mapping[str, Constraint], values: Mapping) -> None:
+    """Check every argument named in ``checks`` (a function's ``locals()`` on entry)."""
+    for name, c in checks.items():
+        c.check(name, values[name])
+
+
 def check_fields(obj, checks: Mapping[str, Constraint] | None = None) -> None:
-    """Check every field of a dataclass instance named in ``checks`` (default ``type(obj).CHECKS``)."""
-    for name, c in (type(obj).CHECKS if checks is None else checks).items():
+    """Check every field of a dataclass instance named in ``checks`` (default ``type(obj).CHECKS``; a class
+    without one, e.g. a user's own policy subclass, checks its fields itself)."""
+    for name, c in (getattr(type(obj), "CHECKS", {}) if checks is None else checks).items():
         c.check(name, getattr(obj, name))
 
 

@@ -40,7 +40,6 @@ from workbench.choices import (
     EXPORT_FORMATS,
     H2O_NORMALISES,
     METHOD_NAMES,
-    POLICY_NAMES,
     POOLINGS,
     PRIORITIES,
     REPORT_DATA,
@@ -140,7 +139,6 @@ _P: dict[str, Constraint] = {
     "expected_attention.epsilon": _UNIT,
     "budget": BUDGET,
     "budget_frac": BUDGET_FRAC,
-    "policy": Choice(POLICY_NAMES),
     # ---- analyses shown by the panels
     "K": _COUNT1,
     "pages.s": _COUNT1,
@@ -168,7 +166,9 @@ _P: dict[str, Constraint] = {
     "report.items": optional(InstanceOf(_is_file, "an existing file")),
     "report.filler": optional(InstanceOf(_is_file, "an existing file")),
     "report.methods": Seq(Choice(METHOD_NAMES), nonempty=True, distinct=True),
-    "report.policies": Seq(Choice(tuple(p for p in POLICY_NAMES if p != "full")), nonempty=False, distinct=True),
+    # names are looked up in the (extensible) policy registry by ReportConfig itself
+    "report.policies": Seq(InstanceOf(str, "a policy name (built-in or registered) or 'module:Class'",
+                                      examples=("snapkv", "deferkv", "h2o"), nonempty=True), nonempty=False, distinct=True),
     "report.budget_fracs": Seq(BUDGET_FRAC, nonempty=True),
     "report.entroprefill": InstanceOf(dict, "a dict of EntroPrefill parameters", examples=({}, {"zeta": 0.3})),
     "report.capture_tail": _int(0, 4096),

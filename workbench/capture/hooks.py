@@ -25,14 +25,16 @@ from tqdm.auto import tqdm
 from workbench._version import __version__
 from workbench.capture.budget import check_capture_budget, estimate_capture_bytes, max_capture_bytes, row_dtype
 from workbench.capture.data import Capture
-from workbench.checks import check_bool, check_context, check_int, is_int
+from workbench.checks import check_context, check_fields
 from workbench.choices import RowDtype
+from workbench.constraints import checked
 from workbench.run import adapter
 from workbench.run.spans import PromptSpans, spans_of
 
 __all__ = ["capture_attention", "run_capture", "RowSet", "Capture"]
 
 
+@checked()
 @dataclass(frozen=True)
 class RowSet:
     """Which query rows to capture.
@@ -54,18 +56,11 @@ class RowSet:
     n_decode: int = 0
 
     def __post_init__(self):
-        check_bool("observers", self.observers)
-        check_int("tail", self.tail, 0)
-        check_int("n_decode", self.n_decode, 0)
-        if isinstance(self.audit, str) and self.audit != "query":
-            raise ValueError(f"audit: must be 'query', None or a tuple of positions, got {self.audit!r}")
-        for name in ("audit", "custom"):
+        check_fields(self)  # every field against its constraint (workbench.constraints.PARAMS)
+        for name in ("audit", "custom"):  # explicit positions stored as a tuple of ints
             v = getattr(self, name)
-            if v is None or isinstance(v, str):
-                continue
-            if not hasattr(v, "__iter__") or not all(is_int(p) and p >= 0 for p in v):
-                raise ValueError(f"{name}: must hold integer positions >= 0 (no bools, no floats), got {v!r}")
-            object.__setattr__(self, name, tuple(int(p) for p in v))
+            if v is not None and not isinstance(v, str):
+                object.__setattr__(self, name, self.CHECKS[name].check(name, v))
 
     def rows(self, spans: PromptSpans) -> list[tuple[str, int]]:
         """``(kind, absolute position)`` of every requested row, prompt rows then decode rows."""

@@ -29,6 +29,7 @@ import copy
 import datetime as _dt
 import hashlib
 import importlib.metadata as md
+import inspect
 import json
 import math
 import re
@@ -44,6 +45,9 @@ from plotly.basedatatypes import BaseFigure
 from tqdm.auto import tqdm
 
 from workbench._version import __version__
+from workbench.checks import check_args
+from workbench.choices import WIDTH_PRESETS
+from workbench.constraints import checks_for
 from workbench.show import plots
 from workbench.show.decimate import full_frame
 from workbench.show.html_export import render_html
@@ -60,11 +64,11 @@ from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import PRINT_FONT_PT, TokenView
 from workbench.util import atomic_write_files, jsonable
 
-__all__ = ["WIDTHS", "FORMATS", "PX_PER_INCH", "DEFAULT_SCALE", "ExportSize", "resolve_size", "export",
+__all__ = ["WIDTHS", "FORMATS", "EXPORT_CHECKS", "PX_PER_INCH", "DEFAULT_SCALE", "ExportSize", "resolve_size", "export",
            "export_all", "ensure_server", "shutdown_server", "server_running", "prompt_hash", "browser_path", "csv_bytes",
            "versions"]
 
-WIDTHS: dict[str, float] = {"single": 3.33, "double": 7.0}  # inches
+WIDTHS: dict[str, float] = dict(zip(WIDTH_PRESETS, (3.33, 7.0)))  # inches: single, double
 DEFAULT_SCALE = 300.0 / 72.0  # PNG pixels per layout pixel (300 dpi)
 DEFAULT_ASPECT = {"single": 0.75, "double": 0.45, None: 0.75}  # height / width when the figure has none
 PAPER_FONT = {"single": 9.0, "double": 10.0}  # base font (pt) of font_size="auto" at the column presets
@@ -310,6 +314,7 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         ValueError: unknown format or width preset, width/height/scale ≤ 0, a bad path or fig.
         RuntimeError: no Chromium, or kaleido failed (nothing is written then).
     """
+    check_args(EXPORT_CHECKS, locals())  # every argument against its constraint (constraints.PARAMS["export.*"])
 
     if isinstance(fig, BaseFigure) and not isinstance(fig, go.Figure):  # a FigureWidget
         fig = go.Figure(fig)
@@ -386,6 +391,10 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         }
         files[folder / f"{stem}.json"] = (json.dumps(jsonable(side), indent=2, ensure_ascii=False) + "\n").encode()
     return atomic_write_files(files)
+
+
+EXPORT_CHECKS = checks_for(*inspect.signature(export).parameters, prefix="export")
+"""The constraint of every argument of :func:`export` (``workbench.constraints.PARAMS["export.<name>"]``)."""
 
 
 def export_all(figures: Mapping, folder, *, widths: Mapping | None = None, progress: bool = False,

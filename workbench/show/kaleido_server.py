@@ -21,12 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from workbench.choices import EXPORT_FORMATS
 from workbench.util import private_temp_dir
 
 __all__ = ["FORMATS", "RENDER_TIMEOUT_S", "browser_path", "ensure_server", "shutdown_server", "server_running",
            "render_all", "RenderSize"]
 
-FORMATS = ("pdf", "svg", "png")
+FORMATS = EXPORT_FORMATS  # ("pdf", "svg", "png")
 EXPORT_TMP_PREFIX = "workbench-export-"  # kaleido's private folders in the system temp: <prefix><pid>-<random>
 RENDER_TIMEOUT_S = 120.0
 BROWSER_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")

@@ -436,7 +436,7 @@ def _needle_part(cfg: ReportConfig, lm, item):
 
     prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
     pols = [eviction.policy_from_params("full")] + [eviction.policy_from_params(p) for p in cfg.policies]
-    budgets = sorted({max(1, math.ceil(f * prompt.T)) for f in cfg.budget_fracs})
+    budgets = sorted({eviction.resolve_budget(prompt.T, budget_frac=f) for f in cfg.budget_fracs})
     results = eviction.run_policies(lm, prompt, pols, budgets, cfg.max_new_tokens or max_new_tokens_for(item.task),
                                       progress=cfg.progress)
     sentence = _needle_sentence(item)

@@ -2,25 +2,27 @@
 range) and what a run wrote (:class:`ReportResult`)."""
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from workbench.analyse.params import EntroPrefillParams
-from workbench.checks import check_bool, check_device
+from workbench.checks import check_fields
+from workbench.choices import METHOD_NAMES, REPORT_DATA
+from workbench.constraints import checked
 from workbench.rerun import eviction
 
 __all__ = ["ReportConfig", "ReportResult", "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS"]
 
 DEFAULT_POLICIES = ("streaming", "h2o", "snapkv", "deferkv")
-METHODS = ("full", "entroprefill", "evict")
-DATA = ("auto", "sample", "fetched")
+METHODS = METHOD_NAMES
+DATA = REPORT_DATA
 # torch threads of the report (benchmarks/report_threads.py, RESULTS.md): on a quiet 2-core machine 2 threads were
 # 1.3x faster than 1; on the same machine at load 12 one thread was 5.2x faster than 2. So: the free cores.
 DEFAULT_THREADS = "auto"
 
 
 # ----------------------------------------------------------------------------- settings
+@checked(prefix="report")
 @dataclass(frozen=True)
 class ReportConfig:
     """What the report runs.
@@ -86,59 +88,26 @@ class ReportConfig:
         return cls(**base)
 
     def __post_init__(self):
-        if not isinstance(self.out, (str, os.PathLike)) or not str(self.out):
-            raise ValueError(f"out: must be a folder path, got {self.out!r}")
-        object.__setattr__(self, "out", Path(self.out))
+        check_fields(self)  # every field against its constraint (workbench.constraints.PARAMS["report.*"])
+        for name in ("out", "items", "filler"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"out: must be a folder (the report writes report.html, figures/ and tables/ in it), got "
                              f"the file {str(self.out)!r}")
-        if self.model is not None and not isinstance(self.model, (str, os.PathLike)):
-            raise ValueError(f"model: must be None (the embedded default model), a local folder or a hub id, "
-                             f"got {self.model!r}")
-        check_device(self.device)
-        check_bool("progress", self.progress)
-        check_bool("tiny", self.tiny)
-        for name, lo, hi in (("n_squad", 0, 1000), ("n_needle", 0, 1000), ("needle_length", 64, 8192),
-                             ("n_distractors", 1, 20), ("max_new_tokens", 1, 4096), ("capture_tail", 0, 4096),
-                             ("capture_decode", 0, 256), ("seed", 0, 2**31 - 1)):
-            v = getattr(self, name)
-            if name == "max_new_tokens" and v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise ValueError(f"{name}: must be an integer in [{lo}, {hi}], got {v!r}")
-        if self.threads is not None and self.threads != "auto" and (
-                isinstance(self.threads, bool) or not isinstance(self.threads, int) or not 1 <= self.threads <= 1024):
-            raise ValueError(f"threads: must be 'auto', None or an integer in [1, 1024], got {self.threads!r}")
-        if self.data not in DATA:
-            raise ValueError(f"data: must be one of {DATA}, got {self.data!r}")
-        for name in ("items", "filler"):
-            v = getattr(self, name)
-            if v is not None:
-                object.__setattr__(self, name, Path(v))
-                if not Path(v).is_file():
-                    raise ValueError(f"{name}: must be an existing file, got {str(v)!r}")
         if self.n_squad + self.n_needle < 1 and self.items is None:
             raise ValueError("n_squad: n_squad + n_needle must be >= 1 when no items file is given (the study "
                              "needs a prompt)")
-        methods = tuple(self.methods)
-        if not methods or any(m not in METHODS for m in methods) or len(set(methods)) != len(methods):
-            raise ValueError(f"methods: must be distinct entries of {METHODS}, got {self.methods!r}")
-        object.__setattr__(self, "methods", methods)
-
-        pols = tuple(eviction.REGISTRY.resolve(p) if isinstance(p, str) and ":" in p else p for p in self.policies)
+        for name in ("methods", "budget_fracs"):  # stored as tuples (budget fractions as floats)
+            object.__setattr__(self, name, self.CHECKS[name].check(name, getattr(self, name)))
+        pols = tuple(eviction.REGISTRY.resolve(p) if ":" in p else p for p in self.policies)
         bad = [p for p in pols if p not in eviction.REGISTRY or p == "full"]
         if bad or len(set(pols)) != len(pols):
             raise ValueError(f"policies: must be distinct entries of {sorted(set(eviction.REGISTRY.names()) - {'full'})} "
                              f"(built-in or registered) or 'module:Class', got {self.policies!r}")
-        if "evict" in methods and not pols:
+        if "evict" in self.methods and not pols:
             raise ValueError("policies: the 'evict' method needs at least one policy")
         object.__setattr__(self, "policies", pols)
-        fr = tuple(self.budget_fracs)
-        if not fr or any(isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1 for f in fr):
-            raise ValueError(f"budget_fracs: must be a non-empty list of fractions in (0, 1], got {self.budget_fracs!r}")
-        object.__setattr__(self, "budget_fracs", tuple(float(f) for f in fr))
-        if not isinstance(self.entroprefill, dict):
-            raise ValueError(f"entroprefill: must be a dict of EntroPrefill parameters, got {self.entroprefill!r}")
         allowed = sorted({f.name for f in fields(EntroPrefillParams) if f.init} | {"layer"})
         unknown = sorted(map(str, set(self.entroprefill) - set(allowed)))
         if unknown:

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from workbench.analyse.shift import group_rows
-from workbench.checks import check_int, is_int
+from workbench.checks import check_fields, check_int
+from workbench.constraints import BUDGET, BUDGET_FRAC
 
 __all__ = ["Needs", "Evidence", "EvictionPolicy", "OnBasePolicy", "select_keep", "preview", "preview_window", "protected_mask",
            "deferkv_alpha", "resolve_budget", "split_budget", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
@@ -199,7 +200,7 @@ def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor
     L, G, T = scores.shape
     if protected.shape != (T,):
         raise ValueError(f"protected: must have shape [{T}], got {list(protected.shape)}")
-    B = check_int("budget", budget, 1)
+    B = BUDGET.check("budget", budget)
     n_prot = int(protected.sum())
     if B >= T:
         return torch.arange(T).expand(L, G, T).clone()
@@ -306,21 +307,16 @@ class EvictionPolicy(abc.ABC):
     def params(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def _check_common(self):
-        check_int("n_sink", self.n_sink, 0)
-        check_int("recent", self.recent, 0)
+    def __post_init__(self):
+        check_fields(self)  # every field against its constraint (``CHECKS``, set by ``constraints.checked``)
 
 
 class OnBasePolicy(EvictionPolicy):
     """A policy built on another one's scores (``self.base``, an evicting policy): a rescaling or a budget
     allocation. The base's decode step, evidence, scores, protected set and tie-break are kept unless the
-    subclass overrides them; call :meth:`_check_base` in ``__post_init__``."""
+    subclass overrides them (``base`` is checked by its constraint, ``constraints.PARAMS["base"]``)."""
 
     base: EvictionPolicy
-
-    def _check_base(self) -> None:
-        if not isinstance(self.base, EvictionPolicy) or self.base.keeps_all:
-            raise ValueError(f"base: must be an evicting EvictionPolicy, got {self.base!r}")
 
     @property
     def defer(self) -> int:
@@ -359,7 +355,7 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     """
     if not isinstance(policy, EvictionPolicy):
         raise ValueError(f"policy: must be an EvictionPolicy, got {type(policy).__name__}")
-    B = check_int("budget", budget, 1)
+    B = BUDGET.check("budget", budget)
     T, L, G = evidence.T, evidence.L, evidence.G
     if policy.keeps_all or B >= T:
         return torch.arange(T).expand(L, G, T).clone()
@@ -403,7 +399,7 @@ def preview_window(policy: EvictionPolicy, evidence: Evidence, budget: int, laye
     policy keeps everything or ``B ≥ |P|``, else :func:`select_keep` over the policy's scores, protected set
     and tie-break restricted to ``P``, at budget ``B``. Returns int64 ``[G, min(B, |P|)]``, sorted.
     """
-    B = check_int("budget", budget, 1)
+    B = BUDGET.check("budget", budget)
     T, G = evidence.T, evidence.G
     P = held[held < T]
     if policy.keeps_all or B >= P.numel():
@@ -415,17 +411,16 @@ def preview_window(policy: EvictionPolicy, evidence: Evidence, budget: int, laye
 
 
 def resolve_budget(T: int, budget=None, budget_frac=None) -> int:
-    """The budget in prompt positions: ``budget`` (an int ``≥ 1``) or ``budget_frac`` (a fraction in
-    ``(0, 1]`` of the prompt length: ``⌈budget_frac · T⌉``), exactly one of them."""
+    """The budget in prompt positions: ``budget`` (:data:`~workbench.constraints.BUDGET`, an integer ``≥ 1``)
+    or ``budget_frac`` (:data:`~workbench.constraints.BUDGET_FRAC`, a fraction in ``(0, 1]`` of the prompt
+    length: ``⌈budget_frac · T⌉``), exactly one of them. The one place a fraction becomes ``B``."""
     if (budget is None) == (budget_frac is None):
-        raise ValueError("budget: give exactly one of budget (positions, >= 1) and budget_frac (in (0, 1])")
+        raise ValueError(f"budget: give exactly one of budget ({BUDGET.describe()}) and budget_frac "
+                         f"({BUDGET_FRAC.describe()})")
     if budget is not None:
-        if not is_int(budget) or budget < 1:
-            raise ValueError(f"budget: must be an int >= 1, got {budget!r}")
-        return int(budget)
-    if not isinstance(budget_frac, (int, float)) or isinstance(budget_frac, bool) or not math.isfinite(budget_frac) or not 0 < budget_frac <= 1:
-        raise ValueError(f"budget_frac: must lie in (0, 1], got {budget_frac!r}")
-    return max(1, math.ceil(float(budget_frac) * T))
+        return BUDGET.check("budget", budget)
+    check_int("T", T, 1)
+    return max(1, math.ceil(BUDGET_FRAC.check("budget_frac", budget_frac) * T))
 
 
 _SHARED: dict = {}

@@ -27,7 +27,8 @@ from tqdm.auto import tqdm
 
 from workbench.capture import capture_attention
 from workbench.capture.identity import check_model_match
-from workbench.checks import check_context, check_int, check_max_new_tokens, check_nonempty
+from workbench.checks import check_context, check_max_new_tokens, check_nonempty
+from workbench.constraints import BUDGET
 from workbench.rerun.eviction.cache_evidence import QueryStats, cache_evidence
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, preview_window, renorm_rows
 from workbench.rerun.eviction.result import GenerationResult
@@ -275,7 +276,7 @@ class EvictionSession:
     def _evict(self, policy: EvictionPolicy, budget: int, rerotate: bool = False) -> "_RunState":
         if not isinstance(policy, EvictionPolicy):
             raise ValueError(f"policy: must be an EvictionPolicy, got {type(policy).__name__}")
-        B = check_int("budget", budget, 1)
+        B = BUDGET.check("budget", budget)
         need = policy.needs()
         have = self.needs
         if need.merge(have) != have:
@@ -522,7 +523,7 @@ def run_policies(model, prompt, policies, budgets, max_new_tokens: int, *, progr
     faster, equal to the unbatched runs up to float rounding.
     """
     policies = list(check_nonempty("policies", policies))
-    budgets = [check_int("budgets", b, 1) for b in check_nonempty("budgets", budgets)]
+    budgets = [BUDGET.check("budgets", b) for b in check_nonempty("budgets", budgets)]
     net, _ = _unwrap(model)
     refused = {i: policy_refusal(net, p) for i, p in enumerate(policies)}
     needs = Needs.of([p for i, p in enumerate(policies) if not refused[i]])

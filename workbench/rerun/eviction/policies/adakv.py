@@ -7,11 +7,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from workbench.checks import check_real
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, OnBasePolicy
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 
+@checked()
 @dataclass(frozen=True)
 class AdaKV(OnBasePolicy):
     """Per-head budgets inside a layer: the layer's ``G·B`` slots go to the highest base scores across its
@@ -34,10 +35,6 @@ class AdaKV(OnBasePolicy):
     base: EvictionPolicy = SnapKV()
     alpha_safeguard: float = 0.2
     name: ClassVar[str] = "adakv"
-
-    def __post_init__(self):
-        self._check_base()
-        check_real("alpha_safeguard", self.alpha_safeguard, 0.0, 1.0)
 
     def allocate(self, ev: Evidence, budget: int) -> Tensor:
         s = self.scores(ev).detach().to(torch.float64).clone()  # [L, G, T]

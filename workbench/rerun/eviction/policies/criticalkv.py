@@ -7,11 +7,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from workbench.checks import check_real
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, OnBasePolicy, group_mean
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 
+@checked(prefix="criticalkv")
 @dataclass(frozen=True)
 class CriticalKV(OnBasePolicy):
     """Value-aware rescaling of any policy's score: ``S'_j = (S_j + ε) · ‖W_O v_j‖_1``, the L1 norm of
@@ -31,10 +32,6 @@ class CriticalKV(OnBasePolicy):
     base: EvictionPolicy = SnapKV()
     epsilon: float = 1e-4
     name: ClassVar[str] = "criticalkv"
-
-    def __post_init__(self):
-        self._check_base()
-        check_real("epsilon", self.epsilon, 0.0, 1.0)
 
     def needs(self) -> Needs:
         return self.base.needs().merge(Needs(wov=True))

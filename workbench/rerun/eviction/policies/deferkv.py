@@ -6,8 +6,8 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from workbench.checks import check_choice, check_int, check_kernel, check_real
 from workbench.choices import Pooling
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import (
     EvictionPolicy,
     Evidence,
@@ -19,6 +19,7 @@ from workbench.rerun.eviction.evidence import (
 )
 
 
+@checked(prefix="deferkv")
 @dataclass(frozen=True)
 class DeferKV(EvictionPolicy):
     """DeferKV (evict after decode step ``t = 1``): ``S_i = Σ_r α_r A_{r,i}`` over ``r = -W+1 … 1``,
@@ -45,15 +46,6 @@ class DeferKV(EvictionPolicy):
     pooling: Pooling = "max"
     name: ClassVar[str] = "deferkv"
     defer: ClassVar[int] = 1
-
-    def __post_init__(self):
-        self._check_common()
-        check_int("window", self.window, 1)
-        check_real("lam", self.lam, -50.0, 50.0)
-        check_kernel(self.kernel)
-        if self.decode_weight is not None:
-            check_real("decode_weight", self.decode_weight, 0.0, 1.0)
-        check_choice("pooling", self.pooling, ("max", "avg"))
 
     def needs(self) -> Needs:
         return Needs(tail=self.window, decode1=True)

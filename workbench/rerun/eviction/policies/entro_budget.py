@@ -8,11 +8,12 @@ import torch
 from torch import Tensor
 
 from workbench.analyse.pooling import HeadPooling
-from workbench.checks import check_int
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, OnBasePolicy, split_budget
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 
+@checked()
 @dataclass(frozen=True)
 class EntroBudget(OnBasePolicy):
     """Per-head budgets inside a layer by EntroPrefill's head weights.
@@ -36,11 +37,6 @@ class EntroBudget(OnBasePolicy):
     rho_min: float = 1e-6
     W_p: int = 8
     name: ClassVar[str] = "entro-budget"
-
-    def __post_init__(self):
-        self._check_base()
-        check_int("W_p", self.W_p, 1)
-        HeadPooling(zeta=self.zeta, tau=self.tau, rho_min=self.rho_min)  # validates
 
     def needs(self) -> Needs:
         return self.base.needs().merge(Needs(observers=self.W_p))

@@ -8,11 +8,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from workbench.checks import check_bool, check_int, check_real
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean
 from workbench.run.rotary import RotaryMaps
 
 
+@checked(prefix="expected_attention")
 @dataclass(frozen=True)
 class ExpectedAttention(EvictionPolicy):
     """The question-agnostic forecast (evict at ``t = 0``): attention predicted for the *future* queries
@@ -45,14 +46,6 @@ class ExpectedAttention(EvictionPolicy):
     use_vnorm: bool = True
     epsilon: float = 0.0
     name: ClassVar[str] = "expected-attention"
-
-    def __post_init__(self):
-        self._check_common()
-        check_int("n_sink", self.n_sink, 0, 16)
-        check_int("n_future", self.n_future, 1, 1 << 20)
-        check_bool("use_covariance", self.use_covariance)
-        check_bool("use_vnorm", self.use_vnorm)
-        check_real("epsilon", self.epsilon, 0.0, 1.0)
 
     def needs(self) -> Needs:
         return Needs(keys=True, qstats=self.n_future)

@@ -7,9 +7,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence
 
 
+@checked()
 @dataclass(frozen=True)
 class FullCache(EvictionPolicy):
     """Keep everything (the reference; the budget is ignored)."""

@@ -7,11 +7,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from workbench.checks import check_choice
 from workbench.choices import H2ONormalise
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean
 
 
+@checked()
 @dataclass(frozen=True)
 class H2O(EvictionPolicy):
     """H2O (one-shot after prefill): accumulated attention ``Σ_{u<T} A_{u,j}`` of every prompt query,
@@ -33,10 +34,6 @@ class H2O(EvictionPolicy):
     recent: int = 32
     normalise: H2ONormalise = "sum"
     name: ClassVar[str] = "h2o"
-
-    def __post_init__(self):
-        self._check_common()
-        check_choice("normalise", self.normalise, ("sum", "mean"))
 
     def needs(self) -> Needs:
         return Needs(colsum=True)

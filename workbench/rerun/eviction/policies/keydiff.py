@@ -7,9 +7,11 @@ from typing import ClassVar
 import torch.nn.functional as F
 from torch import Tensor
 
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs
 
 
+@checked()
 @dataclass(frozen=True)
 class KeyDiff(EvictionPolicy):
     """KeyDiff (attention-free, evict at ``t = 0``): score ``−cos(k_j, k̄)`` per KV head, with the anchor
@@ -24,9 +26,6 @@ class KeyDiff(EvictionPolicy):
     n_sink: int = 4
     recent: int = 32
     name: ClassVar[str] = "keydiff"
-
-    def __post_init__(self):
-        self._check_common()
 
     def needs(self) -> Needs:
         return Needs(keys=True)

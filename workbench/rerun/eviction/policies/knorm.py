@@ -7,9 +7,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs
 
 
+@checked()
 @dataclass(frozen=True)
 class KNorm(EvictionPolicy):
     """KNorm (attention-free, evict at ``t = 0``): score ``−‖k_j‖_2`` per KV head, the cache's post-RoPE
@@ -23,9 +25,6 @@ class KNorm(EvictionPolicy):
     n_sink: int = 4
     recent: int = 32
     name: ClassVar[str] = "knorm"
-
-    def __post_init__(self):
-        self._check_common()
 
     def needs(self) -> Needs:
         return Needs(keys=True)

@@ -7,9 +7,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean
 
 
+@checked()
 @dataclass(frozen=True)
 class OracleKV(EvictionPolicy):
     """Oracle (evicts at ``t = 0``, knows the future): mean attention of the full-cache answer's decode
@@ -18,9 +20,6 @@ class OracleKV(EvictionPolicy):
     n_sink: int = 4
     recent: int = 32
     name: ClassVar[str] = "oracle"
-
-    def __post_init__(self):
-        self._check_common()
 
     def needs(self) -> Needs:
         return Needs(answer=True)

@@ -8,10 +8,11 @@ from torch import Tensor
 
 from workbench.analyse.pages import group_scores, page_importance
 from workbench.analyse.pooling import HeadPooling
-from workbench.checks import check_int
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs
 
 
+@checked()
 @dataclass(frozen=True)
 class PageEntroKV(EvictionPolicy):
     """Page-EntroKV: SPEC §2 group weights on the proposal observers, SPEC §8 pages.
@@ -36,12 +37,6 @@ class PageEntroKV(EvictionPolicy):
     rho_min: float = 1e-6
     W_p: int = 8
     name: ClassVar[str] = "page-entrokv"
-
-    def __post_init__(self):
-        self._check_common()
-        check_int("page", self.page, 1)
-        check_int("W_p", self.W_p, 1)
-        HeadPooling(zeta=self.zeta, tau=self.tau, rho_min=self.rho_min)  # validates
 
     def needs(self) -> Needs:
         return Needs(observers=self.W_p)

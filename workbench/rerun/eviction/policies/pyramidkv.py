@@ -7,11 +7,12 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from workbench.checks import check_real
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, OnBasePolicy, split_budget
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 
+@checked()
 @dataclass(frozen=True)
 class PyramidKV(OnBasePolicy):
     """Per-layer budgets falling linearly with depth (a pyramid), any base policy's scores within a layer.
@@ -33,10 +34,6 @@ class PyramidKV(OnBasePolicy):
     base: EvictionPolicy = SnapKV()
     beta: float = 20.0
     name: ClassVar[str] = "pyramidkv"
-
-    def __post_init__(self):
-        self._check_base()
-        check_real("beta", self.beta, 1.0, 1e6)
 
     def layer_budgets(self, L: int, T: int, budget: int) -> Tensor:
         """``B_l`` for every layer; int64 ``[L]`` summing to ``L·B``."""

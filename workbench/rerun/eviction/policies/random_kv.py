@@ -7,10 +7,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from workbench.checks import check_int
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence
 
 
+@checked()
 @dataclass(frozen=True)
 class RandomKV(EvictionPolicy):
     """Random control: uniform random scores (seeded, independent per layer and group)."""
@@ -19,10 +20,6 @@ class RandomKV(EvictionPolicy):
     recent: int = 32
     seed: int = 0
     name: ClassVar[str] = "random"
-
-    def __post_init__(self):
-        self._check_common()
-        check_int("seed", self.seed, 0)
 
     def scores(self, ev: Evidence) -> Tensor:
         g = torch.Generator().manual_seed(self.seed)

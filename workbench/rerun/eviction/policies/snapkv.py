@@ -6,11 +6,12 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from workbench.checks import check_choice, check_int, check_kernel
 from workbench.choices import Pooling
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean, pool, row_sum
 
 
+@checked()
 @dataclass(frozen=True)
 class SnapKV(EvictionPolicy):
     """SnapKV (evict at ``t = 0``): attention of the last ``window`` prompt queries summed over the
@@ -35,12 +36,6 @@ class SnapKV(EvictionPolicy):
     kernel: int = 7
     pooling: Pooling = "max"
     name: ClassVar[str] = "snapkv"
-
-    def __post_init__(self):
-        self._check_common()
-        check_int("window", self.window, 1)
-        check_kernel(self.kernel)
-        check_choice("pooling", self.pooling, ("max", "avg"))
 
     def needs(self) -> Needs:
         return Needs(tail=self.window)

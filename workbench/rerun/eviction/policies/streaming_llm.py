@@ -7,9 +7,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence
 
 
+@checked()
 @dataclass(frozen=True)
 class StreamingLLM(EvictionPolicy):
     """StreamingLLM: the sinks and the most recent positions (score = position).
@@ -23,9 +25,6 @@ class StreamingLLM(EvictionPolicy):
     n_sink: int = 4
     recent: int = 32
     name: ClassVar[str] = "streaming"
-
-    def __post_init__(self):
-        self._check_common()
 
     def scores(self, ev: Evidence) -> Tensor:
         return (torch.arange(ev.T, dtype=torch.float64) / ev.T).expand(ev.L, ev.G, ev.T).clone()

@@ -7,9 +7,11 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs
 
 
+@checked()
 @dataclass(frozen=True)
 class TOVA(EvictionPolicy):
     """TOVA (evict at ``t = 0``): the last prompt token's attention ``A_{0,j}`` averaged over **all**
@@ -25,9 +27,6 @@ class TOVA(EvictionPolicy):
     n_sink: int = 4
     recent: int = 32
     name: ClassVar[str] = "tova"
-
-    def __post_init__(self):
-        self._check_common()
 
     def needs(self) -> Needs:
         return Needs(tail=1)
