@@ -28,6 +28,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from gguf import GGUFReader
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from workbench.run import adapter
 from workbench.util import atomic_dir, cache_dir, file_lock, sweep_stale_temp
 
 __all__ = ["ShippedModel", "SHIPPED", "shipped_folder", "part_files", "assemble_gguf", "check_gguf",
@@ -115,8 +120,6 @@ def part_files(m: ShippedModel, install: bool = True) -> list[Path]:
 def check_gguf(m: ShippedModel, path: Path) -> None:
     """Check the GGUF header against ``m``'s geometry (layers, heads, KV heads, head dimension) and the
     shapes of the attention projections of every layer; raises ValueError naming what differs."""
-    from gguf import GGUFReader
-
     r = GGUFReader(str(path))
 
     def field(key):
@@ -183,11 +186,6 @@ def folder_damage(folder: Path) -> str | None:
 
 
 def _convert(m: ShippedModel, gguf: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from workbench.run import adapter
-
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     adapter.clear_gguf_quantization(model)
