@@ -1,7 +1,7 @@
 """The package layout: one way through the layers, no cycles, imports at module level, lint-clean.
 
 Layers, lowest first: base (``checks``, ``choices``, ``util``) → run → capture → analyse → rerun (run again)
-→ show → study. A module may import its own layer and the layers below it, never above. ``__init__`` and
+→ show → study → interop (optional extras such as kvpress). A module may import its own layer and the layers below it, never above. ``__init__`` and
 ``__main__`` of the package (the flat API and the CLI) sit on top.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "workbench"
-LAYERS = ["base", "run", "capture", "analyse", "rerun", "show", "study"]
+LAYERS = ["base", "run", "capture", "analyse", "rerun", "show", "study", "interop"]
 # optional heavy dependencies that may be imported inside the functions that need them
 LAZY_OK = {"ray", "kaleido", "playwright"}
 MAX_LINES = 600

@@ -634,3 +634,22 @@ def attention_queries(model, fn: Callable):
         yield
     finally:
         set_attn_implementation(model, old)
+
+
+@contextlib.contextmanager
+def attention_inputs(model, fn: Callable):
+    """``fn(layer, module, hidden_states, kwargs)`` before every layer's attention call (the module, its input
+    hidden states and keyword inputs such as ``position_embeddings``), as kvpress's forward hooks see them."""
+    handles = []
+
+    def hook(l, m, a, kw):
+        fn(l, m, layer_hidden(a, kw), kw)  # returns None: the call's inputs are left as they are
+
+    try:
+        for l, layer in enumerate(decoder_layers(model)):
+            handles.append(layer.self_attn.register_forward_pre_hook(
+                lambda m, a, kw, l=l: hook(l, m, a, kw), with_kwargs=True))
+        yield
+    finally:
+        for h in handles:
+            h.remove()

@@ -48,7 +48,7 @@ WIDE_NEEDS = Needs(tail=32, observers=8, colsum=True, decode1=True, answer=True,
 # Needs field -> the Evidence fields it provides
 _PROVIDES = {"tail": ("tail",), "observers": ("observers",), "colsum": ("colsum",), "decode1": ("decode",),
              "answer": ("decode",), "keys": ("keys", "values"), "wov": ("wov",),
-             "qstats": ("q_sum", "q_outer", "q_first", "rope_cos", "rope_sin")}
+             "qstats": ("q_sum", "q_outer", "q_first", "rope_cos", "rope_sin", "rope_pair"), "attn_inputs": ("attn_inputs",)}
 _EVIDENCE = tuple(sorted({f for fs in _PROVIDES.values() for f in fs}))
 N_NEW = 4
 
@@ -76,9 +76,9 @@ def _declared(ev: Evidence, need: Needs) -> Evidence:
         kw["tail"] = kw["tail"][:, :, -need.tail:]
     if kw["decode"] is not None and not need.answer:
         kw["decode"] = kw["decode"][:, :, :1]
-    for f in ("rope_cos", "rope_sin"):
+    for f in ("rope_cos", "rope_sin"):  # [L, F, d]: the rotary maps of the next qstats positions
         if kw[f] is not None:
-            kw[f] = kw[f][: need.qstats]
+            kw[f] = kw[f][:, : need.qstats]
     return dataclasses.replace(ev, **kw, _scores={})
 
 

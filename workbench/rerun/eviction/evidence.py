@@ -50,6 +50,8 @@ class Needs:
         wov: the value-output norms ``‖W_O^h v_j‖_1`` per query head (CriticalKV).
         qstats: statistics of the prompt's pre-RoPE queries and the RoPE of the next ``qstats`` positions
             ``T … T+qstats-1`` (ExpectedAttention); ``0`` = none.
+        attn_inputs: every layer's attention module with its prefill inputs (hidden states, RoPE), for a
+            wrapped kvpress press (``workbench.interop.kvpress``), which scores from what kvpress gives it.
     """
 
     tail: int = 0
@@ -60,12 +62,13 @@ class Needs:
     keys: bool = False
     wov: bool = False
     qstats: int = 0
+    attn_inputs: bool = False
 
     def merge(self, other: "Needs") -> "Needs":
         return Needs(tail=max(self.tail, other.tail), observers=max(self.observers, other.observers),
                      colsum=self.colsum or other.colsum, decode1=self.decode1 or other.decode1,
                      answer=self.answer or other.answer, keys=self.keys or other.keys, wov=self.wov or other.wov,
-                     qstats=max(self.qstats, other.qstats))
+                     qstats=max(self.qstats, other.qstats), attn_inputs=self.attn_inputs or other.attn_inputs)
 
     @classmethod
     def of(cls, policies, base: "Needs | None" = None) -> "Needs":
@@ -97,6 +100,8 @@ class Evidence:
             (to leave the sinks out); rope_cos, rope_sin: float64 ``[L, F, d]`` and rope_pair: int64 ``[L, d]``,
             each layer's rotary map at ``T … T+F-1`` (:class:`~workbench.run.rotary.RotaryMaps`:
             ``R(p) x = cos ⊙ x + sin ⊙ x[pair]``; a NoPE layer is the identity).
+        attn_inputs: per layer ``(attention module, hidden states [1, T, D], position_embeddings)`` of the
+            prefill (the inputs kvpress's hooks see).
     """
 
     T: int
@@ -116,6 +121,7 @@ class Evidence:
     rope_cos: Tensor | None = None
     rope_sin: Tensor | None = None
     rope_pair: Tensor | None = None
+    attn_inputs: list | None = None
     _scores: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property

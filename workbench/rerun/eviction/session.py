@@ -125,6 +125,10 @@ class EvictionSession:
             qs = QueryStats(shape.L, rotary.rotary_maps(self.model, torch.arange(T))) if needs.qstats else None
             if qs is not None:
                 stack.enter_context(adapter.attention_queries(self.model, qs))
+            inputs: dict = {}
+            if needs.attn_inputs:  # the prefill's attention inputs (a wrapped kvpress press scores from them)
+                stack.enter_context(adapter.attention_inputs(self.model, lambda l, m, h, kw: inputs.setdefault(
+                    l, (m, h.detach(), kw.get("position_embeddings")))))
             t0 = time.perf_counter()
             out = adapter.forward(self.model, x, cache=cache, logits_to_keep=1)
             self.timings["prefill"] = time.perf_counter() - t0
@@ -184,6 +188,8 @@ class EvictionSession:
             ev.q_sum, ev.q_outer, ev.q_first = qs.tensors()
             fut = rotary.rotary_maps(self.model, torch.arange(T, T + needs.qstats))
             ev.rope_cos, ev.rope_sin, ev.rope_pair = fut.cos, fut.sin, fut.pair
+        if needs.attn_inputs:
+            ev.attn_inputs = [inputs[l] for l in range(shape.L)]
         if needs.keys or needs.wov:
             cache_evidence(self.model, self.cache0, ev, keys=needs.keys, wov=needs.wov)
         self.evidence = ev
