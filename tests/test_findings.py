@@ -63,3 +63,21 @@ def test_timing_rule():
     acc = findings.accuracy_table(_frame()).set_index(["task", "setting"])
     assert (acc.loc[("b", "full"), "right"], acc.loc[("b", "full"), "n"]) == (1, 4)
     assert acc.loc[("a", "full"), "hit_cap"] == 1
+
+
+def test_findings_count_clusters_not_prompts():
+    """Issue 26: prompts that share a fact or a haystack are one cluster (``meta_cluster``), the unit of n: the test
+    and the bootstrap CI run over cluster means, and the sentence says how many prompts the clusters hold."""
+    d = _frame()
+    d = d[d.task == "a"].copy()
+    d["meta_cluster"] = ["c0" if int(i[1:]) < 4 else "c1" for i in d["item_id"]]
+    c = findings.comparisons(d).set_index(["scope", "a", "b"])
+    r = c.loc[("a", "snapkv @ 0.5", "full")]
+    assert (r.n, r.prompts, r.clusters) == (2, 8, 2)
+    assert "n = 2 clusters of 8 paired prompts" in r.finding
+    # cluster means: full (1, 0.5), snapkv (0.5, 0.75): non-binary, so the sign test (1 win, 1 loss)
+    assert r.mean_b == pytest.approx(0.75) and r.mean_a == pytest.approx(0.625) and r.test == "sign"
+    assert (r.wins, r.losses) == (1, 1)
+    assert (r.cond_n, r.cond_right) == (6, 4)  # the conditional accuracy stays per prompt
+    own = findings.comparisons(_frame()).set_index(["scope", "a", "b"]).loc[("a", "snapkv @ 0.5", "full")]
+    assert (own.n, own.prompts, own.clusters) == (8, 8, 8) and "n = 8 paired prompts" in own.finding

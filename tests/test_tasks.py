@@ -193,10 +193,35 @@ def test_needle_lengths_and_depths(essays, tok):
     for L, group in by_len.items():
         assert [it.answer_doc for it in group] == sorted(it.answer_doc for it in group)
         assert group[0].answer_doc < group[-1].answer_doc
-        # the haystack is the same at every depth: removing the needle gives identical passages
-        needle_sentence = f"The secret number of the {group[0].query.split(' of the ')[1][:-1]} is {group[0].answers[0]}."
-        stripped = [tuple(" ".join(d.replace(needle_sentence, "").split()) for d in it.documents) for it in group]
-        assert len(set(stripped)) == 1
+    # every prompt has its own fact (its own key and value) and is its own cluster (issue 26)
+    assert len({it.query for it in items}) == len({it.answers[0] for it in items}) == len(items)
+    assert len({it.meta["cluster"] for it in items}) == len(items)
+
+
+def _passages_without_facts(it):
+    facts = [f"The secret number of the {it.query.split(' of the ')[1][:-1]} is {it.answers[0]}."]
+    return [" ".join(d.replace(facts[0], "").split()) for d in it.documents]
+
+
+def test_needle_prompts_from_one_filler_do_not_pseudo_replicate(tok):
+    """Issue 26: 8 needle prompts built from one filler text (a novel-sized file) draw their passages from
+    different seeded regions of the whole text and carry their own facts: together they share < 20 % of their
+    passages (one fact at 8 depths of the file's first ~1,000 tokens shared 9 of 11)."""
+    animals = ("heron", "otter", "lynx", "badger", "falcon", "walrus", "gecko", "ibis")
+    text = " ".join(f"On day {i} the keeper of the {animals[i % 8]} house counted {(i * 37) % 1000} stones by the "
+                    f"river." for i in range(12000))
+    filler = {"novel": text}
+    depths = tuple(round(0.1 + 0.8 * i / 7, 3) for i in range(8))
+    items = tasks.needle(tok, filler, lengths=(1024,), depths=depths, n=1, seed=0)
+    assert len(items) == 8
+    passages = [_passages_without_facts(it) for it in items]
+    shared = sum(sum(any(p in other for j, other in enumerate(map(set, passages)) if j != i) for p in ps)
+                 for i, ps in enumerate(passages))
+    total = sum(len(ps) for ps in passages)
+    assert shared / total < 0.2, (shared, total)
+    assert len({it.answers[0] for it in items}) == len({it.query for it in items}) == 8  # own key and value
+    assert len({it.meta["cluster"] for it in items}) == 8 and len({it.meta["region_start"] for it in items}) == 8
+    assert items == tasks.needle(tok, filler, lengths=(1024,), depths=depths, n=1, seed=0)  # seeded
 
 
 def test_needle_diffuse_spreads_the_facts(essays, tok):

@@ -26,7 +26,7 @@ import pandas as pd
 
 from workbench.analyse.stats import accuracy, paired
 
-__all__ = ["setting_label", "with_settings", "reference_check", "comparisons", "accuracy_table", "timing_table", "REFERENCE",
+__all__ = ["setting_label", "with_settings", "clusters", "reference_check", "comparisons", "accuracy_table", "timing_table", "REFERENCE",
            "MIN_REFERENCE_ACCURACY", "MIN_REFERENCE_RIGHT"]
 
 REFERENCE = "full"
@@ -67,6 +67,16 @@ def with_settings(df: pd.DataFrame) -> pd.DataFrame:
     d = df[ok].copy()
     d["setting"] = [setting_label(r) for _, r in d.iterrows()] if len(d) else []
     return d
+
+
+def clusters(d: pd.DataFrame) -> pd.Series:
+    """Each row's independent unit: its item's ``cluster`` (``meta_cluster``: prompts that share a fact or a haystack
+    share it), else the item itself."""
+    own = d["item_id"].astype(str)
+    if "meta_cluster" not in d.columns:
+        return own
+    c = d["meta_cluster"]
+    return c.where(c.notna() & (c.astype(str) != ""), own).astype(str)
 
 
 def _scores(d: pd.DataFrame, setting: str, metric: str) -> pd.Series:
@@ -123,15 +133,20 @@ def _pairs(d: pd.DataFrame) -> list[tuple[str, str]]:
 def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.95) -> pd.DataFrame:
     """One row per (scope, A, B): paired statistics and the finding sentence.
 
+    The unit of ``n`` is the cluster (:func:`clusters`): prompts that share a fact or a haystack are one unit, scored
+    by their mean, so that the bootstrap CI and the test (McNemar, or the sign test on cluster means) count
+    independent units; ``prompts`` and ``clusters`` give both counts.
+
     Columns: ``scope`` (a task, or ``all tasks (pooled)``), ``a, b, metric, n, mean_a, mean_b, diff, lo,
-    hi, wins, ties, losses, test, p, verdict, finding`` and, against the reference, ``cond_n`` (prompts
+    hi, wins, ties, losses, test, p, verdict, finding, prompts, clusters`` and, against the reference, ``cond_n`` (prompts
     the reference gets right), ``cond_right`` (of those, how many A keeps right) with ``cond_lo``,
     ``cond_hi`` (Wilson).
     """
     d = with_settings(df)
     if d.empty:
         return pd.DataFrame(columns=["scope", "a", "b", "metric", "n", "finding"])
-    d = d.assign(item_id=d["task"].astype(str) + "/" + d["item_id"].astype(str))
+    d = d.assign(cluster=d["task"].astype(str) + "/" + clusters(d),
+                 item_id=d["task"].astype(str) + "/" + d["item_id"].astype(str))
     scopes = [(t, g) for t, g in d.groupby("task", sort=True)]
     if len(scopes) > 1:
         scopes.append((f"all tasks (pooled over {len(scopes)})", d))
@@ -142,12 +157,21 @@ def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.
             common = sa.index.intersection(sb.index)
             if not len(common):
                 continue
-            xa, xb = sa[common].to_numpy(), sb[common].to_numpy()
-            r = paired(xa, xb, level)
+            # the independent units: prompts sharing a fact or a haystack (one cluster) count once, by their mean
+            of = g.drop_duplicates("item_id").set_index("item_id")["cluster"].reindex(common)
+            units = pd.DataFrame({"a": sa[common].to_numpy(), "b": sb[common].to_numpy(), "c": of.to_numpy()})
+            per = units.groupby("c", sort=True)[["a", "b"]].mean()
+            r = paired(per["a"].to_numpy(), per["b"].to_numpy(), level)
             row = dict(scope=scope, a=a, b=b, metric=metric, **{k: v for k, v in r.to_dict().items()
-                                                                   if k not in ("level", "binary")})
+                                                                   if k not in ("level", "binary")},
+                       prompts=len(common), clusters=len(per))
             sentence = r.finding(a, b, metric, where=scope)
-            if b == REFERENCE and r.binary:
+            if len(per) < len(common):
+                sentence = sentence.replace(f"n = {r.n} paired prompts",
+                                            f"n = {r.n} clusters of {len(common)} paired prompts", 1)
+            xa, xb = units["a"].to_numpy(), units["b"].to_numpy()
+            binary = bool(np.isin(xa, (0.0, 1.0)).all() and np.isin(xb, (0.0, 1.0)).all())  # per prompt
+            if b == REFERENCE and binary:
                 right = xb == 1.0
                 cond = accuracy(xa[right]) if right.any() else None
                 row.update(cond_n=int(right.sum()), cond_right=cond.k if cond else 0,

@@ -388,8 +388,15 @@ def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict) -> None:
                                 f"interval; a task needs >= {fnd.MIN_REFERENCE_ACCURACY:.0%} and >= "
                                 f"{fnd.MIN_REFERENCE_RIGHT} right answers for comparisons against it to mean much.")
     notes["accuracy"] = "Contains-accuracy per task and setting: right/n with the 95% Wilson interval (lo, hi)."
+    d = fnd.with_settings(df)
+    units = (d["task"].astype(str) + "/" + fnd.clusters(d)).nunique() if len(d) else 0
+    prompts = (d["task"].astype(str) + "/" + d["item_id"].astype(str)).nunique() if len(d) else 0
+    info["clusters"] = {"prompts": int(prompts), "clusters": int(units)}
     notes["comparisons"] = ("Paired comparisons (same prompts): wins/ties/losses, McNemar exact p, mean difference "
-                            "with its 95% bootstrap CI; cond_*: accuracy where the reference is right.")
+                            "with its 95% bootstrap CI; cond_*: accuracy where the reference is right. n counts "
+                            "independent clusters (prompts that share a fact or a haystack are one cluster, scored by "
+                            f"their mean; the items' cluster column): this study's {prompts} prompts form {units} "
+                            "clusters.")
     notes["timing"] = ("Timing rule: wall_s charges the shared eviction prefill (and the batched decode of a prompt's "
                        "evictions) to the cell that ran it; method_s is each cell's own work, a batched eviction's "
                        "being the batch time divided by the batch size; amortised_s = method_s + shared_s / sharing "

@@ -99,14 +99,16 @@ def _needle_items(task, tokenizer, lengths, n, seed, passage_tokens, haystack, m
             if need >= L:
                 raise ValueError(f"lengths: {L} tokens cannot hold the {need} tokens of the {task} needles")
             texts = _haystack_texts(tokenizer, haystack, L - need)
-            hay = Haystack(tokenizer, texts, L - need, passage_tokens, seeded_rng(seed, task, rep, L, "haystack"))
+            hay = Haystack(tokenizer, texts, L - need, passage_tokens, seeded_rng(seed, task, rep, L, "haystack"),
+                           region=haystack is not None)  # given texts: each prompt its own region; noise: the same
             docs, where = hay.documents(list(zip(spec["depths"], spec["sentences"])))
             evidence = tuple(dict.fromkeys(where[i] for i in spec.get("evidence", range(len(where)))))
             answer_doc = where[spec.get("answer_fact", 0)]
             if answer_doc not in evidence:
                 evidence = (answer_doc, *evidence)
             meta = dict(source=_label(haystack), family="ruler", length=L, rep=rep, seed=seed,
-                        haystack_tokens=hay.total + need, passages=len(docs), metric=spec["metric"])
+                        haystack_tokens=hay.total + need, passages=len(docs), metric=spec["metric"],
+                        region_start=hay.start, cluster=f"{task}-r{rep}-s{seed}")  # one fact at every length
             item = TaskItem(task=task, item_id="-", documents=tuple(docs), query=spec["query"],
                             answers=spec["answers"], answer_doc=answer_doc, evidence_docs=evidence,
                             answer_parts=spec.get("parts", ()), meta=meta)
@@ -222,7 +224,7 @@ def _list_items(task, tokenizer, lengths, n, seed, passage_tokens, make_words, q
                 docs.append(" ".join(cur))
             ev = tuple(i for i, d in enumerate(docs) if any(f". {p}" in d for p in parts))
             meta = dict(source="ruler-synthetic-words", family="ruler", length=L, rep=rep, seed=seed,
-                        words=len(kept), passages=len(docs), metric="all")
+                        words=len(kept), passages=len(docs), metric="all", cluster=f"{task}-L{L}-r{rep}-s{seed}")
             item = TaskItem(task=task, item_id="-", documents=tuple(docs), query=query, answers=(" ".join(parts),),
                             answer_doc=ev[0], evidence_docs=ev, answer_parts=tuple(parts), meta=meta)
             out.append(with_content_id(item, f"{task}-L{L}-r{rep}"))
@@ -315,7 +317,7 @@ def qa_distractors(tokenizer, articles=None, *, lengths: Sequence[int] = (1024, 
             pos = rng.randint(0, len(docs))
             docs.insert(pos, gold)
             meta = dict(source=label, family="ruler", length=L, rep=rep, seed=seed, qid=qa["id"], gold_position=pos,
-                        haystack_tokens=total, passages=len(docs), metric="part")
+                        haystack_tokens=total, passages=len(docs), metric="part", cluster=f"qa-{qa['id']}")
             item = TaskItem(task="qa_distractors", item_id="-", documents=tuple(docs), query=qa["question"].strip(),
                             answers=answers, answer_doc=pos, meta=meta)
             out.append(with_content_id(item, f"qa_distractors-L{L}-{qa['id']}"))

@@ -19,10 +19,11 @@ SQuAD v1.1 dev (``datasets.load_squad``):
 
 Paul Graham essays (``datasets.load_essays``), lengths in tokens of the given tokenizer:
 
-* ``needle`` — one fact ("The secret number of the amber heron is 48213.") inserted at each depth
-  of a haystack of each length. The haystack (split into passages of about ``passage_tokens``
-  tokens, the candidate chunks) depends on the length and replicate only, so depths compare like
-  with like.
+* ``needle`` — a fact ("The secret number of the amber heron is 48213.") inserted at each depth of a
+  haystack of each length. Every prompt has its own fact (its own key and value) and its own haystack
+  (split into passages of about ``passage_tokens`` tokens, the candidate chunks), drawn from its own seeded
+  region of the whole text (:class:`~workbench.study.tasks.haystack.Haystack`), so that prompts built from
+  one long file are independent units (``meta.cluster``), not one fact at several depths of its first page.
 * ``needle_diffuse`` — diffuse evidence: three facts, each one ingredient of a secret recipe, spread
   over three passages; the answer needs all three (``answer_parts``).
 * ``needle_bridge`` — multi-hop bridge: "The amber heron key is kept by Ada Brennick." and "Ada

@@ -26,24 +26,32 @@ def count_tokens(tokenizer, text: str) -> int:
 
 
 class Haystack:
-    """Sentences of the essays in a seeded order, grouped into passages, at most ``budget`` tokens."""
+    """Sentences of the texts, from a seeded region of their whole, grouped into passages, at most ``budget`` tokens.
 
-    def __init__(self, tokenizer, essays: dict, budget: int, passage_tokens: int, rng: random.Random):
+    The texts are put in a seeded order and read as one stream of sentences; the haystack starts at a seeded
+    sentence of the whole stream (``region=True``: each prompt built with its own ``rng`` draws its passages from
+    its own region, so prompts built from one long text share few passages) and runs on, wrapping around to the
+    stream's start, until ``budget`` tokens; ``region=False`` starts at the stream's first sentence (a repeated
+    noise text, where every region reads the same). ``start`` is the first sentence's index in the stream."""
+
+    def __init__(self, tokenizer, essays: dict, budget: int, passage_tokens: int, rng: random.Random, *,
+                 region: bool = True):
         names = sorted(essays)
         rng.shuffle(names)
+        stream = [(name, s) for name in names for s in split_sentences(essays[name])]
+        self.start = rng.randrange(len(stream)) if region and stream else 0
         sents, counts, used, total, full = [], [], [], 0, False
-        for name in names:
-            used.append(name)
-            for s in split_sentences(essays[name]):
-                c = count_tokens(tokenizer, " " + s)
-                if total + c > budget:
-                    full = True
-                    break
-                sents.append(s)
-                counts.append(c)
-                total += c
-            if full:
+        for k in range(len(stream)):
+            name, s = stream[(self.start + k) % len(stream)]
+            c = count_tokens(tokenizer, " " + s)
+            if total + c > budget:
+                full = True
                 break
+            if not used or used[-1] != name:
+                used.append(name)
+            sents.append(s)
+            counts.append(c)
+            total += c
         if not full:
             raise ValueError(f"lengths: the essays hold only ~{total} tokens, fewer than {budget}; "
                              "use shorter lengths or more essays (source='cache')")

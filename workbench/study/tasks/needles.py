@@ -28,30 +28,45 @@ def _entity(rng) -> tuple[str, str]:
     return rng.choice(_COLORS), rng.choice(_ANIMALS)
 
 
+def _own_facts(make_facts, keys: set, values: set, *seed_parts) -> dict:
+    """The facts of one prompt, redrawn (seeded) until their key (the query) and value are new to the family."""
+    for attempt in range(1000):
+        facts = make_facts(seeded_rng(*seed_parts, "facts", *([attempt] if attempt else [])))
+        if facts["query"] not in keys and facts["answers"][0] not in values:
+            break
+    keys.add(facts["query"])
+    values.add(facts["answers"][0])
+    return facts
+
+
 def _needle_family(task, tokenizer, essays, lengths, n, seed, passage_tokens, layouts, make_facts):
-    """Shared loop: for each replicate, one fact set; for each length, one haystack; for each layout
-    (depths), one item."""
+    """Shared loop: for each replicate, each length and each layout (depths), one item with its own facts (its own
+    key and value) in its own haystack, drawn from its own seeded region of the texts: no two prompts share a fact,
+    and prompts built from one long text share few passages. Each item is its own ``cluster`` (``meta``)."""
     if not essays:
         raise ValueError("essays: must be a non-empty {name: text} mapping")
-    out = []
+    out, keys, values = [], set(), set()
     for rep in range(n):
-        facts = make_facts(seeded_rng(seed, task, rep, "facts"))
-        need = sum(count_tokens(tokenizer, " " + s) for s in facts["sentences"])
         for L in lengths:
-            hay = Haystack(tokenizer, essays, L - need, passage_tokens, seeded_rng(seed, task, rep, L, "haystack"))
             for depths in layouts:
+                depth_tag = "-".join(f"{d:.2f}" for d in depths)
+                facts = _own_facts(make_facts, keys, values, seed, task, rep, L, depth_tag)
+                need = sum(count_tokens(tokenizer, " " + s) for s in facts["sentences"])
+                hay = Haystack(tokenizer, essays, L - need, passage_tokens,
+                               seeded_rng(seed, task, rep, L, depth_tag, "haystack"))
                 docs, where = hay.documents(list(zip(depths, facts["sentences"])))
                 kw = dict(answer_parts=facts.get("parts", ()))
                 evidence = tuple(dict.fromkeys(where))
                 answer_doc = where[facts.get("answer_fact", 0)]
-                depth_tag = "-".join(f"{d:.2f}" for d in depths)
+                base = f"{task}-L{L}-d{depth_tag}-r{rep}"
                 meta = dict(source=datasets.provenance(essays)["label"], length=L, depth=float(depths[0]),
                             depths=depth_tag, rep=rep, seed=seed, haystack_tokens=hay.total + need,
-                            passages=len(docs), essays=",".join(hay.essays))
+                            passages=len(docs), essays=",".join(hay.essays), region_start=hay.start,
+                            cluster=f"{base}-s{seed}")
                 item = TaskItem(task=task, item_id="-", documents=tuple(docs), query=facts["query"],
                                 answers=facts["answers"], answer_doc=answer_doc, evidence_docs=evidence,
                                 meta=meta, **kw)
-                out.append(with_content_id(item, f"{task}-L{L}-d{depth_tag}-r{rep}"))
+                out.append(with_content_id(item, base))
     return out
 
 
@@ -66,7 +81,7 @@ def needle(tokenizer, essays: dict, *, lengths: Sequence[int] = (512, 1024, 2048
         essays: ``{name: text}`` (:func:`workbench.study.datasets.load_essays`).
         lengths: haystack lengths in tokens, each in ``[64, 10^6]``.
         depths: relative needle positions in ``[0, 1]`` (0 = start, 1 = end).
-        n: replicates (different facts and haystacks), ``≥ 1``.
+        n: replicates, ``≥ 1`` (every prompt has its own fact and haystack region).
         passage_tokens: passage (candidate chunk) size in tokens, ``≥ 16``.
     """
     lengths = check_lengths(lengths, n, passage_tokens)

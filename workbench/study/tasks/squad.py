@@ -58,7 +58,7 @@ def _squad_item(task, q: _SquadQ, articles, docs_idx: list[int], gold_pos: int, 
     docs = documents if documents is not None else [paras[i]["context"] for i in docs_idx]
     meta = dict(source=datasets.provenance(articles)["label"], title=articles[q.article]["title"], qid=q.qid,
                 paragraph=q.paragraph,
-                gold_position=gold_pos, seed=seed)
+                gold_position=gold_pos, seed=seed, cluster=f"squad-{q.qid}")  # one question: one unit
     meta.update(extra_meta or {})
     return TaskItem(task=task, item_id=q.qid, documents=tuple(docs), query=q.question, answers=q.answers,
                     answer_doc=gold_pos, meta=meta, **kw)
