@@ -427,6 +427,3 @@ def resolve_budget(T: int, budget=None, budget_frac=None) -> int:
         return BUDGET.check("budget", budget)
     check_int("T", T, 1)
     return max(1, math.ceil(BUDGET_FRAC.check("budget_frac", budget_frac) * T))
-
-
-_SHARED: dict = {}
