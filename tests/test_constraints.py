@@ -268,3 +268,12 @@ def test_constraints_describe_their_range_in_one_format():
     for c in PARAMS.values():  # generated values are on the right side of the constraint
         assert not any(c.accepts(v) for v in c.invalid()), c
         assert all(c.accepts(v) for v in c.valid()), c
+
+
+def test_every_constraint_key_named_elsewhere_exists():
+    """Modules that look a constraint up by key (the notation table's ``param``) name keys of PARAMS."""
+    import re
+
+    src = Path(__file__).resolve().parent.parent.joinpath("workbench", "show", "notation.py").read_text()
+    missing = sorted(k for k in set(re.findall(r'param="([^"]+)"', src)) if k not in PARAMS)
+    assert not missing, missing

@@ -40,6 +40,7 @@ from workbench.choices import (
     EXPORT_FORMATS,
     H2O_NORMALISES,
     METHOD_NAMES,
+    POLICY_NAMES,
     POOLINGS,
     PRIORITIES,
     REPORT_DATA,
@@ -139,6 +140,7 @@ _P: dict[str, Constraint] = {
     "expected_attention.epsilon": _UNIT,
     "budget": BUDGET,
     "budget_frac": BUDGET_FRAC,
+    "policy": Choice(POLICY_NAMES),  # the built-in names (the eviction registry may add more)
     # ---- analyses shown by the panels
     "K": _COUNT1,
     "pages.s": _COUNT1,
