@@ -467,7 +467,11 @@ def test_case7_empty_policy_or_budget_lists_are_refused_everywhere_alike(ctx):
              ("policies", lambda: run_question_agnostic(lm, [ctx.prompt], [], [40], 3, progress=False)),
              ("budgets", lambda: run_policies(lm, ctx.prompt, [SnapKV()], [], 3, progress=False)),
              ("policies", lambda: run_policies(lm, ctx.prompt, [], [40], 3, progress=False)),
-             ("prompts", lambda: run_question_agnostic(lm, [], [SnapKV()], [40], 3, progress=False))]
+             ("prompts", lambda: run_question_agnostic(lm, [], [SnapKV()], [40], 3, progress=False)),
+             ("policies", lambda: ReportConfig(policies=())),
+             ("evict.policy", lambda: sw.expand_grid([ctx.item], {"evict": {"policy": [], "budget_frac": [0.5]}})),
+             ("evict.budget_frac", lambda: sw.expand_grid([ctx.item], {"evict": {"policy": ["snapkv"],
+                                                                                 "budget_frac": []}}))]
     for name, call in calls:
         with pytest.raises(ValueError, match=rf"^{name}: must be a non-empty list, got \[\] \(nothing would run\)$"):
             call()

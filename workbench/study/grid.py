@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from workbench.checks import SEED_MAX, is_int
+from workbench.checks import SEED_MAX, check_nonempty, is_int
 from workbench.study.registry import check_param_name, get_method
 from workbench.study.tasks import TaskItem
 
@@ -84,7 +84,7 @@ def method_settings(methods) -> list[tuple[str, dict]]:
             v = grid[p]
             vs = list(v) if isinstance(v, (list, tuple, range)) or (hasattr(v, "__len__") and not isinstance(v, str)) else [v]
             if not vs:
-                raise ValueError(f"params: {name}.{p} has no values")
+                check_nonempty(f"{name}.{p}", vs)  # an empty list of policies, budgets ...: the one refusal
             values.append([check_scalar(f"{name}.{p}", x) for x in vs])
         for combo in itertools.product(*values):
             out.append((name, dict(zip(names, combo))))

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from workbench.analyse.params import EntroPrefillParams
-from workbench.checks import check_fields
+from workbench.checks import check_fields, check_nonempty
 from workbench.choices import METHOD_NAMES, REPORT_DATA
 from workbench.constraints import checked
 from workbench.rerun import eviction
@@ -105,8 +105,8 @@ class ReportConfig:
         if bad or len(set(pols)) != len(pols):
             raise ValueError(f"policies: must be distinct entries of {sorted(set(eviction.REGISTRY.names()) - {'full'})} "
                              f"(built-in or registered) or 'module:Class', got {self.policies!r}")
-        if "evict" in self.methods and not pols:
-            raise ValueError("policies: the 'evict' method needs at least one policy")
+        if "evict" in self.methods:  # the same refusal as run_policies' for an empty list
+            check_nonempty("policies", pols)
         object.__setattr__(self, "policies", pols)
         allowed = sorted({f.name for f in fields(EntroPrefillParams) if f.init} | {"layer"})
         unknown = sorted(map(str, set(self.entroprefill) - set(allowed)))
