@@ -36,8 +36,8 @@ from prune import layout  # noqa: E402  (same T-token layout as the prune benchm
 
 
 def recompute(cap, params):
-    from workbench.analyse.audit import trace
     from workbench.analyse.envelope import envelope
+    from workbench.analyse.procedure import trace
 
     tr = trace(cap, params, certify=False)
     l = tr.l_star if tr.l_star is not None else tr.layers[-1]

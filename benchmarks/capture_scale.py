@@ -31,8 +31,8 @@ import _harness as harness  # noqa: E402
 from _memory import PeakRSS  # noqa: E402
 from gpu import build_model, layout  # noqa: E402
 
-from workbench.analyse.audit import trace  # noqa: E402
 from workbench.analyse.params import EntroPrefillParams  # noqa: E402
+from workbench.analyse.procedure import trace  # noqa: E402
 from workbench.capture import Capture, RowSet, capture_attention  # noqa: E402
 from workbench.run.adapter import model_shape  # noqa: E402
 

@@ -35,8 +35,8 @@ def median_time(fn, n: int) -> float:
 def main() -> None:
     from transformers import AutoTokenizer
 
-    from workbench.analyse.audit import trace
     from workbench.analyse.params import EntroPrefillParams
+    from workbench.analyse.procedure import trace
     from workbench.analyse.rows import check_rows
     from workbench.capture.data import Capture
     from workbench.capture.identity import check_model_match

@@ -18,8 +18,8 @@ PRIORITIES = ("renyi", "mass", "uniform", "random", "headmax")
 
 
 def compare(cap, target: float, eps_row: float, m0: int = 1, **params):
-    from workbench.analyse.audit import trace
     from workbench.analyse.params import EntroPrefillParams
+    from workbench.analyse.procedure import trace
 
     spans = cap.spans
     ans_chunk = spans.chunk_doc.index(spans.answer_doc) if spans.answer_doc in spans.chunk_doc else None

@@ -88,8 +88,8 @@ def prompt_analyses(lm, items, n: int):
     recall gain (held-out reference: decode rows 4 … 12) and the answer chunk's rank under each priority of
     :data:`PRIORITY_VARIANTS`. Returns ``(step gains, leap Paired, rank frame)``; the first two are None
     when no prompt has enough decode rows."""
-    from workbench.analyse.audit import trace
     from workbench.analyse.params import EntroPrefillParams
+    from workbench.analyse.procedure import trace
     from workbench.analyse.shift import ShiftAnalysis, leap_specificity, step_gains
     from workbench.capture import RowSet, run_capture
 

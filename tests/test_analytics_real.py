@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from workbench.analyse.audit import audit_bounds, trace
+from workbench.analyse.audit import audit_bounds
 from workbench.analyse.envelope import envelope, output_bound, output_shift
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import HeadPooling
 from workbench.analyse.priorities import ChunkPriorities
+from workbench.analyse.procedure import trace
 from workbench.analyse.selection import GreedySelection, mass_table
 
 

@@ -15,8 +15,8 @@ from transformers.cache_utils import DynamicLayer
 from workbench.capture import RowSet, capture_attention, run_capture
 from workbench.capture.data import Capture
 from workbench.rerun.eviction import EvictionSession, Evidence, generate_with_policy
-from workbench.rerun.eviction.evidence import preview_window
 from workbench.rerun.eviction.policies import H2O, SnapKV
+from workbench.rerun.eviction.select import preview_window
 from workbench.rerun.prune import run_full, run_pruned
 from workbench.rerun.stability import stability
 from workbench.run import adapter, blocks, families

@@ -10,8 +10,9 @@ from _examples import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.analyse.audit import NO_LAYER_CAN_PASS, audit_bounds, hoeffding_b, stability, trace
+from workbench.analyse.audit import NO_LAYER_CAN_PASS, audit_bounds, hoeffding_b
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.procedure import candidate_drift, trace
 from workbench.analyse.selection import VERDICT_INFEASIBLE, mass_table
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
@@ -26,19 +27,19 @@ _SETS = st.sets(st.integers(0, 15), max_size=10)
 @PROPS
 @given(_SETS, _SETS)
 def test_stability_range_symmetry_identity(a, b):
-    d = stability(a, b)
+    d = candidate_drift(a, b)
     assert 0.0 <= d <= 1.0
-    assert d == stability(b, a)
+    assert d == candidate_drift(b, a)
     assert (d == 0.0) == (a == b)
     if a and b and not (a & b):
         assert d == 1.0  # disjoint non-empty sets are maximally unstable
 
 
 def test_stability_hand_values():
-    assert stability({1, 2}, {2, 3}) == pytest.approx(2 / 3)
-    assert stability([], []) == 0.0
-    assert stability({4}, set()) == 1.0
-    assert stability([0, 1, 2, 3], [0, 1, 2]) == pytest.approx(1 / 4)
+    assert candidate_drift({1, 2}, {2, 3}) == pytest.approx(2 / 3)
+    assert candidate_drift([], []) == 0.0
+    assert candidate_drift({4}, set()) == 1.0
+    assert candidate_drift([0, 1, 2, 3], [0, 1, 2]) == pytest.approx(1 / 4)
 
 
 # ----------------------------------------------------------------------------- audit bounds

@@ -23,10 +23,11 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from transformers import AutoTokenizer
 
-from workbench.analyse.audit import audit_bounds, trace
+from workbench.analyse.audit import audit_bounds
 from workbench.analyse.envelope import envelope
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import HeadPooling
+from workbench.analyse.procedure import trace
 from workbench.analyse.selection import GreedySelection, mass_table
 from workbench.capture import RowSet, run_capture
 from workbench.capture.data import Capture

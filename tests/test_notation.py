@@ -92,7 +92,7 @@ def test_shift_layer_dropdown_shows_its_value(syn):
 
 def test_legends_list_only_drawn_traces(syn):
     sp, cap, params, tr = syn
-    from workbench.analyse.audit import trace
+    from workbench.analyse.procedure import trace
 
     t = trace(cap, params, certify=False)             # no certificate: U_l is all missing
     fig = plots.trace_layers(t)

@@ -1,11 +1,11 @@
 """The priority panel previews exactly the trace's proposal, for every priority choice (one code path:
-``audit.layer_proposal``)."""
+``procedure.layer_proposal``)."""
 from __future__ import annotations
 
 import pytest
 
-from workbench.analyse.audit import layer_proposal, trace
 from workbench.analyse.params import PRIORITIES, EntroPrefillParams
+from workbench.analyse.procedure import layer_proposal, trace
 from workbench.show.widgets import PriorityPanel
 
 

@@ -10,11 +10,11 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from workbench.analyse.audit import trace
 from workbench.analyse.cost import CostModel
 from workbench.analyse.envelope import envelope_all_layers
 from workbench.analyse.pages import PageSelection
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.procedure import trace
 from workbench.analyse.shift import ShiftAnalysis
 from workbench.capture.data import Capture
 from workbench.rerun.eviction import GenerationResult

@@ -8,8 +8,8 @@ import pytest
 import torch
 from test_audit import FAR, SIZES, designed_capture
 
-from workbench.analyse.audit import AuditWarning, trace
 from workbench.analyse.params import PRESETS, EntroPrefillParams
+from workbench.analyse.procedure import AuditWarning, trace
 from workbench.run.spans import PromptSpans
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import workbench.capture.synthetic as syn
-from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import HeadPooling
+from workbench.analyse.procedure import trace
 from workbench.analyse.selection import mass_table
 from workbench.capture import Capture, RowSet, capture_attention, run_capture
 from workbench.capture.budget import ENV_MAX_BYTES, HALF_REL_ERROR, estimate_capture_bytes, max_capture_bytes

@@ -176,7 +176,7 @@ def test_priority_panel_matches_selection_and_envelope(smollm_capture):
 
 
 def test_audit_panel_shows_the_trace(smollm_capture):
-    from workbench.analyse.audit import trace
+    from workbench.analyse.procedure import trace
     from workbench.analyse.selection import target_tokens
 
     cap = smollm_capture
@@ -278,7 +278,7 @@ def test_other_slider_ranges_are_valid(tiny):
 
 # ----------------------------------------------------------------------------- run-again panels (tiny model)
 def test_prune_panel_sliders_never_call_the_model_and_runs_are_cached(tiny, counter):
-    from workbench.analyse.audit import trace
+    from workbench.analyse.procedure import trace
     from workbench.rerun.prune import run_full, run_pruned
 
     lm, spans, cap = tiny

@@ -21,8 +21,8 @@ lm, ex, prompt, cap = example_capture()      # SmolLM2-135M-Instruct (or WORKBEN
 spans = prompt.spans
 
 # %%
-from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.procedure import trace
 
 params = EntroPrefillParams(zeta=0.5, tau=1.0, target=0.25, eps_row=0.2, streak=1, eps_audit=0.2,
                             audit_mode="exact")

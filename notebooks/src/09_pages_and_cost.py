@@ -97,8 +97,8 @@ plots.break_even(grid)
 # capture) predicts this ratio of prefill FLOPs, and the dense KV cache shrinks accordingly:
 
 # %%
-from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.procedure import trace
 
 tr = trace(cap, EntroPrefillParams(target=0.25, eps_row=0.2, streak=1, eps_audit=0.2), certify=False)
 T_, T_p, l_star = spans.T, len(tr.retained_positions()), tr.l_star

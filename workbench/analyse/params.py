@@ -1,7 +1,7 @@
 """All parameters of one EntroPrefill run, fixed in advance (paper §5, step 1; SPEC §2–§6).
 
 ``EntroPrefillParams`` gathers the pooling (§2), priority (§3), selection (§5) and audit/layer
-selection (§6) parameters in one frozen, validated object, so that a trace (``audit.trace``) is a
+selection (§6) parameters in one frozen, validated object, so that a trace (``procedure.trace``) is a
 pure function of a capture and these parameters. Every field is checked in ``__post_init__``; a bad
 value raises ``ValueError`` naming the field and its allowed range.
 """
@@ -85,7 +85,7 @@ class EntroPrefillParams:
         """The chunk priorities of SPEC §3 with these parameters (``ChunkPriorities``).
 
         For ``priority="mass"`` λ is 0; the other comparison priorities (uniform, random, headmax)
-        are not ``ChunkPriorities`` and are chosen by ``audit.trace``; this object still supplies
+        are not ``ChunkPriorities`` and are chosen by ``procedure.trace``; this object still supplies
         the document-mass validity used by the procedure.
         """
 

@@ -27,8 +27,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from workbench.analyse.audit import TraceResult, trace
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.procedure import TraceResult, trace
 from workbench.capture import RowSet, capture_attention
 from workbench.capture.data import Capture
 from workbench.capture.identity import check_model_match

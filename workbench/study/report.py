@@ -4,7 +4,7 @@ self-contained HTML report with every figure exported for papers and every table
 The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
 
 1. **capture** — the bundled example prompt (``data/example_prompt.json``) with attention capture, then
-   its analysis: the 7-step EntroPrefill trace (``audit.trace``: pooling, chunk priorities, selection with
+   its analysis: the 7-step EntroPrefill trace (``procedure.trace``: pooling, chunk priorities, selection with
    the certificate, audit). Figures: sink mass, one head's attention strip, head weights, chunk
    priorities at the decision layer, certificate, per-layer trace.
 2. **sweep** — SQuAD single-hop prompts and needle-in-a-haystack prompts (``data``: the fetched SQuAD dev
@@ -55,8 +55,8 @@ from tqdm.auto import tqdm
 import workbench.study.datasets as datasets
 import workbench.study.findings as fnd
 import workbench.study.tasks as tasks
-from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.procedure import trace
 from workbench.capture import RowSet, run_capture
 from workbench.rerun import eviction
 from workbench.run.examples import load_example

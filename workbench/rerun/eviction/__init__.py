@@ -1,8 +1,8 @@
 """One-shot KV-cache eviction policies on one footing (SPEC §9, deferkv-guide.md).
 
-- :mod:`.evidence`: what a policy scores with (:class:`Needs`, :class:`Evidence`) and the one budget
-  rule (:func:`preview`, :func:`select_keep`);
-- :mod:`.policies`: one short file per policy, citing its paper;
+- :mod:`.evidence`: what a policy scores with (:class:`Needs`, :class:`Evidence`);
+- :mod:`.select`: the one budget rule (:func:`preview`, :func:`select_keep`, :func:`resolve_budget`);
+- :mod:`.policies`: one short file per policy, citing its paper (base classes in :mod:`.policies.base`);
 - :mod:`.contract`: :func:`check_policy`, the policy contract as a table of passed/failed checks;
 - :mod:`.registry`: :class:`PolicyRegistry`, every policy by name (``REGISTRY``: built-in and registered);
 - :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions) and :class:`GenerationResult`;
@@ -11,18 +11,7 @@
 """
 from workbench.rerun.eviction.agnostic import run_question_agnostic, split_question
 from workbench.rerun.eviction.contract import check_policy
-from workbench.rerun.eviction.evidence import (
-    EvictionPolicy,
-    Evidence,
-    Needs,
-    deferkv_alpha,
-    pool,
-    preview,
-    protected_mask,
-    resolve_budget,
-    select_keep,
-    split_budget,
-)
+from workbench.rerun.eviction.evidence import Evidence, Needs, pool
 from workbench.rerun.eviction.policies import (
     ALL_POLICIES,
     CLASSIC,
@@ -51,8 +40,11 @@ from workbench.rerun.eviction.policies import (
     policy_from_params,
     register_policy,
 )
+from workbench.rerun.eviction.policies.base import EvictionPolicy, protected_mask, split_budget
+from workbench.rerun.eviction.policies.deferkv import deferkv_alpha
 from workbench.rerun.eviction.registry import PolicyRegistry
 from workbench.rerun.eviction.result import GenerationResult, survival_table, token_positions
+from workbench.rerun.eviction.select import preview, resolve_budget, select_keep
 from workbench.rerun.eviction.session import EvictionSession, generate_with_policy, run_policies
 
 __all__ = [

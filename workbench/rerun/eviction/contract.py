@@ -25,8 +25,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview
+from workbench.rerun.eviction.evidence import Evidence, Needs
 from workbench.rerun.eviction.policies import FullCache, build_policy
+from workbench.rerun.eviction.policies.base import EvictionPolicy
+from workbench.rerun.eviction.select import preview
 from workbench.rerun.eviction.session import EvictionSession
 from workbench.run import adapter
 from workbench.run.examples import load_example

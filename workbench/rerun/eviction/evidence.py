@@ -1,39 +1,26 @@
-"""Evidence and the shared selection rule of every eviction policy (SPEC §9, deferkv-guide.md).
+"""The evidence every eviction policy scores with (SPEC §9, deferkv-guide.md).
 
-A policy (``workbench.rerun.eviction.policies``) declares the attention evidence it needs
-(:class:`Needs`), scores every prompt position from that :class:`Evidence` (``[L, G, T]``), and
-:func:`preview` applies the one budget rule for every caller (the eviction session, the eviction panel,
-the sweep method): a policy that keeps everything, or a budget ``B ≥ T``, keeps every position; otherwise
-:func:`select_keep` keeps the protected positions, then the highest scores.
-
-Budget convention (the spec is silent; chosen so that all policies hold the same number of entries at
-every later decode step): ``B`` counts **prompt** positions. Tokens generated before the eviction (one,
-for DeferKV) are protected and kept in addition, so after eviction every policy's cache holds ``B`` prompt
-entries plus the tokens generated so far.
+A policy (``workbench.rerun.eviction.policies``, base classes in :mod:`.policies.base`) declares the
+attention evidence it needs (:class:`Needs`) and scores every prompt position from that :class:`Evidence`
+(``[L, G, T]``); :mod:`.select` applies the one budget rule. The helpers here turn evidence rows into
+scores: :func:`group_mean`, :func:`row_sum`, :func:`pool`, :func:`renorm_rows`.
 
 Group scores: a KV group's score is the mean over its query heads (``g(h) = h // r``) of the heads'
 scores — the same convention as the shift analysis (probabilities averaged over the group's heads).
 """
 from __future__ import annotations
 
-import abc
-import math
-from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from workbench.analyse.shift import group_rows
-from workbench.checks import check_fields, check_int
-from workbench.constraints import BUDGET, BUDGET_FRAC
 
-__all__ = ["Needs", "Evidence", "EvictionPolicy", "OnBasePolicy", "select_keep", "preview", "preview_window", "protected_mask",
-           "deferkv_alpha", "resolve_budget", "split_budget", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
+__all__ = ["Needs", "Evidence", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
 
 
-# ----------------------------------------------------------------------------- evidence
 @dataclass(frozen=True)
 class Needs:
     """The attention evidence a policy scores with.
@@ -134,9 +121,10 @@ class Evidence:
             raise ValueError(f"evidence: {what} needs {name!r} rows, which were not captured")
         return t
 
-    def scores_of(self, policy: "EvictionPolicy") -> Tensor:
-        """``policy.scores(self)``, memoised per policy (a frozen dataclass) for the last 8 policies, so
-        that a budget move re-selects from the same scores."""
+    def scores_of(self, policy) -> Tensor:
+        """``policy.scores(self)`` (``policy``: an :class:`~workbench.rerun.eviction.policies.base.EvictionPolicy`),
+        memoised per policy (a frozen dataclass) for the last 8 policies, so that a budget move re-selects from
+        the same scores."""
         if policy not in self._scores:
             self._scores[policy] = policy.scores(self)
             while len(self._scores) > 8:
@@ -161,8 +149,6 @@ class Evidence:
                    tail=capture.attn[:, :, tail, :T] if tail.numel() else None, decode=d, observers=obs)
 
 
-
-# ----------------------------------------------------------------------------- selection
 def renorm_rows(d: Tensor) -> Tensor:
     """Renormalise rows over their last axis; a row without mass there (a sliding-window layer's decode
     row past the prompt) stays zero."""
@@ -170,69 +156,9 @@ def renorm_rows(d: Tensor) -> Tensor:
     return torch.where(s > 0, d / torch.where(s > 0, s, torch.ones_like(s)), torch.zeros_like(d))
 
 
-def protected_mask(T: int, n_sink: int, recent: int) -> Tensor:
-    """Sinks ``0 … n_sink-1`` and the last ``recent`` prompt positions; bool ``[T]``."""
-    m = torch.zeros(T, dtype=torch.bool)
-    m[: min(n_sink, T)] = True
-    if recent > 0:
-        m[max(0, T - recent):] = True
-    return m
-
-
-def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor | None = None,
-                budgets: Tensor | None = None) -> Tensor:
-    """The shared selection step: ``B`` prompt positions per layer and KV group.
-
-    Protected positions always; then the highest ``scores`` (ties: higher ``tiebreak``, then lower
-    position). ``B ≥ T`` keeps every position.
-
-    Budget allocations (PyramidKV, AdaKV, EntroPrefill weights): ``budgets`` int ``[L, G]`` gives each
-    layer and KV group its own count ``B_{l,g}`` (each ``≥ |protected|``, at most ``T``); the rows are then
-    padded with ``-1`` after their sorted kept positions to the largest count.
-
-    Args:
-        scores: float ``[L, G, T]``.
-        budget: ``B``, an integer ``≥ |protected|`` (or ``≥ T``).
-        protected: bool ``[T]``.
-        tiebreak: optional float ``[L, G, T]`` secondary key.
-        budgets: optional int64 ``[L, G]`` per-cell counts (an allocation of ``B``).
-
-    Returns:
-        int64 ``[L, G, min(B, T)]`` kept positions, sorted increasingly in every row (with ``budgets``:
-        ``[L, G, max B_{l,g}]``, ``-1``-padded).
-    """
-    if scores.dim() != 3:
-        raise ValueError(f"scores: must have shape [L, G, T], got {list(scores.shape)}")
-    L, G, T = scores.shape
-    if protected.shape != (T,):
-        raise ValueError(f"protected: must have shape [{T}], got {list(protected.shape)}")
-    B = BUDGET.check("budget", budget)
-    n_prot = int(protected.sum())
-    if B >= T:
-        return torch.arange(T).expand(L, G, T).clone()
-    if B < n_prot:
-        raise ValueError(f"budget: must be >= {n_prot} (the protected sinks and recent window) or >= T={T}, got {B}")
-    s = scores.detach().to(torch.float64).cpu()
-    if torch.isnan(s).any():
-        raise ValueError("scores: contain NaN")
-    key = s.masked_fill(protected[None, None, :], float("inf"))
-    order = torch.arange(T).expand(L, G, T)
-    if tiebreak is not None:
-        tb = tiebreak.detach().to(torch.float64).cpu()
-        o = torch.sort(tb, dim=-1, descending=True, stable=True).indices
-        order = o
-        key = torch.gather(key, -1, o)
-    o2 = torch.sort(key, dim=-1, descending=True, stable=True).indices
-    order = torch.gather(order, -1, o2)
-    if budgets is None:
-        return torch.sort(order[..., :B], dim=-1).values
-    budgets = torch.as_tensor(budgets, dtype=torch.int64)
-    if budgets.shape != (L, G) or int(budgets.min()) < n_prot or int(budgets.max()) > T:
-        raise ValueError(f"budgets: must be [L={L}, G={G}] counts in [{n_prot}, {T}], got {budgets.tolist()}")
-    M = int(budgets.max())
-    rank = torch.arange(M).expand(L, G, M)
-    sel = order[..., :M].masked_fill(rank >= budgets[..., None], T)  # T sorts after every position
-    return torch.sort(sel, dim=-1).values.masked_fill(rank >= budgets[..., None], -1)
+def group_mean(x: Tensor, ev: Evidence) -> Tensor:
+    """Per-head scores ``x [L, H_Q, T]`` → per KV group ``[L, G, T]``: the mean over the group's heads."""
+    return group_rows(x, ev.head_group)
 
 
 def row_sum(parts, weights) -> Tensor:
@@ -268,162 +194,3 @@ def pool(x: Tensor, kernel: int, mode: str = "max") -> Tensor:
     L, G, T = x.shape
     y = F.avg_pool1d(x.reshape(L * G, 1, T), kernel_size=kernel, stride=1, padding=kernel // 2)
     return y.reshape(L, G, T)
-
-
-def deferkv_alpha(W: int, lam: float, decode_weight: float | None = None) -> Tensor:
-    """DeferKV's temporal weights over ``r = -W+1 … 0, 1``; float64 ``[W+1]`` summing to 1.
-
-    ``α_r = exp(λ r) / Σ_{r'} exp(λ r')`` (SPEC §9). With ``decode_weight = w`` the decode row gets ``w``
-    and the tail rows share ``1 - w`` in proportion to ``exp(λ r)`` (``w = 0``: prompt tail only).
-    """
-    r = torch.arange(-W + 1, 2, dtype=torch.float64)
-    if decode_weight is None:
-        return torch.softmax(lam * r, dim=0)
-    a = torch.softmax(lam * r[:-1], dim=0) * (1.0 - decode_weight)
-    return torch.cat([a, torch.tensor([float(decode_weight)], dtype=torch.float64)])
-
-
-
-# ----------------------------------------------------------------------------- policies
-class EvictionPolicy(abc.ABC):
-    """Shared behaviour of the policy dataclasses (see the module docstring)."""
-
-    name: ClassVar[str] = "policy"
-    defer: ClassVar[int] = 0
-    keeps_all: ClassVar[bool] = False
-
-    def needs(self) -> Needs:
-        return Needs()
-
-    @abc.abstractmethod
-    def scores(self, ev: Evidence) -> Tensor:
-        """Importance of every prompt position, float ``[layers, kv_heads, prompt_len]``."""
-
-    def tiebreak(self, ev: Evidence) -> Tensor | None:
-        return None
-
-    def allocate(self, ev: Evidence, budget: int) -> Tensor | None:
-        """Per layer and KV group counts int64 ``[L, G]`` (a budget allocation, see :func:`select_keep`), or
-        ``None``: ``B`` everywhere."""
-        return None
-
-    def protected(self, T: int) -> Tensor:
-        return protected_mask(T, getattr(self, "n_sink", 0), getattr(self, "recent", 0))
-
-    def params(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def __post_init__(self):
-        check_fields(self)  # every field against its constraint (``CHECKS``, set by ``constraints.checked``)
-
-
-class OnBasePolicy(EvictionPolicy):
-    """A policy built on another one's scores (``self.base``, an evicting policy): a rescaling or a budget
-    allocation. The base's decode step, evidence, scores, protected set and tie-break are kept unless the
-    subclass overrides them (``base`` is checked by its constraint, ``constraints.PARAMS["base"]``)."""
-
-    base: EvictionPolicy
-
-    @property
-    def defer(self) -> int:
-        return self.base.defer
-
-    def needs(self) -> Needs:
-        return self.base.needs()
-
-    def scores(self, ev: Evidence) -> Tensor:
-        return ev.scores_of(self.base)
-
-    def protected(self, T: int) -> Tensor:
-        return self.base.protected(T)
-
-    def tiebreak(self, ev: Evidence) -> Tensor | None:
-        return self.base.tiebreak(ev)
-
-
-def group_mean(x: Tensor, ev: Evidence) -> Tensor:
-    return group_rows(x, ev.head_group)
-
-
-
-
-def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
-    """The kept prompt positions of ``policy`` at budget ``B``: the single rule every caller uses.
-
-    A policy that keeps everything (the full cache) or ``B ≥ T`` keeps every position ``0 … T-1``;
-    otherwise :func:`select_keep` over the policy's scores, protected set and tie-break.
-
-    A policy with a budget allocation (:meth:`EvictionPolicy.allocate`) keeps ``B_{l,g}`` positions per
-    layer and group (``L·G·B`` in all): rows are ``-1``-padded to the largest count.
-
-    Returns:
-        int64 ``[L, G, min(B, T)]`` (``[L, G, T]`` when everything is kept), sorted in every row.
-    """
-    if not isinstance(policy, EvictionPolicy):
-        raise ValueError(f"policy: must be an EvictionPolicy, got {type(policy).__name__}")
-    B = BUDGET.check("budget", budget)
-    T, L, G = evidence.T, evidence.L, evidence.G
-    if policy.keeps_all or B >= T:
-        return torch.arange(T).expand(L, G, T).clone()
-    return select_keep(evidence.scores_of(policy), B, policy.protected(T), policy.tiebreak(evidence),
-                       policy.allocate(evidence, B))
-
-
-def split_budget(total: int, weights: Tensor, floor: int, cap: int) -> Tensor:
-    """Integer counts ``[n]`` in ``[floor, cap]`` summing to ``total``: ``floor`` plus the rest in proportion to
-    ``weights ≥ 0`` (water-filling: a share over ``cap`` is fixed at ``cap`` and the others re-shared; then
-    one rounding by largest remainders, so equal weights get counts at most 1 apart)."""
-    n = weights.numel()
-    if not n * floor <= total <= n * cap:
-        raise ValueError(f"budget: {total} cannot be split into {n} counts in [{floor}, {cap}]")
-    w = weights.to(torch.float64).clamp_min(0).flatten()
-    w = w if float(w.sum()) > 0 else torch.ones_like(w)
-    capped = torch.zeros(n, dtype=torch.bool)
-    while True:
-        free = ~capped
-        rest = total - cap * int(capped.sum()) - floor * int(free.sum())
-        ww = torch.where(free, w, torch.zeros_like(w))
-        ww = ww if float(ww.sum()) > 0 else free.to(torch.float64)
-        x = torch.where(free, floor + rest * ww / ww.sum(), torch.full_like(w, float(cap)))
-        over = free & (x > cap)
-        if not bool(over.any()):
-            break
-        capped |= over
-    out = x.floor().to(torch.int64)
-    left = total - int(out.sum())
-    if left:
-        out[torch.argsort(x - out, descending=True, stable=True)[:left]] += 1
-    return out
-
-
-def preview_window(policy: EvictionPolicy, evidence: Evidence, budget: int, layer: int, held: Tensor) -> Tensor:
-    """The kept prompt positions of a sliding-window layer (SPEC §7 **[decided]**): the policy's choice among
-    the positions the window can still see.
-
-    ``held`` (int64 ``[S]``, sorted) are the positions layer ``layer`` stores; its prompt part ``P`` is what
-    the window still sees. The rule is :func:`preview`'s on ``P`` alone: every position of ``P`` when the
-    policy keeps everything or ``B ≥ |P|``, else :func:`select_keep` over the policy's scores, protected set
-    and tie-break restricted to ``P``, at budget ``B``. Returns int64 ``[G, min(B, |P|)]``, sorted.
-    """
-    B = BUDGET.check("budget", budget)
-    T, G = evidence.T, evidence.G
-    P = held[held < T]
-    if policy.keeps_all or B >= P.numel():
-        return P.expand(G, -1).clone()
-    tb = policy.tiebreak(evidence)
-    sc = evidence.scores_of(policy)[layer: layer + 1][..., P]
-    keep = select_keep(sc, B, policy.protected(T)[P], tb[layer: layer + 1][..., P] if tb is not None else None)
-    return P[keep[0]]
-
-
-def resolve_budget(T: int, budget=None, budget_frac=None) -> int:
-    """The budget in prompt positions: ``budget`` (:data:`~workbench.constraints.BUDGET`, an integer ``≥ 1``)
-    or ``budget_frac`` (:data:`~workbench.constraints.BUDGET_FRAC`, a fraction in ``(0, 1]`` of the prompt
-    length: ``⌈budget_frac · T⌉``), exactly one of them. The one place a fraction becomes ``B``."""
-    if (budget is None) == (budget_frac is None):
-        raise ValueError(f"budget: give exactly one of budget ({BUDGET.describe()}) and budget_frac "
-                         f"({BUDGET_FRAC.describe()})")
-    if budget is not None:
-        return BUDGET.check("budget", budget)
-    check_int("T", T, 1)
-    return max(1, math.ceil(BUDGET_FRAC.check("budget_frac", budget_frac) * T))

@@ -3,12 +3,12 @@ model's own KV cache, and greedy decoding at the original positions (SPEC §9).
 
 :class:`EvictionSession` prefills once (capturing only what the policies score with), optionally runs
 the first decode step (DeferKV) and the full-cache answer (the oracle), then evicts with
-:func:`~workbench.rerun.eviction.evidence.preview` (the one budget rule) and decodes with the shared
+:func:`~workbench.rerun.eviction.select.preview` (the one budget rule) and decodes with the shared
 stop rule (:func:`workbench.run.generate.stop_token_ids`). RoPE positions continue at ``T + t - 1`` for
 the ``t``-th generated token, not at the compacted length.
 
 Sliding-window layers are compacted too (SPEC §7 **[decided]**): such a layer keeps the policy's choice
-among the positions its window can still see (:func:`~workbench.rerun.eviction.evidence.preview_window`:
+among the positions its window can still see (:func:`~workbench.rerun.eviction.select.preview_window`:
 at most ``B`` of them), and later decode steps measure the window in original positions
 (:func:`workbench.run.adapter.original_positions`). :attr:`GenerationResult.kept_layers` lists per layer what
 it holds; a layer that cannot be compacted (a cache layer type other than the dynamic ones) is listed in
@@ -30,8 +30,10 @@ from workbench.capture.identity import check_model_match
 from workbench.checks import check_context, check_max_new_tokens, check_nonempty
 from workbench.constraints import BUDGET
 from workbench.rerun.eviction.cache_evidence import QueryStats, cache_evidence
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, preview, preview_window, renorm_rows
+from workbench.rerun.eviction.evidence import Evidence, Needs, renorm_rows
+from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.rerun.eviction.result import GenerationResult
+from workbench.rerun.eviction.select import preview, preview_window
 from workbench.run import adapter, families, rotary
 from workbench.run.generate import stop_token_ids
 

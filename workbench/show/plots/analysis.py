@@ -350,7 +350,7 @@ _STATUS_COLOR = {"accept": PALETTE[2], "audit_fail": REMOVED, "below_target": PA
 
 
 def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None = None, params=None) -> go.Figure:
-    """The per-layer trace of the 7-step procedure (``audit.trace``): three panels over the monitored layers.
+    """The per-layer trace of the 7-step procedure (``procedure.trace``): three panels over the monitored layers.
 
     1. removed tokens ``D_l`` and certificate ``U_l`` against the target; 2. candidate stability ``d_l``
     against ``d_max`` and the streak (bars); 3. the largest audit bound against ``ε_audit`` (and ``b``).

@@ -4,10 +4,10 @@ from __future__ import annotations
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from workbench.analyse.audit import layer_proposal, proposal_inputs, trace
 from workbench.analyse.envelope import envelope
 from workbench.analyse.pages import PageScoreMemo, PageSelection
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.procedure import layer_proposal, proposal_inputs, trace
 from workbench.analyse.selection import target_tokens
 from workbench.analyse.shift import ShiftAnalysis
 from workbench.checks import check_int

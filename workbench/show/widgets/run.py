@@ -8,8 +8,8 @@ from dataclasses import fields
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from workbench.analyse.audit import trace
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.procedure import trace
 from workbench.rerun.eviction import (
     REGISTRY,
     EvictionSession,

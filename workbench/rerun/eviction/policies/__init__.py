@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import fields
 
 from workbench.choices import PolicyName
-from workbench.rerun.eviction.evidence import EvictionPolicy
 from workbench.rerun.eviction.policies.adakv import AdaKV
+from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.rerun.eviction.policies.criticalkv import CriticalKV
 from workbench.rerun.eviction.policies.deferkv import DeferKV
 from workbench.rerun.eviction.policies.entro_budget import EntroBudget

@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from workbench.constraints import checked
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, OnBasePolicy
+from workbench.rerun.eviction.evidence import Evidence
+from workbench.rerun.eviction.policies.base import EvictionPolicy, OnBasePolicy
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 

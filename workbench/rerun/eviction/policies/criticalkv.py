@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 from workbench.constraints import checked
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, OnBasePolicy, group_mean
+from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean
+from workbench.rerun.eviction.policies.base import EvictionPolicy, OnBasePolicy
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 

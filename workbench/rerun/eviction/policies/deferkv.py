@@ -4,19 +4,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
 from workbench.choices import Pooling
 from workbench.constraints import checked
-from workbench.rerun.eviction.evidence import (
-    EvictionPolicy,
-    Evidence,
-    Needs,
-    deferkv_alpha,
-    group_mean,
-    pool,
-    row_sum,
-)
+from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean, pool, row_sum
+from workbench.rerun.eviction.policies.base import EvictionPolicy
+
+
+def deferkv_alpha(W: int, lam: float, decode_weight: float | None = None) -> Tensor:
+    """DeferKV's temporal weights over ``r = -W+1 … 0, 1``; float64 ``[W+1]`` summing to 1.
+
+    ``α_r = exp(λ r) / Σ_{r'} exp(λ r')`` (SPEC §9). With ``decode_weight = w`` the decode row gets ``w``
+    and the tail rows share ``1 - w`` in proportion to ``exp(λ r)`` (``w = 0``: prompt tail only).
+    """
+    r = torch.arange(-W + 1, 2, dtype=torch.float64)
+    if decode_weight is None:
+        return torch.softmax(lam * r, dim=0)
+    a = torch.softmax(lam * r[:-1], dim=0) * (1.0 - decode_weight)
+    return torch.cat([a, torch.tensor([float(decode_weight)], dtype=torch.float64)])
 
 
 @checked(prefix="deferkv")

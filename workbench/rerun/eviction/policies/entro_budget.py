@@ -9,7 +9,8 @@ from torch import Tensor
 
 from workbench.analyse.pooling import HeadPooling
 from workbench.constraints import checked
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, OnBasePolicy, split_budget
+from workbench.rerun.eviction.evidence import Evidence, Needs
+from workbench.rerun.eviction.policies.base import EvictionPolicy, OnBasePolicy, split_budget
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 

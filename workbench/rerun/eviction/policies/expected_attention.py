@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from workbench.constraints import checked
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean
+from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean
+from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.run.rotary import RotaryMaps
 
 

@@ -9,7 +9,8 @@ from torch import Tensor
 
 from workbench.choices import H2ONormalise
 from workbench.constraints import checked
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean
+from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean
+from workbench.rerun.eviction.policies.base import EvictionPolicy
 
 
 @checked()

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from workbench.constraints import checked
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs
+from workbench.rerun.eviction.evidence import Evidence, Needs
+from workbench.rerun.eviction.policies.base import EvictionPolicy
 
 
 @checked()

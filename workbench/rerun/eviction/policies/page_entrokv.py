@@ -9,7 +9,8 @@ from torch import Tensor
 from workbench.analyse.pages import group_scores, page_importance
 from workbench.analyse.pooling import HeadPooling
 from workbench.constraints import checked
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs
+from workbench.rerun.eviction.evidence import Evidence, Needs
+from workbench.rerun.eviction.policies.base import EvictionPolicy
 
 
 @checked()

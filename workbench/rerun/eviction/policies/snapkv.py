@@ -8,7 +8,8 @@ from torch import Tensor
 
 from workbench.choices import Pooling
 from workbench.constraints import checked
-from workbench.rerun.eviction.evidence import EvictionPolicy, Evidence, Needs, group_mean, pool, row_sum
+from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean, pool, row_sum
+from workbench.rerun.eviction.policies.base import EvictionPolicy
 
 
 @checked()
