@@ -22,6 +22,8 @@ from workbench.rerun.stability import StabilityResult
 from workbench.run.adapter import ModelShape
 from workbench.run.spans import PromptSpans
 from workbench.show import plots
+from workbench.show.figure_engine import KEEP_LAYOUT, Draft, add_span
+from workbench.show.plots.analysis import STATUS_COLOR
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -205,7 +207,7 @@ def test_certificate_and_trace(syn):
     status = byname["status"]
     assert [c[0] for c in status.customdata] == df["status"].tolist()
     assert [html.unescape(c[1]) for c in status.customdata] == df["decision"].tolist()  # HTML-escaped in hover
-    assert status.marker.color[df["layer"].tolist().index(tr.l_star)] == plots._STATUS_COLOR["accept"]
+    assert status.marker.color[df["layer"].tolist().index(tr.l_star)] == STATUS_COLOR["accept"]
     meta = _meta_ok(fig, "trace_layers", l_star=tr.l_star, removed=tr.removed, eps_audit=params.eps_audit)
     assert meta["decision"] == tr.decision
     fr = _frame_matches(fig)
@@ -505,7 +507,7 @@ def test_figure_frame_accepts_numpy_arrays():
     ("hline", (1.0,), dict(line=dict(color="#999", dash="dash", width=1), row=2, col=1, secondary_y=False,
                            annotation_text="d_max", annotation_font=dict(size=10))),
     ("hline", (4.0,), dict(line=dict(color="#999", width=1), row=2, col=1, secondary_y=True)),
-    # (plotly anchors a secondary-y line's annotation on the primary y axis; _span keeps it on the line's axis)
+    # (plotly anchors a secondary-y line's annotation on the primary y axis; add_span keeps it on the line's axis)
     ("hline", (0.2,), dict(line=dict(width=1), annotation_text="b", annotation_position="bottom right", row=3, col=1)),
     ("vrect", (1.5, 4.5), dict(fillcolor="#0a0", opacity=0.2, line_width=0, row=3, col=1)),
     ("vrect", (2.5, 6.5), dict(line=dict(color="#0a0", width=1.5), fillcolor="rgba(0,0,0,0)", row=2, col=1,
@@ -513,7 +515,7 @@ def test_figure_frame_accepts_numpy_arrays():
                                annotation_font=dict(size=10, color="#fff"))),
 ])
 def test_span_matches_plotly(kind, args, kw):
-    """``plots._span`` on a draft draws the same shape and annotation as plotly's ``add_vline/add_hline/add_vrect``."""
+    """``add_span`` on a draft draws the same shape and annotation as plotly's ``add_vline/add_hline/add_vrect``."""
     from plotly.subplots import make_subplots
 
     grid_kw = dict(rows=3, cols=1, specs=[[{}], [{"secondary_y": True}], [{}]])
@@ -524,8 +526,8 @@ def test_span_matches_plotly(kind, args, kw):
         f.add_trace(go.Scatter(x=[0, 9], y=[5, 3]), row=2, col=1, secondary_y=True)
         return f
 
-    ours, theirs = fill(plots._Draft.subplots(**grid_kw)), fill(make_subplots(**grid_kw))
-    plots._span(ours, kind, *args, **kw)
+    ours, theirs = fill(Draft.subplots(**grid_kw)), fill(make_subplots(**grid_kw))
+    add_span(ours, kind, *args, **kw)
     ours = ours.figure()
     pkw = dict(kw)
     if kind == "vrect":
@@ -545,12 +547,12 @@ def test_span_matches_plotly(kind, args, kw):
          specs=[[{}], [{"secondary_y": True}], [{}], [{}]]),
 ])
 def test_draft_equals_plotly_figure(kw):
-    """A :class:`plots._Draft` (dicts, validated once) builds the figure plotly's incremental API builds,
+    """A :class:`Draft` (dicts, validated once) builds the figure plotly's incremental API builds,
     and still rejects a wrong property."""
     from plotly.subplots import make_subplots
 
     for _ in range(2):  # the first call fills the grid cache, the second copies it
-        ours, ref = plots._Draft.subplots(**kw), make_subplots(**kw)
+        ours, ref = Draft.subplots(**kw), make_subplots(**kw)
         for f in (ours, ref):
             for r in range(1, kw["rows"] + 1):
                 for c in range(1, kw["cols"] + 1):
@@ -565,7 +567,7 @@ def test_draft_equals_plotly_figure(kw):
             f.update_layout(xaxis_title_font_size=9, legend=dict(orientation="h"))
         ours = ours.figure()
         assert ours.to_plotly_json() == ref.to_plotly_json()
-    d = plots._Draft.subplots(**kw)
+    d = Draft.subplots(**kw)
     with pytest.raises(ValueError):
         d.update_layout(not_a_property=1)
     with pytest.raises(ValueError):
@@ -597,7 +599,7 @@ def test_update_figure_one_message_equals_new(syn, figure):
     got = json.loads(go.Figure(target).to_json())
     want = json.loads(new.to_json())
     assert [strip(t) for t in got["data"]] == [strip(t) for t in want["data"]]
-    keep = set(plots._KEEP_LAYOUT)
+    keep = set(KEEP_LAYOUT)
     assert {k: v for k, v in got["layout"].items() if k not in keep} == \
         {k: v for k, v in want["layout"].items() if k not in keep}
     assert target.layout.height == 333

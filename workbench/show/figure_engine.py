@@ -1,8 +1,8 @@
 """Every plotly-private speed trick, fenced in this one file (see ``workbench.show.plots`` for why).
 
-- :class:`_Draft` — multi-panel figures drafted as plain dicts with the same calls as ``go.Figure`` and
+- :class:`Draft` — multi-panel figures drafted as plain dicts with the same calls as ``go.Figure`` and
   validated once; :func:`drafts` lets widgets skip the final ``go.Figure``;
-- :func:`_span` — one shape per spanning line (plotly's ``add_vline``/``add_hline`` re-assign the whole
+- :func:`add_span` — one shape per spanning line (plotly's ``add_vline``/``add_hline`` re-assign the whole
   shape tuple per call);
 - :func:`update_figure` — one ``plotly_update`` per slider move, sharing plotly's read-only arrays;
 - :func:`figure_frame` — any figure's plotted data as one tidy DataFrame (CSV export).
@@ -29,7 +29,7 @@ from workbench.util import jsonable
 __all__ = ["drafts", "as_figure", "figure_frame", "update_figure"]
 
 
-def _meta(figure: str, model_id, params=None, **kw) -> dict:
+def figure_meta(figure: str, model_id, params=None, **kw) -> dict:
     """The ``layout.meta`` dict: figure name, model id, keyword parameters, then the user's ``params``."""
     d = {"figure": figure, "model_id": model_id}
     d.update({k: jsonable(v) for k, v in kw.items()})
@@ -52,8 +52,8 @@ def _merge(into: dict, patch: dict) -> dict:
     return into
 
 
-class _Draft:
-    """A figure under construction as plain dicts, validated ONCE when :func:`_finish` makes the ``go.Figure``.
+class Draft:
+    """A figure under construction as plain dicts, validated ONCE when :func:`finish` makes the ``go.Figure``.
 
     It takes the subset of ``go.Figure``'s methods the figure functions use (``add_trace`` with
     ``row``/``col``/``secondary_y``, ``update_xaxes``/``update_yaxes``, ``add_annotation``, ``add_shape``,
@@ -75,7 +75,7 @@ class _Draft:
     _GRIDS: dict[str, tuple] = {}
 
     @classmethod
-    def of(cls, fig: go.Figure) -> "_Draft":
+    def of(cls, fig: go.Figure) -> "Draft":
         """A draft of a validated figure (dicts copied, read-only arrays shared), e.g. to re-lay it out."""
         d = cls()
         d.traces = [_share_arrays(tr._props) for tr in fig.data]
@@ -83,7 +83,7 @@ class _Draft:
         return d
 
     @classmethod
-    def subplots(cls, **kw) -> "_Draft":
+    def subplots(cls, **kw) -> "Draft":
         """``make_subplots(**kw)``'s grid; plotly builds it once per argument set, later calls copy its layout."""
         key = repr(sorted(kw.items()))
         if key not in cls._GRIDS:
@@ -172,7 +172,7 @@ _AS_DRAFT = contextvars.ContextVar("workbench_plots_as_draft", default=False)
 
 @contextlib.contextmanager
 def drafts():
-    """Inside this context, figure functions built on a :class:`_Draft` return the draft itself (plain dicts
+    """Inside this context, figure functions built on a :class:`Draft` return the draft itself (plain dicts
     made of validated pieces) instead of a ``go.Figure``. :func:`update_figure` takes a draft and writes
     it into a widget without building, validating and deep-copying a whole ``go.Figure`` first (~15 ms per
     figure at T = 2048). The widget panels wrap their slider updates in it; tests build every figure
@@ -186,7 +186,7 @@ def drafts():
 
 def as_figure(fig) -> go.Figure:
     """``fig`` as a ``go.Figure`` (a draft from :func:`drafts` is validated here)."""
-    return fig.figure() if isinstance(fig, _Draft) else fig
+    return fig.figure() if isinstance(fig, Draft) else fig
 
 
 def _undrawn(y) -> bool:
@@ -213,15 +213,15 @@ def _legend_only_drawn(traces) -> None:
             t.showlegend = False
 
 
-def _finish(fig, title: str, meta: dict, *, aspect: dict | None = None, **layout) -> go.Figure:
-    """Title, ``meta`` and the workbench template; a :class:`_Draft` becomes its ``go.Figure`` here (or
+def finish(fig, title: str, meta: dict, *, aspect: dict | None = None, **layout) -> go.Figure:
+    """Title, ``meta`` and the workbench template; a :class:`Draft` becomes its ``go.Figure`` here (or
     stays a draft inside :func:`drafts`). ``aspect``: the export height / width per column preset
     (``{"single": …, "double": …}``, into ``meta["aspect"]``; multi-panel figures need more height).
     Traces that draw nothing leave the legend (:func:`_legend_only_drawn`)."""
     if aspect is not None:
         meta = {**meta, "aspect": dict(aspect)}
-    _legend_only_drawn(fig.traces if isinstance(fig, _Draft) else fig.data)
-    if isinstance(fig, _Draft):
+    _legend_only_drawn(fig.traces if isinstance(fig, Draft) else fig.data)
+    if isinstance(fig, Draft):
         fig.update_layout(title=dict(text=title), meta=meta, **layout)
         fig.layout["template"] = TEMPLATE
         return fig if _AS_DRAFT.get() else fig.figure()
@@ -229,17 +229,17 @@ def _finish(fig, title: str, meta: dict, *, aspect: dict | None = None, **layout
     return fig
 
 
-def _span(fig: "_Draft", kind: str, a: float, b: float | None = None, *, row: int | None = None,
+def add_span(fig: "Draft", kind: str, a: float, b: float | None = None, *, row: int | None = None,
           col: int | None = None, secondary_y: bool = False, annotation_text: str | None = None,
           annotation_position: str | None = None, annotation_font: dict | None = None, **shape) -> None:
     """``fig.add_vline`` / ``add_hline`` / ``add_vrect`` (``kind`` = ``"vline"``, ``"hline"``, ``"vrect"``) on a
-    :class:`_Draft`: the same shapes and annotations plotly draws (on every non-empty subplot when
+    :class:`Draft`: the same shapes and annotations plotly draws (on every non-empty subplot when
     ``row``/``col`` are None, as plotly's ``row="all"``), without plotly re-assigning the whole shape tuple
     per call (nine head separators cost ~100 ms that way)."""
 
     if row is None and fig._has_subplots():
         for r, c in list(fig.cells()):
-            _span(fig, kind, a, b, row=r, col=c, annotation_text=annotation_text,
+            add_span(fig, kind, a, b, row=r, col=c, annotation_text=annotation_text,
                   annotation_position=annotation_position, annotation_font=annotation_font, **shape)
         return
     xr, yr = fig.refs(row, col, secondary_y)
@@ -261,16 +261,16 @@ def _span(fig: "_Draft", kind: str, a: float, b: float | None = None, *, row: in
         fig.add_annotation(shapeannotation.axis_spanning_shape_annotation(None, kind, args, kw), **refs)
 
 
-def _np(x) -> np.ndarray:
+def as_numpy(x) -> np.ndarray:
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
     return np.asarray(x)
 
 
-def _z(x) -> np.ndarray:
+def plot_array(x) -> np.ndarray:
     """A float64 array for plotly with non-finite values as NaN (a gap). numpy arrays, not lists: plotly
     validates lists element by element (a 9 × 2048 heatmap: ~140 ms as lists, ~1 ms as an array)."""
-    a = _np(x).astype(np.float64)
+    a = as_numpy(x).astype(np.float64)
     return np.where(np.isfinite(a), a, np.nan)
 
 
@@ -365,7 +365,7 @@ def figure_frame(fig) -> pd.DataFrame:
     return out
 
 
-_KEEP_LAYOUT = ("width", "height", "autosize", "uirevision", "dragmode", "template")
+KEEP_LAYOUT = ("width", "height", "autosize", "uirevision", "dragmode", "template")
 
 
 def _share_arrays(x):
@@ -381,7 +381,7 @@ def _share_arrays(x):
     return x
 
 
-def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
+def update_figure(target, new, *, keep: Sequence[str] = KEEP_LAYOUT) -> bool:
     """Make ``target`` (a ``go.Figure`` or ``go.FigureWidget``) show ``new`` without rebuilding it.
 
     When both have the same number of traces with the same types in the same order, every trace's
@@ -395,7 +395,7 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
     Returns:
         ``True`` if the traces were updated in place, ``False`` if they were replaced.
     """
-    if isinstance(new, _Draft):
+    if isinstance(new, Draft):
         same = len(target.data) == len(new.traces) and all(
             a.type == b.get("type", "scatter") for a, b in zip(target.data, new.traces))
         if not same:
@@ -422,7 +422,7 @@ def update_figure(target, new, *, keep: Sequence[str] = _KEEP_LAYOUT) -> bool:
             target.plotly_update(restyle_data=restyle, relayout_data=relayout,
                                  trace_indexes=list(range(len(new_data))))
             return True
-    if isinstance(new, _Draft):
+    if isinstance(new, Draft):
         return update_figure(target, new.figure(), keep=keep)
     with target.batch_update():
         if not same:

@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from workbench.show.kaleido_server import CSS_PX_PER_INCH, PX_PER_INCH, _png_set_dpi, browser_path
+from workbench.show.kaleido_server import CSS_PX_PER_INCH, PX_PER_INCH, browser_path, png_set_dpi
 
 __all__ = ["render_html", "page_html", "svg_from_layout", "CHROMIUM_TIMEOUT_S"]
 
@@ -243,7 +243,7 @@ def render_html(view, fmts, size, *, title: bool = False, timeout_s: float = CHR
                 if "pdf" not in out:
                     _chromium([f"--print-to-pdf={pdf}", "--no-pdf-header-footer", "--virtual-time-budget=2000"],
                               page, timeout_s)
-                out["png"] = _png_set_dpi(_rasterise(pdf, size.scale * PX_PER_INCH, folder, timeout_s), size.dpi)
+                out["png"] = png_set_dpi(_rasterise(pdf, size.scale * PX_PER_INCH, folder, timeout_s), size.dpi)
             else:
                 raise ValueError(f"formats: must be among ('pdf', 'svg', 'png'), got {fmt!r}")
     return {f: out[f] for f in fmts}

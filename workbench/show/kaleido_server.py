@@ -166,7 +166,7 @@ def _opts(fmt: str, size: RenderSize) -> dict:
 
 def _finish_format(fmt: str, data: bytes, size: RenderSize) -> bytes:
     if fmt == "png":
-        return _png_set_dpi(data, size.dpi)
+        return png_set_dpi(data, size.dpi)
     if fmt == "svg":
         return _svg_in_points(data, size)
     return data
@@ -217,7 +217,7 @@ def _png_chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
 
 
-def _png_set_dpi(data: bytes, dpi: float) -> bytes:
+def png_set_dpi(data: bytes, dpi: float) -> bytes:
     """Insert (or replace) the ``pHYs`` chunk so that viewers size the PNG at ``dpi``."""
     if data[:8] != b"\x89PNG\r\n\x1a\n":
         raise RuntimeError("figure export: kaleido returned no PNG")

@@ -69,13 +69,13 @@ def categorical_px(values: Sequence, column: str) -> dict:
                 category_orders={column: vals})
 
 
-def _token_label(tok: str) -> str:
+def token_label(tok: str) -> str:
     """A token as shown in hover and tick labels: spaces as ``·``, newline ``⏎``, HTML-escaped."""
     t = tok.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·") or "∅"
     return html.escape(t, quote=False)
 
 
-def _text_preview(tokens: Sequence[str], limit: int = 120) -> str:
+def text_preview(tokens: Sequence[str], limit: int = 120) -> str:
     """The text of a run of tokens, shortened to ``limit`` characters, HTML-escaped, one line."""
     s = "".join(tokens).replace("\n", " ⏎ ").strip()
     if len(s) > limit:

@@ -26,15 +26,14 @@ changed, nothing validated twice), and replaces the traces otherwise. :func:`fig
 these figures into one tidy ``DataFrame`` (CSV export).
 
 Speed: a slider move rebuilds its figures, so building must be cheap. Multi-panel figures are drafted as
-plain dicts (:class:`_Draft`, the same calls as ``go.Figure``) and validated once at the end; numeric data
+plain dicts (:class:`Draft`, the same calls as ``go.Figure``) and validated once at the end; numeric data
 go in as numpy arrays (plotly validates lists element by element); per-point styles are numeric arrays,
 not lists of strings. At T = 2048 a figure takes 10–35 ms (``benchmarks/widgets.py``).
 """
 from __future__ import annotations
 
-from workbench.show.figure_engine import _KEEP_LAYOUT, _Draft, _span, as_figure, drafts, figure_frame, update_figure
+from workbench.show.figure_engine import as_figure, drafts, figure_frame, update_figure
 from workbench.show.plots.analysis import (
-    _STATUS_COLOR,
     attention_strip,
     certificate,
     chunk_priorities,
@@ -65,5 +64,4 @@ __all__ = [
     "envelope_rows", "certificate", "trace_layers", "drift", "break_even", "pages", "shift_steps",
     "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "token_attention", "token_values", "removed_positions",
     "figure_frame", "update_figure", "drafts", "as_figure",
-    "_Draft", "_span", "_KEEP_LAYOUT", "_STATUS_COLOR",
 ]

@@ -13,22 +13,22 @@ from workbench.checks import check_choice, check_int
 from workbench.choices import HeadQuantity
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
-    _Draft,
-    _finish,
-    _meta,
-    _np,
-    _span,
-    _z,
+    Draft,
+    add_span,
+    as_numpy,
+    figure_meta,
+    finish,
+    plot_array,
 )
-from workbench.show.plots._common import (
-    _answer_chunk,
-    _cd,
-    _head_labels,
-    _model_id,
-    _removed_chunks,
-    _rows,
-    _spans_of,
-    _tokens,
+from workbench.show.plots.common import (
+    answer_chunk,
+    customdata,
+    head_labels,
+    hover_tokens,
+    model_id_of,
+    removed_chunks,
+    repeat_rows,
+    spans_of,
 )
 from workbench.show.theme import (
     ANSWER,
@@ -36,7 +36,7 @@ from workbench.show.theme import (
     NEUTRAL,
     PALETTE,
     REMOVED,
-    _text_preview,
+    text_preview,
 )
 
 
@@ -44,11 +44,11 @@ from workbench.show.theme import (
 def sink_mass_heatmap(capture, kind: str = "observer", *, params=None) -> go.Figure:
     """Layer × head heatmap of the attention mass the ``kind`` rows put on the sinks (``capture.sink_mass``)."""
     m = capture.sink_mass(kind).numpy()
-    fig = _Draft(go.Heatmap(z=_z(m), x=_head_labels(capture.head_group), y=list(range(capture.L)),
+    fig = Draft(go.Heatmap(z=plot_array(m), x=head_labels(capture.head_group), y=list(range(capture.L)),
                                coloraxis="coloraxis", name="sink mass",
                                hovertemplate="layer %{y}, %{x}<br>sink mass %{z:.3f}<extra></extra>"))
-    return _finish(fig, f"Sink mass (first {capture.spans.n_sink} tokens), {kind} rows",
-                   _meta("sink_mass_heatmap", capture.model_id, params, kind=kind, n_sink=capture.spans.n_sink),
+    return finish(fig, f"Sink mass (first {capture.spans.n_sink} tokens), {kind} rows",
+                   figure_meta("sink_mass_heatmap", capture.model_id, params, kind=kind, n_sink=capture.spans.n_sink),
                    xaxis_title="query head (KV group)", yaxis_title="layer", coloraxis=dict(cmin=0, cmax=1))
 
 
@@ -72,9 +72,9 @@ def attention_strip(capture, layer: int, head: int, row: int | None = None, *, l
         a = capture.attn[layer, head, row, : spans.T]
         label = f"row at position {int(capture.row_pos[row])}"
     chunk_of = spans.chunk_of().tolist()
-    toks = _tokens(spans, spans.T)
+    toks = hover_tokens(spans, spans.T)
     bins = token_bins(spans.T)  # scale: ≤ DEFAULT_WIDTH_PX bars (max per bin of tokens)
-    y_full = _z(a)
+    y_full = plot_array(a)
     if exclude_sinks:
         y_full[: spans.n_sink] = np.nan
     if not bins.exact:
@@ -88,23 +88,23 @@ def attention_strip(capture, layer: int, head: int, row: int | None = None, *, l
         colors = [NEUTRAL if c < 0 else (ANSWER if spans.chunk_doc[c] == spans.answer_doc else PALETTE[1])
                   for c in chunk_of]
         y = y_full
-    fig = _Draft(go.Bar(x=bins.lo, y=y, marker_color=colors, name="attention",
-                           customdata=_cd(toks, chunk_of), meta={"customdata": ["token", "chunk"]},
+    fig = Draft(go.Bar(x=bins.lo, y=y, marker_color=colors, name="attention",
+                           customdata=customdata(toks, chunk_of), meta={"customdata": ["token", "chunk"]},
                            hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4g}<extra></extra>"))
     xaxis = dict(tickmode="array", tickvals=list(range(spans.T)), ticktext=toks, tickangle=-90,
                  tickfont=dict(family="DejaVu Sans Mono, monospace", size=8)) \
         if bins.exact and spans.T <= max_tick_tokens else {}
     what = ("; log scale" if log else "") + ("; sinks excluded" if exclude_sinks else "") \
         + (f"; {bins.describe()}" if not bins.exact else "")
-    fig = _finish(fig, f"Attention, layer {layer}, head {head} ({label}{what})",
-                  _meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row, log=bool(log),
+    fig = finish(fig, f"Attention, layer {layer}, head {head} ({label}{what})",
+                  figure_meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row, log=bool(log),
                         exclude_sinks=bool(exclude_sinks)),
                   bargap=0, hovermode="x",
                   yaxis=dict(type="log" if log else "linear", title=dict(text="attention" + (" (log)" if log else ""))),
                   xaxis=dict(title=dict(text="prompt position (grey: protected, orange: chunks, green: answer)"),
                              **xaxis))
     if not bins.exact:  # every token in the export's CSV
-        attach_full(fig, lambda: pd.DataFrame({"x": np.arange(spans.T), "token": _tokens(spans, spans.T),
+        attach_full(fig, lambda: pd.DataFrame({"x": np.arange(spans.T), "token": hover_tokens(spans, spans.T),
                                                "chunk": spans.chunk_of().numpy(), "attention": y_full}))
     return fig
 
@@ -135,14 +135,14 @@ def head_heatmap(pooling, quantity: HeadQuantity = "w", *, model_id: str | None 
     m = getattr(pooling, attr)
     L, H = pooling.L, pooling.n_heads
     hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
-    valid = _np(pooling.valid_head)
+    valid = as_numpy(pooling.valid_head)
     text = [["" if valid[l, h] else "invalid" for h in range(H)] for l in range(L)]
-    fig = _Draft(go.Heatmap(z=_z(m), x=_head_labels(hg), y=list(range(L)), coloraxis="coloraxis",
+    fig = Draft(go.Heatmap(z=plot_array(m), x=head_labels(hg), y=list(range(L)), coloraxis="coloraxis",
                                name=quantity, text=text,
                                hovertemplate="layer %{y}, %{x}<br>" + quantity + " = %{z:.4g} %{text}<extra></extra>"))
     cax = dict(cmin=0, cmax=1) if quantity in ("w", "v", "sink", "z") else {}
-    return _finish(fig, f"{label}, per layer and head",
-                   _meta("head_heatmap", _model_id(model_id, pooling), params, quantity=quantity,
+    return finish(fig, f"{label}, per layer and head",
+                   figure_meta("head_heatmap", model_id_of(model_id, pooling), params, quantity=quantity,
                          zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None),
                          rho_min=getattr(pooling, "rho_min", None), n_sink=pooling.n_sink, W_p=pooling.W_p),
                    xaxis_title="query head (KV group)", yaxis_title="layer",
@@ -163,44 +163,44 @@ def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False,
             excluded here (the residual is the non-sink distribution).
     """
     check_int("layer", layer, 0, pooling.L - 1)
-    sp = _spans_of(spans)
-    res = _np(pooling.residual(layer))  # [H_Q, T - n_sink]
+    sp = spans_of(spans)
+    res = as_numpy(pooling.residual(layer))  # [H_Q, T - n_sink]
     H, Tn = res.shape
     ns = pooling.n_sink
     T = ns + Tn
     bins = token_bins(Tn, offset=ns)  # scale: ≤ DEFAULT_WIDTH_PX columns whatever T (max per bin of keys)
-    toks = _tokens(sp, T)[ns:] if bins.exact else None  # labels of every key only when shown
+    toks = hover_tokens(sp, T)[ns:] if bins.exact else None  # labels of every key only when shown
     hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
-    Hh, w = _np(pooling.H[layer]), _np(pooling.w[layer])
+    Hh, w = as_numpy(pooling.H[layer]), as_numpy(pooling.w[layer])
     ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
-            for h, lab in enumerate(_head_labels(hg))]
+            for h, lab in enumerate(head_labels(hg))]
     colour = "log10 a/z" if log else "a/z"
     if bins.exact:
-        z = np.log10(np.maximum(_z(res), 1e-6)) if log else _z(res)
+        z = np.log10(np.maximum(plot_array(res), 1e-6)) if log else plot_array(res)
         cd = np.empty((H, Tn, 2), dtype=object)
         cd[..., 0] = np.asarray(toks, dtype=object)[None, :]
-        cd[..., 1] = _z(res)
-        fig = _Draft(go.Heatmap(z=z, x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
-                                customdata=cd if log else _rows(toks, H),
+        cd[..., 1] = plot_array(res)
+        fig = Draft(go.Heatmap(z=z, x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
+                                customdata=cd if log else repeat_rows(toks, H),
                                 hovertemplate="%{y}<br>key %{x}: " + ("%{customdata[0]}<br>a/z = %{customdata[1]:.4g}"
                                                                       if log else "%{customdata}<br>a/z = %{z:.4g}")
                                 + "<extra></extra>"))
     else:
-        zb = _z(bins.reduce(res, "max"))
-        fig = _Draft(go.Heatmap(z=np.log10(np.maximum(zb, 1e-6)) if log else zb, x=bins.lo, y=ylab,
+        zb = plot_array(bins.reduce(res, "max"))
+        fig = Draft(go.Heatmap(z=np.log10(np.maximum(zb, 1e-6)) if log else zb, x=bins.lo, y=ylab,
                                 coloraxis="coloraxis", name="residual",
                                 hovertemplate="%{y}<br>keys from %{x} (bin of ≤ " + str(bins.width)
                                 + " tokens)<br>max " + colour + " = %{z:.4g}<extra></extra>"))
-    fig = _finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}"
+    fig = finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}"
                   + (f" ({bins.describe()})" if not bins.exact else ""),
-                  _meta("residual_distribution", _model_id(model_id, pooling, spans), params, layer=layer,
+                  figure_meta("residual_distribution", model_id_of(model_id, pooling, spans), params, layer=layer,
                         n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None), log=bool(log)),
                   xaxis_title="key position",  # row labels name the head and group
                   coloraxis=dict(colorbar=dict(title=dict(text=colour))),
                   yaxis=dict(autorange="reversed"))
     if not bins.exact:  # every key in the export's CSV
         attach_full(fig, lambda: pd.DataFrame({"head": np.repeat(ylab, Tn), "key": np.tile(np.arange(ns, T), H),
-                                               "token": np.tile(np.asarray(_tokens(sp, T)[ns:], dtype=object), H),
+                                               "token": np.tile(np.asarray(hover_tokens(sp, T)[ns:], dtype=object), H),
                                                "a_over_z": res.reshape(-1)}))
     return fig
 
@@ -221,25 +221,25 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
         removed: removed chunk indices, a ``SelectionResult``, or a ``TraceResult`` (its selection at ``layer``).
         x: ``"chunk"`` (one slot per chunk) or ``"position"`` (bars over the chunk's token span of the prompt).
     """
-    sp = _spans_of(spans)
+    sp = spans_of(spans)
     check_int("layer", layer, 0, priorities.L - 1)
     check_choice("x", x, ("chunk", "position"))
     k = priorities.k
     if sp.k != k:
         raise ValueError(f"spans: has {sp.k} chunks, the priorities {k}")
-    rem = _removed_chunks(removed, layer, k)
+    rem = removed_chunks(removed, layer, k)
     rset = set(rem or [])
-    ans = _answer_chunk(sp)
-    S, ell, kap = (_np(t[layer]) for t in (priorities.S, priorities.ell, priorities.kappa))
-    n = _np(priorities.n)
-    preview = [_text_preview(sp.tokens[s:e]) for s, e in sp.chunks]
+    ans = answer_chunk(sp)
+    S, ell, kap = (as_numpy(t[layer]) for t in (priorities.S, priorities.ell, priorities.kappa))
+    n = as_numpy(priorities.n)
+    preview = [text_preview(sp.tokens[s:e]) for s, e in sp.chunks]
     if x == "chunk":
         xs = list(range(k))
         widths = [0.8] * k
     else:
         xs = [(s + e) / 2 for s, e in sp.chunks]
         widths = n.tolist()
-    fig = _Draft.subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06)
+    fig = Draft.subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06)
     groups = (("kept", [i for i in range(k) if i not in rset]), ("removed", sorted(rset)))
     for row, (vals, name) in enumerate(((S, "S"), (ell, "ℓ"), (kap, "κ")), start=1):
         for label, idx in groups:
@@ -250,17 +250,17 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
                 name=label if rem is not None else "chunks", legendgroup=label, showlegend=row == 1 and (
                     rem is not None or label == "kept"),
                 marker=dict(color=color, line=dict(color="#000", width=[3 if i == ans else 0 for i in idx])),
-                customdata=_cd(idx, n[idx].tolist(), [preview[i] for i in idx], [i == ans for i in idx]),
+                customdata=customdata(idx, n[idx].tolist(), [preview[i] for i in idx], [i == ans for i in idx]),
                 meta={"customdata": ["chunk", "n", "text", "answer"], "quantity": name},
                 hovertemplate="chunk %{customdata[0]} (n=%{customdata[1]})<br>" + name
                 + " = %{y:.4g}<br>%{customdata[2]}<extra>" + label + "</extra>"),
                 row=row, col=1)
-    _span(fig, "hline", 1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=2, col=1)
+    add_span(fig, "hline", 1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=2, col=1)
     if ans is not None:
         top = S[ans] if np.isfinite(S[ans]) else 0.0
         fig.add_annotation(x=xs[ans], y=float(top), text="answer", showarrow=True, arrowhead=2, ay=-25,
                            font=dict(size=10), row=1, col=1)
-    valid = bool(_np(priorities.valid)[layer])
+    valid = bool(as_numpy(priorities.valid)[layer])
     title = f"Chunk priorities, layer {layer}" + ("" if valid else " (invalid layer: document mass ≤ ρ_min)")
     if rem is not None:
         title += f": {len(rem)} of {k} chunks removed"
@@ -273,8 +273,8 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
         fig.update_xaxes(title_text="candidate chunk (★ answer)", row=3, col=1)
     else:
         fig.update_xaxes(title_text="prompt position", range=[0, sp.T], row=3, col=1)
-    return _finish(fig, title,
-                   _meta("chunk_priorities", _model_id(model_id, spans), params, layer=layer, x=x,
+    return finish(fig, title,
+                   figure_meta("chunk_priorities", model_id_of(model_id, spans), params, layer=layer, x=x,
                          removed=rem, answer_chunk=ans, eps_s=priorities.eps_s, lam=priorities.lam),
                    barmode="overlay", legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
                    aspect={"single": 1.25, "double": 0.65})
@@ -318,34 +318,34 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
         raise ValueError(f"budget: must be a number of tokens >= 0, got {budget!r}")
     N = sels[layers[0]].N
     verdict = [html.escape(sels[l].verdict) for l in layers]
-    fig = _Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
-    fig.add_trace(go.Scatter(x=layers, y=_z([np.nan if u is None else u for u in U]), name="U_l (certificate)",
+    fig = Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)
+    fig.add_trace(go.Scatter(x=layers, y=plot_array([np.nan if u is None else u for u in U]), name="U_l (certificate)",
                              mode="lines+markers", line=dict(color=PALETTE[1]),
                              marker=dict(symbol=["x" if f else "circle" for f in infeasible], size=8),
-                             customdata=_cd(verdict), meta={"customdata": ["verdict"]},
+                             customdata=customdata(verdict), meta={"customdata": ["verdict"]},
                              hovertemplate="layer %{x}: U = %{y:.4g}<br>%{customdata[0]}<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=layers, y=D, name="D_l (greedy)", mode="lines+markers", line=dict(color=KEPT),
                              hovertemplate="layer %{x}: D = %{y} tokens<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=[layers[0] - 0.5, layers[-1] + 0.5], y=[budget, budget], name="target", mode="lines",
                              line=dict(color=REMOVED, dash="dash"),
                              hovertemplate="target %{y} tokens<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Bar(x=layers, y=_z([np.nan if g is None else g for g in gap]), name="gap U − D",
+    fig.add_trace(go.Bar(x=layers, y=plot_array([np.nan if g is None else g for g in gap]), name="gap U − D",
                          marker_color=NEUTRAL, hovertemplate="layer %{x}: gap %{y:.4g}<extra></extra>"), row=2, col=1)
     if tr is not None and tr.l_star is not None:
-        _span(fig, "vline", tr.l_star, line=dict(color="#000", dash="dot", width=1))
+        add_span(fig, "vline", tr.l_star, line=dict(color="#000", dash="dot", width=1))
         fig.add_annotation(x=tr.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="bottom")
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="gap", row=2, col=1)
     fig.update_xaxes(title_text="layer", row=2, col=1)
     p = params if params is not None else getattr(tr, "params", None)
-    return _finish(fig, f"Greedy D_l vs certificate U_l (N = {N} candidate tokens)",
-                   _meta("certificate", _model_id(model_id, tr), p, budget=budget, target_tokens=tt, N=N,
+    return finish(fig, f"Greedy D_l vs certificate U_l (N = {N} candidate tokens)",
+                   figure_meta("certificate", model_id_of(model_id, tr), p, budget=budget, target_tokens=tt, N=N,
                          layers=layers, l_star=getattr(tr, "l_star", None)),
                    legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"),
                    aspect={"single": 1.05, "double": 0.55})
 
 
-_STATUS_COLOR = {"accept": PALETTE[2], "audit_fail": REMOVED, "below_target": PALETTE[1], "short_streak": PALETTE[5],
+STATUS_COLOR = {"accept": PALETTE[2], "audit_fail": REMOVED, "below_target": PALETTE[1], "short_streak": PALETTE[5],
                  "no_audit": PALETTE[4], "invalid": NEUTRAL, "no_candidates": NEUTRAL}
 
 
@@ -363,13 +363,13 @@ def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None 
         raise ValueError("trace: has no monitored layers")
     P = trace.params
     layers = df["layer"].tolist()
-    fig = _Draft.subplots(rows=4, cols=1, shared_xaxes=True, row_heights=[0.38, 0.25, 0.25, 0.12],
+    fig = Draft.subplots(rows=4, cols=1, shared_xaxes=True, row_heights=[0.38, 0.25, 0.25, 0.12],
                         vertical_spacing=0.04, specs=[[{}], [{"secondary_y": True}], [{}], [{}]])
-    f = lambda c: _z(pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float))  # noqa: E731
+    f = lambda c: plot_array(pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float))  # noqa: E731
     tt = [np.nan if v is None else v for v in df["target_tokens"]]
     fig.add_trace(go.Scatter(x=layers, y=f("D"), name="D_l", mode="lines+markers", line=dict(color=KEPT)), 1, 1)
     fig.add_trace(go.Scatter(x=layers, y=f("U"), name="U_l", mode="lines+markers", line=dict(color=PALETTE[1])), 1, 1)
-    fig.add_trace(go.Scatter(x=layers, y=_z(tt), name="target", mode="lines", line=dict(color=REMOVED, dash="dash")),
+    fig.add_trace(go.Scatter(x=layers, y=plot_array(tt), name="target", mode="lines", line=dict(color=REMOVED, dash="dash")),
                   1, 1)
     fig.add_trace(go.Bar(x=layers, y=f("streak"), name="streak", marker_color=PALETTE[5], opacity=0.45),
                   2, 1, secondary_y=True)
@@ -379,25 +379,25 @@ def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None 
                              marker=dict(color=PALETTE[3], size=8, symbol="diamond")), 3, 1)
     status = df["status"].tolist()
     fig.add_trace(go.Scatter(x=layers, y=[0] * len(layers), name="status", mode="markers", showlegend=False,
-                             marker=dict(color=[_STATUS_COLOR.get(s, "#000") for s in status], size=11, symbol="square"),
-                             customdata=_cd(status, [html.escape(d) for d in df["decision"]]),
+                             marker=dict(color=[STATUS_COLOR.get(s, "#000") for s in status], size=11, symbol="square"),
+                             customdata=customdata(status, [html.escape(d) for d in df["decision"]]),
                              meta={"customdata": ["status", "decision"]},
                              hovertemplate="layer %{x}: %{customdata[0]}<br>%{customdata[1]}<extra></extra>"), 4, 1)
     ref = dict(color=NEUTRAL, dash="dash", width=1)
     small = dict(size=10)
     if P is not None:
-        _span(fig, "hline", P.d_max, line=ref, annotation_text="d_max", annotation_font=small, row=2, col=1,
+        add_span(fig, "hline", P.d_max, line=ref, annotation_text="d_max", annotation_font=small, row=2, col=1,
                       secondary_y=False)
-        _span(fig, "hline", P.eps_audit, line=ref, annotation_text="ε_audit", annotation_font=small, row=3, col=1)
+        add_span(fig, "hline", P.eps_audit, line=ref, annotation_text="ε_audit", annotation_font=small, row=3, col=1)
     if trace.b > 0:
-        _span(fig, "hline", trace.b, line=dict(color=PALETTE[1], dash="dot", width=1), annotation_text="b",
+        add_span(fig, "hline", trace.b, line=dict(color=PALETTE[1], dash="dot", width=1), annotation_text="b",
                       annotation_font=small, annotation_position="bottom right", row=3, col=1)
     if trace.l_star is not None:
-        _span(fig, "vline", trace.l_star, line=dict(color="#000", dash="dot", width=1))
+        add_span(fig, "vline", trace.l_star, line=dict(color="#000", dash="dot", width=1))
         fig.add_annotation(x=trace.l_star, y=1, yref="paper", text="l*", showarrow=False, yanchor="top",
                            xanchor="left", xshift=2)  # inside the top edge: the legend sits above the plot
     if fixed_layer is not None:
-        _span(fig, "vline", fixed_layer, line=dict(color=REMOVED, dash="dash", width=1.5))
+        add_span(fig, "vline", fixed_layer, line=dict(color=REMOVED, dash="dash", width=1.5))
         fig.add_annotation(x=fixed_layer, y=0.93, yref="paper", text="fixed", showarrow=False, yanchor="top",
                            xanchor="left", xshift=2, font=dict(color=REMOVED))
     fig.update_yaxes(title_text="tokens", row=1, col=1)
@@ -407,14 +407,14 @@ def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None 
     fig.update_yaxes(showticklabels=False, showline=False, ticks="", showgrid=False, row=4, col=1)
     fig.update_xaxes(title_text="monitored layer", row=4, col=1)
     fig.update_xaxes(dtick=max(1, math.ceil(len(layers) / 16)))
-    key = "  ".join(f'<span style="color:{c}">■</span> {k.replace("_", " ")}' for k, c in _STATUS_COLOR.items()
+    key = "  ".join(f'<span style="color:{c}">■</span> {k.replace("_", " ")}' for k, c in STATUS_COLOR.items()
                     if k in status)
     fig.add_annotation(x=0, y=0, xref="x domain",
                        yref=fig.refs(4, 1)[1] + " domain", xanchor="left", yanchor="bottom", text=key,
                        showarrow=False, font=dict(size=9), yshift=-2)
     dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
-    return _finish(fig, f"Layer trace: {html.escape(dec)}",
-                   _meta("trace_layers", _model_id(model_id, trace), params if params is not None else P,
+    return finish(fig, f"Layer trace: {html.escape(dec)}",
+                   figure_meta("trace_layers", model_id_of(model_id, trace), params if params is not None else P,
                          l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J,
                          fixed_layer=fixed_layer),
                    barmode="overlay", margin=dict(r=60, t=80),

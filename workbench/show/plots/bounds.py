@@ -11,19 +11,19 @@ from plotly.colors import sample_colorscale
 from workbench.checks import check_choice, check_int
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
-    _Draft,
-    _finish,
-    _meta,
-    _np,
-    _span,
-    _z,
+    Draft,
+    add_span,
+    as_numpy,
+    figure_meta,
+    finish,
+    plot_array,
 )
-from workbench.show.plots._common import (
-    _cd,
-    _model_id,
-    _rows,
-    _spans_of,
-    _tokens,
+from workbench.show.plots.common import (
+    customdata,
+    hover_tokens,
+    model_id_of,
+    repeat_rows,
+    spans_of,
 )
 from workbench.show.theme import (
     KEPT,
@@ -31,8 +31,8 @@ from workbench.show.theme import (
     PALETTE,
     REMOVED,
     SEQUENTIAL,
-    _text_preview,
     categorical,
+    text_preview,
 )
 
 
@@ -60,31 +60,31 @@ def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None,
     A = int(env.eta.shape[0])
     a = list(range(A))
     heads, us = [i // env.W for i in a], [i % env.W for i in a]
-    holds = _np(env.holds).tolist()
-    cd = _cd(heads, us, _z(env.omega), _z(env.dchi2), _z(env.dchi2_cap), _z(env.term_ratio), _z(env.term_chi2))
+    holds = as_numpy(env.holds).tolist()
+    cd = customdata(heads, us, plot_array(env.omega), plot_array(env.dchi2), plot_array(env.dchi2_cap), plot_array(env.term_ratio), plot_array(env.term_chi2))
     names = ["head", "u", "omega", "dchi2", "dchi2_cap", "term_ratio", "term_chi2"]
     hover = ("row %{x} (h%{customdata[0]}, u%{customdata[1]}): %{y:.4g}<br>ω = %{customdata[2]:.3g}, "
              "D_χ² = %{customdata[3]:.3g} (cap %{customdata[4]:.3g})<br>q/ω = %{customdata[5]:.3g}, "
              "q + √(D_χ² q(1−q)) = %{customdata[6]:.3g}")
-    fig = _Draft()
-    fig.add_trace(go.Scatter(x=a, y=_z(env.bound), name="envelope", mode="lines", line=dict(color=PALETTE[1], shape="hvh"),
+    fig = Draft()
+    fig.add_trace(go.Scatter(x=a, y=plot_array(env.bound), name="envelope", mode="lines", line=dict(color=PALETTE[1], shape="hvh"),
                              customdata=cd, meta={"customdata": names},
                              hovertemplate=hover + "<extra>envelope</extra>"))
-    fig.add_trace(go.Scatter(x=a, y=_z(env.eta), name="actual η", mode="markers",
+    fig.add_trace(go.Scatter(x=a, y=plot_array(env.eta), name="actual η", mode="markers",
                              marker=dict(color=[KEPT if h else REMOVED for h in holds], size=6,
                                          symbol=["circle" if h else "x" for h in holds]),
-                             customdata=_cd(heads, us, holds), meta={"customdata": ["head", "u", "holds"]},
+                             customdata=customdata(heads, us, holds), meta={"customdata": ["head", "u", "holds"]},
                              hovertemplate="row %{x} (h%{customdata[0]}, u%{customdata[1]}): η = %{y:.4g}"
                              "<extra>actual</extra>"))
     fig.add_trace(go.Scatter(x=[0, max(A - 1, 0)], y=[env.q, env.q], name="q = μ(E)", mode="lines",
                              line=dict(color=NEUTRAL, dash="dash", width=1), hovertemplate="q = %{y:.4g}<extra></extra>"))
     for h in range(1, A // max(env.W, 1)):
-        _span(fig, "vline", h * env.W - 0.5, line=dict(color="#ddd", width=1))
+        add_span(fig, "vline", h * env.W - 0.5, line=dict(color="#ddd", width=1))
     n_bad = A - sum(holds)
     where = "" if env.layer is None else f", layer {env.layer}"
-    return _finish(fig, f"Deletion envelope vs actual η per row{where}"
+    return finish(fig, f"Deletion envelope vs actual η per row{where}"
                    + ("" if n_bad == 0 else f" ({n_bad} rows above the envelope)"),
-                   _meta("envelope_rows", model_id, params, layer=env.layer, q=env.q, W=env.W, atol=env.atol,
+                   figure_meta("envelope_rows", model_id, params, layer=env.layer, q=env.q, W=env.W, atol=env.atol,
                          all_hold=env.all_hold),
                    xaxis_title="constraint row a = h·W + u (grouped by head)", yaxis_title="discarded mass",
                    yaxis=dict(rangemode="tozero"),
@@ -100,19 +100,19 @@ def drift(stability, *, model_id: str | None = None, params=None) -> go.Figure:
     if not layers:
         raise ValueError("stability: has no drift values (no layer after l*)")
     d = [stability.drift[l] for l in layers]
-    fig = _Draft()
-    fig.add_trace(go.Scatter(x=layers, y=_z(d), name="drift", mode="lines+markers", line=dict(color=KEPT),
+    fig = Draft()
+    fig.add_trace(go.Scatter(x=layers, y=plot_array(d), name="drift", mode="lines+markers", line=dict(color=KEPT),
                              hovertemplate="X^%{x}: drift %{y:.4g}<extra></extra>"))
     dl = sorted(stability.defects)
-    fig.add_trace(go.Scatter(x=dl, y=_z([stability.defects[l] for l in dl]), name="defect e_l", mode="markers",
+    fig.add_trace(go.Scatter(x=dl, y=plot_array([stability.defects[l] for l in dl]), name="defect e_l", mode="markers",
                              marker=dict(color=PALETTE[1], symbol="diamond", size=7),
                              hovertemplate="X^%{x}: e = %{y:.4g}<extra></extra>"))
     Ll = layers[-1]
-    fig.add_trace(go.Scatter(x=[Ll], y=_z([stability.Delta_L]), name="Δ_L", mode="markers",
+    fig.add_trace(go.Scatter(x=[Ll], y=plot_array([stability.Delta_L]), name="Δ_L", mode="markers",
                              marker=dict(color=REMOVED, size=12, symbol="star"),
                              hovertemplate="Δ_L = %{y:.4g}<extra></extra>"))
     thr = stability.margin / (2 * stability.Lambda) if stability.Lambda > 0 else math.inf
-    fig.add_trace(go.Scatter(x=[layers[0], Ll], y=_z([thr, thr]), name="m/(2Λ)", mode="lines",
+    fig.add_trace(go.Scatter(x=[layers[0], Ll], y=plot_array([thr, thr]), name="m/(2Λ)", mode="lines",
                              line=dict(color=NEUTRAL, dash="dash"),
                              hovertemplate="certificate threshold m/(2Λ) = %{y:.4g}<extra></extra>"))
     s = stability.summary()
@@ -122,8 +122,8 @@ def drift(stability, *, model_id: str | None = None, params=None) -> go.Figure:
                        align="right", font=dict(size=10),
                        text=f"m = {stability.margin:.3g}, Λ = {stability.Lambda:.3g}<br>2ΛΔ_L = {s['two_Lambda_Delta']:.3g}"
                             f" → {verdict}; {agree}<br>composed bound {stability.composed_bound:.3g}")
-    return _finish(fig, f"Drift after l* = {stability.l_star}: {verdict}",
-                   _meta("drift", model_id, params, **s),
+    return finish(fig, f"Drift after l* = {stability.l_star}: {verdict}",
+                   figure_meta("drift", model_id, params, **s),
                    xaxis_title="layer (block input X^l)", yaxis_title="‖X|_R − Y‖_max,2", yaxis=dict(type="log", dtick=1),
                    xaxis=dict(dtick=1),
                    legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
@@ -139,7 +139,7 @@ def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Fig
     if df.empty:
         raise ValueError("cost_grid: is empty")
     ls = sorted(df["l_star"].unique().tolist())
-    fig = _Draft.subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.22)
+    fig = Draft.subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.22)
     cols = PALETTE if len(ls) <= len(PALETTE) else [
         c for c in _sample_scale(len(ls))]
     for i, l in enumerate(ls):
@@ -148,10 +148,10 @@ def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Fig
                                  mode="lines", line=dict(color=cols[i % len(cols)]),
                                  hovertemplate="l* = " + str(l) + ", T'/T = %{x:.3f}: F_EP/F_full = %{y:.4f}"
                                  "<extra></extra>"), 1, 1)
-    _span(fig, "hline", 1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=1)
+    add_span(fig, "hline", 1.0, line=dict(color=NEUTRAL, dash="dash", width=1), row=1, col=1)
     be = df.groupby("l_star")["break_even_keep_fraction"].max() if "break_even_keep_fraction" in df else None
     if be is not None:
-        fig.add_trace(go.Scatter(x=be.index.tolist(), y=_z(be.to_numpy()), name="break-even T'/T",
+        fig.add_trace(go.Scatter(x=be.index.tolist(), y=plot_array(be.to_numpy()), name="break-even T'/T",
                                  mode="lines+markers", line=dict(color="#000"), showlegend=False,
                                  hovertemplate="l* = %{x}: break even at T'/T = %{y:.4f}<extra></extra>"), 1, 2)
     fig.update_xaxes(title_text="kept fraction T'/T", row=1, col=1)
@@ -159,8 +159,8 @@ def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Fig
     fig.update_xaxes(title_text="l* (gather after layer)", row=1, col=2)
     fig.update_yaxes(title_text="break-even T'/T", range=[0, 1.02], row=1, col=2)
     T = int(df["T"].iloc[0])
-    return _finish(fig, f"Pruned-prefill cost, T = {T}",
-                   _meta("break_even", model_id, params, T=T, l_stars=ls,
+    return finish(fig, f"Pruned-prefill cost, T = {T}",
+                   figure_meta("break_even", model_id, params, T=T, l_stars=ls,
                          keep_fractions=sorted(df["keep_fraction"].unique().tolist())),
                    aspect={"single": 0.95, "double": 0.5})
 
@@ -184,42 +184,42 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     """
     pr = page_result
     check_int("layer", layer, 0, pr.L - 1)
-    sp = _spans_of(spans)
+    sp = spans_of(spans)
     G, N_P = pr.importance.shape[1], pr.importance.shape[2]
     T = pr.p.shape[2]
-    I = _np(pr.importance[layer])
-    sel = _np(pr.selected[layer])
+    I = as_numpy(pr.importance[layer])
+    sel = as_numpy(pr.selected[layer])
     pbins = token_bins(N_P)  # scale: ≤ DEFAULT_WIDTH_PX page columns (max importance per bin of pages)
     x_pages = pbins.lo
     if pbins.exact and N_P <= PREVIEW_PAGES:  # few pages: each cell's hover previews its tokens' text
         raw = list(sp.tokens) if sp is not None else None
         prev = [f"{P * pr.b}–{min((P + 1) * pr.b, T) - 1}: "
-                + (_text_preview(raw[P * pr.b:(P + 1) * pr.b], 60) if raw else "") for P in range(N_P)]
-        hover, custom = "g%{y} page %{x} (tokens %{customdata})", dict(customdata=_rows(prev, G),
+                + (text_preview(raw[P * pr.b:(P + 1) * pr.b], 60) if raw else "") for P in range(N_P)]
+        hover, custom = "g%{y} page %{x} (tokens %{customdata})", dict(customdata=repeat_rows(prev, G),
                                                                        meta={"customdata": ["page"]})
     elif pbins.exact:  # the message stays bounded: the hover names the page; tokens = page × b
         hover, custom = f"g%{{y}} page %{{x}} (tokens from %{{x}}×{pr.b})", {}
     else:
         I = pbins.reduce(I, "max")
         hover, custom = f"g%{{y}} pages from %{{x}} ({pbins.describe()} pages of {pr.b} tokens)", {}
-    fig = _Draft.subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{"colspan": 2}, None], [{}, {}]],
+    fig = Draft.subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{"colspan": 2}, None], [{}, {}]],
                           row_heights=[0.34, 0.36, 0.3], horizontal_spacing=0.28, vertical_spacing=0.13)
-    fig.add_trace(go.Heatmap(z=_z(I), x=x_pages, y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
+    fig.add_trace(go.Heatmap(z=plot_array(I), x=x_pages, y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
                              name="importance", hovertemplate=hover + "<br>I = %{z:.4g}<extra></extra>", **custom), 1, 1)
     gs, ps = np.nonzero(sel if pbins.exact else pbins.any(sel))
     fig.add_trace(go.Scatter(x=x_pages[ps].tolist(), y=[f"g{g}" for g in gs.tolist()], name="kept page",
                              mode="markers", marker=dict(symbol="square-open", size=14, color=REMOVED, line=dict(width=2)),
                              hovertemplate="kept: g%{y} page" + ("" if pbins.exact else "s from") + " %{x}<extra></extra>"),
                   1, 1)
-    tm = _np(pr.token_mask_of(layer))
+    tm = as_numpy(pr.token_mask_of(layer))
     bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX points per group (max per bin; kept = some token kept)
     if bins.exact:
-        toks = _tokens(sp, T)
+        toks = hover_tokens(sp, T)
     else:  # the tokens' own labels are not built (O(T) per move); the CSV has every token
         toks, tm = bins.labels(), bins.any(tm)
     gst = categorical(G)
     for g in range(G):
-        fig.add_trace(go.Scatter(x=bins.lo, y=bins.reduce(_z(pr.p[layer, g]), "max"), name=f"p g{g}", mode="lines+markers",
+        fig.add_trace(go.Scatter(x=bins.lo, y=bins.reduce(plot_array(pr.p[layer, g]), "max"), name=f"p g{g}", mode="lines+markers",
                                  line=dict(color=gst[g]["color"], dash=gst[g]["dash"], width=1),
                                  # kept: filled; dropped: white with the group's outline (a numeric colour array:
                                  # a per-point symbol list costs plotly ~50 ms of validation per 2k points)
@@ -227,20 +227,20 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
                                              colorscale=[[0, "white"], [1, gst[g]["color"]]], symbol=gst[g]["symbol"],
                                              line=dict(color=gst[g]["color"], width=1)),
                                  # the tokens alone (the same on every slider move: not re-sent); kept = colour
-                                 customdata=_cd(toks), meta={"customdata": ["token"]},
+                                 customdata=customdata(toks), meta={"customdata": ["token"]},
                                  hovertemplate="g" + str(g) + " %{x}: %{customdata[0]}<br>p = %{y:.4g}"
                                  "<br>kept: %{marker.color}<extra></extra>"), 2, 1)
     L = pr.L
-    fig.add_trace(go.Bar(x=np.arange(L), y=_np(pr.U).tolist(), name="U_l", marker_color=KEPT, showlegend=False,
+    fig.add_trace(go.Bar(x=np.arange(L), y=as_numpy(pr.U).tolist(), name="U_l", marker_color=KEPT, showlegend=False,
                          hovertemplate="layer %{x}: U = %{y} pages<extra></extra>"), 3, 1)
-    _span(fig, "hline", min(pr.K, N_P), line=dict(color=NEUTRAL, dash="dash", width=1), row=3, col=1)
-    _span(fig, "hline", min(G * pr.K, N_P), line=dict(color=NEUTRAL, dash="dot", width=1), row=3, col=1)
+    add_span(fig, "hline", min(pr.K, N_P), line=dict(color=NEUTRAL, dash="dash", width=1), row=3, col=1)
+    add_span(fig, "hline", min(G * pr.K, N_P), line=dict(color=NEUTRAL, dash="dot", width=1), row=3, col=1)
     for g in range(G):
-        fig.add_trace(go.Scatter(x=np.arange(L), y=_z(pr.uor[:, g]), name=f"UOR g{g}", mode="lines",
+        fig.add_trace(go.Scatter(x=np.arange(L), y=plot_array(pr.uor[:, g]), name=f"UOR g{g}", mode="lines",
                                  line=dict(color=gst[g]["color"], dash=gst[g]["dash"]), showlegend=False,
                                  hovertemplate="layer %{x}: UOR g" + str(g) + " = %{y:.3f}<extra></extra>"), 3, 2)
-    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=1)
-    _span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=2)
+    add_span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=1)
+    add_span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=2)
     fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)" + ("" if pbins.exact else f"; bins of ≤ {pbins.width} pages"),
                      row=1, col=1)
     fig.update_xaxes(title_text="prompt position", row=2, col=1)
@@ -249,16 +249,16 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     fig.update_yaxes(title_text="union U_l", row=3, col=1)
     fig.update_xaxes(title_text="layer", row=3, col=2)
     fig.update_yaxes(title_text=f"UOR (s = {pr.s})", row=3, col=2)
-    fig = _finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
-                  _meta("pages", _model_id(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
+    fig = finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
+                  figure_meta("pages", model_id_of(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
                         d=pr.d, bytes=pr.bytes),
                   coloraxis=dict(colorbar=dict(title=dict(text="I"), len=0.34, y=0.83)),
                   legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"),
                   aspect={"single": 1.45, "double": 0.8})
     if not bins.exact:  # every token's group scores in the export's CSV
-        p_l, m_l = _np(pr.p[layer]), _np(pr.token_mask_of(layer))
+        p_l, m_l = as_numpy(pr.p[layer]), as_numpy(pr.token_mask_of(layer))
         attach_full(fig, lambda: pd.DataFrame({"group": np.repeat(np.arange(G), T), "x": np.tile(np.arange(T), G),
-                                               "token": np.tile(np.asarray(_tokens(sp, T), dtype=object), G),
+                                               "token": np.tile(np.asarray(hover_tokens(sp, T), dtype=object), G),
                                                "p": p_l.reshape(-1), "kept": m_l.reshape(-1)}))
     return fig
 
@@ -278,10 +278,10 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
         layer: one layer to show per unit, or None for all layers.
     """
     check_choice("level", level, ("group", "head"))
-    rec = _np(shift.recall_group if level == "group" else shift.recall_head)  # [L, U, R]
-    js = _np(shift.jsd_group if level == "group" else shift.jsd_head)  # [L, U, R-1]
+    rec = as_numpy(shift.recall_group if level == "group" else shift.recall_head)  # [L, U, R]
+    js = as_numpy(shift.jsd_group if level == "group" else shift.jsd_head)  # [L, U, R-1]
     L, U, R = rec.shape
-    r = _np(shift.r).tolist()
+    r = as_numpy(shift.r).tolist()
     rj = [x + 0.5 for x in r[:-1]]  # JSD between r and r+1 sits between them
     lf = shift.leap_frame()
     lf = lf[lf.level == level]
@@ -289,14 +289,14 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
     glabel = {"gain_m10": "−1→0", "gain_01": "0→1", "gain_12": "1→2", "gain_23": "2→3"}
     unit = "g" if level == "group" else "h"
     if layer is None:
-        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.12, row_heights=[0.36, 0.36, 0.28])
-        fig.add_trace(go.Heatmap(z=_z(rec.mean(1)), x=r, y=list(range(L)), coloraxis="coloraxis", name="recall",
+        fig = Draft.subplots(rows=3, cols=1, vertical_spacing=0.12, row_heights=[0.36, 0.36, 0.28])
+        fig.add_trace(go.Heatmap(z=plot_array(rec.mean(1)), x=r, y=list(range(L)), coloraxis="coloraxis", name="recall",
                                  hovertemplate="layer %{y}, r = %{x}: recall %{z:.3f}<extra></extra>"), 1, 1)
-        fig.add_trace(go.Heatmap(z=_z(js.mean(1)), x=rj, y=list(range(L)), coloraxis="coloraxis2", name="JSD",
+        fig.add_trace(go.Heatmap(z=plot_array(js.mean(1)), x=rj, y=list(range(L)), coloraxis="coloraxis2", name="JSD",
                                  hovertemplate="layer %{y}, r→r+1 at %{x}: JSD %{z:.4f}<extra></extra>"), 2, 1)
         mean = lf.groupby("layer")[gains].mean()
         for i, g in enumerate(gains):
-            fig.add_trace(go.Bar(x=mean.index.tolist(), y=_z(mean[g].to_numpy()), name=f"gain {glabel[g]}",
+            fig.add_trace(go.Bar(x=mean.index.tolist(), y=plot_array(mean[g].to_numpy()), name=f"gain {glabel[g]}",
                                  marker_color=[NEUTRAL, REMOVED, KEPT, PALETTE[5]][i],
                                  hovertemplate="layer %{x}: recall gain " + glabel[g] + " = %{y:.3f}<extra></extra>"),
                           3, 1)
@@ -309,17 +309,17 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
         where = f"mean over {level}s"
     else:
         check_int("layer", layer, 0, L - 1)
-        fig = _Draft.subplots(rows=3, cols=1, vertical_spacing=0.12, row_heights=[0.36, 0.36, 0.28])
+        fig = Draft.subplots(rows=3, cols=1, vertical_spacing=0.12, row_heights=[0.36, 0.36, 0.28])
         for u, st in enumerate(categorical(U)):  # colour, then dash and marker past 8
             style = dict(line=dict(color=st["color"], dash=st["dash"]), marker=dict(symbol=st["symbol"]))
-            fig.add_trace(go.Scatter(x=r, y=_z(rec[layer, u]), name=f"{unit}{u}", mode="lines+markers", **style,
+            fig.add_trace(go.Scatter(x=r, y=plot_array(rec[layer, u]), name=f"{unit}{u}", mode="lines+markers", **style,
                                      legendgroup=f"{unit}{u}", hovertemplate=f"{unit}{u}" + ", r = %{x}: recall %{y:.3f}<extra></extra>"), 1, 1)
-            fig.add_trace(go.Scatter(x=rj, y=_z(js[layer, u]), name=f"{unit}{u}", mode="lines+markers", **style,
+            fig.add_trace(go.Scatter(x=rj, y=plot_array(js[layer, u]), name=f"{unit}{u}", mode="lines+markers", **style,
                                      legendgroup=f"{unit}{u}", showlegend=False,
                                      hovertemplate=f"{unit}{u}" + ", r→r+1 at %{x}: JSD %{y:.4f}<extra></extra>"), 2, 1)
         sub = lf[lf.layer == layer].sort_values("unit")
         for i, g in enumerate(gains):
-            fig.add_trace(go.Bar(x=[f"{unit}{u}" for u in sub["unit"]], y=_z(sub[g].to_numpy()), name=f"gain {glabel[g]}",
+            fig.add_trace(go.Bar(x=[f"{unit}{u}" for u in sub["unit"]], y=plot_array(sub[g].to_numpy()), name=f"gain {glabel[g]}",
                                  marker_color=[NEUTRAL, REMOVED, KEPT, PALETTE[5]][i],
                                  hovertemplate="%{x}: recall gain " + glabel[g] + " = %{y:.3f}<extra></extra>"), 3, 1)
         fig.update_yaxes(title_text="recall", range=[0, 1.02], row=1, col=1)
@@ -327,13 +327,13 @@ def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_
         fig.update_xaxes(title_text=level, row=3, col=1)
         where = f"layer {layer}, per {level}"
     for row in (1, 2):
-        _span(fig, "vline", 0.5, line=dict(color="#000", dash="dot", width=1), row=row, col=1)
+        add_span(fig, "vline", 0.5, line=dict(color="#000", dash="dot", width=1), row=row, col=1)
     fig.update_xaxes(matches="x2", row=1, col=1)  # one step axis, titled once (below the second panel)
     fig.update_xaxes(title_text="step r (≤ 0 prompt tail, ≥ 1 decode)", row=2, col=1)
     fig.update_yaxes(title_text="recall gain", row=3, col=1)
     ref = f"decode {shift.ref_start}…{shift.ref_end}" if shift.ref_end >= 0 else "external reference"
-    return _finish(fig, f"Prefill→decode shift ({where}; top-{shift.k} recall vs {ref})",
-                   _meta("shift_steps", model_id, params, level=level, layer=layer, k=shift.k, ref_start=shift.ref_start,
+    return finish(fig, f"Prefill→decode shift ({where}; top-{shift.k} recall vs {ref})",
+                   figure_meta("shift_steps", model_id, params, level=level, layer=layer, k=shift.k, ref_start=shift.ref_start,
                          ref_end=shift.ref_end, r=r),
                    barmode="group", legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"),
                    aspect={"single": 1.6, "double": 0.85})

@@ -11,20 +11,20 @@ import plotly.graph_objects as go
 from workbench.checks import check_int
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
-    _Draft,
-    _finish,
-    _meta,
-    _np,
-    _span,
-    _z,
+    Draft,
+    add_span,
+    as_numpy,
+    figure_meta,
+    finish,
+    plot_array,
 )
-from workbench.show.plots._common import (
-    _answer_chunk,
-    _cd,
-    _model_id,
-    _rows,
-    _spans_of,
-    _tokens,
+from workbench.show.plots.common import (
+    answer_chunk,
+    customdata,
+    hover_tokens,
+    model_id_of,
+    repeat_rows,
+    spans_of,
 )
 from workbench.show.theme import (
     ANSWER,
@@ -78,7 +78,7 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     results = list(results)
     if not results:
         raise ValueError("results: must not be empty")
-    sp = _spans_of(prompt)
+    sp = spans_of(prompt)
     T = results[0].T
     if any(r.T != T for r in results):
         raise ValueError("results: must all be runs on the same prompt (equal T)")
@@ -92,7 +92,7 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     hi = _highlight_positions(highlight, sp, T)
     z, labels = [], []
     for r in results:
-        kp = _np(r.kept_prompt)
+        kp = as_numpy(r.kept_prompt)
         m = np.zeros((kp.shape[0], kp.shape[1], T), dtype=bool)
         li, gi, _ = np.indices(kp.shape)
         m[li, gi, kp] = True
@@ -103,29 +103,29 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
         z.append(m[np.ix_(layers, groups)].reshape(-1, T).mean(0).tolist() if layers else [math.nan] * T)
         lab = f"{r.policy} B={'all' if r.policy == 'full' else r.budget}"
         if hi:
-            surv = _np(r.survival(hi))
+            surv = as_numpy(r.survival(hi))
             sub = surv[np.ix_(layers, groups)] if layers else np.array([math.nan])
             lab += f" ({np.nanmean(sub):.0%} kept)" if np.isfinite(sub).any() else ""
         labels.append(lab)
-    toks = _tokens(sp, T)
+    toks = hover_tokens(sp, T)
     bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX cells per row (mean kept fraction per bin of tokens)
     z_full = np.asarray(z, dtype=float)
-    cells = _z(bins.reduce(z_full, "mean")) if not bins.exact else _z(z)
+    cells = plot_array(bins.reduce(z_full, "mean")) if not bins.exact else plot_array(z)
     cell_toks = bins.labels(toks)
-    fig = _Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.01)
+    fig = Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.01)
     fig.add_trace(go.Scatter(x=hi, y=[0] * len(hi), name="highlight", mode="markers", showlegend=False,
                              marker=dict(symbol="triangle-down", color=ANSWER, size=9),
                              customdata=np.array([toks[p] for p in hi], dtype=object), meta={"customdata": ["token"]},
                              hovertemplate="%{x}: %{customdata}<extra>highlight</extra>"), 1, 1)
     fig.add_trace(go.Heatmap(z=cells, x=bins.lo, y=labels, coloraxis="coloraxis", name="kept",
-                             customdata=_rows(cell_toks, len(results)), meta={"customdata": ["token"]},
+                             customdata=repeat_rows(cell_toks, len(results)), meta={"customdata": ["token"]},
                              hovertemplate="%{y}<br>%{x}: %{customdata}<br>kept %{z:.2f}<extra></extra>"), 2, 1)
     for p in hi:
-        _span(fig, "vrect", p - 0.5, p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
-    ans = _answer_chunk(sp)
+        add_span(fig, "vrect", p - 0.5, p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
+    ans = answer_chunk(sp)
     if ans is not None:
         s, e = sp.chunks[ans]
-        _span(fig, "vrect", s - 0.5, e - 0.5, line=dict(color=ANSWER, width=1.5), fillcolor="rgba(0,0,0,0)",
+        add_span(fig, "vrect", s - 0.5, e - 0.5, line=dict(color=ANSWER, width=1.5), fillcolor="rgba(0,0,0,0)",
                       annotation_text="answer passage", annotation_position="top left",
                       annotation_font=dict(size=10, color="#fff"), row=2, col=1)
     fig.update_yaxes(visible=False, range=[-1, 1], row=1, col=1)
@@ -136,8 +136,8 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
         f"layer {'all' if layer is None else layer}, group {'all' if group is None else group}"
     if not bins.exact:
         where += f"; {bins.describe('mean')}"
-    fig = _finish(fig, f"Kept prompt positions per policy ({where})",
-                   _meta("kept_positions", _model_id(model_id, prompt), params, highlight=hi, layer=layer, group=group,
+    fig = finish(fig, f"Kept prompt positions per policy ({where})",
+                   figure_meta("kept_positions", model_id_of(model_id, prompt), params, highlight=hi, layer=layer, group=group,
                          runs=[{"policy": r.policy, "budget": r.budget, **jsonable(r.params)} for r in results]),
                    coloraxis=dict(cmin=0, cmax=1, colorbar=dict(title=dict(text="kept"))), margin=dict(l=160))
     if not bins.exact:  # every token of every run in the export's CSV
@@ -199,7 +199,7 @@ def accuracy_vs_budget(df: pd.DataFrame, *, metric: str = "f1", x: str | None = 
     d[metric] = pd.to_numeric(d[metric], errors="coerce").astype(float)
     d[x] = pd.to_numeric(d[x], errors="coerce")
     d = d[d[metric].notna()]
-    fig = _Draft()
+    fig = Draft()
     i = 0
     refs = []
     for key, sub in d.groupby(by, sort=True, dropna=False):
@@ -214,7 +214,7 @@ def accuracy_vs_budget(df: pd.DataFrame, *, metric: str = "f1", x: str | None = 
         fig.add_trace(go.Scatter(x=agg[x].tolist(), y=agg["mean"].tolist(), name=name, mode="lines+markers",
                                  line=dict(color=st["color"], dash=st["dash"]), marker=dict(symbol=st["symbol"]),
                                  error_y=dict(type="data", array=agg["sem"].tolist(), thickness=1, width=3),
-                                 customdata=_cd(agg["count"].tolist(), agg["sem"].tolist()),
+                                 customdata=customdata(agg["count"].tolist(), agg["sem"].tolist()),
                                  meta={"customdata": ["n", "sem"]},
                                  hovertemplate=name + ", " + x + " = %{x}: " + metric
                                  + " = %{y:.3f} ± %{customdata[1]:.3f} (n = %{customdata[0]})<extra></extra>"))
@@ -226,8 +226,8 @@ def accuracy_vs_budget(df: pd.DataFrame, *, metric: str = "f1", x: str | None = 
                                  line=dict(color=[NEUTRAL, "#000", PALETTE[6]][j % 3], dash="dash"),
                                  hovertemplate=f"{html.escape(name)}: {metric} = {m:.3f} (n = {n})<extra></extra>"))
     models = sorted(str(m) for m in d["model"].unique()) if "model" in d.columns else []
-    return _finish(fig, f"{metric} vs {_XLABEL.get(x, x)}",
-                   _meta("accuracy_vs_budget", model_id or (", ".join(models) or None), params, metric=metric, x=x,
+    return finish(fig, f"{metric} vs {_XLABEL.get(x, x)}",
+                   figure_meta("accuracy_vs_budget", model_id or (", ".join(models) or None), params, metric=metric, x=x,
                          by=by, n_rows=int(len(d)), tasks=sorted(str(t) for t in d["task"].unique())
                          if "task" in d.columns else None),
                    xaxis_title=_XLABEL.get(x, x), yaxis_title=f"{metric} (mean ± s.e.)", yaxis=dict(rangemode="tozero"))
@@ -302,8 +302,8 @@ def kv_bytes_table(df: pd.DataFrame, *, by: Sequence[str] | None = None, metrics
     pooled = "task" in d.columns and "task" not in by and d["task"].nunique() > 1
     title = "Accuracy and KV cache per method and budget" + (
         f" (pooled over {d['task'].nunique()} tasks)" if pooled else "")
-    return _finish(fig, title,
-                   _meta("kv_bytes_table", model_id or (", ".join(models) or None), params, by=by,
+    return finish(fig, title,
+                   figure_meta("kv_bytes_table", model_id or (", ".join(models) or None), params, by=by,
                          metrics=list(metrics), bytes_column=bcol, n_rows=int(len(d))),
                    margin=dict(l=10, r=10, t=40, b=10),
                    aspect={k: (14 * lines + 8 + 20 * len(out) + 30) / w for k, w in (("single", 240), ("double", 504))})

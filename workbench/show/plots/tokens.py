@@ -15,8 +15,8 @@ import numbers
 import numpy as np
 
 from workbench.checks import check_int
-from workbench.show.figure_engine import _meta, _np
-from workbench.show.plots._common import _answer_chunk, _removed_chunks
+from workbench.show.figure_engine import as_numpy, figure_meta
+from workbench.show.plots.common import answer_chunk, removed_chunks
 from workbench.show.token_view import TOKEN_SCALE, TokenView
 
 __all__ = ["token_attention", "token_values", "removed_positions", "TOKEN_SCALE", "TokenView"]
@@ -43,21 +43,21 @@ def token_values(capture, layer: int, *, query="observers", head: int | None = N
     if pooling is not None:
         if query != "observers":
             raise ValueError(f"query: the pooled μ is an observer measure; must be 'observers', got {query!r}")
-        return _np(pooling.mu[layer]).astype(np.float64)[:T], f"pooled μ, layer {layer}"
+        return as_numpy(pooling.mu[layer]).astype(np.float64)[:T], f"pooled μ, layer {layer}"
     if head is not None:
         check_int("head", head, 0, capture.H_Q - 1)
         heads, who = [head], f"head {head}"
     else:
-        G = int(_np(capture.head_group).max()) + 1
+        G = int(as_numpy(capture.head_group).max()) + 1
         check_int("group", group, 0, G - 1)
-        heads, who = np.flatnonzero(_np(capture.head_group) == group).tolist(), f"KV group {group}"
+        heads, who = np.flatnonzero(as_numpy(capture.head_group) == group).tolist(), f"KV group {group}"
     if isinstance(query, str):
         if query != "observers":
             raise ValueError(f"query: must be 'observers' or a captured row index, got {query!r}")
-        a = _np(capture.observer_attn()[layer][heads]).astype(np.float64).mean((0, 1))
+        a = as_numpy(capture.observer_attn()[layer][heads]).astype(np.float64).mean((0, 1))
         return a, f"mean of {capture.spans.W_p} observers, {who}, layer {layer}"
     check_int("query", query, 0, capture.attn.shape[2] - 1)
-    a = _np(capture.attn[layer, heads, query, :T]).astype(np.float64).mean(0)
+    a = as_numpy(capture.attn[layer, heads, query, :T]).astype(np.float64).mean(0)
     pos = int(capture.row_pos[query])
     return a, f"{capture.row_kind[query]} row at position {pos}, {who}, layer {layer}"
 
@@ -70,7 +70,7 @@ def removed_positions(removed, spans, layer: int | None = None, group: int | Non
         return []
     T = spans.T
     if hasattr(removed, "kept_prompt"):  # GenerationResult
-        kp = _np(removed.kept_prompt)
+        kp = as_numpy(removed.kept_prompt)
         layers = [layer] if layer is not None else (list(removed.compacted_layers) or list(range(kp.shape[0])))
         groups = [group] if group is not None else list(range(kp.shape[1]))
         kept = np.zeros(T, dtype=bool)
@@ -83,8 +83,8 @@ def removed_positions(removed, spans, layer: int | None = None, group: int | Non
         if layer is None:
             return []
     if hasattr(removed, "removed") or hasattr(removed, "selections"):
-        ch = _removed_chunks(removed, 0 if layer is None else layer, spans.k)
-        return np.flatnonzero(_np(spans.removal_mask(ch))).tolist()
+        ch = removed_chunks(removed, 0 if layer is None else layer, spans.k)
+        return np.flatnonzero(as_numpy(spans.removal_mask(ch))).tolist()
     out = sorted({int(p) for p in removed})
     bad = [p for p in out if not 0 <= p < T]
     if bad:
@@ -123,8 +123,8 @@ def token_attention(capture, layer: int, *, query="observers", head: int | None 
     lo, hi = page * per_page, min(T, (page + 1) * per_page)
     toks = list(sp.tokens[lo:hi]) if len(sp.tokens) >= hi else [f"#{j}" for j in range(lo, hi)]
     rem = set(removed_positions(removed, sp, removed_layer, removed_group))
-    chunk_of = _np(sp.chunk_of()).tolist()
-    ans = _answer_chunk(sp)
+    chunk_of = as_numpy(sp.chunk_of()).tolist()
+    ans = answer_chunk(sp)
     v = vals[lo:hi].copy()
     shade = np.log10(np.maximum(v, LOG_FLOOR)) if log else v.copy()
     n_ex = max(0, sp.n_sink - lo) if exclude_sinks else 0
@@ -138,7 +138,7 @@ def token_attention(capture, layer: int, *, query="observers", head: int | None 
     bits = [f"tokens {lo}–{hi - 1} of {T}" + (f" (page {page + 1}/{n_pages})" if n_pages > 1 else "")]
     if rem:
         bits.append(f"{len(rem)} struck through")
-    meta = _meta("token_attention", capture.model_id, params, layer=layer, query=query, query_pos=qpos, head=head,
+    meta = figure_meta("token_attention", capture.model_id, params, layer=layer, query=query, query_pos=qpos, head=head,
                  group=group, pooled=pooling is not None, log=bool(log), exclude_sinks=bool(exclude_sinks),
                  page=page, per_page=per_page, n_pages=n_pages, removed=sorted(rem))
     return TokenView(

@@ -15,10 +15,10 @@ from workbench.show import plots
 from workbench.show.widgets.base import (
     SLIDERS,
     Panel,
-    _ep_controls,
-    _ep_from,
-    _head_dim,
-    _html_escape,
+    ep_controls,
+    ep_from,
+    head_dim_of,
+    html_escape,
 )
 
 __all__ = ["HeadsPanel", "PriorityPanel", "AuditPanel", "ShiftPanel", "PagesPanel"]
@@ -37,14 +37,14 @@ class HeadsPanel(Panel):
         self.capture = capture
         self.base = params or EntroPrefillParams()
         L = capture.L
-        self.controls = _ep_controls(("zeta", "tau"), self.base)
+        self.controls = ep_controls(("zeta", "tau"), self.base)
         self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1)
         self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=quantity, description="heatmap")
         self.controls["log"] = W.Checkbox(value=False, description="log residual colours")
         self._finish()
 
     def analysis(self):
-        p = _ep_from(self.controls, self.base)
+        p = ep_from(self.controls, self.base)
         return p.pooling()(self.capture)
 
     def compute(self):
@@ -73,7 +73,7 @@ class PriorityPanel(Panel):
         L, k = capture.L, capture.spans.k
         if k == 0:
             raise ValueError("capture: the prompt has no candidate chunks (k = 0); nothing to prioritise")
-        self.controls = _ep_controls(("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0"), self.base, k=k)
+        self.controls = ep_controls(("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0"), self.base, k=k)
         self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1)
         self.controls["certify"] = W.Checkbox(value=certify, description="LP certificate U")
         self._m0_memo: dict = {}
@@ -85,7 +85,7 @@ class PriorityPanel(Panel):
         greedy's removals shrink and ``U_l`` falls as ``m₀`` grows (the cardinality row ``Σ x ≤ k − m₀``), so
         ``m₀`` is inert exactly when ``m₀ = 0`` and ``m₀ = k`` give the same removals, ``D``, ``U`` and verdict."""
         c = self.controls
-        p = _ep_from(c, self.base)
+        p = ep_from(c, self.base)
         l, cert, k = int(c["layer"].value), bool(c["certify"].value), self.capture.spans.k
         key = (p.replace(m0=0), l, cert)
         if key not in self._m0_memo:
@@ -115,7 +115,7 @@ class PriorityPanel(Panel):
         """``(params, pooling, priorities, selection or None, envelope or None)`` at the chosen layer."""
 
         cap = self.capture
-        p = _ep_from(self.controls, self.base)
+        p = ep_from(self.controls, self.base)
         l = int(self.controls["layer"].value)
         inputs = proposal_inputs(cap, p)  # exactly what trace() uses, for every params.priority
         sel = layer_proposal(cap, p, l, certify=bool(self.controls["certify"].value), inputs=inputs).selection
@@ -142,7 +142,7 @@ class PriorityPanel(Panel):
         if sel is None:
             st = f"layer {l}: invalid (residual or document mass ≤ ρ_min); no selection"
         else:
-            st = f"layer {l}: {_html_escape(sel.verdict)}; envelope holds for every row: {env.all_hold}"
+            st = f"layer {l}: {html_escape(sel.verdict)}; envelope holds for every row: {env.all_hold}"
         return figs, st
 
 
@@ -163,7 +163,7 @@ class AuditPanel(Panel):
         super().__init__()
         self.capture = capture
         self.base = params or EntroPrefillParams()
-        self.controls = _ep_controls(self.NAMES, self.base, k=capture.spans.k)
+        self.controls = ep_controls(self.NAMES, self.base, k=capture.spans.k)
         self.controls["certify"] = W.Checkbox(value=certify, description="LP certificates U_l")
         self._continuous({"new": certify})
         self._finish()
@@ -190,7 +190,7 @@ class AuditPanel(Panel):
 
     def analysis(self):
 
-        p = _ep_from(self.controls, self.base)
+        p = ep_from(self.controls, self.base)
         return trace(self.capture, p, certify=bool(self.controls["certify"].value))
 
     def compute(self):
@@ -199,9 +199,9 @@ class AuditPanel(Panel):
         budget = target_tokens(tr.params.target, self.capture.spans.N, tr.params.target_tokens)
         figs = {"trace": plots.trace_layers(tr),
                 "certificate": plots.certificate(tr, budget)}
-        st = _html_escape(tr.decision)
+        st = html_escape(tr.decision)
         if tr.notes:
-            st += "<br><small>" + "<br>".join(_html_escape(n) for n in tr.notes) + "</small>"
+            st += "<br><small>" + "<br>".join(html_escape(n) for n in tr.notes) + "</small>"
         return figs, st
 
 
@@ -268,12 +268,12 @@ class PagesPanel(Panel):
         self.s, self.e = int(s), int(e)
         self._memo: PageScoreMemo | None = None  # per-capture group-score sums (ζ moves O(L·G·T))
         self._results: dict = {}
-        self.d = int(head_dim) if head_dim is not None else _head_dim(capture)
+        self.d = int(head_dim) if head_dim is not None else head_dim_of(capture)
         L = capture.L
         self.controls = {
             "page": SLIDERS["page"].make(),
             "K": SLIDERS["K"].make(),
-            **_ep_controls(("zeta", "tau"), self.base),
+            **ep_controls(("zeta", "tau"), self.base),
             "layer": SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1),
         }
         self._k_range()
@@ -297,7 +297,7 @@ class PagesPanel(Panel):
 
     def analysis(self):
         c = self.controls
-        ep = _ep_from(c, self.base)
+        ep = ep_from(c, self.base)
         key = (ep.zeta, ep.tau, int(c["page"].value), int(c["K"].value))
         if key not in self._results:  # a layer move re-draws the figure only
             pool = ep.pooling()(self.capture)

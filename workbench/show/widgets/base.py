@@ -153,11 +153,11 @@ SLIDERS: dict[str, SliderSpec] = {
 }
 
 
-def _html_escape(s) -> str:
+def html_escape(s) -> str:
     return html.escape(str(s))
 
 
-def _head_dim(capture, default: int = 64) -> int:
+def head_dim_of(capture, default: int = 64) -> int:
     m = re.search(r"\bd=(\d+)", str(getattr(capture, "model_id", "")))
     return int(m.group(1)) if m else default
 
@@ -229,7 +229,7 @@ class Panel(abc.ABC):
         self.export_links = W.HTML()
         self.export_button.on_click(lambda _b: self.export_clicked())
         self._figure_box = W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap"))
-        self.widget = W.VBox([W.HTML(f"<b>{_html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
+        self.widget = W.VBox([W.HTML(f"<b>{html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
                               self._figure_box, W.HBox([self.export_button, self.export_width, self.export_links])])
         for w in self.controls.values():
             w.observe(self._on_change, names="value")
@@ -287,7 +287,7 @@ class Panel(abc.ABC):
                 figs = {name: live_layout(f) for name, f in figs.items()}  # the layout rules, at every update
         except ValueError as e:  # a parameter combination the analysis rejects: say so, keep the figures
             self.error = str(e)
-            self.status.value = f"<span style='color:#D55E00'>{_html_escape(e)}</span>"
+            self.status.value = f"<span style='color:#D55E00'>{html_escape(e)}</span>"
             self.timings = {"analysis_ms": _ms(t0), "figure_ms": 0.0, "sync_ms": 0.0, "total_ms": _ms(t0)}
             return
         self.error = None
@@ -320,14 +320,14 @@ class Panel(abc.ABC):
         try:
             out = self.export_all(folder, width=["single", "double"] if w == "both" else w)
         except (RuntimeError, ValueError, OSError) as e:
-            self.export_links.value = f"<span style='color:#D55E00'>export failed: {_html_escape(e)}</span>"
+            self.export_links.value = f"<span style='color:#D55E00'>export failed: {html_escape(e)}</span>"
             raise
         finally:
             self.export_button.disabled = False
         paths = [p for ps in out.values() for p in ps]
-        links = " ".join(f"<a href='{_html_escape(p.as_posix())}' target='_blank'>{_html_escape(p.name)}</a>"
+        links = " ".join(f"<a href='{html_escape(p.as_posix())}' target='_blank'>{html_escape(p.name)}</a>"
                          for p in paths)
-        self.export_links.value = (f"{len(paths)} files in <code>{_html_escape(folder.resolve())}</code>: {links}")
+        self.export_links.value = (f"{len(paths)} files in <code>{html_escape(folder.resolve())}</code>: {links}")
         return paths
 
     def export_all(self, folder, **kw):
@@ -345,7 +345,7 @@ class Panel(abc.ABC):
                                   for name, fw in self.figures.items()}, folder, **kw)
 
 
-def _ep_from(controls: dict, base: EntroPrefillParams) -> EntroPrefillParams:
+def ep_from(controls: dict, base: EntroPrefillParams) -> EntroPrefillParams:
     names = {f.name for f in fields(EntroPrefillParams)}
     ch = {}
     for k, w in controls.items():
@@ -355,7 +355,7 @@ def _ep_from(controls: dict, base: EntroPrefillParams) -> EntroPrefillParams:
     return base.replace(**ch)
 
 
-def _ep_controls(names, base: EntroPrefillParams, *, continuous: bool = True, k: int | None = None) -> dict:
+def ep_controls(names, base: EntroPrefillParams, *, continuous: bool = True, k: int | None = None) -> dict:
     out = {}
     for n in names:
         if n == "m0":

@@ -27,9 +27,9 @@ from workbench.show import plots
 from workbench.show.widgets.base import (
     SLIDERS,
     Panel,
-    _ep_controls,
-    _ep_from,
-    _html_escape,
+    ep_controls,
+    ep_from,
+    html_escape,
 )
 
 __all__ = ["PrunePanel", "EvictionPanel"]
@@ -130,7 +130,7 @@ class _RunMixin:
             raise
         except Exception as e:
             self.progress.description = "failed"
-            self.answers.value = f"<span style='color:#D55E00'>run failed: {_html_escape(e)}</span>"
+            self.answers.value = f"<span style='color:#D55E00'>run failed: {html_escape(e)}</span>"
             raise
         finally:
             self.run_button.disabled = False
@@ -155,10 +155,10 @@ def _answer_table(left_title: str, left: str, right_title: str, right: str, rows
     """Both answers in full, wrapped (never cut), side by side."""
     cell = "style='vertical-align:top;padding:4px 10px;border:1px solid #ddd;max-width:520px'"
     code = "style='white-space:pre-wrap;overflow-wrap:anywhere'"
-    head = f"<tr><th {cell}>{_html_escape(left_title)}</th><th {cell}>{_html_escape(right_title)}</th></tr>"
-    body = (f"<tr><td {cell}><code {code}>{_html_escape(left)}</code></td>"
-            f"<td {cell}><code {code}>{_html_escape(right)}</code></td></tr>")
-    extra = "".join(f"<tr><td {cell}>{_html_escape(a)}</td><td {cell}>{_html_escape(b)}</td></tr>" for a, b in rows)
+    head = f"<tr><th {cell}>{html_escape(left_title)}</th><th {cell}>{html_escape(right_title)}</th></tr>"
+    body = (f"<tr><td {cell}><code {code}>{html_escape(left)}</code></td>"
+            f"<td {cell}><code {code}>{html_escape(right)}</code></td></tr>")
+    extra = "".join(f"<tr><td {cell}>{html_escape(a)}</td><td {cell}>{html_escape(b)}</td></tr>" for a, b in rows)
     return f"<table style='border-collapse:collapse'>{head}{body}{extra}</table>"
 
 
@@ -191,7 +191,7 @@ class PrunePanel(_RunMixin, Panel):
         self.max_new_tokens = max_new_tokens
         self.composed = bool(composed)
         L = capture.L
-        self.controls = _ep_controls(self.NAMES, self.base, k=capture.spans.k, continuous=False)  # on release
+        self.controls = ep_controls(self.NAMES, self.base, k=capture.spans.k, continuous=False)  # on release
         self.controls["mode"] = W.Dropdown(options=["adaptive", "fixed layer"], value="adaptive", description="mode")
         self.controls["run_layer"] = SLIDERS["run_layer"].make(min(4, L - 1), lo=1, hi=L - 1, continuous=False)
         self.controls["mode"].observe(self._show_layer, names="value")
@@ -202,7 +202,7 @@ class PrunePanel(_RunMixin, Panel):
 
     def analysis(self):
 
-        return trace(self.capture, _ep_from(self.controls, self.base), certify=False)
+        return trace(self.capture, ep_from(self.controls, self.base), certify=False)
 
     def _show_layer(self, change=None) -> None:
         """The fixed-l* slider shows only in fixed-layer mode."""
@@ -218,16 +218,16 @@ class PrunePanel(_RunMixin, Panel):
             figs["drift"] = go.Figure(layout=dict(title="No drift: the last run was a bypass (nothing pruned)",
                                                   meta={"figure": "drift", "bypass": True}))
         if fixed is None:
-            return figs, "predicted from the capture: " + _html_escape(tr.decision)
+            return figs, "predicted from the capture: " + html_escape(tr.decision)
         sel = tr.selections.get(fixed)
         what = ("no selection there (invalid layer)" if sel is None else
-                f"removes chunks {list(sel.removed)} ({sel.D} tokens); {_html_escape(sel.verdict)}")
+                f"removes chunks {list(sel.removed)} ({sel.D} tokens); {html_escape(sel.verdict)}")
         return figs, (f"fixed layer l* = {fixed} (dashed line): {what}. The adaptive procedure would: "
-                      + _html_escape(tr.decision))
+                      + html_escape(tr.decision))
 
     def run_key(self) -> tuple:
         """The frozen parameter tuple that identifies a pruned run."""
-        p = _ep_from(self.controls, self.base)
+        p = ep_from(self.controls, self.base)
         layer = None if self.controls["mode"].value == "adaptive" else int(self.controls["run_layer"].value)
         return ("pruned", tuple(sorted(p.to_dict().items())), layer, self.max_new_tokens)
 
@@ -235,7 +235,7 @@ class PrunePanel(_RunMixin, Panel):
         """Run (or fetch from the cache) the full and the pruned prefill for the current parameters."""
 
         key = self.run_key()
-        p = _ep_from(self.controls, self.base)
+        p = ep_from(self.controls, self.base)
         layer = key[2]
         with self._busy():
             self._step(0, "full prefill…")

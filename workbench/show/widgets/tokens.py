@@ -8,7 +8,7 @@ import numpy as np
 
 from workbench.analyse.params import EntroPrefillParams
 from workbench.show import plots
-from workbench.show.widgets.base import SLIDERS, Panel, _html_escape
+from workbench.show.widgets.base import SLIDERS, Panel, html_escape
 
 __all__ = ["TokenPanel"]
 
@@ -84,7 +84,7 @@ class TokenPanel(Panel):
                                     exclude_sinks=bool(c["exclude_sinks"].value), page=int(c["page"].value),
                                     per_page=self.per_page)
         m = fig.meta
-        st = (f"query: {_html_escape(c['query'].label)}; click a token to make the nearest captured row the query"
+        st = (f"query: {html_escape(c['query'].label)}; click a token to make the nearest captured row the query"
               + (f"; {len(m['removed'])} tokens struck through" if m["removed"] else ""))
         return {"tokens": fig}, st
 

@@ -4,14 +4,14 @@
 import numpy as np
 
 from workbench.show.figure_engine import (
-    _np,
+    as_numpy,
 )
 from workbench.show.theme import (
-    _token_label,
+    token_label,
 )
 
 
-def _model_id(model_id, *sources):
+def model_id_of(model_id, *sources):
     if model_id is not None:
         return model_id
     for s in sources:
@@ -21,7 +21,7 @@ def _model_id(model_id, *sources):
     return None
 
 
-def _spans_of(source):
+def spans_of(source):
     """``PromptSpans`` of a capture, a prompt, a trace or spans themselves (None if none)."""
     if source is None:
         return None
@@ -33,24 +33,24 @@ def _spans_of(source):
     raise ValueError(f"spans: must be PromptSpans, a Prompt, a Capture or a TraceResult, got {type(source).__name__}")
 
 
-def _tokens(spans, T: int) -> list[str]:
+def hover_tokens(spans, T: int) -> list[str]:
     """Hover labels of ``T`` positions: the tokens when known, else ``#j``."""
     if spans is not None and len(spans.tokens) >= T:
-        return [_token_label(t) for t in spans.tokens[:T]]
+        return [token_label(t) for t in spans.tokens[:T]]
     return [f"#{j}" for j in range(T)]
 
 
-def _answer_chunk(spans) -> int | None:
+def answer_chunk(spans) -> int | None:
     if spans is None or spans.answer_doc is None or spans.answer_doc not in spans.chunk_doc:
         return None
     return list(spans.chunk_doc).index(spans.answer_doc)
 
 
-def _head_labels(head_group) -> list[str]:
-    return [f"h{h} (g{int(g)})" for h, g in enumerate(_np(head_group).tolist())]
+def head_labels(head_group) -> list[str]:
+    return [f"h{h} (g{int(g)})" for h, g in enumerate(as_numpy(head_group).tolist())]
 
 
-def _removed_chunks(removed, layer: int, k: int) -> list[int] | None:
+def removed_chunks(removed, layer: int, k: int) -> list[int] | None:
     """Chunk indices removed at ``layer`` from a list, a ``SelectionResult`` or a ``TraceResult``."""
     if removed is None:
         return None
@@ -60,7 +60,7 @@ def _removed_chunks(removed, layer: int, k: int) -> list[int] | None:
     elif hasattr(removed, "removed"):
         out = list(removed.removed)
     else:
-        m = _np(removed)
+        m = as_numpy(removed)
         out = np.flatnonzero(m).tolist() if m.dtype == bool and m.shape == (k,) else [int(i) for i in m.reshape(-1)]
     bad = [i for i in out if not 0 <= i < k]
     if bad:
@@ -68,7 +68,7 @@ def _removed_chunks(removed, layer: int, k: int) -> list[int] | None:
     return sorted(out)
 
 
-def _cd(*cols) -> np.ndarray:
+def customdata(*cols) -> np.ndarray:
     """``customdata`` rows from columns, as an object array ``[n, len(cols)]`` (fast to validate)."""
     out = np.empty((len(cols[0]) if cols else 0, len(cols)), dtype=object)
     for j, c in enumerate(cols):
@@ -76,7 +76,7 @@ def _cd(*cols) -> np.ndarray:
     return out
 
 
-def _rows(row, n: int) -> np.ndarray:
+def repeat_rows(row, n: int) -> np.ndarray:
     """``n`` copies of one row as an object array ``[n, len(row)]`` (per-cell heatmap customdata)."""
     out = np.empty((n, len(row)), dtype=object)
     out[:] = list(row)
