@@ -17,7 +17,9 @@ import torch
 
 from workbench.analyse.rows import check_rows
 from workbench.checks import check_int
+from workbench.choices import AuditMode
 from workbench.constraints import PARAMS
+from workbench.shapes import shaped
 
 NO_LAYER_CAN_PASS = "no layer can pass"
 
@@ -48,7 +50,7 @@ class AuditResult:
         message: plain-language summary (says when ``b > eps_audit``: no layer can pass).
     """
 
-    mode: str
+    mode: AuditMode
     eta: torch.Tensor
     b: float
     bound: torch.Tensor
@@ -86,10 +88,11 @@ def audit_sample(n_pop: int, m_a: int, seed: int) -> torch.Tensor:
     return torch.randint(0, n_pop, (int(m_a),), generator=g)
 
 
+@shaped
 def audit_bounds(
     A_audit: torch.Tensor,
     removed: torch.Tensor,
-    mode: str = "exact",
+    mode: AuditMode = "exact",
     m_a: int = 32,
     delta: float = 0.05,
     J: int = 1,
@@ -129,7 +132,7 @@ def audit_bounds(
 
 def audit_from_rows(
     eta_rows: torch.Tensor,
-    mode: str = "exact",
+    mode: AuditMode = "exact",
     m_a: int = 32,
     delta: float = 0.05,
     J: int = 1,

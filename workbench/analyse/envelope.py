@@ -15,12 +15,17 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
 from torch import Tensor
 
 from workbench.analyse.rows import check_rows
+from workbench.shapes import shaped
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 __all__ = [
     "EnvelopeResult",
@@ -113,6 +118,7 @@ class EnvelopeResult:
         )
 
 
+@shaped
 def envelope(A_rows: Tensor, mu: Tensor, omega: Tensor, removed: Tensor, *, atol: float = 1e-6,
              layer: int | None = None) -> EnvelopeResult:
     """Deletion envelope of every constraint row of one layer (SPEC §4).
@@ -185,6 +191,7 @@ def output_bound(eta, V):
     return 2 * V * eta
 
 
+@shaped
 def output_shift(a: Tensor, values: Tensor, removed: Tensor) -> tuple[Tensor, Tensor, float, float]:
     """Actual output change of one attention row under removal (SPEC §4 output bound).
 
@@ -215,7 +222,7 @@ def output_shift(a: Tensor, values: Tensor, removed: Tensor) -> tuple[Tensor, Te
     return o, o_R, float(torch.linalg.vector_norm(o - o_R)), eta
 
 
-def envelope_all_layers(capture, pooling_result, removed_by_layer, *, atol: float = 1e-6) -> list[EnvelopeResult]:
+def envelope_all_layers(capture: Capture, pooling_result, removed_by_layer, *, atol: float = 1e-6) -> list[EnvelopeResult]:
     """Envelope of the observer rows of several layers of a capture.
 
     Args:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,10 @@ from torch import Tensor
 from workbench.analyse.rows import check_capture_rows, check_rows
 from workbench.checks import check_fields
 from workbench.constraints import checked
+from workbench.shapes import shaped
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 __all__ = [
     "HeadPooling",
@@ -284,6 +289,7 @@ class HeadPooling:
     def __post_init__(self):
         check_fields(self)
 
+    @shaped
     def pool(self, A_obs: Tensor, head_group: Tensor, n_sink: int, *, _stats=None, _va: dict | None = None) -> PoolingResult:
         """Pool the observer rows of every layer (SPEC §2).
 
@@ -348,7 +354,7 @@ class HeadPooling:
             rho_min=float(self.rho_min),
         )
 
-    def __call__(self, capture) -> PoolingResult:
+    def __call__(self, capture: Capture) -> PoolingResult:
         """Pool ``capture.observer_attn()`` with the capture's head groups and ``spans.n_sink``.
 
         The observer mean ``a`` and the residual statistics depend only on the capture, ``n_sink``

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
@@ -22,6 +23,9 @@ from workbench.analyse.rows import check_capture_rows
 from workbench.analyse.selection import SelectionResult, mass_table
 from workbench.checks import check_int
 from workbench.util import single_threaded
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 
 def _row_chunk_mass(A: torch.Tensor, spans) -> torch.Tensor:
@@ -183,7 +187,7 @@ class ProposalInputs:
     mass: torch.Tensor
 
 
-def proposal_inputs(capture, params: EntroPrefillParams) -> ProposalInputs:
+def proposal_inputs(capture: Capture, params: EntroPrefillParams) -> ProposalInputs:
     """Pooling, priorities, the priority used and the mass table of a capture under ``params``."""
     spans = capture.spans
     pooling = params.pooling()(capture)
@@ -193,7 +197,7 @@ def proposal_inputs(capture, params: EntroPrefillParams) -> ProposalInputs:
     return ProposalInputs(pooling=pooling, priorities=prio, S=S, mass=m_all)
 
 
-def layer_proposal(capture, params: EntroPrefillParams, l: int, *, certify: bool = True,
+def layer_proposal(capture: Capture, params: EntroPrefillParams, l: int, *, certify: bool = True,
                    inputs: ProposalInputs | None = None) -> LayerProposal:
     """The proposal ``E_l`` at layer ``l`` exactly as :func:`trace` computes it (the same pooling, the
     priority ``params.priority`` names, the same greedy scan and certificate). ``inputs`` reuses
@@ -208,7 +212,7 @@ def layer_proposal(capture, params: EntroPrefillParams, l: int, *, certify: bool
 
 
 @single_threaded
-def trace(capture, params: EntroPrefillParams | None = None, *, certify: bool = True) -> TraceResult:
+def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify: bool = True) -> TraceResult:
     """Run the adaptive layer selection of paper §5 (steps 1–7) on a capture, without a model.
 
     Per monitored layer ``l`` (in increasing order): pooling (§2) → priorities (§3) → mass table of

@@ -11,7 +11,12 @@ re-run the analytics pay nothing.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 __all__ = ["check_rows", "check_capture_rows", "row_sum_tol"]
 
@@ -70,7 +75,7 @@ def check_rows(A, name: str = "A", *, dims: tuple[str, ...] | None = None, layer
                              f">= 0 and sum to at most 1 (+{tol:g})")
 
 
-def check_capture_rows(capture) -> None:
+def check_capture_rows(capture: Capture) -> None:
     """:func:`check_rows` on every row of a capture (``attn [L, H_Q, R, K]``), once: the verdict is
     cached on the capture (``capture.clear_cache()`` after editing its rows in place)."""
     if hasattr(capture, "cached"):

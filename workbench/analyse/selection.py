@@ -35,6 +35,7 @@ from workbench.analyse.priorities import chunk_sums_idx, take_last
 from workbench.analyse.rows import check_rows
 from workbench.checks import check_fields, check_target, check_target_tokens
 from workbench.constraints import checked
+from workbench.shapes import shaped
 
 VERDICT_INFEASIBLE = "target infeasible (proved: U < target)"
 VERDICT_NO_CANDIDATES = "no candidate chunks (k = 0): ordinary inference, nothing removed"
@@ -46,6 +47,7 @@ def _np(x, dtype=np.float64) -> np.ndarray:
     return np.asarray(x, dtype=dtype)
 
 
+@shaped
 def mass_table(A_rows: torch.Tensor, spans) -> torch.Tensor:
     """Row–chunk mass table ``m_ai = A^{l,h}_u(c_i)``.
 

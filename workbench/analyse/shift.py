@@ -30,6 +30,7 @@ import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -40,6 +41,10 @@ from workbench.analyse.pooling import group_onehot
 from workbench.analyse.ranking import topk_mask
 from workbench.analyse.rows import check_capture_rows
 from workbench.analyse.stats import bootstrap_ci, paired
+from workbench.choices import ShiftLevel
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 __all__ = ["shift_rows", "group_rows", "jsd", "topk_recall", "ShiftAnalysis", "ShiftResult", "ShiftWarning",
            "step_gains", "leap_specificity", "HELD_OUT_AFTER"]
@@ -58,7 +63,7 @@ def _renorm(rows: Tensor) -> Tensor:
     return rows / s
 
 
-def shift_rows(capture, W: int | None = None) -> tuple[Tensor, Tensor]:
+def shift_rows(capture: Capture, W: int | None = None) -> tuple[Tensor, Tensor]:
     """Prompt-tail and decode rows of a capture, restricted to the prompt keys and renormalised.
 
     Args:
@@ -192,7 +197,7 @@ def _hits_every_k(rank_rows: Tensor, ref_order: Tensor) -> Tensor:
     return c.cumsum(-1, dtype=torch.int32)
 
 
-def _prepared(capture) -> dict:
+def _prepared(capture: Capture) -> dict:
     """The parameter-free part of the shift analysis, memoised on the capture (what the sliders reuse):
     ``r`` over every tail row, the adjacent JSD (head and group level) and the rows' key ranks.
     ``k``, the reference and ``W`` then cost a gather and a slice instead of seconds at T = 2k."""
@@ -360,7 +365,7 @@ class ShiftAnalysis:
             if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo):
                 raise ValueError(f"{name}: must be None or an integer >= {lo}, got {v!r}")
 
-    def __call__(self, capture, reference=None) -> ShiftResult:
+    def __call__(self, capture: Capture, reference=None) -> ShiftResult:
         """Shift metrics of ``capture``.
 
         Args:
@@ -434,7 +439,7 @@ class ShiftAnalysis:
         )
 
 
-def step_gains(results: Sequence[ShiftResult], level: str = "group", *, conf: float = 0.95) -> pd.DataFrame:
+def step_gains(results: Sequence[ShiftResult], level: ShiftLevel = "group", *, conf: float = 0.95) -> pd.DataFrame:
     """Leap specificity across prompts: the recall gain of every adjacent step with a bootstrap CI.
 
     Args:
@@ -466,7 +471,7 @@ def step_gains(results: Sequence[ShiftResult], level: str = "group", *, conf: fl
     return pd.DataFrame(rows)
 
 
-def leap_specificity(results: Sequence[ShiftResult], level: str = "group", *, conf: float = 0.95):
+def leap_specificity(results: Sequence[ShiftResult], level: ShiftLevel = "group", *, conf: float = 0.95):
     """Paired comparison, across prompts, of the boundary step ``0→1`` against the last step inside the prompt
     ``−1→0`` (per prompt: mean gain over layers and units): a :class:`workbench.analyse.stats.Paired`
     (wins = prompts where the boundary step gains more); ``.finding("0→1", "−1→0", "recall gain")`` says it."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.checks import check_choice, check_int
-from workbench.choices import ROW_DTYPES
+from workbench.choices import ROW_DTYPES, RowDtype
 
 __all__ = ["CaptureMemory", "estimate_capture_bytes", "check_capture_budget", "row_dtype", "max_capture_bytes",
            "ENV_MAX_BYTES", "HALF_REL_ERROR"]
@@ -39,7 +39,7 @@ HALF_REL_ERROR = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def row_dtype(name: str) -> torch.dtype:
+def row_dtype(name: RowDtype) -> torch.dtype:
     """The torch dtype of a storage dtype name in ``ROW_DTYPES``."""
     return _TORCH[check_choice("dtype", name, ROW_DTYPES)]
 
@@ -63,7 +63,7 @@ class CaptureMemory:
     host_rows: int
     host_other: int
     device_peak: int
-    dtype: str
+    dtype: RowDtype
 
     @property
     def host(self) -> int:
@@ -74,7 +74,7 @@ class CaptureMemory:
                 f"accelerator working set {_gib(self.device_peak)} (one layer at a time)")
 
 
-def estimate_capture_bytes(*, L: int, H_Q: int, G: int, R: int, T: int, n_decode: int = 0, dtype: str = "float32",
+def estimate_capture_bytes(*, L: int, H_Q: int, G: int, R: int, T: int, n_decode: int = 0, dtype: RowDtype = "float32",
                            colsum: bool = False, colsum_tile: int = 128, hidden_layers: int = 0,
                            hidden_size: int = 0) -> CaptureMemory:
     """Estimate the bytes of a capture before running it (see the module docstring for the layout).

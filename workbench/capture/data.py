@@ -25,7 +25,7 @@ from safetensors.torch import save as safetensors_save
 from workbench._version import __version__
 from workbench.capture.synthetic import synthetic_rows
 from workbench.checks import check_choice
-from workbench.choices import ROW_DTYPES, ROW_KINDS, SYNTHETIC_STRUCTURES, RowDtype, SyntheticStructure
+from workbench.choices import ROW_DTYPES, ROW_KINDS, SYNTHETIC_STRUCTURES, RowDtype, RowKind, SyntheticStructure
 from workbench.run.spans import PromptSpans
 from workbench.util import atomic_write_bytes
 
@@ -174,7 +174,7 @@ class Capture:
         return self.spans.T
 
     # ----- row selection -----
-    def rows_of(self, kind: str) -> torch.Tensor:
+    def rows_of(self, kind: RowKind) -> torch.Tensor:
         """Row indices (into the ``R`` axis) of one kind, ordered by position; int64."""
         if kind not in ROW_KINDS:
             raise ValueError(f"kind: must be one of {ROW_KINDS}, got {kind!r}")
@@ -201,7 +201,7 @@ class Capture:
         """Rows ``idx`` restricted to the prompt keys ``[0, T)``, ``[L, H_Q, len(idx), T]`` in ``attn.dtype``."""
         return self.attn[:, :, idx, : self.T]
 
-    def sink_mass(self, kind: str = "observer") -> torch.Tensor:
+    def sink_mass(self, kind: RowKind = "observer") -> torch.Tensor:
         """Mean attention mass on the sinks ``𝒮`` over the rows of one kind; float32 ``[L, H_Q]``."""
         idx = self.rows_of(kind)
         if idx.numel() == 0:

@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from workbench.choices import SyntheticStructure
+
 __all__ = ["synthetic_rows"]
 
 _SMALL = 2 ** 22
@@ -55,7 +57,7 @@ def _realistic_layer(g, l: int, L: int, H: int, pos: torch.Tensor, K: int, causa
 
 
 def synthetic_rows(pos: list[int], K: int, *, L: int, H_Q: int, generator: torch.Generator, concentration: float,
-                   structure: str = "random", n_sink: int = 4, dtype: torch.dtype = torch.float32,
+                   structure: SyntheticStructure = "random", n_sink: int = 4, dtype: torch.dtype = torch.float32,
                    span: int = 64, head_block: int = 8) -> torch.Tensor:
     """Causal attention rows ``[L, H_Q, R, K]`` in ``dtype`` for query positions ``pos`` (see module docstring)."""
     g = generator

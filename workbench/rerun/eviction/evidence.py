@@ -11,12 +11,17 @@ scores — the same convention as the shift analysis (probabilities averaged ove
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from workbench.analyse.shift import group_rows
+from workbench.choices import Pooling
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 __all__ = ["Needs", "Evidence", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
 
@@ -132,7 +137,7 @@ class Evidence:
         return self._scores[policy]
 
     @classmethod
-    def from_capture(cls, capture) -> "Evidence":
+    def from_capture(cls, capture: Capture) -> "Evidence":
         """Evidence from a saved :class:`~workbench.capture.data.Capture` (tail, decode and observer rows;
         no H2O column sums)."""
         T = capture.T
@@ -184,7 +189,7 @@ def maxpool(x: Tensor, kernel: int) -> Tensor:
     return y.reshape(L, G, T)
 
 
-def pool(x: Tensor, kernel: int, mode: str = "max") -> Tensor:
+def pool(x: Tensor, kernel: int, mode: Pooling = "max") -> Tensor:
     """Pool ``x [L, G, T]`` over the key axis (stride 1, same length): ``"max"``, or ``"avg"`` (zero
     padding counted, as ``F.avg_pool1d`` and kvpress's SnapKV do)."""
     if mode not in ("max", "avg"):

@@ -20,10 +20,12 @@ from workbench.checks import check_int
 from workbench.constraints import BUDGET, BUDGET_FRAC
 from workbench.rerun.eviction.evidence import Evidence
 from workbench.rerun.eviction.policies.base import EvictionPolicy
+from workbench.shapes import check_shape, shaped
 
 __all__ = ["select_keep", "preview", "preview_window", "resolve_budget"]
 
 
+@shaped
 def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor | None = None,
                 budgets: Tensor | None = None) -> Tensor:
     """The shared selection step: ``B`` prompt positions per layer and KV group.
@@ -84,7 +86,8 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     """The kept prompt positions of ``policy`` at budget ``B``: the single rule every caller uses.
 
     A policy that keeps everything (the full cache) or ``B ≥ T`` keeps every position ``0 … T-1``;
-    otherwise :func:`select_keep` over the policy's scores, protected set and tie-break.
+    otherwise :func:`select_keep` over the policy's scores (checked: ``[L, G, T]`` of the evidence),
+    protected set and tie-break.
 
     A policy with a budget allocation (:meth:`EvictionPolicy.allocate`) keeps ``B_{l,g}`` positions per
     layer and group (``L·G·B`` in all): rows are ``-1``-padded to the largest count.
@@ -98,8 +101,10 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     T, L, G = evidence.T, evidence.L, evidence.G
     if policy.keeps_all or B >= T:
         return torch.arange(T).expand(L, G, T).clone()
-    return select_keep(evidence.scores_of(policy), B, policy.protected(T), policy.tiebreak(evidence),
-                       policy.allocate(evidence, B))
+    scores = evidence.scores_of(policy)
+    dims = {"L": L, "G": G, "T": T}
+    check_shape(f"{policy.name}.scores", scores, "L, G, T", dims, source=dict.fromkeys(dims, "evidence"))
+    return select_keep(scores, B, policy.protected(T), policy.tiebreak(evidence), policy.allocate(evidence, B))
 
 
 def preview_window(policy: EvictionPolicy, evidence: Evidence, budget: int, layer: int, held: Tensor) -> Tensor:

@@ -1,16 +1,18 @@
 """Figures of captures and analyses (SPEC §1–§6): capture views, pooling, priorities, selection and trace."""
+from __future__ import annotations
 
 import html
 import math
 import numbers
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.checks import check_choice, check_int
-from workbench.choices import HeadQuantity
+from workbench.choices import HeadQuantity, RowKind
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
     Draft,
@@ -39,9 +41,12 @@ from workbench.show.theme import (
     text_preview,
 )
 
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
+
 
 # ============================================================================= capture views
-def sink_mass_heatmap(capture, kind: str = "observer", *, params=None) -> go.Figure:
+def sink_mass_heatmap(capture: Capture, kind: RowKind = "observer", *, params=None) -> go.Figure:
     """Layer × head heatmap of the attention mass the ``kind`` rows put on the sinks (``capture.sink_mass``)."""
     m = capture.sink_mass(kind).numpy()
     fig = Draft(go.Heatmap(z=plot_array(m), x=head_labels(capture.head_group), y=list(range(capture.L)),
@@ -52,7 +57,7 @@ def sink_mass_heatmap(capture, kind: str = "observer", *, params=None) -> go.Fig
                    xaxis_title="query head (KV group)", yaxis_title="layer", coloraxis=dict(cmin=0, cmax=1))
 
 
-def attention_strip(capture, layer: int, head: int, row: int | None = None, *, log: bool = False,
+def attention_strip(capture: Capture, layer: int, head: int, row: int | None = None, *, log: bool = False,
                     exclude_sinks: bool = False, max_tick_tokens: int = 80, params=None) -> go.Figure:
     """Attention of one row (default: the mean of the observers) over the prompt tokens, for one head.
 

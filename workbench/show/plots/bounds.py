@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from workbench.checks import check_choice, check_int
+from workbench.choices import ShiftLevel
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
     Draft,
@@ -264,7 +265,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
 
 
 # ============================================================================= shift (SPEC §9)
-def shift_steps(shift, *, level: str = "group", layer: int | None = None, model_id: str | None = None,
+def shift_steps(shift, *, level: ShiftLevel = "group", layer: int | None = None, model_id: str | None = None,
                 params=None) -> go.Figure:
     """Prefill-vs-decode attention shift of a :class:`~workbench.analyse.shift.ShiftResult`.
 

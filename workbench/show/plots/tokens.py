@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,12 +20,15 @@ from workbench.show.figure_engine import as_numpy, figure_meta
 from workbench.show.plots.common import answer_chunk, removed_chunks
 from workbench.show.token_view import TOKEN_SCALE, TokenView
 
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
+
 __all__ = ["token_attention", "token_values", "removed_positions", "TOKEN_SCALE", "TokenView"]
 
 LOG_FLOOR = 1e-6  # log10 shading: values below are drawn at the floor
 
 
-def token_values(capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
+def token_values(capture: Capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
                  pooling=None) -> tuple[np.ndarray, str]:
     """The attention row a token view shades, ``[T]`` (float64), and its description.
 
@@ -92,7 +96,7 @@ def removed_positions(removed, spans, layer: int | None = None, group: int | Non
     return out
 
 
-def token_attention(capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
+def token_attention(capture: Capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
                     pooling=None, removed=None, removed_layer: int | None = None, removed_group: int | None = None,
                     log: bool = False, exclude_sinks: bool = False, page: int = 0, per_page: int = 384,
                     params=None) -> TokenView:

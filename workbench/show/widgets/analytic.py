@@ -1,6 +1,8 @@
 """The analytic panels: no model calls; every slider recomputes pure analysis functions (SPEC §2–§9)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ipywidgets as W
 import plotly.graph_objects as go
 
@@ -11,6 +13,7 @@ from workbench.analyse.procedure import layer_proposal, proposal_inputs, trace
 from workbench.analyse.selection import target_tokens
 from workbench.analyse.shift import ShiftAnalysis
 from workbench.checks import check_int
+from workbench.choices import HeadQuantity
 from workbench.show import plots
 from workbench.show.widgets.base import (
     SLIDERS,
@@ -20,6 +23,9 @@ from workbench.show.widgets.base import (
     head_dim_of,
     html_escape,
 )
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 __all__ = ["HeadsPanel", "PriorityPanel", "AuditPanel", "ShiftPanel", "PagesPanel"]
 
@@ -31,8 +37,8 @@ class HeadsPanel(Panel):
 
     title = "Head pooling (SPEC §2)"
 
-    def __init__(self, capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
-                 quantity: str = "w"):
+    def __init__(self, capture: Capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
+                 quantity: HeadQuantity = "w"):
         super().__init__()
         self.capture = capture
         self.base = params or EntroPrefillParams()
@@ -65,7 +71,7 @@ class PriorityPanel(Panel):
 
     title = "Chunk priorities, greedy selection and certificate (SPEC §3–§5)"
 
-    def __init__(self, capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
+    def __init__(self, capture: Capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
                  certify: bool = True):
         super().__init__()
         self.capture = capture
@@ -159,7 +165,7 @@ class AuditPanel(Panel):
     NAMES = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0", "audit_mode", "m_a", "delta", "eps_audit",
              "d_max", "streak", "seed", "priority")
 
-    def __init__(self, capture, params: EntroPrefillParams | None = None, *, certify: bool = True):
+    def __init__(self, capture: Capture, params: EntroPrefillParams | None = None, *, certify: bool = True):
         super().__init__()
         self.capture = capture
         self.base = params or EntroPrefillParams()
@@ -212,7 +218,7 @@ class ShiftPanel(Panel):
 
     title = "Prefill → decode attention shift (SPEC §9)"
 
-    def __init__(self, capture, *, k: int = 32):
+    def __init__(self, capture: Capture, *, k: int = 32):
         super().__init__()
         self.capture = capture
         n_tail, n_dec = capture.rows_of("tail").numel(), capture.rows_of("decode").numel()
@@ -260,7 +266,7 @@ class PagesPanel(Panel):
 
     title = "Pages and GQA unions (SPEC §8)"
 
-    def __init__(self, capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
+    def __init__(self, capture: Capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
                  s: int = 64, e: int = 2, head_dim: int | None = None):
         super().__init__()
         self.capture = capture

@@ -8,6 +8,7 @@ import re
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ipywidgets as W
 import plotly.graph_objects as go
@@ -22,6 +23,9 @@ from workbench.show.plots import _Draft, as_figure, drafts, update_figure
 from workbench.show.token_view import TokenView
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.util import one_thread
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 __all__ = ["Panel", "SliderSpec", "SLIDERS"]
 
@@ -157,7 +161,7 @@ def html_escape(s) -> str:
     return html.escape(str(s))
 
 
-def head_dim_of(capture, default: int = 64) -> int:
+def head_dim_of(capture: Capture, default: int = 64) -> int:
     m = re.search(r"\bd=(\d+)", str(getattr(capture, "model_id", "")))
     return int(m.group(1)) if m else default
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 import ipywidgets as W
 import plotly.graph_objects as go
 
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.procedure import trace
+from workbench.choices import PolicyName
 from workbench.rerun.eviction import (
     REGISTRY,
     EvictionSession,
@@ -31,6 +33,9 @@ from workbench.show.widgets.base import (
     ep_from,
     html_escape,
 )
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 __all__ = ["PrunePanel", "EvictionPanel"]
 
@@ -181,7 +186,7 @@ class PrunePanel(_RunMixin, Panel):
     title = "Pruned prefill vs full prefill (SPEC §6–§7)"
     NAMES = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0", "eps_audit", "streak")
 
-    def __init__(self, capture, model, prompt, params: EntroPrefillParams | None = None, *,
+    def __init__(self, capture: Capture, model, prompt, params: EntroPrefillParams | None = None, *,
                  max_new_tokens: int = 12, composed: bool = False):
         super().__init__()
         if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
@@ -278,7 +283,7 @@ class EvictionPanel(_RunMixin, Panel):
 
     title = "KV-cache eviction (SPEC §9)"
 
-    def __init__(self, capture, model, prompt, *, policy: str = "deferkv", budget: int | None = None,
+    def __init__(self, capture: Capture, model, prompt, *, policy: PolicyName = "deferkv", budget: int | None = None,
                  max_new_tokens: int = 12, n_sink: int | None = None, recent: int = 32):
 
         super().__init__()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import ipywidgets as W
 import numpy as np
@@ -9,6 +10,9 @@ import numpy as np
 from workbench.analyse.params import EntroPrefillParams
 from workbench.show import plots
 from workbench.show.widgets.base import SLIDERS, Panel, html_escape
+
+if TYPE_CHECKING:
+    from workbench.capture.data import Capture
 
 __all__ = ["TokenPanel"]
 
@@ -27,7 +31,7 @@ class TokenPanel(Panel):
     title = "Attention over the prompt text"
     TOOLTIP_KEYS = {"page": "page_view"}
 
-    def __init__(self, capture, *, layer: int | None = None, removed=None, removed_layer: int | None = None,
+    def __init__(self, capture: Capture, *, layer: int | None = None, removed=None, removed_layer: int | None = None,
                  removed_group: int | None = None, params: EntroPrefillParams | None = None, per_page: int = 384):
         super().__init__()
         self.capture = capture
