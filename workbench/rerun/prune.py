@@ -35,6 +35,7 @@ from workbench.capture.identity import check_model_match
 from workbench.checks import check_bool, check_context, check_max_new_tokens, is_int
 from workbench.run import adapter
 from workbench.run.generate import greedy_continue, stop_token_ids
+from workbench.run.models import unwrap_model
 from workbench.run.spans import spans_of
 
 
@@ -88,12 +89,6 @@ class PruneResult:
     def to_frame(self) -> pd.DataFrame:
         """One row: the summary of the run."""
         return pd.DataFrame([self.summary()])
-
-
-def _unwrap(model):
-    if hasattr(model, "tokenizer") and hasattr(model, "model"):
-        return model.model, model.tokenizer, model.model_id
-    return model, None, None
 
 
 def _check_removed(spans, removed) -> list[int]:
@@ -233,7 +228,7 @@ def run_pruned(
             by default: :func:`~workbench.capture.identity.check_model_match`).
     """
     params = params or EntroPrefillParams()
-    model, tok, model_id = _unwrap(model)
+    model, tok, model_id = unwrap_model(model)
     spans = spans_of(prompt)
     check_model_match(model, tok, prompt, allow_foreign=allow_foreign)
     shape = adapter.model_shape(model)
@@ -311,7 +306,7 @@ def run_full(model, prompt, *, max_new_tokens: int = 16, keep_hidden: bool = Fal
     """The unpruned reference with the same interface (``positions``: feed only these prompt
     positions with their original position ids, i.e. textual removal with original RoPE positions; a
     sliding window then counts original positions, not retained tokens, as in :func:`run_pruned`)."""
-    model, tok, _ = _unwrap(model)
+    model, tok, _ = unwrap_model(model)
     spans = spans_of(prompt)
     T = spans.T
     check_max_new_tokens(max_new_tokens)

@@ -173,6 +173,13 @@ class LoadedModel:
         return adapter.model_shape(self.model)
 
 
+def unwrap_model(model) -> tuple:
+    """``(network, tokenizer, model id)`` of a :class:`LoadedModel`; a bare network gives ``(model, None, None)``."""
+    if hasattr(model, "tokenizer") and hasattr(model, "model"):
+        return model.model, model.tokenizer, getattr(model, "model_id", None)
+    return model, None, None
+
+
 def load_model(
     spec: str | os.PathLike | None = None,
     device: str = "auto",

@@ -5,13 +5,15 @@
 - :mod:`.policies`: one short file per policy, citing its paper (base classes in :mod:`.policies.base`);
 - :mod:`.contract`: :func:`check_policy`, the policy contract as a table of passed/failed checks;
 - :mod:`.registry`: :class:`PolicyRegistry`, every policy by name (``REGISTRY``: built-in and registered);
-- :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions) and :class:`GenerationResult`;
+- :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions); :mod:`.generate`: the one-call
+  :func:`generate_with_policy` and :func:`run_policies`; :mod:`.result`: :class:`GenerationResult`;
 - :mod:`.cache_evidence`: keys, values, ``‖W_O v‖`` and query statistics read from the model;
 - :mod:`.agnostic`: question-agnostic eviction (context compressed once, several questions answered).
 """
 from workbench.rerun.eviction.agnostic import run_question_agnostic, split_question
 from workbench.rerun.eviction.contract import check_policy
 from workbench.rerun.eviction.evidence import Evidence, Needs, pool
+from workbench.rerun.eviction.generate import generate_with_policy, run_policies
 from workbench.rerun.eviction.policies import (
     ALL_POLICIES,
     CLASSIC,
@@ -45,7 +47,7 @@ from workbench.rerun.eviction.policies.deferkv import deferkv_alpha
 from workbench.rerun.eviction.registry import PolicyRegistry
 from workbench.rerun.eviction.result import GenerationResult, survival_table, token_positions
 from workbench.rerun.eviction.select import preview, resolve_budget, select_keep
-from workbench.rerun.eviction.session import EvictionSession, generate_with_policy, run_policies
+from workbench.rerun.eviction.session import EvictionSession
 
 __all__ = [
     "Needs", "Evidence", "EvictionPolicy", "FullCache", "StreamingLLM", "H2O", "SnapKV", "DeferKV",

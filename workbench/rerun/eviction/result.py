@@ -67,8 +67,11 @@ class GenerationResult:
     error: str | None = None
 
     @classmethod
-    def failed(cls, policy, budget: int, T: int, error: str) -> "GenerationResult":
-        """The result of a policy that could not run: no tokens, no cache, ``error`` the message."""
+    def failed(cls, policy, budget: int, T: int, error: str | Exception) -> "GenerationResult":
+        """The result of a policy that could not run: no tokens, no cache, ``error`` the message (an exception
+        as ``"TypeName: message"``)."""
+        if isinstance(error, Exception):
+            error = f"{type(error).__name__}: {error}"
         return cls(policy=policy.name, params=policy.params(), budget=budget, T=T, ids=[], text=None,
                    kept=torch.empty(0, 0, 0, dtype=torch.int64), evicted_at=0, compacted_layers=(), kv_bytes_before=0,
                    kv_bytes_after=0, timings={}, error=error)

@@ -32,18 +32,14 @@ from workbench.constraints import BUDGET
 from workbench.rerun.eviction.cache_evidence import QueryStats, cache_evidence
 from workbench.rerun.eviction.evidence import Evidence, Needs, renorm_rows
 from workbench.rerun.eviction.policies.base import EvictionPolicy
+from workbench.rerun.eviction.refusals import needs_refusal
 from workbench.rerun.eviction.result import GenerationResult
 from workbench.rerun.eviction.select import preview, preview_window
-from workbench.run import adapter, families, rotary
+from workbench.run import adapter, rotary
 from workbench.run.generate import stop_token_ids
+from workbench.run.models import unwrap_model
 
-__all__ = ["EvictionSession", "generate_with_policy", "run_policies", "policy_refusal", "needs_refusal"]
-
-
-def _unwrap(model):
-    if hasattr(model, "tokenizer") and hasattr(model, "model"):
-        return model.model, model.tokenizer
-    return model, None
+__all__ = ["EvictionSession"]
 
 
 def _prompt_ids(prompt, tokenizer) -> tuple[list[int], object]:
@@ -67,7 +63,7 @@ class EvictionSession:
     """One prefill (capturing the evidence the given needs ask for), optionally the first decode step
     and the full-cache answer; then any number of evictions with :meth:`run`, each on a copy of the cache.
 
-    Use :meth:`prepare`; :func:`generate_with_policy` is one session and one run.
+    Use :meth:`prepare`; :func:`~workbench.rerun.eviction.generate.generate_with_policy` is one session and one run.
     """
 
     def __init__(self):
@@ -90,7 +86,7 @@ class EvictionSession:
                 by default: :func:`~workbench.capture.identity.check_model_match`).
         """
         self = object.__new__(cls)
-        self.model, self.tokenizer = _unwrap(model)
+        self.model, self.tokenizer, _ = unwrap_model(model)
         why = needs_refusal(self.model, needs)
         if why:
             raise ValueError(why)
@@ -221,7 +217,7 @@ class EvictionSession:
             try:
                 states.append(self._evict(p, b))
             except Exception as e:  # one policy's failure is its result; the others still run
-                failed[i] = GenerationResult.failed(p, b, self.T, _message(e))
+                failed[i] = GenerationResult.failed(p, b, self.T, e)
         ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]
         even = [st for st, r in zip(states, ragged) if not r]
         try:
@@ -236,7 +232,7 @@ class EvictionSession:
         try:
             return self._decode([st])[0]
         except Exception as e:
-            return GenerationResult.failed(st.policy, st.B, self.T, _message(e))
+            return GenerationResult.failed(st.policy, st.B, self.T, e)
 
     @torch.no_grad()
     def run_questions(self, policy: EvictionPolicy, budget: int, questions, *,
@@ -493,85 +489,3 @@ def _ragged(keep: Tensor, gen: Tensor) -> tuple[list, dict]:
         if bool(d.any()):
             drop[l] = d
     return per_layer, drop
-
-
-def generate_with_policy(model, prompt, policy: EvictionPolicy, budget: int, max_new_tokens: int, *,
-                         keep_logits: bool = False, progress: bool = True,
-                         allow_foreign: bool = False) -> GenerationResult:
-    """Greedy generation with one-shot eviction under ``policy`` at budget ``B``.
-
-    Prefill (capturing only what the policy scores with), for DeferKV one decode step on the full cache,
-    then score, select (:func:`select_keep`) and compact the model's own dynamic cache in place, and
-    keep decoding with position ids continuing at the original positions (``T + t - 1``).
-
-    Args:
-        model: an HF causal LM or a :class:`~workbench.run.models.LoadedModel` (for ``text``).
-        prompt: a Prompt, PromptSpans, string or token ids (batch size 1).
-        policy: one of the policy dataclasses.
-        budget: ``B``, prompt positions kept per layer and KV group (``≥`` the protected count, or ``≥ T``).
-        max_new_tokens: ``≥ 1``; generation also stops at the model's EOS token.
-        keep_logits: also return the logits of every generated token.
-        allow_foreign: see :meth:`EvictionSession.prepare`.
-
-    Returns:
-        :class:`GenerationResult` (text, ids, kept positions ``[L, G, S']``, KV bytes before/after, timings).
-    """
-    sess = EvictionSession.prepare(model, prompt, policy.needs(), max_new_tokens, reusable=False,
-                                   keep_logits=keep_logits, progress=progress, allow_foreign=allow_foreign)
-    return sess.run(policy, budget)
-
-
-def run_policies(model, prompt, policies, budgets, max_new_tokens: int, *, progress: bool = True,
-                 keep_logits: bool = False, batch: bool = False) -> list[GenerationResult]:
-    """Every policy at every budget from one shared prefill (and one full-cache answer when needed).
-
-    Returns the results in ``policies × budgets`` order (the full cache once, with the first budget).
-    Timings of the shared steps (prefill with the union of all captures) are the same for every result.
-    ``batch=True`` decodes runs with equal cache lengths together (:meth:`EvictionSession.run_batch`):
-    faster, equal to the unbatched runs up to float rounding.
-    """
-    policies = list(check_nonempty("policies", policies))
-    budgets = [BUDGET.check("budgets", b) for b in check_nonempty("budgets", budgets)]
-    net, _ = _unwrap(model)
-    refused = {i: policy_refusal(net, p) for i, p in enumerate(policies)}
-    needs = Needs.of([p for i, p in enumerate(policies) if not refused[i]])
-    sess = EvictionSession.prepare(model, prompt, needs, max_new_tokens, reusable=True,
-                                   keep_logits=keep_logits, progress=progress)
-    jobs = [(i, p, b) for i, p in enumerate(policies) for b in (budgets[:1] if p.keeps_all else budgets)]
-    todo = [(p, b) for i, p, b in jobs if not refused[i]]
-    if batch:
-        ran = iter(sess.run_batch(todo) if todo else [])
-    else:
-        ran = iter([_run_one(sess, p, b) for p, b in tqdm(todo, desc="policies", disable=not progress, leave=False)])
-    return [GenerationResult.failed(p, b, sess.T, refused[i]) if refused[i] else next(ran) for i, p, b in jobs]
-
-
-def _message(e: Exception) -> str:
-    return f"{type(e).__name__}: {e}"
-
-
-def _run_one(sess: EvictionSession, policy: EvictionPolicy, budget: int) -> GenerationResult:
-    try:
-        return sess.run(policy, budget)
-    except Exception as e:  # one policy's failure is its result; the others still run
-        return GenerationResult.failed(policy, budget, sess.T, _message(e))
-
-
-def needs_refusal(model, needs: Needs, policy: str | None = None) -> str | None:
-    """Why ``model``'s family cannot give the evidence ``needs`` asks for (``None`` when it can): the message
-    names the policy (or the policy that asks for that evidence), the family and the reason."""
-    fam = families.family_of(model)
-    if needs.qstats:
-        why = rotary.unavailable(model)
-        if why:
-            return (f"policy: {policy or 'ExpectedAttention'} cannot run on {fam.name}: its query statistics need the "
-                    f"rotary maps, {why}")
-    return None
-
-
-def policy_refusal(model, policy: EvictionPolicy) -> str | None:
-    """Why ``policy`` cannot run on ``model``'s family (``None`` when it can): names the policy, the family
-    and the reason."""
-    return needs_refusal(model, policy.needs(), type(policy).__name__)
-
-

@@ -1,0 +1,28 @@
+"""Why a policy cannot run on a model's family: :func:`needs_refusal` (the evidence it asks for) and
+:func:`policy_refusal` (a policy); ``None`` when it can. The eviction session refuses before its prefill, and
+:func:`~workbench.rerun.eviction.generate.run_policies` records the refusal as that policy's result."""
+from __future__ import annotations
+
+from workbench.rerun.eviction.evidence import Needs
+from workbench.rerun.eviction.policies.base import EvictionPolicy
+from workbench.run import families, rotary
+
+__all__ = ["needs_refusal", "policy_refusal"]
+
+
+def needs_refusal(model, needs: Needs, policy: str | None = None) -> str | None:
+    """Why ``model``'s family cannot give the evidence ``needs`` asks for (``None`` when it can): the message
+    names the policy (or the policy that asks for that evidence), the family and the reason."""
+    fam = families.family_of(model)
+    if needs.qstats:
+        why = rotary.unavailable(model)
+        if why:
+            return (f"policy: {policy or 'ExpectedAttention'} cannot run on {fam.name}: its query statistics need the "
+                    f"rotary maps, {why}")
+    return None
+
+
+def policy_refusal(model, policy: EvictionPolicy) -> str | None:
+    """Why ``policy`` cannot run on ``model``'s family (``None`` when it can): names the policy, the family
+    and the reason."""
+    return needs_refusal(model, policy.needs(), type(policy).__name__)
