@@ -188,7 +188,7 @@ class NeedsArgs(EvictionPolicy):
     (NotFrozen, "must be a frozen dataclass"),
     (NotADataclass, r"must be decorated with @dataclass\(frozen=True\)"),
     (NoName, "needs its own name"),
-    (NotAPolicy, "must subclass workbench.rerun.eviction.evidence.EvictionPolicy"),
+    (NotAPolicy, "must subclass workbench.rerun.eviction.policies.base.EvictionPolicy"),
     (NeedsArgs, "must be constructible with its defaults"),
     (MeanKey(), "must be a class"),
 ], ids=["builtin-clash", "missing-method", "non-frozen", "not-dataclass", "no-name", "not-a-policy", "needs-args",
