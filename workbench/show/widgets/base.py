@@ -17,9 +17,9 @@ from workbench.analyse.params import PRIORITIES, EntroPrefillParams
 from workbench.checks import Constraint, Interval
 from workbench.constraints import PARAMS
 from workbench.show import export
+from workbench.show.figure_engine import Draft, as_figure, drafts, update_figure
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
-from workbench.show.plots import _Draft, as_figure, drafts, update_figure
 from workbench.show.token_view import TokenView
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.util import one_thread
@@ -42,7 +42,7 @@ def live_layout(fig, width: int = FIGURE_WIDTH):
     returns a draft (what :func:`update_figure` writes into a widget). A token view passes unchanged."""
     if isinstance(fig, TokenView):
         return fig
-    d = fig if isinstance(fig, _Draft) else _Draft.of(fig)
+    d = fig if isinstance(fig, Draft) else Draft.of(fig)
     lay = d.layout
     meta = lay.get("meta") if isinstance(lay.get("meta"), dict) else {}
     aspect = (meta.get("aspect") or {}).get("double") if isinstance(meta.get("aspect"), dict) else None
