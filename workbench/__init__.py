@@ -56,6 +56,8 @@ NAMES = {
     "run_full": "workbench.rerun.prune",
     "stability": "workbench.rerun.stability",
     "EvictionSession": "workbench.rerun.eviction",
+    "EvictionPolicy": "workbench.rerun.eviction",
+    "Needs": "workbench.rerun.eviction",
     "generate_with_policy": "workbench.rerun.eviction",
     "run_policies": "workbench.rerun.eviction",
     "preview": "workbench.rerun.eviction",
