@@ -212,10 +212,14 @@ NEW_REFUSED = ["llama4_text", "deepseek_v2", "deepseek_v3", "gemma3n_text", "gem
 def test_refused_current_family_at_load(family, tmp_path):
     """Refused by ``load_model`` from its config alone, with the reason, before a weight is read (the weight file
     here is not one)."""
+    import transformers
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     from workbench.run.models import load_model
 
+    if family not in CONFIG_MAPPING_NAMES:  # e.g. gemma4_text on the floor (5.2): nothing to build a config from
+        pytest.skip(f"{family} is not a config type of transformers {transformers.__version__}")
     AutoConfig.for_model(family).save_pretrained(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"not a weight file")
     (tmp_path / "tokenizer.json").write_text("{}")
