@@ -7,7 +7,13 @@ the sliders' ranges lie inside the constraint their parameter is checked with.
 
 (b) For every parameter, every generated invalid value (``Constraint.invalid()``) is refused with exactly
 the constraint's message, which names the parameter and its allowed range; every generated valid value
-(``Constraint.valid()``) is accepted. No model is loaded: the whole file runs in seconds.
+(``Constraint.valid()``) is accepted. No model is loaded for (a) and (b): they run in seconds.
+
+(c) The same over every public entry point's scalar and choice arguments (``build_prompt``, ``sweep``,
+``run_pruned``, ``run_full``, ``run_capture``, ``generate_with_policy``, ``EvictionSession.prepare``,
+``run_policies``, ``run_question_agnostic``, ``load_model``): each invalid value is refused with the
+constraint's message before any model work (the tiny random model, with the default tokenizer, raises on a
+forward pass while the check runs).
 """
 from __future__ import annotations
 
@@ -277,3 +283,152 @@ def test_every_constraint_key_named_elsewhere_exists():
     src = Path(__file__).resolve().parent.parent.joinpath("workbench", "show", "notation.py").read_text()
     missing = sorted(k for k in set(re.findall(r'param="([^"]+)"', src)) if k not in PARAMS)
     assert not missing, missing
+
+
+# ----------------------------------------------------------------------------- (c) every public entry point
+# Each scalar or choice argument of the model-bound entry points, generated from its constraint: every invalid
+# value is refused with the constraint's own message before any model work (the tiny random model's forward
+# pass raises while ``_ARMED`` is set); every valid value of the pure ones is accepted.
+_D = ("Paris is the capital of France.", "Berlin is in Germany.", "Rome is in Italy.")
+_Q = "What is the capital of France?"
+_ARMED = {"on": False}
+
+
+class _NoForward(AssertionError):
+    pass
+
+
+@pytest.fixture(scope="module")
+def tiny(smollm):
+    from workbench.run.models import LoadedModel, tiny_model
+
+    model = tiny_model("llama", vocab=len(smollm.tokenizer), L=2, H_Q=4, G=2, d=16, seed=0)
+
+    def no_forward(module, args):
+        if _ARMED["on"]:
+            raise _NoForward("a forward pass ran before the argument check")
+
+    model.register_forward_pre_hook(no_forward)
+    lm = LoadedModel(model=model, tokenizer=smollm.tokenizer, model_id="tiny-llama-test", device=torch.device("cpu"),
+                     dtype=torch.float32)
+    from workbench.run.prompt import build_prompt
+    from workbench.study.tasks import TaskItem
+
+    item = TaskItem(task="t", item_id="a#1", documents=_D, query=_Q, answers=("Paris",), answer_doc=0)
+    return lm, build_prompt(smollm.tokenizer, list(_D), _Q), item
+
+
+def _model_entry_points():
+    from workbench.capture import run_capture
+    from workbench.constraints import answer_doc, pruned_layer
+    from workbench.rerun.eviction import EvictionSession, generate_with_policy, run_policies, run_question_agnostic
+    from workbench.rerun.prune import run_full, run_pruned
+    from workbench.run.models import load_model
+    from workbench.run.prompt import build_prompt
+    from workbench.study.sweep import SWEEP_CHECKS, sweep
+
+    mnt = PARAMS["max_new_tokens"]
+
+    def bp(**kw):
+        return lambda t, v: build_prompt(t[0].tokenizer, list(_D), _Q, **{**kw, next(iter(kw)): v})
+
+    def sw(name):
+        return lambda t, v: sweep(t[0], [t[2]], ["full"], out=None, progress=False, **{name: v})
+
+    snap = SnapKV(window=4)
+    eps = [  # (id, parameter, constraint, call(tiny, value), whether its valid values are run)
+        ("build_prompt.n_sink", "n_sink", PARAMS["n_sink"], bp(n_sink=0), True),
+        ("build_prompt.W_p", "W_p", PARAMS["W_p"], bp(W_p=1), True),
+        ("build_prompt.max_context", "max_context", PARAMS["max_context"], bp(max_context=None), True),
+        ("build_prompt.chat", "chat", PARAMS["chat"], bp(chat=None), True),
+        ("build_prompt.answer_doc", "answer_doc", answer_doc(len(_D)), bp(answer_doc=None), True),
+        *[(f"sweep.{n}", n, c, sw(n), False) for n, c in SWEEP_CHECKS.items()],
+        ("sweep.seeds", "seeds", PARAMS["seeds"], sw("seeds"), False),
+        ("run_pruned.max_new_tokens", "max_new_tokens", mnt, lambda t, v: run_pruned(t[0], t[1], max_new_tokens=v,
+                                                                                       progress=False), False),
+        ("run_pruned.layer", "layer", pruned_layer(2), lambda t, v: run_pruned(t[0], t[1], layer=v, removed=[0],
+                                                                                  max_new_tokens=1, progress=False), False),
+        ("run_pruned.keep_hidden", "keep_hidden", PARAMS["keep_hidden"],
+         lambda t, v: run_pruned(t[0], t[1], keep_hidden=v, max_new_tokens=1, progress=False), False),
+        ("run_full.max_new_tokens", "max_new_tokens", mnt, lambda t, v: run_full(t[0], t[1], max_new_tokens=v), False),
+        ("run_full.keep_hidden", "keep_hidden", PARAMS["keep_hidden"],
+         lambda t, v: run_full(t[0], t[1], keep_hidden=v, max_new_tokens=1), False),
+        ("run_capture.dtype", "dtype", PARAMS["capture.dtype"], lambda t, v: run_capture(t[0], t[1], dtype=v,
+                                                                                        progress=False), False),
+        ("run_capture.max_bytes", "max_bytes", PARAMS["capture.max_bytes"],
+         lambda t, v: run_capture(t[0], t[1], max_bytes=v, progress=False), False),
+        ("run_capture.progress", "progress", PARAMS["progress"], lambda t, v: run_capture(t[0], t[1], progress=v), False),
+        ("generate_with_policy.max_new_tokens", "max_new_tokens", mnt,
+         lambda t, v: generate_with_policy(t[0], t[1], snap, 8, v, progress=False), False),
+        ("generate_with_policy.budget", "budget", BUDGET,
+         lambda t, v: generate_with_policy(t[0], t[1], snap, v, 1, progress=False), False),
+        ("EvictionSession.prepare.max_new_tokens", "max_new_tokens", mnt,
+         lambda t, v: EvictionSession.prepare(t[0], t[1], snap.needs(), v, progress=False), False),
+        ("run_policies.max_new_tokens", "max_new_tokens", mnt,
+         lambda t, v: run_policies(t[0], t[1], [snap], [8], v, progress=False), False),
+        ("run_policies.budgets", "budgets", BUDGET, lambda t, v: run_policies(t[0], t[1], [snap], [v], 1,
+                                                                                progress=False), False),
+        ("run_question_agnostic.max_new_tokens", "max_new_tokens", mnt,
+         lambda t, v: run_question_agnostic(t[0], [t[1]], [snap], [8], v, progress=False), False),
+        ("run_question_agnostic.budgets", "budgets", BUDGET,
+         lambda t, v: run_question_agnostic(t[0], [t[1]], [snap], [v], 1, progress=False), False),
+        ("load_model.device", "device", PARAMS["device"], lambda t, v: load_model(device=v, progress=False), False),
+        ("load_model.dtype", "dtype", PARAMS["load.dtype"], lambda t, v: load_model(device="cpu", dtype=v,
+                                                                                   progress=False), False),
+        ("load_model.attn_implementation", "attn_implementation", PARAMS["attn_implementation"],
+         lambda t, v: load_model(attn_implementation=v, progress=False), False),
+    ]
+    return eps
+
+
+MODEL_ENTRY_POINTS = _model_entry_points()
+# W_p=None is the default (min(8, query tokens)), not a value of W_p's constraint; None budgets mean nothing here
+MODEL_CASES = [(eid, name, c, call, v) for eid, name, c, call, _ in MODEL_ENTRY_POINTS for v in c.invalid()
+               if not (v is None and eid == "build_prompt.W_p")]
+
+
+@pytest.mark.parametrize("case", MODEL_CASES, ids=[f"{e[0]}={e[4]!r:.24}" for e in MODEL_CASES])
+def test_generated_invalid_argument_of_a_model_entry_point_is_refused_before_model_work(case, tiny):
+    _, name, c, call, value = case
+    _ARMED["on"] = True
+    try:
+        _assert_refused(lambda: call(tiny, value), name, c, value)
+    finally:
+        _ARMED["on"] = False
+
+
+# bounds known only after rendering (n_sink <= T, W_p <= query tokens, T <= max_context) are tested elsewhere
+_FITS = {"n_sink": lambda v: v <= 4, "W_p": lambda v: v <= 4, "max_context": lambda v: v is None or v >= 4096}
+VALID_MODEL_CASES = [(eid, name, c, call, v) for eid, name, c, call, run in MODEL_ENTRY_POINTS if run
+                     for v in [*c.valid(), *([8192] if name == "max_context" else [])]
+                     if _FITS.get(name, lambda v: True)(v)]
+
+
+@pytest.mark.parametrize("case", VALID_MODEL_CASES, ids=[f"{e[0]}={e[4]!r:.24}" for e in VALID_MODEL_CASES])
+def test_generated_valid_argument_of_a_pure_entry_point_is_accepted(case, tiny):
+    _, name, c, call, value = case
+    call(tiny, value)
+
+
+def test_every_entry_point_argument_is_generated():
+    """The entry points named in issue 28 and the count of generated cases (one test each)."""
+    from workbench.run.models import resolve_dtype
+    from workbench.study.grid import check_seeds
+
+    names = {eid for eid, *_ in MODEL_ENTRY_POINTS}
+    for want in ("build_prompt.n_sink", "build_prompt.W_p", "build_prompt.max_context", "build_prompt.chat",
+                 "build_prompt.answer_doc", "sweep.max_new_tokens", "sweep.executor", "sweep.on_error",
+                 "sweep.checkpoint_s", "sweep.on_busy", "sweep.seeds", "run_pruned.max_new_tokens", "run_pruned.layer",
+                 "run_full.max_new_tokens", "run_capture.dtype", "run_capture.max_bytes",
+                 "generate_with_policy.max_new_tokens", "generate_with_policy.budget",
+                 "EvictionSession.prepare.max_new_tokens", "run_policies.max_new_tokens", "run_policies.budgets",
+                 "run_question_agnostic.max_new_tokens", "run_question_agnostic.budgets", "load_model.device",
+                 "load_model.dtype", "load_model.attn_implementation"):
+        assert want in names, want
+    assert len(MODEL_CASES) >= 200, len(MODEL_CASES)
+    for v in PARAMS["load.dtype"].valid():  # the dtype names load_model resolves
+        assert isinstance(resolve_dtype(v, torch.device("cpu")), torch.dtype)
+    assert resolve_dtype(torch.float16, torch.device("cpu")) is torch.float16
+    for v in PARAMS["seeds"].valid():
+        assert check_seeds(v) == list(dict.fromkeys([v] if isinstance(v, int) else v))
+    assert check_seeds(iter([3, 3, 1])) == [3, 1]  # an iterator is read once

@@ -110,7 +110,7 @@ def test_bad_input(smollm, example_prompt):
     part[s.chunks[0][0]] = True
     with pytest.raises(ValueError, match="in part"):
         run_pruned(smollm, example_prompt, layer=3, removed=part, progress=False)
-    with pytest.raises(ValueError, match=r"layer: must be an integer in \[-1, 29\]"):
+    with pytest.raises(ValueError, match=r"layer: must be None or an integer in \[-1, 29\]"):
         run_pruned(smollm, example_prompt, layer=30, removed=[], progress=False)
     with pytest.raises(ValueError, match="max_new_tokens"):
         run_pruned(smollm, example_prompt, layer=3, removed=[], max_new_tokens=0, progress=False)

@@ -89,6 +89,15 @@ MAX_NEW_TOKENS = Interval("int", 1, None)
 """Greedy tokens to generate."""
 
 
+def _is_device(x) -> bool:
+    return isinstance(x, str) and (x in ("auto", "cpu", "cuda", "mps") or (x.startswith("cuda:") and x[5:].isdigit()))
+
+
+DEVICE = InstanceOf(_is_device, "'auto', 'cpu', 'cuda', 'cuda:<index>' or 'mps'",
+                    examples=("auto", "cpu", "cuda", "cuda:1", "mps"))
+"""A device name (whether this machine has it is checked where it is used)."""
+
+
 def check_target(target, name: str = "target") -> float:
     """A saving target as a fraction of ``N``: a ``float`` in ``(0, 1]`` (:data:`TARGET`)."""
     return TARGET.check(name, target)
@@ -100,11 +109,8 @@ def check_target_tokens(x, name: str = "target_tokens") -> int:
 
 
 def check_device(x, name: str = "device") -> str:
-    """A device name: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:<index>"`` or ``"mps"``."""
-    ok = isinstance(x, str) and (x in ("auto", "cpu", "cuda", "mps") or (x.startswith("cuda:") and x[5:].isdigit()))
-    if not ok:
-        raise ValueError(f"{name}: must be 'auto', 'cpu', 'cuda', 'cuda:<index>' or 'mps', got {x!r}")
-    return x
+    """A device name: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:<index>"`` or ``"mps"`` (:data:`DEVICE`)."""
+    return DEVICE.check(name, x)
 
 
 def check_str(name: str, x, *, empty: bool = False) -> str:

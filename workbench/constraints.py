@@ -20,6 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from workbench.checks import (
+    DEVICE,
     KERNEL,
     MAX_NEW_TOKENS,
     SEED,
@@ -44,10 +45,18 @@ from workbench.choices import (
     POOLINGS,
     PRIORITIES,
     REPORT_DATA,
+    ROW_DTYPES,
     WIDTH_PRESETS,
 )
 
-__all__ = ["PARAMS", "checks_for", "checked", "BUDGET", "BUDGET_FRAC", "DEVICE", "POSITION"]
+TORCH_DTYPE_NAMES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # load_model's dtype names
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+SWEEP_EXECUTORS = ("local", "ray")
+SWEEP_ON_ERROR = ("raise", "record")
+SWEEP_ON_BUSY = ("wait", "raise")
+
+__all__ = ["PARAMS", "checks_for", "checked", "BUDGET", "BUDGET_FRAC", "DEVICE", "POSITION", "pruned_layer",
+           "answer_doc"]
 
 
 def _real(lo=None, hi=None, closed="both", **kw) -> Interval:
@@ -56,10 +65,6 @@ def _real(lo=None, hi=None, closed="both", **kw) -> Interval:
 
 def _int(lo=None, hi=None, **kw) -> Interval:
     return Interval("int", lo, hi, **kw)
-
-
-def _is_device(x) -> bool:
-    return isinstance(x, str) and (x in ("auto", "cpu", "cuda") or (x.startswith("cuda:") and x[5:].isdigit()))
 
 
 def _is_path(x) -> bool:
@@ -76,6 +81,10 @@ def _is_evicting_policy(x) -> bool:
         x, "keeps_all", True)
 
 
+def _is_torch_dtype(x) -> bool:
+    return type(x).__name__ == "dtype" and type(x).__module__ == "torch"  # duck-typed: no torch import here
+
+
 def _is_figure(x) -> bool:
     return callable(getattr(x, "to_plotly_json", None)) and hasattr(x, "layout")
 
@@ -88,7 +97,6 @@ BUDGET = _int(1)
 """``B``, prompt positions kept per layer and KV group (``≥`` the protected count is checked where it is known)."""
 BUDGET_FRAC = _real(0.0, 1.0, closed="right")
 """A budget as a fraction of the prompt length: ``B = ⌈budget_frac · T⌉`` (``rerun.eviction.resolve_budget``)."""
-DEVICE = InstanceOf(_is_device, "'auto', 'cpu', 'cuda' or 'cuda:<index>'", examples=("auto", "cpu", "cuda", "cuda:1"))
 POSITION = _int(0, what="an integer position")
 _COUNT0 = _int(0)
 _COUNT1 = _int(1)
@@ -156,6 +164,21 @@ _P: dict[str, Constraint] = {
     "custom": Seq(POSITION, nonempty=False),
     "n_decode": _COUNT0,
     "device": DEVICE,
+    # ---- entry points' own arguments (build_prompt, run_pruned, run_capture, load_model, sweep)
+    "max_context": optional(_int(1)),
+    "chat": optional(Bool()),
+    "capture.dtype": Choice(ROW_DTYPES),
+    "capture.max_bytes": optional(_int(1)),
+    "keep_hidden": Bool(),
+    "progress": Bool(),
+    "load.dtype": AnyOf(Const("auto"), Const(None), Choice(TORCH_DTYPE_NAMES),
+                        InstanceOf(_is_torch_dtype, "a torch dtype", examples=())),
+    "attn_implementation": Choice(ATTN_IMPLEMENTATIONS),
+    "sweep.executor": Choice(SWEEP_EXECUTORS),
+    "sweep.on_error": Choice(SWEEP_ON_ERROR),
+    "sweep.checkpoint_s": _real(0.0, None, note="seconds; 0 = after every cell"),
+    "sweep.on_busy": Choice(SWEEP_ON_BUSY),
+    "seeds": AnyOf(SEED, Seq(SEED, nonempty=True)),
     # ---- ReportConfig (study)
     "report.out": InstanceOf(_is_path, "a folder path", examples=("out/x", Path("out/y")), nonempty=True),
     "report.model": optional(InstanceOf(_is_path, "a local folder or a hub id", nonempty=True)),
@@ -201,6 +224,16 @@ _P: dict[str, Constraint] = {
 
 PARAMS: Mapping[str, Constraint] = MappingProxyType(_P)
 """Every parameter's constraint, by name (qualified by its owner where a name has several meanings)."""
+
+
+def pruned_layer(L: int) -> Constraint:
+    """``run_pruned``'s fixed layer ``l* ∈ [-1, L-1]`` (or ``None``: adaptive) for a model of ``L`` layers."""
+    return optional(_int(-1, L - 1, note=f"L = {L}; -1 = before layer 0"))
+
+
+def answer_doc(k: int) -> Constraint:
+    """``build_prompt``'s answer document: ``None`` or an index into its ``k`` documents."""
+    return optional(_int(0, k - 1))
 
 
 def checks_for(*names: str, prefix: str | None = None, **aliases: str) -> dict[str, Constraint]:

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.checks import check_choice, check_int
-from workbench.choices import ROW_DTYPES, RowDtype
+from workbench.checks import check_int
+from workbench.choices import RowDtype
+from workbench.constraints import PARAMS
 
 __all__ = ["CaptureMemory", "estimate_capture_bytes", "check_capture_budget", "row_dtype", "max_capture_bytes",
            "ENV_MAX_BYTES", "HALF_REL_ERROR"]
@@ -41,7 +42,7 @@ _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 def row_dtype(name: RowDtype) -> torch.dtype:
     """The torch dtype of a storage dtype name in ``ROW_DTYPES``."""
-    return _TORCH[check_choice("dtype", name, ROW_DTYPES)]
+    return _TORCH[PARAMS["capture.dtype"].check("dtype", name)]
 
 
 def _gib(n: float) -> str:
@@ -104,7 +105,7 @@ def max_capture_bytes(max_bytes: int | None = None) -> int | None:
     """The limit in force: ``max_bytes`` if given, else ``$WORKBENCH_CAPTURE_MAX_BYTES`` (an integer, or with
     a ``K``/``M``/``G`` suffix, powers of 1024), else no limit (``None``)."""
     if max_bytes is not None:
-        return check_int("max_bytes", max_bytes, 1)
+        return PARAMS["capture.max_bytes"].check("max_bytes", max_bytes)
     raw = os.environ.get(ENV_MAX_BYTES, "").strip()
     if not raw:
         return None

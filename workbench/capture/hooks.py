@@ -27,7 +27,7 @@ from workbench.capture.budget import check_capture_budget, estimate_capture_byte
 from workbench.capture.data import Capture
 from workbench.checks import check_context, check_fields
 from workbench.choices import RowDtype
-from workbench.constraints import checked
+from workbench.constraints import PARAMS, checked
 from workbench.run import adapter
 from workbench.run.spans import PromptSpans, spans_of
 
@@ -359,6 +359,9 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
     Returns:
         a :class:`Capture` with ``attn [L, H_Q, R, T + n_decode]``.
     """
+    PARAMS["capture.dtype"].check("dtype", dtype)  # the scalar arguments, before any model work
+    PARAMS["capture.max_bytes"].check("max_bytes", max_bytes)
+    PARAMS["progress"].check("progress", progress)
     if hasattr(model, "tokenizer") and hasattr(model, "model"):
         model_id = model_id or model.model_id
         model = model.model

@@ -32,7 +32,8 @@ from workbench.analyse.procedure import TraceResult, trace
 from workbench.capture import RowSet, capture_attention
 from workbench.capture.data import Capture
 from workbench.capture.identity import check_model_match
-from workbench.checks import check_bool, check_context, check_max_new_tokens, is_int
+from workbench.checks import check_context, check_max_new_tokens
+from workbench.constraints import PARAMS, pruned_layer
 from workbench.run import adapter
 from workbench.run.generate import greedy_continue, stop_token_ids
 from workbench.run.models import unwrap_model
@@ -234,9 +235,8 @@ def run_pruned(
     shape = adapter.model_shape(model)
     check_max_new_tokens(max_new_tokens)
     check_context(spans.T, max_new_tokens, shape.max_context)
-    check_bool("keep_hidden", keep_hidden)
-    if layer is not None and not (is_int(layer) and -1 <= layer <= shape.L - 1):
-        raise ValueError(f"layer: must be an integer in [-1, {shape.L - 1}] (L = {shape.L}) or None, got {layer!r}")
+    PARAMS["keep_hidden"].check("keep_hidden", keep_hidden)
+    pruned_layer(shape.L).check("layer", layer)
     if layer is not None and layer in (-1, 0) and removed is None:
         raise ValueError(f"layer: the proposal E_l exists for monitored layers l in [1, {shape.L - 1}]; "
                          f"with layer={layer} pass the removal set explicitly (removed=...)")
@@ -310,6 +310,7 @@ def run_full(model, prompt, *, max_new_tokens: int = 16, keep_hidden: bool = Fal
     spans = spans_of(prompt)
     T = spans.T
     check_max_new_tokens(max_new_tokens)
+    PARAMS["keep_hidden"].check("keep_hidden", keep_hidden)
     check_context(T, max_new_tokens, adapter.model_shape(model).max_context)
     device = next(model.parameters()).device
     R = torch.arange(T) if positions is None else torch.as_tensor(positions, dtype=torch.int64)

@@ -19,6 +19,7 @@ from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from workbench.checks import check_device
+from workbench.constraints import PARAMS
 from workbench.run import adapter, families, model_folder, shipped
 from workbench.util import atomic_dir, atomic_write_bytes, cache_dir, file_lock, sweep_stale_temp
 
@@ -131,14 +132,12 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    PARAMS["load.dtype"].check("dtype", dtype)
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, str):
-        try:
-            return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-                    "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
-        except KeyError:
-            raise ValueError(f"dtype: must be 'auto', 'float32', 'bfloat16' or 'float16', got {dtype!r}") from None
+        return {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}[dtype]
     return dtype
 
 
@@ -207,6 +206,7 @@ def load_model(
         device_map: passed through (e.g. ``"auto"`` for a model larger than one GPU).
     """
 
+    PARAMS["attn_implementation"].check("attn_implementation", attn_implementation)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if spec is None:

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.checks import check_bool, check_context, check_int, check_str, is_int
+from workbench.checks import check_context, check_str
+from workbench.constraints import PARAMS
+from workbench.constraints import answer_doc as answer_doc_of
 from workbench.run.spans import PromptSpans
 
 TOKENIZER_KEY = "tokenizer"
@@ -67,8 +69,8 @@ def _check_inputs(documents, query, instruction, n_sink, W_p):
         if not has_visible_text(d):
             raise ValueError(f"documents: document {i} has no visible text (only whitespace, zero-width or control "
                              f"characters such as NUL); every document must hold text")
-    check_int("n_sink", n_sink, 0)
-    check_int("W_p", W_p, 1)
+    PARAMS["n_sink"].check("n_sink", n_sink)
+    PARAMS["W_p"].check("W_p", W_p)
 
 
 def has_visible_text(text: str) -> bool:
@@ -204,12 +206,9 @@ def build_prompt(
                          f"{documents!r:.60}; wrap a single document as [document]")
     documents = tuple(documents)
     _check_inputs(documents, query, instruction, n_sink, 1 if W_p is None else W_p)
-    if chat is not None:
-        check_bool("chat", chat)
-    if max_context is not None:
-        check_int("max_context", max_context, 1)
-    if answer_doc is not None and not (is_int(answer_doc) and 0 <= answer_doc < len(documents)):
-        raise ValueError(f"answer_doc: must be None or an integer in [0, {len(documents) - 1}], got {answer_doc!r}")
+    PARAMS["chat"].check("chat", chat)
+    PARAMS["max_context"].check("max_context", max_context)
+    answer_doc_of(len(documents)).check("answer_doc", answer_doc)
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("tokenizer: a fast tokenizer is required (character offsets)")
     text, doc_chars, q_chars, instr_chars = render(tokenizer, documents, query, instruction, chat)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
-from workbench.checks import SEED_MAX, check_nonempty, is_int
+from workbench.checks import check_nonempty, is_int
+from workbench.constraints import PARAMS
 from workbench.study.registry import check_param_name, get_method
 from workbench.study.tasks import TaskItem
 
@@ -110,9 +111,8 @@ def flatten_items(items) -> list[TaskItem]:
 
 
 def check_seeds(seeds) -> list[int]:
-    seeds = [seeds] if isinstance(seeds, int) else list(seeds)
-    if not seeds or any(not is_int(s) or not 0 <= s <= SEED_MAX for s in seeds):
-        raise ValueError(f"seeds: must be a non-empty list of integers in [0, 2^63 - 1], got {seeds!r}")
+    seeds = PARAMS["seeds"].check("seeds", list(seeds) if isinstance(seeds, Iterator) else seeds)
+    seeds = [seeds] if is_int(seeds) else list(seeds)
     return list(dict.fromkeys(int(s) for s in seeds))
 
 

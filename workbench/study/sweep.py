@@ -54,7 +54,8 @@ from collections.abc import Callable
 import pandas as pd
 from tqdm.auto import tqdm
 
-from workbench.checks import check_choice, check_real
+from workbench.checks import check_args
+from workbench.constraints import checks_for
 from workbench.run.models import LoadedModel
 from workbench.study.cells import run_cell, run_cells
 from workbench.study.executors import model_source, run_local, run_ray
@@ -77,6 +78,10 @@ from workbench.util import file_lock
 __all__ = ["Method", "register_method", "unregister_method", "get_method", "available_methods", "Cell",
            "expand_grid", "grid_frame", "run_cell", "run_cells", "sweep", "read_sweep", "comparable", "COLUMNS",
            "MEASURED"]
+
+
+SWEEP_CHECKS = checks_for("max_new_tokens", "executor", "on_error", "checkpoint_s", "on_busy", prefix="sweep")
+"""The constraint of each scalar or choice argument of :func:`sweep` (``workbench.constraints.PARAMS``)."""
 
 
 def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = None, max_new_tokens: int = 16,
@@ -117,14 +122,7 @@ def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = 
         every row of ``out`` (or of this run when ``out`` is None), columns :data:`COLUMNS` plus
         ``p_<param>`` columns and method extras, sorted by model, task, item, method, params, seed.
     """
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
-    if executor not in ("local", "ray"):
-        raise ValueError(f"executor: must be 'local' or 'ray', got {executor!r}")
-    if on_error not in ("raise", "record"):
-        raise ValueError(f"on_error: must be 'raise' or 'record', got {on_error!r}")
-    check_real("checkpoint_s", checkpoint_s, 0.0, rng=">= 0 (seconds; 0 = after every cell)")
-    check_choice("on_busy", on_busy, ("wait", "raise"))
+    check_args(SWEEP_CHECKS, locals())
 
     source, model_id = model_source(model)
     item_list = flatten_items(items)

@@ -4,7 +4,8 @@ question-aware run (the whole prompt prefilled, then evicted) this measures what
 a policy's scores."""
 from __future__ import annotations
 
-from workbench.checks import check_int, check_nonempty
+from workbench.checks import check_max_new_tokens, check_nonempty
+from workbench.constraints import BUDGET
 from workbench.rerun.eviction.evidence import Needs
 from workbench.rerun.eviction.result import GenerationResult
 from workbench.rerun.eviction.session import EvictionSession
@@ -33,7 +34,8 @@ def run_question_agnostic(model, prompts, policies, budgets, max_new_tokens: int
     (the full cache once, with the first budget)."""
     parts = [split_question(p) for p in check_nonempty("prompts", prompts)]
     policies = check_nonempty("policies", policies)
-    budgets = [check_int("budgets", b, 1) for b in check_nonempty("budgets", budgets)]
+    budgets = [BUDGET.check("budgets", b) for b in check_nonempty("budgets", budgets)]
+    check_max_new_tokens(max_new_tokens)
     ctx = parts[0][0]
     if any(c != ctx for c, _ in parts):
         raise ValueError("prompts: do not share their context tokens (same documents, same template)")

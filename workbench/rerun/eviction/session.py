@@ -85,13 +85,13 @@ class EvictionSession:
             allow_foreign: run spans built by another tokenizer or a capture of another model (refused
                 by default: :func:`~workbench.capture.identity.check_model_match`).
         """
+        n = check_max_new_tokens(max_new_tokens)
         self = object.__new__(cls)
         self.model, self.tokenizer, _ = unwrap_model(model)
         why = needs_refusal(self.model, needs)
         if why:
             raise ValueError(why)
         check_model_match(self.model, self.tokenizer, prompt, allow_foreign=allow_foreign)
-        n = check_max_new_tokens(max_new_tokens)
         ids, spans = _prompt_ids(prompt, self.tokenizer)
         T = len(ids)
         shape = adapter.model_shape(self.model)
