@@ -66,7 +66,8 @@ def _model(family: str, impl: str | None = None):
 
 def test_matrix_is_the_family_table():
     assert sorted(families.supported_families()) == sorted(
-        {"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED)
+        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL))
+    assert {f.name for f in families.FAMILIES if f.capture_only} == set(PARTIAL)  # partially supported: capture only
     assert set(REFUSED) <= set(families.REFUSED)
 
 
@@ -205,7 +206,7 @@ def test_conformance(family):
 
 
 NEW_REFUSED = ["llama4_text", "deepseek_v2", "deepseek_v3", "gemma3n_text", "gemma4_text", "qwen3_next", "qwen3_5_text",
-               "granitemoehybrid", "falcon_h1", "jamba", "bamba", "lfm2"]
+               "granitemoehybrid", "falcon_h1", "jamba", "bamba"]
 
 
 @pytest.mark.parametrize("family", NEW_REFUSED)
@@ -226,3 +227,84 @@ def test_refused_current_family_at_load(family, tmp_path):
     why = families.REFUSED[family]
     with pytest.raises(TypeError, match=f"'{family}' architecture .* not supported: {re.escape(why[:30])}"):
         load_model(tmp_path, device="cpu", progress=False)
+
+
+# ----------------------------------------------------------------------------- hybrids: capture on softmax layers
+PARTIAL = {"lfm2": dict(layer_types=["conv", "full_attention", "conv", "full_attention"])}
+
+
+@pytest.mark.parametrize("family", sorted(PARTIAL))
+def test_hybrid_capture_only(family):
+    """A hybrid (capture only): rows on its softmax layers equal the model's own eager attention on prompt and
+    decode rows, the other layers' rows are NaN and named, logits are bit-identical with capture on and off, and
+    pruned prefill and eviction are refused at the call with the family and the reason."""
+    assert families.family_of(adapter.text_config(_model_cfg(family))).capture_only
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = tiny_model(family, L=4, H_Q=4, G=2, d=16, seed=1, **PARTIAL[family])
+    spans = _spans()
+    T = spans.T
+    soft = families.softmax_layers(m)
+    assert soft == [1, 3]
+    cap = run_capture(m, spans, RowSet(tail=T, n_decode=3), progress=False)
+    assert cap.softmax_layers == soft and "decode" in cap.row_kind
+    ids = torch.tensor([list(spans.input_ids) + cap.generated_ids])
+    atts = adapter.eager_attentions(m, ids).attentions  # one per softmax layer, in layer order
+    assert len(atts) == len(soft)
+    ref = torch.stack([a[0] for a in atts])[:, :, cap.row_pos, : T + 3]
+    assert (cap.attn[soft] - ref).abs().max().item() <= TOL
+    assert bool(torch.isnan(cap.attn[[0, 2]]).all()) and not bool(torch.isnan(cap.attn[soft]).any())
+    with pytest.raises(ValueError, match=r"layers \[0, 2\] of this capture are not softmax attention"):
+        cap.require_all_layers("trace")
+    x = torch.tensor([list(spans.input_ids)])
+    with torch.no_grad():
+        off = m(x).logits
+        with capture_attention(m, [T - 1], K=T, T=T):
+            on = m(x).logits
+    assert torch.equal(on, off)
+    why = rf"cannot run on {family}: .*a gather cannot shorten .*\(layers \[0, 2\] are not softmax attention"
+    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
+        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
+    from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy
+    with pytest.raises(ValueError, match="eviction " + why):
+        EvictionSession.prepare(m, spans, Needs(), 2)
+    with pytest.raises(ValueError, match="policy: SnapKV " + why):
+        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):
+        run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False)
+
+
+def _model_cfg(family):
+    from transformers import AutoConfig
+    return AutoConfig.for_model(family)
+
+
+
+def test_hybrid_trace_refused():
+    """The analyses refuse a hybrid's capture (layers without rows), naming the layers."""
+    from workbench.analyse.procedure import trace
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = tiny_model("lfm2", L=2, H_Q=4, G=2, d=16, seed=1, layer_types=["conv", "full_attention"])
+    cap = run_capture(m, _spans(), RowSet(tail=4), progress=False)
+    with pytest.raises(ValueError, match=r"the analysis needs attention rows on every layer; layers \[0\]"):
+        trace(cap)
+
+
+@pytest.mark.model
+def test_hybrid_loads_with_a_warning(tmp_path, smollm):
+    """``load_model`` accepts a capture-only hybrid, warning what is unavailable; capture then runs on it."""
+    from workbench.run.models import load_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tiny_model("lfm2", vocab=len(smollm.tokenizer), L=2, H_Q=4, G=2, d=16,
+                   layer_types=["conv", "full_attention"]).save_pretrained(tmp_path)
+    smollm.tokenizer.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="lfm2 is partially supported: attention rows are captured on its softmax "
+                                         "layers only .*pruned prefill, eviction and the stability bounds are unavailable"):
+        lm = load_model(tmp_path, device="cpu", progress=False)
+    cap = run_capture(lm, _spans(), RowSet(observers=False, audit=None, tail=3), progress=False)
+    assert cap.softmax_layers == [1] and bool(torch.isnan(cap.attn[0]).all())
+    assert (cap.attn[1].sum(-1) - 1).abs().max().item() < 1e-5

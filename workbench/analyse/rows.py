@@ -77,7 +77,10 @@ def check_rows(A, name: str = "A", *, dims: tuple[str, ...] | None = None, layer
 
 def check_capture_rows(capture: Capture) -> None:
     """:func:`check_rows` on every row of a capture (``attn [L, H_Q, R, K]``), once: the verdict is
-    cached on the capture (``capture.clear_cache()`` after editing its rows in place)."""
+    cached on the capture (``capture.clear_cache()`` after editing its rows in place). A hybrid's capture (layers
+    without attention rows, ``Capture.softmax_layers``) is refused, naming those layers."""
+    if hasattr(capture, "require_all_layers"):
+        capture.require_all_layers("the analysis")
     if hasattr(capture, "cached"):
         capture.cached("rows_checked", lambda: check_rows(capture.attn, "capture.attn") or True)
     else:

@@ -158,6 +158,19 @@ class Capture:
         return int(self.attn.shape[0])
 
     @property
+    def softmax_layers(self) -> list[int]:
+        """The layers with attention rows: every layer, except in a hybrid family (capture only), whose other
+        layers keep a recurrent or convolution state and have NaN rows."""
+        return [int(l) for l in self.params.get("softmax_layers", range(self.L))]
+
+    def require_all_layers(self, what: str) -> None:
+        """``ValueError`` naming ``what`` when some layers have no attention rows (a hybrid's capture)."""
+        missing = sorted(set(range(self.L)) - set(self.softmax_layers))
+        if missing:
+            raise ValueError(f"capture: {what} needs attention rows on every layer; layers {missing} of this "
+                             f"capture are not softmax attention (a hybrid family), only {self.softmax_layers} have rows")
+
+    @property
     def H_Q(self) -> int:
         return int(self.attn.shape[1])
 

@@ -28,7 +28,7 @@ from workbench.capture.data import Capture
 from workbench.checks import check_context, check_fields
 from workbench.choices import RowDtype
 from workbench.constraints import PARAMS, checked
-from workbench.run import adapter
+from workbench.run import adapter, families
 from workbench.run.spans import PromptSpans, spans_of
 
 __all__ = ["capture_attention", "run_capture", "RowSet", "Capture"]
@@ -357,7 +357,8 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
             capture's host bytes exceed this; default ``$WORKBENCH_CAPTURE_MAX_BYTES``, else no limit. The
             estimate is printed before the run when ``progress`` is on.
     Returns:
-        a :class:`Capture` with ``attn [L, H_Q, R, T + n_decode]``.
+        a :class:`Capture` with ``attn [L, H_Q, R, T + n_decode]``. In a hybrid family (capture only) the
+        layers without softmax attention have NaN rows; ``Capture.softmax_layers`` lists the layers with rows.
     """
     PARAMS["capture.dtype"].check("dtype", dtype)  # the scalar arguments, before any model work
     PARAMS["capture.max_bytes"].check("max_bytes", max_bytes)
@@ -401,8 +402,12 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
             nxt = int(out.logits[0, -1].argmax())
             bar.update(1)
     bar.close()
+    attn = rec.attn.cpu()
+    soft = families.softmax_layers(model)
+    if len(soft) < shape.L:  # a hybrid: layers without softmax attention have no rows (NaN, never zeros)
+        attn[[l for l in range(shape.L) if l not in soft]] = float("nan")
     return Capture(
-        attn=rec.attn.cpu(),
+        attn=attn,
         row_pos=torch.tensor([p for _, p in wanted], dtype=torch.int64),
         row_kind=[k for k, _ in wanted],
         head_group=shape.head_group(),
@@ -410,7 +415,7 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
         spans=spans,
         model_id=model_identity(model, model_id),
         params={"rows": rows.as_dict(), "hidden_layers": list(hidden_layers), "dtype": dtype,
-                "attn_implementation": adapter.current_attn_implementation(model),
+                "attn_implementation": adapter.current_attn_implementation(model), "softmax_layers": soft,
                 "transformers": adapter.TRANSFORMERS_VERSION},
         version=_version(),
         hidden=dict(sorted(rec.hidden.items())),

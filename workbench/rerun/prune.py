@@ -34,7 +34,7 @@ from workbench.capture.data import Capture
 from workbench.capture.identity import check_model_match
 from workbench.checks import check_context, check_max_new_tokens
 from workbench.constraints import PARAMS, pruned_layer
-from workbench.run import adapter
+from workbench.run import adapter, families
 from workbench.run.generate import greedy_continue, stop_token_ids
 from workbench.run.models import unwrap_model
 from workbench.run.spans import spans_of
@@ -230,6 +230,9 @@ def run_pruned(
     """
     params = params or EntroPrefillParams()
     model, tok, model_id = unwrap_model(model)
+    why = families.capture_only_refusal(model, "run_pruned: pruned prefill")
+    if why:
+        raise ValueError(why)
     spans = spans_of(prompt)
     check_model_match(model, tok, prompt, allow_foreign=allow_foreign)
     shape = adapter.model_shape(model)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
-           "layer_window", "sliding_layers", "unavailable"]
+           "layer_window", "sliding_layers", "softmax_layers", "capture_only_refusal", "unavailable"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class Family:
             layers when the model has windowed ones (EXAONE-4).
         bound: ``""``, or why the stability constants ``K_l`` are not offered for the family (its block is not
             one the bounds were verified on); the per-block drift is still exact.
+        capture_only: ``""``, or why only capture is offered (a hybrid whose other layers keep a recurrent or
+            convolution state): rows are captured on its softmax-attention layers (:func:`softmax_layers`, the
+            blocks that have an ``attn`` module), pruned prefill and eviction are refused with this reason.
     """
 
     model_types: tuple[str, ...]
@@ -69,6 +72,7 @@ class Family:
     rotary: str = "probe"
     nope: str = ""
     bound: str = ""
+    capture_only: str = ""
 
     @property
     def name(self) -> str:
@@ -118,10 +122,17 @@ FAMILIES: tuple[Family, ...] = (
     Family(("stablelm",), norm_kind="layer", bound="the stability constants are not verified on its block"),
     Family(("vaultgemma",), gemma_gain=True, mlp_norm="pre_feedforward_layernorm", eager_only=True, bound="the stability constants are not verified on its block"),
 )
-_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
-
 _HYBRID = ("a gather cannot shorten a recurrent state, so pruned prefill"
            " and eviction would run on a state they did not compact")
+
+# partially supported: capture on the softmax layers only (issue 25; their row of tests/test_conformance.py)
+FAMILIES += (
+    Family(("lfm2",), norm=("model.embedding_norm",), mlp="feed_forward", input_norm="operator_norm",
+           mlp_norm="ffn_norm", out="out_proj", bound="hybrid of short convolutions and softmax layers",
+           capture_only="hybrid of short convolutions and softmax layers: a gather cannot shorten the convolution "
+                        "layers' state, so pruned prefill and eviction would run on a state they did not compact"),
+)
+_BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
 # families seen and refused, with the reason (the refusal is their row of the conformance matrix)
 REFUSED: dict[str, str] = {
@@ -144,7 +155,6 @@ REFUSED: dict[str, str] = {
     "falcon_h1": "every layer runs Mamba-2 beside attention: " + _HYBRID,
     "jamba": "hybrid of Mamba and softmax layers: " + _HYBRID,
     "bamba": "hybrid of Mamba-2 and softmax layers: " + _HYBRID,
-    "lfm2": "hybrid of short convolutions and softmax layers: " + _HYBRID,
 }
 
 
@@ -233,9 +243,30 @@ def sliding_layers(model) -> list[int]:
     return [l for l in range(L) if layer_window(model, l) is not None]
 
 
+def softmax_layers(model) -> list[int]:
+    """The decoder layers that run softmax attention (every layer, except in a hybrid family, whose other layers
+    have no ``attn`` module and so no attention rows)."""
+    fam = family_of(model)
+    return [l for l, blk in enumerate(decoder_layers(model)) if getattr(blk, fam.attn, None) is not None]
+
+
+def capture_only_refusal(model, what: str) -> str | None:
+    """Why ``what`` (pruned prefill, eviction, a policy) cannot run on ``model``'s family, a capture-only hybrid
+    (``None`` for every other family): names ``what``, the family, the reason and the layers without rows."""
+    fam = family_of(model)
+    if not fam.capture_only:
+        return None
+    L = len(decoder_layers(model))
+    other = sorted(set(range(L)) - set(softmax_layers(model)))
+    return (f"{what} cannot run on {fam.name}: {fam.capture_only} (layers {other} are not softmax attention); "
+            f"only capture is supported on its softmax layers {softmax_layers(model)}")
+
+
 def unavailable(fam: Family, term: str) -> str | None:
     """Why a stability term cannot be bounded for ``fam`` (``None`` when it can)."""
     if term == "K":
+        if fam.capture_only:
+            return f"not available for {fam.name}: {fam.capture_only}"
         if fam.block in ("post_norm", "parallel"):
             return (f"not available for {fam.name}: {fam.block.replace('_', '-')} block (the constants K_l assume "
                     "x + F(norm(x)) with the attention and the MLP in sequence)")

@@ -242,6 +242,10 @@ def load_model(
             warnings.warn(f"attn_implementation: transformers runs {fam.name} exactly only on 'eager' (soft-capping / "
                           f"learned sinks); using 'eager' instead of {attn_implementation!r}", stacklevel=2)
             attn_implementation = "eager"
+        if fam.capture_only:
+            warnings.warn(f"model: {fam.name} is partially supported: attention rows are captured on its softmax "
+                          f"layers only (Capture.softmax_layers; the others' rows are NaN); pruned prefill, eviction "
+                          f"and the stability bounds are unavailable ({fam.capture_only})", stacklevel=2)
         tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
         kwargs = dict(dtype=dt, attn_implementation=attn_implementation, local_files_only=local_only)
         if device_map is not None:

@@ -38,6 +38,9 @@ def generate_with_policy(model, prompt, policy: EvictionPolicy, budget: int, max
         :class:`GenerationResult` (text, ids, kept positions ``[L, G, S']``, KV bytes before/after, timings).
     """
     BUDGET.check("budget", budget)  # before the prefill (the protected count is checked by the run)
+    why = policy_refusal(unwrap_model(model)[0], policy)
+    if why:
+        raise ValueError(why)
     sess = EvictionSession.prepare(model, prompt, policy.needs(), max_new_tokens, reusable=False,
                                    keep_logits=keep_logits, progress=progress, allow_foreign=allow_foreign)
     return sess.run(policy, budget)
