@@ -290,7 +290,10 @@ def eager_attentions(model, input_ids: torch.Tensor, **kw):
 
 # ----------------------------------------------------------------------------- caches and forward
 def new_cache(model):
-
+    """A fresh dynamic cache for ``model``; ``None`` for a capture-only hybrid, which builds its own cache on its
+    first forward (transformers before 5.24 keeps a hybrid's convolution state in a cache class of its own)."""
+    if families.family_of(model).capture_only:
+        return None
     try:
         return DynamicCache(config=model.config)
     except TypeError:  # older signature

@@ -5,7 +5,9 @@ norm, attention and MLP, and how its block is wired (a small table, one row per 
 is refused when it is loaded, never at its first capture). A family is listed only when its row of
 ``tests/test_conformance.py`` passes: captured rows equal the model's own eager ``output_attentions``,
 logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
-and eviction shrinks every layer kind.
+and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2) is partially supported: capture on
+its softmax layers (:func:`softmax_layers`) is exact, and pruned prefill and eviction are refused at the call
+(:func:`capture_only_refusal`), since a gather cannot shorten its other layers' state.
 
 The weights the stability bounds need (:func:`block_weights`) come from the same table; a term the
 workbench cannot bound for a family is reported as ``"not available for <family>: <reason>"``.
