@@ -37,11 +37,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import ClassVar
 
 import torch
 from kvpress import ScorerPress
 
+from workbench.constraints import checks_for
 from workbench.rerun.eviction import REGISTRY, EvictionPolicy, Needs
 
 __all__ = ["PressPolicy", "from_press", "press_policy_class", "register_press"]
@@ -63,11 +65,12 @@ class PressPolicy(EvictionPolicy):
     n_sink: int = 0
     recent: int = 0
     name: ClassVar[str] = "kvpress"
+    CHECKS: ClassVar = MappingProxyType(checks_for("n_sink", "recent"))  # ``press`` is checked below
 
     def __post_init__(self):
         if not isinstance(self.press, ScorerPress):
             raise ValueError(f"press: must be a kvpress ScorerPress, got {type(self.press).__name__}")
-        self._check_common()
+        super().__post_init__()
 
     def needs(self) -> Needs:
         return Needs(keys=True, attn_inputs=True)
