@@ -521,7 +521,9 @@ _PANELS_JS = """() => {
     fingerprint: Array.from(a.querySelectorAll('.js-plotly-plot')).map(gd => JSON.stringify(
       (gd.data || []).map(t => [t.x && t.x.length, t.y && Array.from(t.y).slice(0, 400), t.z && String(t.z).slice(0, 4000),
                                 t.marker && t.marker.color && String(t.marker.color).slice(0, 2000)]))).join('|')
-      + '#' + Array.from(a.querySelectorAll('.widget-html')).map(h => h.textContent).join('|'),
+      + '#' + Array.from(a.querySelectorAll('.widget-html')).map(h => h.textContent).join('|')
+      // the HTML token view (an anywidget, no plotly): its spans' shading, marks and text
+      + '#' + Array.from(a.querySelectorAll('.wb-token-widget')).map(w => w.innerHTML.slice(0, 20000)).join('|'),
   }));
 }"""
 

@@ -86,7 +86,13 @@ def _is_torch_dtype(x) -> bool:
 
 
 def _is_figure(x) -> bool:
-    return callable(getattr(x, "to_plotly_json", None)) and hasattr(x, "layout")
+    """A plotly figure or FigureWidget, a token view (``show.token_view.TokenView``: ``tokens`` and ``html()``),
+    or a token widget holding one as ``.view`` (duck-typed: this base layer imports nothing of ``show``)."""
+    def token_view(v) -> bool:
+        return callable(getattr(v, "html", None)) and isinstance(getattr(v, "tokens", None), list)
+
+    return (callable(getattr(x, "to_plotly_json", None)) and hasattr(x, "layout")) or token_view(x) \
+        or token_view(getattr(x, "view", None))
 
 
 def _is_frame(x) -> bool:
@@ -204,7 +210,7 @@ _P: dict[str, Constraint] = {
     "report.progress": Bool(),
     "report.tiny": Bool(),
     # ---- export() (show)
-    "export.fig": InstanceOf(_is_figure, "a plotly go.Figure or FigureWidget"),
+    "export.fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
     "export.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),
     "export.width": AnyOf(Choice(WIDTH_PRESETS), _PX, Seq(_WIDTH_ONE, nonempty=True)),
     "export.formats": AnyOf(Choice(EXPORT_FORMATS), Seq(Choice(EXPORT_FORMATS), nonempty=False, distinct=True)),
