@@ -222,8 +222,12 @@ def _rows_of(policy: EvictionPolicy, sess: EvictionSession, seed: int) -> list[t
             r = sess.run(policy, B)
             if not torch.equal(r.kept_prompt, kept):
                 return False, f"B = {B}: the eviction session kept other positions than preview() says"
-            if not r.kv_bytes_after < r.kv_bytes_before:
+            if int(counts.max()) < T and not r.kv_bytes_after < r.kv_bytes_before:
                 return False, f"B = {B}: no KV byte freed ({r.kv_bytes_after} of {r.kv_bytes_before})"
+            if int(counts.max()) >= T and not bool((kept < 0).any()):
+                # a per-head allocation that gives one KV head every position keeps that layer's cache T long:
+                # the other heads' evicted slots are masked (-1), not freed
+                return False, f"B = {B}: a per-head allocation reaches T = {T} but masks no slot"
         return True, f"exactly B sorted positions per layer and KV group at B = {budgets}, as the session keeps"
 
     def full():
