@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from workbench.run import shipped
+from workbench.run.model_folder import MANIFEST, SIZES_ONLY, manifest_damage
 
 
 def _fake(tmp_path, chunks: list[bytes], **kw) -> tuple[shipped.ShippedModel, list]:
@@ -91,7 +92,8 @@ def test_geometry_is_checked_from_the_header(tmp_path):
         shipped.check_gguf(m, _tiny_gguf(tmp_path / "a.gguf", arch="llama"))
 
 
-def test_damaged_folder_is_found_and_rebuilt(tmp_path, monkeypatch):
+def _fake_cache(tmp_path, monkeypatch) -> tuple[shipped.ShippedModel, list]:
+    """A fake shipped model in a fresh cache whose conversion writes a 2-file folder (``built``: one entry a build)."""
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
     m, parts = _fake(tmp_path, [b"x" * 64])
     monkeypatch.setitem(shipped.SHIPPED, m.name, m)
@@ -106,18 +108,47 @@ def test_damaged_folder_is_found_and_rebuilt(tmp_path, monkeypatch):
         built.append(out)
 
     monkeypatch.setattr(shipped, "_convert", convert)
+    return m, built
+
+
+def test_damaged_folder_is_found_and_rebuilt(tmp_path, monkeypatch, capsys):
+    m, built = _fake_cache(tmp_path, monkeypatch)
     folder = shipped.shipped_folder(m.name, progress=False)
-    assert len(built) == 1 and shipped.folder_damage(folder) is None
+    assert len(built) == 1 and manifest_damage(folder, checksums=True) is None
     assert not (folder / "gguf-build").exists()  # the assembled GGUF is not kept beside the weights
-    assert json.loads((folder / shipped.MANIFEST).read_text())["sizes"]["model.safetensors"] == 1000
+    man = json.loads((folder / MANIFEST).read_text())  # the default model's manifest format, and what built it
+    assert man["files"]["model.safetensors"] == {"size": 1000, "sha256": hashlib.sha256(b"w" * 1000).hexdigest()}
+    assert man["model"] == m.name and man["gguf_sha256"] == m.sha256 and man["wheels"] == m.requirements
     assert shipped.shipped_folder(m.name, progress=False) == folder and len(built) == 1  # cached
     with open(folder / "model.safetensors", "r+b") as f:
-        f.truncate(999)  # a truncated weight file: found by size and rebuilt, never loaded
-    assert "999 bytes, 1000 recorded" in shipped.folder_damage(folder)
+        f.truncate(999)  # a truncated weight file: found by size at every load and rebuilt, never loaded
+    assert "model.safetensors has 999 bytes, 1000 when it was converted" in manifest_damage(folder, checksums=False)
+    shipped.shipped_folder(m.name, progress=True)
+    assert "damaged: model.safetensors has 999 bytes, 1000 when it was converted; rebuilding it" in capsys.readouterr().out
+    assert len(built) == 2 and (folder / "model.safetensors").stat().st_size == 1000
+    (folder / "model.safetensors").write_bytes(b"v" * 1000)  # the same size, other bytes: only prepare sees it
+    assert shipped.shipped_folder(m.name, progress=False) == folder and len(built) == 2
+    shipped.shipped_folder(m.name, progress=True, verify=True)
+    assert "model.safetensors does not match its sha256 checksum" in capsys.readouterr().out
+    assert len(built) == 3 and (folder / "model.safetensors").read_bytes() == b"w" * 1000
+    (folder / MANIFEST).unlink()
+    assert manifest_damage(folder, checksums=False) == "no manifest"
+    shipped.shipped_folder(m.name, progress=False)  # no manifest: rebuilt
+    assert len(built) == 4 and manifest_damage(folder, checksums=True) is None
+
+
+def test_a_folder_with_an_older_sizes_only_manifest_is_adopted_when_its_sizes_match(tmp_path, monkeypatch):
+    m, built = _fake_cache(tmp_path, monkeypatch)
+    folder = shipped.shipped_folder(m.name, progress=False)
+    old = {"model": m.name, "sizes": {"config.json": 2, "model.safetensors": 1000}}  # an older workbench's manifest
+    (folder / MANIFEST).write_text(json.dumps(old))
+    assert manifest_damage(folder, checksums=False) == SIZES_ONLY
+    assert shipped.shipped_folder(m.name, progress=False) == folder and len(built) == 1  # adopted, not rebuilt
+    assert manifest_damage(folder, checksums=True) is None and json.loads((folder / MANIFEST).read_text())["model"] == m.name
+    (folder / MANIFEST).write_text(json.dumps(old))
+    (folder / "model.safetensors").write_bytes(b"w" * 999)  # sizes that do not match: rebuilt
     shipped.shipped_folder(m.name, progress=False)
     assert len(built) == 2 and (folder / "model.safetensors").stat().st_size == 1000
-    (folder / shipped.MANIFEST).unlink()
-    assert shipped.folder_damage(folder) == f"no {shipped.MANIFEST}"
 
 
 def _installed(name: str) -> bool:

