@@ -286,3 +286,19 @@ def test_task_item_validation_and_roundtrip(squad, essays, tok):
         tasks.needle(tok, essays, lengths=(10**6,), depths=(0.5,))
     with pytest.raises(ValueError, match="spread"):
         tasks.needle_diffuse(tok, essays, lengths=(512,), spread=(0.5, 0.2))
+
+
+def test_passages_close_before_they_would_pass_their_size():
+    from workbench.study.tasks.haystack import group_passages
+
+    assert group_passages([3, 4, 2, 9, 1], 7) == [[0, 1], [2], [3], [4]]  # 3+4 fits 7; a 9 alone is its own passage
+    assert group_passages([], 7) == [] and group_passages([1] * 5, 100) == [[0, 1, 2, 3, 4]]
+
+
+def test_squad_answers_are_stripped_deduplicated_and_usable_only_when_the_first_is_in_the_paragraph():
+    from workbench.study.tasks.squad import squad_answers
+
+    qa = {"answers": [{"text": " the quay "}, {"text": "the quay"}, {"text": "  "}, {"text": "quay"}]}
+    assert squad_answers(qa, "Rebuilt after the storm flooded the quay.") == ("the quay", "quay")
+    assert squad_answers(qa, "Rebuilt after the storm flooded the harbour.") == ()
+    assert squad_answers({"answers": []}, "anything") == ()

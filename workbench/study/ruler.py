@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import workbench.study.datasets as datasets
 from workbench.checks import check_int
 from workbench.study.metrics import string_match_all, string_match_part
-from workbench.study.tasks.haystack import Haystack, check_lengths, count_tokens
+from workbench.study.tasks.haystack import Haystack, check_lengths, count_tokens, group_passages
 from workbench.study.tasks.item import TaskItem, seeded_rng, with_content_id
+from workbench.study.tasks.squad import squad_answers
 
 __all__ = ["RULER_TASKS", "build_ruler", "ruler_grid", "score", "string_match_all", "string_match_part", "NOISE",
            "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking",
@@ -212,16 +213,8 @@ def _list_items(task, tokenizer, lengths, n, seed, passage_tokens, make_words, q
                 budget = max(20, int(budget * L / t * 0.98))
             kept = [ln.split(". ", 1)[1] for ln in lines]
             parts = parts_of(kept)
-            docs, cur, cur_t = [], [], 0
-            for ln in lines:
-                t = count_tokens(tokenizer, " " + ln)
-                if cur and cur_t + t > passage_tokens:
-                    docs.append(" ".join(cur))
-                    cur, cur_t = [], 0
-                cur.append(ln)
-                cur_t += t
-            if cur:
-                docs.append(" ".join(cur))
+            counts = [count_tokens(tokenizer, " " + ln) for ln in lines]
+            docs = [" ".join(lines[i] for i in idx) for idx in group_passages(counts, passage_tokens)]
             ev = tuple(i for i, d in enumerate(docs) if any(f". {p}" in d for p in parts))
             meta = dict(source="ruler-synthetic-words", family="ruler", length=L, rep=rep, seed=seed,
                         words=len(kept), passages=len(docs), metric="all", cluster=f"{task}-L{L}-r{rep}-s{seed}")
@@ -293,16 +286,15 @@ def qa_distractors(tokenizer, articles=None, *, lengths: Sequence[int] = (1024, 
     arts = articles if articles is not None else datasets.load_squad("sample")
     label = datasets.provenance(arts)["label"]
     paras = [(ai, p["context"]) for ai, a in enumerate(arts) for p in a["paragraphs"] if len(p["context"]) <= max_passage_chars]
-    qs = [(ai, p["context"], qa) for ai, a in enumerate(arts) for p in a["paragraphs"]
+    qs = [(ai, p["context"], qa, answers) for ai, a in enumerate(arts) for p in a["paragraphs"]
           if len(p["context"]) <= max_passage_chars for qa in p["qas"]
-          if qa["answers"] and qa["answers"][0]["text"].strip() in p["context"]]
+          for answers in [squad_answers(qa, p["context"])] if answers]
     if len(qs) < n:
         raise ValueError(f"n: the articles hold {len(qs)} usable questions, fewer than {n}")
     picks = seeded_rng(seed, "qa_distractors", "pick").sample(qs, n)
     counts = {c: count_tokens(tokenizer, " " + c) for _, c in paras}
     out = []
-    for rep, (ai, gold, qa) in enumerate(picks):
-        answers = tuple(dict.fromkeys(a["text"].strip() for a in qa["answers"] if a["text"].strip()))
+    for rep, (ai, gold, qa, answers) in enumerate(picks):
         pool = [c for aj, c in paras if aj != ai and not any(a.lower() in c.lower() for a in answers)]
         for L in lengths:
             rng = seeded_rng(seed, "qa_distractors", rep, L)

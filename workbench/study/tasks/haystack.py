@@ -1,6 +1,7 @@
 """Haystacks shared by the needle families and the RULER-style tasks (:mod:`workbench.study.ruler`): texts split
 into sentences, drawn in a seeded order, grouped into passages (the candidate chunks) of about ``passage_tokens``
-tokens, with facts inserted at relative depths; and the one check of their length arguments."""
+tokens (:func:`group_passages`, also the RULER word lists' passages), with facts inserted at relative depths; and
+the one check of their length arguments."""
 from __future__ import annotations
 
 import random
@@ -9,7 +10,8 @@ from collections.abc import Sequence
 
 from workbench.checks import check_int
 
-__all__ = ["Haystack", "split_sentences", "count_tokens", "check_lengths", "check_depth", "SENTENCE_SPLIT"]
+__all__ = ["Haystack", "split_sentences", "count_tokens", "group_passages", "check_lengths", "check_depth",
+           "SENTENCE_SPLIT"]
 
 SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[a-z0-9][.!?])(?=[A-Z])")
 
@@ -23,6 +25,22 @@ def split_sentences(text: str) -> list[str]:
 
 def count_tokens(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def group_passages(counts: Sequence[int], passage_tokens: int) -> list[list[int]]:
+    """Consecutive pieces (sentences, list lines) grouped into passages: the indices of each passage, closed when
+    the next piece's ``counts`` (tokens) would take it past ``passage_tokens`` (a longer piece stands alone)."""
+    passages: list[list[int]] = []
+    cur, cur_t = [], 0
+    for i, c in enumerate(counts):
+        if cur and cur_t + c > passage_tokens:
+            passages.append(cur)
+            cur, cur_t = [], 0
+        cur.append(i)
+        cur_t += c
+    if cur:
+        passages.append(cur)
+    return passages
 
 
 class Haystack:
@@ -56,17 +74,7 @@ class Haystack:
             raise ValueError(f"lengths: the essays hold only ~{total} tokens, fewer than {budget}; "
                              "use shorter lengths or more essays (source='cache')")
         self.sentences, self.counts, self.total, self.essays = sents, counts, total, used
-        # passages: consecutive sentences, closed when the next sentence would pass passage_tokens
-        self.passages: list[list[int]] = []
-        cur, cur_t = [], 0
-        for i, c in enumerate(counts):
-            if cur and cur_t + c > passage_tokens:
-                self.passages.append(cur)
-                cur, cur_t = [], 0
-            cur.append(i)
-            cur_t += c
-        if cur:
-            self.passages.append(cur)
+        self.passages: list[list[int]] = group_passages(counts, passage_tokens)
 
     def slot(self, depth: float) -> tuple[int, int]:
         """``(passage, index in passage)`` of the sentence boundary at ``depth`` of the tokens."""

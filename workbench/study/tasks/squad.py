@@ -10,12 +10,20 @@ from workbench.checks import check_int
 from workbench.study.metrics import normalize_answer
 from workbench.study.tasks.item import TaskItem, seeded_rng, with_content_id
 
-__all__ = ["squad_single", "squad_reordered", "squad_conflict"]
+__all__ = ["squad_single", "squad_reordered", "squad_conflict", "squad_answers"]
 
 
 def _contains_norm(text_norm: str, answer_norm: str) -> bool:
     """Whether a normalised answer is a whole-word run of a normalised text (metrics.contains_answer)."""
     return bool(answer_norm) and f" {answer_norm} " in f" {text_norm} "
+
+
+def squad_answers(qa: dict, context: str) -> tuple[str, ...]:
+    """The gold answers of a SQuAD question ``qa`` (stripped, blank and repeated ones dropped, in order) when the
+    first of them stands in its paragraph ``context``, else ``()``: the question is not usable (the families here
+    and RULER's ``qa_distractors`` take only these)."""
+    answers = tuple(dict.fromkeys(a["text"].strip() for a in qa["answers"] if a["text"].strip()))
+    return answers if answers and answers[0] in context else ()
 
 
 @dataclass(frozen=True)
@@ -37,8 +45,8 @@ def _squad_questions(articles, max_passage_chars: int, min_pool: int) -> list[_S
         for pi in short:
             ctx = paras[pi]["context"]
             for qa in paras[pi]["qas"]:
-                answers = tuple(dict.fromkeys(a["text"].strip() for a in qa["answers"] if a["text"].strip()))
-                if not answers or answers[0] not in ctx:
+                answers = squad_answers(qa, ctx)
+                if not answers:
                     continue
                 a_pad = [f" {n} " for n in map(normalize_answer, answers) if n]
                 pool = tuple(pj for pj in short if pj != pi and not any(a in padded[pj] for a in a_pad))
