@@ -203,13 +203,19 @@ def _pdf_font_sizes(path) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.skipif(ex.browser_path() is None or shutil.which("pdftotext") is None
                     or shutil.which("pdftoppm") is None, reason="needs chromium and poppler-utils")
-def test_export_is_vector_text_at_7pt_or_more(syn, tmp_path):
+def test_export_is_vector_text_at_7pt_or_more(syn, tmp_path, monkeypatch):
     """Single and double column: a PDF with embedded fonts whose text is the tokens (≥ 7 pt), an SVG of
-    <text> elements, a 300 dpi PNG, the HTML page, the CSV of every token and the sidecar."""
+    <text> elements, a 300 dpi PNG, the HTML page, the CSV of every token and the sidecar; one Chromium for
+    the whole export call."""
+    from workbench.show.chromium import ChromiumSession
+
     sp, cap, params, tr = syn
     cap2, toks = _with_tokens(cap)
     v = plots.token_attention(cap2, 2, head=1, removed=tr, removed_layer=max(tr.selections))
+    starts, enter = [], ChromiumSession.__enter__
+    monkeypatch.setattr(ChromiumSession, "__enter__", lambda self: starts.append(self) or enter(self))
     paths = ex.export(v, tmp_path / "tok", width=["single", "double"], prompt=cap2.spans)
+    assert len(starts) == 1  # both widths, every format: one browser session
     names = {p.name for p in paths}
     assert {f"tok-{w}.{f}" for w in ("single", "double") for f in ("pdf", "svg", "png")} <= names
     assert {"tok.html", "tok.csv", "tok.json"} <= names
@@ -249,3 +255,28 @@ def test_token_panel_exports_html_and_paper_files(syn, tmp_path):
     assert {"tokens.pdf", "tokens.svg", "tokens.png", "tokens.json", "tokens.csv", "tokens.html"} <= names
     page = (tmp_path / "tok" / "tokens.html").read_text()
     assert "class=\"tk" in page and sp.tokens[7] in page
+
+
+def test_the_export_browser_is_refused_clearly_when_missing_failing_or_silent(tmp_path, monkeypatch):
+    """No Chromium, one that exits at once, one that never answers: a RuntimeError naming it, and no temp left."""
+    import tempfile
+
+    from workbench.show.chromium import ChromiumSession
+
+    systmp = tmp_path / "systmp"
+    systmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(systmp))
+    monkeypatch.setenv("BROWSER_PATH", str(tmp_path / "no-such-chromium"))
+    with pytest.raises(RuntimeError, match="figure export needs Chromium: install Debian's chromium"):
+        ChromiumSession().__enter__()
+    for name, script, match in (("failing", "echo cannot open the profile >&2\nexit 3", r"Chromium failed \(3\)"
+                                 r": cannot open the profile"),
+                                ("silent", "exec sleep 60", "Chromium gave no result within 1 s")):
+        fake = tmp_path / name
+        fake.write_text(f"#!/bin/sh\n{script}\n")
+        fake.chmod(0o755)
+        monkeypatch.setenv("BROWSER_PATH", str(fake))
+        with pytest.raises(RuntimeError, match=match):
+            with ChromiumSession(timeout_s=1) as br:
+                br.call("Target.getTargets")
+        assert list(systmp.iterdir()) == [], name  # the profile folder is removed, the process ended

@@ -49,6 +49,7 @@ from workbench.checks import check_args
 from workbench.choices import WIDTH_PRESETS
 from workbench.constraints import checks_for
 from workbench.show import plots
+from workbench.show.chromium import ChromiumSession
 from workbench.show.decimate import full_frame
 from workbench.show.html_export import render_html
 from workbench.show.kaleido_server import (
@@ -353,13 +354,14 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
 
     files: dict[Path, bytes] = {}
     fonts = []
-    if isinstance(fig, TokenView):  # HTML printed by Chromium (vector PDF/SVG, PNG) and the page itself
-        for size in sizes:
-            base = stem if len(sizes) == 1 else f"{stem}-{size.tag}"
-            text_pt, key_pt = PRINT_FONT_PT[size.preset or ("single" if size.width < 372 else "double")]
-            fonts.append({"base_font_pt": text_pt, "smallest_font_pt": key_pt, "font_ratio": 1.0})
-            for fmt, blob in render_html(fig, fmts, size, title=title).items():
-                files[folder / f"{base}.{fmt}"] = blob
+    if isinstance(fig, TokenView):  # HTML printed by one Chromium for every size (vector PDF/SVG, PNG), and the page
+        with ChromiumSession() as browser:
+            for size in sizes:
+                base = stem if len(sizes) == 1 else f"{stem}-{size.tag}"
+                text_pt, key_pt = PRINT_FONT_PT[size.preset or ("single" if size.width < 372 else "double")]
+                fonts.append({"base_font_pt": text_pt, "smallest_font_pt": key_pt, "font_ratio": 1.0})
+                for fmt, blob in render_html(fig, fmts, size, title=title, browser=browser).items():
+                    files[folder / f"{base}.{fmt}"] = blob
         files[folder / f"{stem}.html"] = fig.html(standalone=True).encode("utf-8")
     fig_dict = {} if isinstance(fig, TokenView) else fig.to_dict()
     fig_dict.get("layout", {}).pop("meta", None)  # not drawn; keeps the page small

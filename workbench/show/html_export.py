@@ -3,33 +3,33 @@
 :func:`render_html` lays a :class:`~workbench.show.token_view.TokenView` out at a column width and gives
 its files:
 
-- **PDF**: Chromium's print (``--print-to-pdf``), one page exactly the size of the content, text as real
+- **PDF**: Chromium's print (``Page.printToPDF``), one page exactly the size of the content, text as real
   text in embedded fonts (vector);
-- **SVG**: built from Chromium's own layout: a first pass (``--dump-dom``) runs a script in the page that
-  measures every token's boxes, baseline and style; the SVG draws the same boxes and the text as ``<text>``
-  elements (``textLength`` pins each piece to its measured width), so it is vector text too;
+- **SVG**: built from Chromium's own layout: a first pass runs a script in the page that measures every
+  token's boxes, baseline and style; the SVG draws the same boxes and the text as ``<text>`` elements
+  (``textLength`` pins each piece to its measured width), so it is vector text too;
 - **PNG**: the printed page rasterised by poppler's ``pdftoppm`` at the requested scale (300 dpi by default,
   ``pHYs`` set; installed with the set-up's ``poppler-utils``).
 
-Units as in :mod:`workbench.show.export`: one layout px = one pt; a single column is 240 pt wide. Each call
-of Chromium has its own temporary profile. Raises RuntimeError when Chromium is missing or fails.
+Units as in :mod:`workbench.show.export`: one layout px = one pt; a single column is 240 pt wide. One
+Chromium (:class:`~workbench.show.chromium.ChromiumSession`, its own temporary profile) serves every width of an
+export call: ``browser=`` passes it in. Raises RuntimeError when Chromium is missing or fails.
 """
 from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
-from workbench.show.kaleido_server import CSS_PX_PER_INCH, PX_PER_INCH, browser_path, png_set_dpi
+from workbench.show.chromium import CHROMIUM_TIMEOUT_S, ChromiumSession
+from workbench.show.kaleido_server import CSS_PX_PER_INCH, PX_PER_INCH, png_set_dpi
+from workbench.util import private_temp_dir
 
-__all__ = ["render_html", "page_html", "svg_from_layout", "CHROMIUM_TIMEOUT_S"]
+__all__ = ["render_html", "page_html", "svg_from_layout", "measure", "CHROMIUM_TIMEOUT_S"]
 
-CHROMIUM_TIMEOUT_S = 120.0
 PT_PER_CSS_PX = PX_PER_INCH / CSS_PX_PER_INCH  # 0.75
 PAD_PT = 3.0
 
@@ -95,11 +95,8 @@ _MEASURE_JS = r"""
       ol: cs.outlineStyle !== 'none' ? (parseFloat(cs.outlineWidth) || 0) : 0, olc: cs.outlineColor,
       base: (txt.length ? baseline(el, cs) : 0)});
   }
-  const tag = document.createElement('script');
-  tag.type = 'application/json'; tag.id = 'wb-measure';
-  tag.textContent = JSON.stringify(out);
-  document.body.appendChild(tag);
-})();
+  return JSON.stringify(out);
+})()
 """
 
 
@@ -114,37 +111,18 @@ def page_html(body: str, width_pt: float, height_pt: float | None = None) -> str
             "</style></head><body><div class=\"wb-page\">" + body + "</div></body></html>")
 
 
-def _chromium(args: list[str], html_path: Path, timeout_s: float) -> str:
-    exe = browser_path()
-    if exe is None:
-        raise RuntimeError("figure export needs Chromium: install Debian's chromium (apt-get install chromium "
-                           "fonts-liberation fonts-dejavu-core) or set BROWSER_PATH to a Chromium binary")
-    with tempfile.TemporaryDirectory(prefix="workbench-chromium-") as prof:
-        cmd = [exe, "--headless", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--hide-scrollbars", "--mute-audio", f"--user-data-dir={prof}", *args]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
-            cmd.insert(1, "--no-sandbox")
-        try:
-            res = subprocess.run([*cmd, html_path.as_uri()], capture_output=True, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"figure export: Chromium gave no result within {timeout_s:.0f} s") from None
-        if res.returncode != 0:
-            raise RuntimeError(f"figure export: Chromium failed ({res.returncode}): "
-                               f"{res.stderr.decode('utf-8', 'replace')[-500:]}")
-        return res.stdout.decode("utf-8", "replace")
-
-
-def measure(body: str, width_pt: float, folder: Path, timeout_s: float = CHROMIUM_TIMEOUT_S) -> dict:
+def measure(body: str, width_pt: float, folder: Path, browser: ChromiumSession) -> dict:
     """Chromium's layout of ``body`` at ``width_pt``: ``{"height": css px, "boxes": [...]}``."""
     p = folder / "measure.html"
-    page = page_html(body, width_pt).replace("</body>", f"<script>{_MEASURE_JS}</script></body>")
-    p.write_text(page, encoding="utf-8")
-    dom = _chromium(["--dump-dom", "--virtual-time-budget=2000"], p, timeout_s)
-    m = re.search(r'<script type="application/json" id="wb-measure">(.*?)</script>', dom, re.S)
-    if m is None:
+    p.write_text(page_html(body, width_pt), encoding="utf-8")
+    tab = browser.open(p)
+    try:
+        lay = browser.evaluate(tab, _MEASURE_JS)
+    finally:
+        browser.close_tab(tab)
+    if not isinstance(lay, str):
         raise RuntimeError("figure export: Chromium's page gave no layout (the measuring script did not run)")
-    return json.loads(html.unescape(m.group(1)) if "&quot;" in m.group(1) else m.group(1))
+    return json.loads(lay)
 
 
 def _css_colour(c: str) -> tuple[str, float]:
@@ -217,33 +195,38 @@ def _rasterise(pdf: Path, dpi: float, folder: Path, timeout_s: float) -> bytes:
     return dst.with_suffix(".png").read_bytes()
 
 
-def render_html(view, fmts, size, *, title: bool = False, timeout_s: float = CHROMIUM_TIMEOUT_S) -> dict[str, bytes]:
+def render_html(view, fmts, size, *, title: bool = False, timeout_s: float = CHROMIUM_TIMEOUT_S,
+                browser: ChromiumSession | None = None) -> dict[str, bytes]:
     """Bytes of every format in ``fmts`` (``pdf``, ``svg``, ``png``) of ``view`` at ``size`` (an
     :class:`~workbench.show.export.ExportSize`: its preset picks the fonts, its width the column; the
-    height follows the content)."""
+    height follows the content). ``browser``: the export call's Chromium (else one is started for this size)."""
+    for fmt in fmts:
+        if fmt not in ("pdf", "svg", "png"):
+            raise ValueError(f"formats: must be among ('pdf', 'svg', 'png'), got {fmt!r}")
+    if browser is None:
+        with ChromiumSession(timeout_s) as br:
+            return render_html(view, fmts, size, title=title, timeout_s=timeout_s, browser=br)
     width_pt = float(size.width)
     body = view.html(title=title, preset=size.preset or ("single" if width_pt < 372 else "double"))
     out: dict[str, bytes] = {}
-    with tempfile.TemporaryDirectory(prefix="workbench-html-") as tmp:
+    with private_temp_dir("workbench-html-") as tmp:
         folder = Path(tmp)
-        lay = measure(body, width_pt, folder, timeout_s)
-        height_pt = max(1.0, lay["height"] * PT_PER_CSS_PX)
-        page = folder / "page.html"
-        page.write_text(page_html(body, width_pt, round(height_pt + 0.5, 1)), encoding="utf-8")
-        for fmt in sorted(fmts, key=lambda f: f != "pdf"):  # the PDF first: the PNG is rasterised from it
-            if fmt == "svg":
-                out["svg"] = svg_from_layout(lay, width_pt)
-            elif fmt == "pdf":
-                dst = folder / "out.pdf"
-                _chromium([f"--print-to-pdf={dst}", "--no-pdf-header-footer", "--virtual-time-budget=2000"],
-                          page, timeout_s)
-                out["pdf"] = dst.read_bytes()
-            elif fmt == "png":  # the printed page rasterised (Chromium's headless screenshots cut long pages)
-                pdf = folder / "out.pdf"
-                if "pdf" not in out:
-                    _chromium([f"--print-to-pdf={pdf}", "--no-pdf-header-footer", "--virtual-time-budget=2000"],
-                              page, timeout_s)
-                out["png"] = png_set_dpi(_rasterise(pdf, size.scale * PX_PER_INCH, folder, timeout_s), size.dpi)
-            else:
-                raise ValueError(f"formats: must be among ('pdf', 'svg', 'png'), got {fmt!r}")
+        lay = measure(body, width_pt, folder, browser)
+        if "svg" in fmts:
+            out["svg"] = svg_from_layout(lay, width_pt)
+        if "pdf" in fmts or "png" in fmts:  # the PNG is the printed page rasterised (screenshots cut long pages)
+            height_pt = round(max(1.0, lay["height"] * PT_PER_CSS_PX) + 0.5, 1)
+            page = folder / "page.html"
+            page.write_text(page_html(body, width_pt, height_pt), encoding="utf-8")
+            tab = browser.open(page)
+            try:
+                pdf = browser.print_pdf(tab, width_pt, height_pt)
+            finally:
+                browser.close_tab(tab)
+            if "pdf" in fmts:
+                out["pdf"] = pdf
+            if "png" in fmts:
+                (folder / "out.pdf").write_bytes(pdf)
+                out["png"] = png_set_dpi(_rasterise(folder / "out.pdf", size.scale * PX_PER_INCH, folder, timeout_s),
+                                         size.dpi)
     return {f: out[f] for f in fmts}
