@@ -6,13 +6,14 @@ import pandas as pd
 import torch
 
 from workbench.analyse.cost import CostModel
+from workbench.analyse.counterexample import ShallowCounterexample, deletion_sweep
 from workbench.analyse.envelope import envelope_all_layers
 from workbench.analyse.pages import PageSelection
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.procedure import trace
 from workbench.analyse.shift import ShiftAnalysis
 from workbench.capture.data import Capture
-from workbench.rerun.eviction import GenerationResult
+from workbench.rerun.eviction import DeferKV, GenerationResult
 from workbench.rerun.stability import StabilityResult
 from workbench.run.adapter import ModelShape
 from workbench.run.spans import PromptSpans
@@ -22,7 +23,9 @@ from workbench.show import plots
 FIGURE_FUNCTIONS = ("sink_mass_heatmap", "attention_strip", "head_heatmap", "residual_distribution",
                     "chunk_priorities", "envelope_rows", "certificate", "trace_layers", "drift", "break_even",
                     "pages", "shift_steps", "kept_positions", "accuracy_vs_budget", "kv_bytes_table",
-                    "token_attention")
+                    "token_attention",
+                    "shift_gains", "page_union_bounds", "deferkv_weights",
+                    "counterexample_rows", "counterexample_logits", "counterexample_errors")
 
 
 def synthetic_inputs(L: int = 12, H_Q: int = 9, G: int = 3):
@@ -74,6 +77,7 @@ def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
     sh = ShiftAnalysis(k=8)(cap)
     res = [_gen("streaming", 20, sp.T, 0), _gen("deferkv", 25, sp.T, 1), _gen("snapkv", 30, sp.T, 2)]
     df = sweep_frame()
+    ce = ShallowCounterexample()()
     return {
         "sink_mass_heatmap": plots.sink_mass_heatmap(cap),
         "attention_strip": plots.attention_strip(cap, 2, 4),
@@ -88,6 +92,13 @@ def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
         "pages": plots.pages(pr, 2, cap),
         "shift_steps": plots.shift_steps(sh),
         "shift_steps-head": plots.shift_steps(sh, level="head", layer=2),
+        "shift_gains": plots.shift_gains(sh, held_out=ShiftAnalysis(k=8, ref_start=2)(cap)),
+        "page_union_bounds": plots.page_union_bounds(PageSelection(b=8, K=3, s=16).union_by_K(
+            [1, 2, 4, 8], pool.a, pool.w, cap.head_group, d=64)),
+        "deferkv_weights": plots.deferkv_weights([DeferKV(window=8, lam=lam) for lam in (0.0, 0.1, 1.0)]),
+        "counterexample_rows": plots.counterexample_rows(ce),
+        "counterexample_logits": plots.counterexample_logits(ce),
+        "counterexample_errors": plots.counterexample_errors(deletion_sweep([1e-1, 1e-4, 1e-8], [0.3, 0.05])),
         "kept_positions": plots.kept_positions(res, sp, highlight=[30, 31]),
         "accuracy_vs_budget": plots.accuracy_vs_budget(df, metric="f1"),
         "kv_bytes_table": plots.kv_bytes_table(df),

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from workbench.analyse.audit import hoeffding_b
+from workbench.analyse.counterexample import ShallowCounterexample
 from workbench.analyse.pages import PageSelection
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import HeadPooling
@@ -64,7 +65,7 @@ from workbench.show.widgets import SLIDERS
 from workbench.study.report import ReportConfig
 
 OWNERS = [EntroPrefillParams, HeadPooling, ChunkPriorities, GreedySelection, PageSelection, RowSet, ReportConfig,
-          *ALL_POLICIES]
+          ShallowCounterexample, *ALL_POLICIES]
 ALIASES = {("PageSelection", "b"): "page"}  # a field checked under another parameter's name (the page size b)
 EP_SLIDERS = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0", "delta", "m_a", "eps_audit", "d_max",
               "streak", "seed")
@@ -164,6 +165,8 @@ def test_slider_specs_take_their_range_from_the_constraint():
     assert SLIDERS["page"].constraint is PageEntroKV.CHECKS["page"] is PageSelection.CHECKS["b"]
     assert SLIDERS["K"].constraint is PageSelection.CHECKS["K"]
     assert SLIDERS["budget"].constraint is BUDGET
+    assert SLIDERS["ce_eps"].constraint is ShallowCounterexample.CHECKS["eps"] is PARAMS["counterexample.eps"]
+    assert SLIDERS["ce_gamma"].constraint is ShallowCounterexample.CHECKS["gamma"]
     with pytest.raises(ValueError, match="^lo: the slider of zeta"):
         dataclasses.replace(SLIDERS["zeta"], lo=0.0)  # ζ = 0 is outside (0, 1]
 

@@ -25,7 +25,8 @@ def _panels(syn):
     prompt = SimpleNamespace(spans=sp)
     return [Wd.HeadsPanel(cap), Wd.PriorityPanel(cap, params), Wd.AuditPanel(cap, params, certify=False),
             Wd.ShiftPanel(cap, k=4), Wd.PagesPanel(cap, params), Wd.TokenPanel(cap),
-            Wd.PrunePanel(cap, None, prompt, params), Wd.EvictionPanel(cap, None, prompt, policy="deferkv", budget=40)]
+            Wd.PrunePanel(cap, None, prompt, params), Wd.EvictionPanel(cap, None, prompt, policy="deferkv", budget=40),
+            Wd.CounterexamplePanel()]
 
 
 def test_docs_notation_is_generated_from_the_table():

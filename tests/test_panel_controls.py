@@ -146,3 +146,27 @@ def test_export_width_choice_and_sidecar_identity(syn, monkeypatch, tmp_path):
     kw = seen[-1]
     assert kw["model_id"] == cap.model_id and kw["prompt_hash"] == E.prompt_hash(cap.spans)
     assert kw["params"]["panel"] == "PriorityPanel" and "zeta" in kw["params"]
+
+
+def test_counterexample_panel_status_and_figures_agree(monkeypatch, tmp_path):
+    """Notebook 10's panel: its status line says what its figures show (the shallow and deep mass on j*, the
+    deletion errors from the logits, the audit's verdict), and its export carries the slider values."""
+    import workbench.show.export as E
+
+    panel = Wd.CounterexamplePanel()
+    for w in panel.controls.values():
+        assert w.style.description_width == "170px" and w.layout.width == "440px"
+    for eps, gamma, verdict in ((1e-1, 0.2, "fails"), (1e-6, 0.45, "passes")):
+        panel.set(eps=eps, gamma=gamma)
+        st = panel.status.value
+        rows, z0 = panel.figures["rows"].data, list(panel.figures["logits"].data[0].y)   # z0 = o: A, A_R, B, B_R
+        assert rows[0].y[3] == pytest.approx(eps, rel=1e-9) and rows[1].y[3] == pytest.approx(1 - gamma, rel=1e-9)
+        assert f"shallow mass on j* = {rows[0].y[3]:.2e}: the audit (ε_audit = 0.01) {verdict}" in st
+        assert f"deep mass on j* = {rows[1].y[3]:.3f}" in st
+        assert f"|o − o_R|: A {abs(z0[0] - z0[1]):.4f}, B {abs(z0[2] - z0[3]):.4f} ≥ (1 − γ)V = {(1 - gamma) * 2:.4f}" in st
+    seen = []
+    monkeypatch.setattr(E, "export_all", lambda figures, folder, **kw: seen.append((set(figures), kw)) or {})
+    panel.export_clicked(tmp_path)
+    names, kw = seen[-1]
+    assert names == {"rows", "logits"}
+    assert kw["params"] == {"panel": "CounterexamplePanel", "eps": pytest.approx(1e-6), "gamma": pytest.approx(0.45)}

@@ -360,6 +360,90 @@ def test_shift_steps(syn):
         plots.shift_steps(sh, layer=9)
 
 
+def test_shift_gains_equal_the_recall_differences(syn):
+    cap, _, _ = syn
+    sh, held = ShiftAnalysis(k=8, ref_start=1)(cap), ShiftAnalysis(k=8, ref_start=3)(cap)
+    fig = plots.shift_gains(sh, held_out=held)
+    r = sh.r.tolist()
+
+    def gain(res, a, b, level="group"):  # by hand: recall at r = b minus at r = a, mean over the layer's units
+        rec = (res.recall_group if level == "group" else res.recall_head).numpy()
+        return (rec[..., r.index(b)] - rec[..., r.index(a)]).mean(1)
+
+    by_name = {t.name: t for t in fig.data}
+    for name, (a, b) in (("−1 → 0 (in the prompt)", (-1, 0)), ("0 → 1 (boundary)", (0, 1)), ("1 → 2", (1, 2)),
+                         ("2 → 3", (2, 3))):
+        assert list(by_name[name].x) == list(range(cap.L))
+        assert np.allclose(by_name[name].y, gain(sh, a, b), atol=1e-12), name
+    dashed = by_name["0 → 1, held out (decode 3…4)"]
+    assert dashed.line.dash == "dash" and np.allclose(dashed.y, gain(held, 0, 1), atol=1e-12)
+    assert not np.allclose(dashed.y, gain(sh, 0, 1))  # another reference: other numbers
+    _meta_ok(fig, "shift_gains", level="group", k=8, ref_start=1, ref_end=4, held_out_ref=[3, 4])
+    _frame_matches(fig)
+    head = plots.shift_gains(sh, level="head")
+    assert len(head.data) == 4 and np.allclose(head.data[1].y, gain(sh, 0, 1, "head"), atol=1e-12)
+    assert np.allclose(sh.layer_gains("head")["gain_12"].to_numpy(), gain(sh, 1, 2, "head"), atol=1e-12)
+    with pytest.raises(ValueError, match="^held_out: must be a ShiftResult of the same capture and k = 8"):
+        plots.shift_gains(sh, held_out=ShiftAnalysis(k=4)(cap))
+    with pytest.raises(ValueError, match="^level: must be one of"):
+        sh.layer_gains("layer")
+
+
+def test_page_union_bounds_equal_the_selections(syn):
+    cap, _, tr = syn
+    pool = tr.pooling
+    ps = PageSelection(b=4, K=2, s=8)
+    u = ps.union_by_K([1, 3, 2, 20], pool.a, pool.w, cap.head_group, d=64)
+    G, N_P = cap.G, -(-cap.T // 4)
+    assert u.K.tolist() == [1, 3, 2, 20] and u.attrs == {"b": 4, "s": 8, "e": 2}
+    for row in u.itertuples():   # each row: the selection with that K, its U_l averaged over the layers
+        sel = PageSelection(b=4, K=row.K, s=8).select(pool.a, pool.w, cap.head_group, d=64)
+        U_hand = sel.selected.any(1).sum(-1).double().mean()          # pages kept by some group, per layer
+        assert row.union == pytest.approx(float(U_hand), abs=1e-12)
+        assert (row.lower, row.upper) == (min(row.K, N_P), min(G * row.K, N_P))
+        assert row.lower <= row.union <= row.upper
+    fig = plots.page_union_bounds(u)
+    by = {t.name: t for t in fig.data}
+    order = np.argsort(u.K.to_numpy())
+    assert list(by["union U_l (mean over layers)"].x) == [1, 2, 3, 20]
+    assert np.allclose(by["union U_l (mean over layers)"].y, u.union.to_numpy()[order])
+    assert list(by["lower bound K"].y) == [1, 2, 3, N_P] and list(by["upper bound min{GK, N_P}"].y) == [
+        min(G * k, N_P) for k in (1, 2, 3, 20)]
+    _meta_ok(fig, "page_union_bounds", Ks=[1, 2, 3, 20], b=4, s=8, e=2)
+    _frame_matches(fig)
+    with pytest.raises(ValueError, match="^union: must be a frame with columns"):
+        plots.page_union_bounds(u.drop(columns="upper"))
+    with pytest.raises(ValueError, match="^K: must be an integer >= 1, got 0"):
+        ps.union_by_K([2, 0], pool.a, pool.w, cap.head_group, d=64)
+    with pytest.raises(ValueError, match="^Ks: must hold at least one K"):
+        ps.union_by_K([], pool.a, pool.w, cap.head_group, d=64)
+
+
+def test_deferkv_weights_are_the_policy_weights():
+    from workbench.rerun.eviction import DeferKV, SnapKV
+
+    pols = [DeferKV(window=6, lam=lam) for lam in (0.0, 0.5)] + [DeferKV(window=6, lam=0.1, decode_weight=0.4)]
+    fig = plots.deferkv_weights(pols)
+    r = np.arange(-5, 2)
+    assert [t.name for t in fig.data] == ["λ = 0", "λ = 0.5", "λ = 0.1, decode weight 0.4"]
+    for t in fig.data:
+        assert list(t.x) == r.tolist()
+    assert np.allclose(fig.data[0].y, np.full(7, 1 / 7), atol=1e-15)                  # λ = 0: uniform
+    e = np.exp(0.5 * r)
+    assert np.allclose(fig.data[1].y, e / e.sum(), atol=1e-15)                          # α_r ∝ exp(λr)
+    e = np.exp(0.1 * r[:-1])
+    assert np.allclose(fig.data[2].y, np.append(0.6 * e / e.sum(), 0.4), atol=1e-15)   # the decode row: w
+    assert all(abs(sum(t.y) - 1) < 1e-12 for t in fig.data)
+    meta = _meta_ok(fig, "deferkv_weights")
+    assert meta["policies"][2] == {"lam": 0.1, "window": 6, "decode_weight": 0.4}
+    assert fig.layout.title.text == "DeferKV weights α_r (W = 6)"
+    _frame_matches(fig)
+    with pytest.raises(ValueError, match=r"^policies: must be DeferKV policies \(with alpha\(\) and window\), got \['SnapKV'\]"):
+        plots.deferkv_weights([SnapKV()])
+    with pytest.raises(ValueError, match="^policies: must hold at least one"):
+        plots.deferkv_weights([])
+
+
 # ----------------------------------------------------------------------------- eviction and sweeps
 def _gen(policy, B, T, seed, L=3, G=2, compacted=(0, 1, 2)):
     g = torch.Generator().manual_seed(seed)

@@ -404,7 +404,8 @@ def test_front_end_messages_are_strict_json(tiny, monkeypatch):
     base = EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
     panels = [Wd.HeadsPanel(cap, base), Wd.PriorityPanel(cap, base), Wd.AuditPanel(cap, base, certify=True),
               Wd.ShiftPanel(cap, k=4), Wd.PagesPanel(cap, base, s=4),
-              Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=2), Wd.EvictionPanel(cap, lm, spans, budget=20, max_new_tokens=2)]
+              Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=2), Wd.EvictionPanel(cap, lm, spans, budget=20, max_new_tokens=2),
+              Wd.CounterexamplePanel()]
     panels[5].set(mode="fixed layer", run_layer=1, target=0.5, m0=0)
     panels[5].run()
     panels[6].run()
@@ -460,9 +461,18 @@ def test_every_shown_control_changes_a_figure_or_the_status(smollm_capture, make
     removed): each visible, enabled slider moved to one end (or else the other), each dropdown set to its
     other options, each check box flipped, from the panel's start, changes a figure's data or the status;
     the hidden or disabled ones are the ones that could not. Every dropdown shows its value (a label)."""
+    _assert_every_shown_control_moves_something(make(smollm_capture))
+
+
+def test_counterexample_panel_controls_each_change_a_figure_or_the_status():
+    """The same for the panel without a capture (notebook 10): ε moves the rows and the audit, γ the rows,
+    the logits and the errors."""
+    _assert_every_shown_control_moves_something(Wd.CounterexamplePanel())
+
+
+def _assert_every_shown_control_moves_something(panel) -> None:
     import ipywidgets as W
 
-    panel = make(smollm_capture)
     start = panel.params()
     base = _fingerprint(panel)
     inert = []

@@ -163,6 +163,10 @@ _P: dict[str, Constraint] = {
     "W": _COUNT1,
     "ref_start": _COUNT1,
     "run_layer": _COUNT1,
+    "counterexample.eps": _real(0.0, 1.0, closed="neither"),
+    "counterexample.gamma": _real(0.0, 1.0, closed="neither"),
+    "counterexample.V": _real(0.0, None, closed="right"),
+    "counterexample.beta": _real(0.0, None, closed="right"),
     # ---- RowSet (capture)
     "observers": Bool(),
     "audit": AnyOf(Const("query"), Const(None), Seq(POSITION, nonempty=False)),

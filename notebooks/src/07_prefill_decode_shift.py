@@ -38,23 +38,11 @@ plots.shift_steps(sh)
 
 # %%
 import pandas as pd
-import plotly.graph_objects as go
 
-
-def gains(result):
-    lf = result.leap_frame().query("level == 'group'")
-    return lf.groupby("layer")[["gain_m10", "gain_01", "gain_12", "gain_23"]].mean()
-
-g = gains(sh)
 held = ShiftAnalysis(k=32, ref_start=4)(cap)
-gh = gains(held)
-fig = go.Figure([go.Scatter(x=g.index, y=g[c], mode="lines+markers", name=n) for c, n in
-                 (("gain_m10", "−1 → 0 (inside the prompt)"), ("gain_01", "0 → 1 (boundary)"),
-                  ("gain_12", "1 → 2"), ("gain_23", "2 → 3"))])
-fig.add_scatter(x=gh.index, y=gh["gain_01"], mode="lines", line=dict(dash="dash"), name="0 → 1, held-out reference")
-fig.update_layout(template=plots.TEMPLATE, title="Top-32 recall gain per step, mean over KV groups",
-                  xaxis_title="layer", yaxis_title="recall gain")
-fig
+g = sh.layer_gains("group")                  # per layer: gain_m10, gain_01, gain_12, gain_23 (mean over groups)
+gains_fig = plots.shift_gains(sh, held_out=held)
+gains_fig
 
 # %%
 summ = pd.concat([sh.summary().assign(reference="decode 1..10"), held.summary().assign(reference="held-out 4..10")])
@@ -114,14 +102,17 @@ ref = torch.stack([group_row(int(i)) for i in cap.rows_of("decode")]).mean(0)   
 top = lambda p: set(torch.topk(p, sh.k).indices.tolist())
 recall_hand = len(top(p1) & top(ref)) / sh.k
 gain = g[["gain_01", "gain_12", "gain_23"]].mean()
+gain01_hand = (sh.recall_group[..., i01 + 1] - sh.recall_group[..., i01]).mean(1)    # [L]: r = 1 minus r = 0
 print(f"layer {layer}, group 0: JSD(r=0, r=1) by hand {jsd_hand:.5f}, ShiftAnalysis {float(sh.jsd_group[layer, 0, i01]):.5f} "
       f"(ln 2 = {math.log(2):.4f}); top-{sh.k} recall at r = 1 by hand {recall_hand:.4f}, "
       f"ShiftAnalysis {float(sh.recall_group[layer, 0, i01 + 1]):.4f}")
 print(f"JSD over all layers, groups, steps in [{float(sh.jsd_group.min()):.4f}, {float(sh.jsd_group.max()):.4f}]; "
       f"recall in [{float(sh.recall_group.min()):.3f}, {float(sh.recall_group.max()):.3f}]")
-print(f"mean recall gain over layers: 0 → 1 {gain.gain_01:.3f}, 1 → 2 {gain.gain_12:.3f}, 2 → 3 {gain.gain_23:.3f}")
+print(f"mean recall gain over layers: 0 → 1 {gain.gain_01:.3f}, 1 → 2 {gain.gain_12:.3f}, 2 → 3 {gain.gain_23:.3f}; "
+      f"figure's 0 → 1 line equals the recall differences by hand (max over layers {float(gain01_hand.max()):.3f})")
 assert 0 <= jsd_hand <= math.log(2) and abs(jsd_hand - float(sh.jsd_group[layer, 0, i01])) < 1e-6
 assert abs(recall_hand - float(sh.recall_group[layer, 0, i01 + 1])) < 1e-9
 assert float(sh.jsd_group.min()) >= 0 and float(sh.jsd_group.max()) <= math.log(2)
 assert ((sh.recall_group >= 0) & (sh.recall_group <= 1)).all() and len(cap.generated_ids) == 10
 assert gain.gain_01 > max(gain.gain_12, gain.gain_23)          # the boundary leap of the text above
+assert torch.allclose(torch.as_tensor(gains_fig.data[1].y), gain01_hand, atol=1e-12)   # the figure's 0 → 1 line

@@ -99,14 +99,10 @@ field_table.sort_values(["family", "policy"])
 # little from SnapKV. Larger `λ` leans on the first decode step.
 
 # %%
-import plotly.graph_objects as go
+from workbench.rerun.eviction import DeferKV
 
-from workbench.rerun.eviction import deferkv_alpha
-
-fig = go.Figure([go.Scatter(x=list(range(-31, 2)), y=deferkv_alpha(32, lam).numpy(), mode="lines+markers", name=f"λ = {lam}")
-                 for lam in (0.0, 0.1, 0.3, 1.0)])
-fig.update_layout(template=plots.TEMPLATE, title="DeferKV weights α_r (W = 32)", xaxis_title="row r", yaxis_title="α_r")
-fig
+alpha_fig = plots.deferkv_weights([DeferKV(window=32, lam=lam) for lam in (0.0, 0.1, 0.3, 1.0)])
+alpha_fig
 
 # %% [markdown]
 # ### Interactive panel
@@ -190,13 +186,18 @@ for r in results:
     counts.append(dict(policy=r.policy, budget=r.budget, needle_kept=float(needle_kept)))
 counts = pd.DataFrame(counts)
 full_row = table[table.policy == "full"].iloc[0]
+r_rows = torch.arange(-31, 2, dtype=torch.float64)                  # r = −W+1 … 1, W = 32
+alpha_hand = torch.exp(0.1 * r_rows) / torch.exp(0.1 * r_rows).sum()
+decode_share = float(alpha_fig.data[1].y[-1])                        # λ = 0.1: the weight of r = 1
 per_entry = frame.kv_bytes_before / (T + frame.evicted_at)
 evicting = frame.policy != "full"
 print(f"T = {T}; every evicting policy keeps exactly B prompt positions per layer and KV group, the 4 sinks "
       f"and the last 32 included; full cache answer {full_row.answer!r} (correct: {full_row.correct})")
 print("share of the needle's tokens kept (mean over layers and KV groups):")
 print(counts.pivot(index="policy", columns="budget", values="needle_kept").round(3).to_string())
+print(f"DeferKV at λ = 0.1, W = 32: the decode row r = 1 carries α_1 = {decode_share:.4f} of the weight")
 assert full_row.correct and full_row.kept_mean == 1.0
+assert torch.allclose(torch.as_tensor(alpha_fig.data[1].y), alpha_hand, atol=1e-15) and 0.09 < decode_share < 0.11
 assert (abs(counts.needle_kept.values - table[evicting.values].kept_mean.values) <= 5e-4 + 1e-12).all()   # the table, recomputed
 assert (table[table.policy == "streaming"].kept_mean == 0).all()      # sinks + recent never reach mid-prompt
 # one footing: after eviction every policy holds B prompt entries plus the tokens generated before it

@@ -58,16 +58,8 @@ print("KV payload bytes:", pages.bytes)
 # (all groups agree) and `GK` (all disjoint):
 
 # %%
-import pandas as pd
-import plotly.express as px
-
-rows = []
-for K_ in (1, 2, 4, 8, 12):
-    pr = PageSelection(b=16, K=K_, s=32).select(pooling.a, pooling.w, cap.head_group, d=lm.shape.d)
-    rows.append(dict(K=K_, union=float(pr.U.double().mean()), lower=K_, upper=min(G * K_, N_P)))
-u = pd.DataFrame(rows)
-px.line(u.melt(id_vars="K"), x="K", y="value", color="variable", markers=True, template=plots.TEMPLATE,
-        title="Page union U_l (mean over layers) against its bounds")
+u = PageSelection(b=16, s=32).union_by_K((1, 2, 4, 8, 12), pooling.a, pooling.w, cap.head_group, d=lm.shape.d)
+plots.page_union_bounds(u)
 
 # %% [markdown]
 # ## Break-even of pruned prefill (SPEC §7 cost)

@@ -17,6 +17,7 @@ group weights ``w_h`` (SPEC §2, :class:`~workbench.analyse.pooling.HeadPooling`
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pandas as pd
@@ -343,3 +344,19 @@ class PageSelection:
         by = payload_bytes(e=self.e, d=check_int("d", d, 1), b=self.b, K_lg=K_lg, U_l=U, G=G, L=L, T_retained=T_ret)
         return PageResult(p=p, importance=I, selected=sel, K_lg=K_lg, U=U, uor=uor,
                           b=self.b, K=self.K, s=min(self.s, T), e=self.e, d=d, bytes=by)
+
+    def union_by_K(self, Ks, a: Tensor, w: Tensor, head_group: Tensor, d: int) -> pd.DataFrame:
+        """The page union against the pages kept: one row per ``K`` in ``Ks`` (this selection with that ``K``),
+        columns ``K``, ``union`` (``U_l`` averaged over the layers), ``lower`` = ``min{K, N_P}`` and ``upper`` =
+        ``min{GK, N_P}`` (the bounds ``K ≤ U_l ≤ min{GK, N_P}``). Arguments as :meth:`select`."""
+        Ks = [check_int("K", K, 1) for K in Ks]
+        if not Ks:
+            raise ValueError("Ks: must hold at least one K, got none")
+        rows = []
+        for K in Ks:
+            pr = dataclasses.replace(self, K=K).select(a, w, head_group, d)
+            G, N_P = pr.importance.shape[1:]
+            rows.append({"K": K, "union": float(pr.U.double().mean()), "lower": min(K, N_P), "upper": min(G * K, N_P)})
+        out = pd.DataFrame(rows)
+        out.attrs.update(b=self.b, s=self.s, e=self.e)
+        return out

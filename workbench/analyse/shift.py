@@ -41,7 +41,8 @@ from workbench.analyse.pooling import group_onehot
 from workbench.analyse.ranking import topk_mask
 from workbench.analyse.rows import check_capture_rows
 from workbench.analyse.stats import bootstrap_ci, paired
-from workbench.choices import ShiftLevel
+from workbench.checks import check_choice
+from workbench.choices import SHIFT_LEVELS, ShiftLevel
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -290,6 +291,13 @@ class ShiftResult:
             df["leap"] = df["gain_01"] > later
             parts.append(df)
         return pd.concat(parts, ignore_index=True)
+
+    def layer_gains(self, level: ShiftLevel = "group") -> pd.DataFrame:
+        """The recall gains ``gain_m10, gain_01, gain_12, gain_23`` of :meth:`leap_frame` averaged over the
+        units (heads or KV groups) of each layer; index ``layer``."""
+        check_choice("level", level, SHIFT_LEVELS)
+        lf = self.leap_frame()
+        return lf[lf.level == level].groupby("layer")[["gain_m10", "gain_01", "gain_12", "gain_23"]].mean()
 
     def step_frame(self) -> pd.DataFrame:
         """The recall gain of every adjacent step, per level, layer and unit.

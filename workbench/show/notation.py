@@ -115,6 +115,12 @@ SYMBOLS: tuple[Symbol, ...] = (
            "accepted", "§6", param="streak", controls=("streak",)),
     Symbol("seed", "seed", "the seed of the sampled audit's draw and of the random priority", "§6",
            param="seed", controls=("seed",)),
+    Symbol("ε (counterexample)", "shallow mass on j*", "the shallow layer's attention mass of the last query on the "
+           "removed position j* in the counterexample of paper §6.1; the shallow audit passes once ε ≤ ε_audit",
+           "§6 (paper §6.1)", param="counterexample.eps", controls=("eps",)),
+    Symbol("γ (counterexample)", "deep mass off j*", "a later head reads j* with mass 1 − γ: removing j* after the "
+           "shallow layer moves that head's output by ≥ (1 − γ)V, whatever ε", "§6 (paper §6.1)",
+           param="counterexample.gamma", controls=("gamma",)),
     Symbol("l*", "pruning layer", "the accepted layer: layers after it run on the kept tokens only; "
            "'fixed l*' prunes after a chosen layer instead of the adaptive one", "§6–§7", param="layer",
            range="[1, L − 1] when fixed", controls=("mode", "run_layer")),

@@ -42,8 +42,17 @@ from workbench.show.plots.analysis import (
     sink_mass_heatmap,
     trace_layers,
 )
-from workbench.show.plots.bounds import break_even, drift, envelope_rows, pages, shift_steps
-from workbench.show.plots.study import accuracy_vs_budget, kept_positions, kv_bytes_table
+from workbench.show.plots.bounds import (
+    break_even,
+    drift,
+    envelope_rows,
+    page_union_bounds,
+    pages,
+    shift_gains,
+    shift_steps,
+)
+from workbench.show.plots.counterexample import counterexample_errors, counterexample_logits, counterexample_rows
+from workbench.show.plots.study import accuracy_vs_budget, deferkv_weights, kept_positions, kv_bytes_table
 from workbench.show.plots.tokens import removed_positions, token_attention, token_values
 from workbench.show.theme import (
     ANSWER,
@@ -62,6 +71,8 @@ __all__ = [
     "PALETTE", "SEQUENTIAL", "FONT", "TEMPLATE", "KEPT", "REMOVED", "NEUTRAL", "ANSWER", "categorical", "categorical_px",
     "sink_mass_heatmap", "attention_strip", "head_heatmap", "residual_distribution", "chunk_priorities",
     "envelope_rows", "certificate", "trace_layers", "drift", "break_even", "pages", "shift_steps",
-    "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "token_attention", "token_values", "removed_positions",
+    "shift_gains", "page_union_bounds", "deferkv_weights", "counterexample_rows", "counterexample_logits",
+    "counterexample_errors", "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "token_attention",
+    "token_values", "removed_positions",
     "figure_frame", "update_figure", "drafts", "as_figure",
 ]

@@ -295,7 +295,7 @@ def shift_steps(shift, *, level: ShiftLevel = "group", layer: int | None = None,
                                  hovertemplate="layer %{y}, r = %{x}: recall %{z:.3f}<extra></extra>"), 1, 1)
         fig.add_trace(go.Heatmap(z=plot_array(js.mean(1)), x=rj, y=list(range(L)), coloraxis="coloraxis2", name="JSD",
                                  hovertemplate="layer %{y}, r→r+1 at %{x}: JSD %{z:.4f}<extra></extra>"), 2, 1)
-        mean = lf.groupby("layer")[gains].mean()
+        mean = shift.layer_gains(level)
         for i, g in enumerate(gains):
             fig.add_trace(go.Bar(x=mean.index.tolist(), y=plot_array(mean[g].to_numpy()), name=f"gain {glabel[g]}",
                                  marker_color=[NEUTRAL, REMOVED, KEPT, PALETTE[5]][i],
@@ -340,3 +340,69 @@ def shift_steps(shift, *, level: ShiftLevel = "group", layer: int | None = None,
                    aspect={"single": 1.6, "double": 0.85})
 
 
+
+
+_GAIN_NAMES = {"gain_m10": "−1 → 0 (in the prompt)", "gain_01": "0 → 1 (boundary)", "gain_12": "1 → 2",
+               "gain_23": "2 → 3"}
+
+
+def shift_gains(shift, *, held_out=None, level: ShiftLevel = "group", model_id: str | None = None,
+                params=None) -> go.Figure:
+    """The top-``k`` recall gain of each step per layer, averaged over the layer's KV groups (or heads):
+    ``−1→0`` (the last step inside the prompt), ``0→1`` (the prefill/decode boundary), ``1→2``, ``2→3``
+    (:meth:`~workbench.analyse.shift.ShiftResult.layer_gains`).
+
+    Args:
+        shift: a :class:`~workbench.analyse.shift.ShiftResult`.
+        held_out: another ``ShiftResult`` of the same capture and ``k`` against another reference (e.g. the
+            held-out decode rows): its boundary gain ``0→1`` is drawn dashed.
+        level: ``"group"`` or ``"head"``.
+    """
+    g = shift.layer_gains(level)
+    fig = Draft()
+    for c, colour in zip(_GAIN_NAMES, (NEUTRAL, REMOVED, KEPT, PALETTE[5])):
+        fig.add_trace(go.Scatter(x=g.index.to_numpy(), y=plot_array(g[c].to_numpy()), name=_GAIN_NAMES[c],
+                                 mode="lines+markers", line=dict(color=colour),
+                                 hovertemplate="layer %{x}: gain " + _GAIN_NAMES[c] + " = %{y:.3f}<extra></extra>"))
+    held = None
+    if held_out is not None:
+        if held_out.k != shift.k or held_out.recall_group.shape[0] != shift.recall_group.shape[0]:
+            raise ValueError(f"held_out: must be a ShiftResult of the same capture and k = {shift.k}, "
+                             f"got k = {held_out.k}")
+        gh = held_out.layer_gains(level)
+        held = [held_out.ref_start, held_out.ref_end]
+        fig.add_trace(go.Scatter(x=gh.index.to_numpy(), y=plot_array(gh["gain_01"].to_numpy()), mode="lines",
+                                 name=f"0 → 1, held out (decode {held[0]}…{held[1]})",
+                                 line=dict(color=REMOVED, dash="dash"),
+                                 hovertemplate="layer %{x}: gain 0 → 1 (held out) = %{y:.3f}<extra></extra>"))
+    add_span(fig, "hline", 0.0, line=dict(color="#000", width=1, dash="dot"))
+    return finish(fig, f"Top-{shift.k} recall gain per step, mean over {level}s",
+                  figure_meta("shift_gains", model_id, params, level=level, k=shift.k, ref_start=shift.ref_start,
+                              ref_end=shift.ref_end, held_out_ref=held),
+                  xaxis_title="layer", yaxis_title="recall gain", aspect={"single": 1.15, "double": 0.62},
+                  legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"))
+
+
+def page_union_bounds(union, *, model_id: str | None = None, params=None) -> go.Figure:
+    """The page union ``U_l`` (mean over layers) against the pages kept per group ``K``, between its bounds
+    ``K`` (every group keeps the same pages) and ``min{GK, N_P}`` (all disjoint), from
+    :meth:`~workbench.analyse.pages.PageSelection.union_by_K` (its ``attrs`` ``b``, ``s``, ``e`` go to the meta)."""
+    need = {"K", "union", "lower", "upper"}
+    if not hasattr(union, "columns") or not need <= set(union.columns):
+        raise ValueError(f"union: must be a frame with columns {sorted(need)} (PageSelection.union_by_K), "
+                         f"got {type(union).__name__}")
+    if union.empty:
+        raise ValueError("union: is empty")
+    df = union.sort_values("K")
+    K = df["K"].to_numpy()
+    fig = Draft()
+    for col, name, line in (("upper", "upper bound min{GK, N_P}", dict(color=NEUTRAL, dash="dot")),
+                            ("union", "union U_l (mean over layers)", dict(color=KEPT)),
+                            ("lower", "lower bound K", dict(color=NEUTRAL, dash="dash"))):
+        fig.add_trace(go.Scatter(x=K, y=plot_array(df[col].to_numpy()), name=name, mode="lines+markers", line=line,
+                                 hovertemplate="K = %{x}: " + name + " = %{y:.3g}<extra></extra>"))
+    return finish(fig, "Page union U_l (mean over layers) against its bounds",
+                  figure_meta("page_union_bounds", model_id, params, Ks=K.tolist(), **dict(union.attrs)),
+                  xaxis_title="pages kept per group K", yaxis_title="pages", yaxis=dict(rangemode="tozero"),
+                  xaxis=dict(tickmode="array", tickvals=K.tolist()),
+                  legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"))

@@ -147,6 +147,40 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     return fig
 
 
+def deferkv_weights(policies, *, model_id: str | None = None, params=None) -> go.Figure:
+    """DeferKV's row weights ``α_r`` over ``r = −W+1 … 0, 1`` (``DeferKV.alpha()``: ``α_r ∝ exp(λr)``, or the
+    decode row's fixed ``decode_weight``), one line per policy; the dotted line is the prefill/decode boundary.
+
+    Args:
+        policies: ``DeferKV`` policies (anything with ``alpha()``, ``window``, ``lam``, ``decode_weight``).
+    """
+    policies = list(policies)
+    if not policies:
+        raise ValueError("policies: must hold at least one DeferKV policy, got none")
+    bad = [type(p).__name__ for p in policies if not (callable(getattr(p, "alpha", None)) and hasattr(p, "window"))]
+    if bad:
+        raise ValueError(f"policies: must be DeferKV policies (with alpha() and window), got {bad}")
+    fig = Draft()
+    for p, st in zip(policies, categorical(len(policies))):
+        a = plot_array(p.alpha())
+        W = int(p.window)
+        if a.shape != (W + 1,):
+            raise ValueError(f"policies: alpha() must give W + 1 = {W + 1} weights, got shape {list(a.shape)}")
+        name = f"λ = {p.lam:g}" + ("" if p.decode_weight is None else f", decode weight {p.decode_weight:g}")
+        fig.add_trace(go.Scatter(x=np.arange(-W + 1, 2), y=a, name=name, mode="lines+markers",
+                                 line=dict(color=st["color"], dash=st["dash"]), marker=dict(symbol=st["symbol"], size=5),
+                                 hovertemplate="r = %{x}: α = %{y:.4g}<extra>" + html.escape(name) + "</extra>"))
+    add_span(fig, "vline", 0.5, line=dict(color="#000", dash="dot", width=1))
+    windows = sorted({int(p.window) for p in policies})
+    return finish(fig, "DeferKV weights α_r" + (f" (W = {windows[0]})" if len(windows) == 1 else ""),
+                  figure_meta("deferkv_weights", model_id, params, policies=[
+                      {"lam": float(p.lam), "window": int(p.window),
+                       "decode_weight": None if p.decode_weight is None else float(p.decode_weight)} for p in policies]),
+                  xaxis_title="row r (≤ 0 prompt tail, 1 first decode row)", yaxis_title="α_r",
+                  yaxis=dict(rangemode="tozero"),
+                  legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"))
+
+
 # ============================================================================= sweep tables
 _METRICS = ("em", "f1", "contains", "correct", "first_token_agree", "kept_mean")
 _XLABEL = {"p_budget": "KV budget B (tokens per layer and group)", "budget": "KV budget B (tokens per layer and group)",

@@ -18,14 +18,18 @@ The two panels that run the model again (:class:`PrunePanel`, :class:`EvictionPa
 and the answer next to the full-context answer in HTML widgets (no ``ipywidgets.Output``: it stalls
 headless notebook execution).
 
+:class:`CounterexamplePanel` takes neither: its sliders rebuild the hand-made network of paper §6.1
+(:mod:`workbench.analyse.counterexample`).
+
 Slider ranges lie inside the validity ranges of :class:`~workbench.analyse.params.EntroPrefillParams` and the
 policy/page/shift dataclasses, so a value typed or set out of range is clamped to a valid one.
 """
 from workbench.show.widgets.analytic import AuditPanel, HeadsPanel, PagesPanel, PriorityPanel, ShiftPanel
 from workbench.show.widgets.base import SLIDERS, Panel, SliderSpec
+from workbench.show.widgets.counterexample import CounterexamplePanel
 from workbench.show.widgets.run import EvictionPanel, PrunePanel
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.show.widgets.tokens import TokenPanel
 
 __all__ = ["Panel", "SliderSpec", "SLIDERS", "HeadsPanel", "PriorityPanel", "AuditPanel", "ShiftPanel", "PagesPanel",
-           "PrunePanel", "EvictionPanel", "TokenPanel", "TokenWidget"]
+           "PrunePanel", "EvictionPanel", "TokenPanel", "TokenWidget", "CounterexamplePanel"]

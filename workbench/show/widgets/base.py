@@ -154,6 +154,8 @@ SLIDERS: dict[str, SliderSpec] = {
     "ref_start": SliderSpec("reference from decode row", "int", None, 1, 1, 1, "ref_start"),  # hi: n
     "W": SliderSpec("tail rows W", "int", None, 1, 1, 32, "W"),  # hi: the tail rows
     "run_layer": SliderSpec("fixed l*", "int", None, 1, 1, 4, "run_layer"),  # hi: L-1 (E_l exists)
+    "ce_eps": SliderSpec("ε (shallow mass on j*)", "log", 1e-9, 10 ** -0.5, 0.25, 1e-3, "counterexample.eps"),
+    "ce_gamma": SliderSpec("γ (deep mass off j*)", "float", 0.001, 0.5, 0.001, 0.05, "counterexample.gamma"),
 }
 
 
