@@ -130,6 +130,17 @@ def oracle_logits(m, ids, pos, *, removed_after=None, R=None, kept=None, T=None,
     return out.logits[0].float()
 
 
+def _assert_capture_leaves_logits_unchanged(m, spans: PromptSpans) -> None:
+    """The logits of the prompt are bit-identical with the capture hooks on and off."""
+    T = spans.T
+    x = torch.tensor([list(spans.input_ids)])
+    with torch.no_grad():
+        off = m(x).logits
+        with capture_attention(m, [T - 1], K=T, T=T):
+            on = m(x).logits
+    assert torch.equal(on, off)
+
+
 def _check_against_oracle(logits, ids, ref, T0):
     """``logits [n, V]`` of generated tokens ``ids`` equal the oracle's rows ``T0-1 …``; greedy ids follow."""
     n = len(ids)
@@ -159,12 +170,7 @@ def test_conformance(family):
     else:
         assert cap.learned_sink is None
     # 2. logits bit-identical with capture on and off
-    x = torch.tensor([list(spans.input_ids)])
-    with torch.no_grad():
-        off = m(x).logits
-        with capture_attention(m, [T - 1], K=T, T=T):
-            on = m(x).logits
-    assert torch.equal(on, off)
+    _assert_capture_leaves_logits_unchanged(m, spans)
     # 3. E = ∅ equals full; l* = -1 and a mid-prefill removal equal the independent oracle
     full = run_full(m, spans, max_new_tokens=4)
     e0 = run_pruned(m, spans, layer=1, removed=[], max_new_tokens=4, progress=False)
@@ -256,12 +262,7 @@ def test_hybrid_capture_only(family):
     assert bool(torch.isnan(cap.attn[[0, 2]]).all()) and not bool(torch.isnan(cap.attn[soft]).any())
     with pytest.raises(ValueError, match=r"layers \[0, 2\] of this capture are not softmax attention"):
         cap.require_all_layers("trace")
-    x = torch.tensor([list(spans.input_ids)])
-    with torch.no_grad():
-        off = m(x).logits
-        with capture_attention(m, [T - 1], K=T, T=T):
-            on = m(x).logits
-    assert torch.equal(on, off)
+    _assert_capture_leaves_logits_unchanged(m, spans)
     why = rf"cannot run on {family}: .*a gather cannot shorten .*\(layers \[0, 2\] are not softmax attention"
     with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
         run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)

@@ -7,6 +7,7 @@ model is loaded, no Chromium is started), so each test takes a few seconds, most
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -244,19 +245,26 @@ sw.sweep(factory, ITEMS, {{"fault_probe": {{"sleep": 0.3}}}}, seeds=({seed},), o
 
 
 # ----------------------------------------------------------------------------- full disk
-@pytest.fixture
-def small_disk(tmp_path):
+@contextlib.contextmanager
+def tmpfs(mnt: Path, size: str):
+    """A tmpfs of ``size`` mounted on the new folder ``mnt`` for the block (the test is skipped where that needs
+    root or is refused)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "disk"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True)
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
     try:
         yield mnt
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    with tmpfs(tmp_path / "disk", "256k") as mnt:
+        yield mnt
 
 
 def test_full_disk_gives_a_clear_error_and_writes_nothing(small_disk):
@@ -448,15 +456,8 @@ def test_kill_during_report_html_write_then_the_same_command_finishes(tmp_path):
 
 @pytest.mark.slow  # two tiny reports (~1 min each on a loaded 2-core machine)
 def test_full_disk_during_report_tables_then_the_same_command_finishes(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    out = tmp_path / "rep"
-    out.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(out)], capture_output=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    filler = out / "filler.bin"
-    try:
+    with tmpfs(tmp_path / "rep", "256m") as out:
+        filler = out / "filler.bin"
         child = f'''
 import sys
 import workbench.study.report as R
@@ -488,5 +489,3 @@ sys.exit(main({_report_args(out)!r}))
         r = _report_cli(out)
         assert r.returncode == 0, r.stderr[-3000:]
         _report_complete(out)
-    finally:
-        subprocess.run(["umount", str(out)], check=False)

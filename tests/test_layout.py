@@ -47,6 +47,14 @@ def _layer(mod: str) -> str | None:
     return parts[1] if parts[1] in LAYERS else "base"
 
 
+def _from_target(node: ast.ImportFrom, pkg: str) -> str:
+    """The module a ``from … import`` of a module in package ``pkg`` reads from (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(mod: str, path: Path) -> list[tuple[str, int, bool]]:
     """``(imported workbench module, line, inside a function)`` for every import of ``mod``."""
     tree = ast.parse(path.read_text())
@@ -60,11 +68,7 @@ def _imports(mod: str, path: Path) -> list[tuple[str, int, bool]]:
                     func_lines.add(sub.lineno)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(node, pkg)
             subs = [f"{target}.{a.name}" for a in node.names]
             # ``from pkg import sub``: an edge to the submodule (the package itself only for its own names)
             names = subs if all(n in MODULES for n in subs) else [target] + subs
@@ -159,11 +163,7 @@ def _private_imports(mod: str, path: Path, label: str | None = None) -> list[str
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(node, pkg)
             if target.split(".")[0] != "workbench" or target == mod or target in PRIVATE_OK:
                 continue
             for a in node.names:
