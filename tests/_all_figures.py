@@ -2,15 +2,21 @@
 default model (9 query heads in 3 KV groups), for the layout and colour tests."""
 from __future__ import annotations
 
+import itertools
+
 import pandas as pd
 import torch
 
+from workbench.analyse.audit import hoeffding_b
 from workbench.analyse.cost import CostModel
 from workbench.analyse.counterexample import ShallowCounterexample, deletion_sweep
-from workbench.analyse.envelope import envelope_all_layers
+from workbench.analyse.envelope import envelope, envelope_all_layers
 from workbench.analyse.pages import PageSelection
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.pooling import HeadPooling
+from workbench.analyse.priorities import mass_only_priorities, per_head_max_priorities
 from workbench.analyse.procedure import trace
+from workbench.analyse.selection import GreedySelection, mass_table
 from workbench.analyse.shift import ShiftAnalysis
 from workbench.capture.data import Capture
 from workbench.rerun.eviction import DeferKV, GenerationResult
@@ -25,7 +31,9 @@ FIGURE_FUNCTIONS = ("sink_mass_heatmap", "attention_strip", "head_heatmap", "res
                     "pages", "shift_steps", "kept_positions", "accuracy_vs_budget", "kv_bytes_table",
                     "token_attention",
                     "shift_gains", "page_union_bounds", "deferkv_weights",
-                    "counterexample_rows", "counterexample_logits", "counterexample_errors")
+                    "counterexample_rows", "counterexample_logits", "counterexample_errors",
+                    "pooled_measure", "head_weights", "answer_rank", "removal_budget", "envelope_scatter",
+                    "hoeffding_radius")
 
 
 def synthetic_inputs(L: int = 12, H_Q: int = 9, G: int = 3):
@@ -60,6 +68,33 @@ def sweep_frame() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sensitivity_frames(cap, tr, layer: int) -> dict:
+    """The tidy frames of the :mod:`workbench.show.plots.sensitivity` figures, computed as notebooks 02, 03 and
+    05 compute them: ``{"head_weights": …, "answer_rank": …, "removal_budget": …, "hoeffding_radius": …}``."""
+    sp, pool = cap.spans, tr.pooling
+    w = [dict(zeta=z, tau=t, head=f"h{h} (g{g})", w=float(HeadPooling(zeta=z, tau=t)(cap).w[layer, h]))
+         for z in (1.0, 0.5, 0.2, 0.05) for t in (0.1, 0.3, 1.0, 3.0) for h, g in enumerate(cap.head_group.tolist())]
+    ans = sp.chunk_doc.index(sp.answer_doc)
+    S = {"Rényi": tr.priorities.S, "mass only": mass_only_priorities(pool.mu, sp).S,
+         "per-head max": per_head_max_priorities(pool.a, sp)}
+    ranks = [dict(layer=l, method=m, rank=int((s[l] > s[l, ans]).sum())) for m, s in S.items() for l in range(cap.L)]
+    m = mass_table(cap.observer_attn(), sp)[layer]
+    sels = [(e, GreedySelection(target=t, eps_row=e, m0=1).select(tr.priorities.S[layer], sp.n, m))
+            for e in (0.05, 0.2, 0.4) for t in (0.1, 0.3, 0.5)]
+    budget = [dict(eps_row=e, target=r.target_tokens, D=r.D, U=r.U) for e, r in sels]
+    b = [dict(m_a=n, delta=d, b=hoeffding_b(n, d, 11, cap.H_Q)) for n in (8, 32, 128, 512) for d in (0.01, 0.2)]
+    return {"head_weights": pd.DataFrame(w), "answer_rank": pd.DataFrame(ranks), "removal_budget": pd.DataFrame(budget),
+            "hoeffding_radius": pd.DataFrame(b)}
+
+
+def every_removal(cap, pool, layer: int, size: int = 2) -> tuple[list, list]:
+    """``(removals, envelopes)``: every union of up to ``size`` chunks at ``layer`` and its envelope (notebook 04)."""
+    sp = cap.spans
+    Es = [E for n in range(1, size + 1) for E in itertools.combinations(range(sp.k), n)]
+    A = cap.observer_attn()[layer]
+    return Es, [envelope(A, pool.mu[layer], pool.omega[layer], sp.removal_mask(E), layer=layer) for E in Es]
+
+
 def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
     """``{function name: figure}`` for every name in :data:`FIGURE_FUNCTIONS` (several views of some)."""
     sp, cap, params, tr = synthetic_inputs(L, H_Q, G)
@@ -78,6 +113,8 @@ def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
     res = [_gen("streaming", 20, sp.T, 0), _gen("deferkv", 25, sp.T, 1), _gen("snapkv", 30, sp.T, 2)]
     df = sweep_frame()
     ce = ShallowCounterexample()()
+    fr = sensitivity_frames(cap, tr, l)
+    Es, envs_E = every_removal(cap, pool, l)
     return {
         "sink_mass_heatmap": plots.sink_mass_heatmap(cap),
         "attention_strip": plots.attention_strip(cap, 2, 4),
@@ -105,4 +142,10 @@ def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
         "token_attention": plots.token_attention(cap, 2, head=4, removed=tr, removed_layer=l, log=True),
         "token_attention-row": plots.token_attention(cap, 2, query=int(cap.rows_of("tail")[0]), group=1,
                                                      removed=res[0], exclude_sinks=True),
+        "pooled_measure": plots.pooled_measure(pool, l, sp, model_id=cap.model_id),
+        "head_weights": plots.head_weights(fr["head_weights"], layer=l),
+        "answer_rank": plots.answer_rank(fr["answer_rank"], answer_chunk=2),
+        "removal_budget": plots.removal_budget(fr["removal_budget"], layer=l),
+        "envelope_scatter": plots.envelope_scatter(envs_E, removals=Es),
+        "hoeffding_radius": plots.hoeffding_radius(fr["hoeffding_radius"], eps_audit=0.2, J=11, H_Q=9),
     }

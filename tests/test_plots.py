@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from workbench.analyse.cost import CostModel
-from workbench.analyse.envelope import envelope_all_layers
+from workbench.analyse.envelope import envelope, envelope_all_layers
 from workbench.analyse.pages import PageSelection
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.pooling import HeadPooling
 from workbench.analyse.procedure import trace
 from workbench.analyse.shift import ShiftAnalysis
 from workbench.capture.data import Capture
@@ -129,6 +130,46 @@ def test_residual_distribution(syn):
     for bad in (-1, cap.L, 1.5):
         with pytest.raises(ValueError, match=r"^layer: must be an integer in \[0, 3\]"):
             plots.residual_distribution(pool, bad, cap)
+
+
+def test_pooled_measure_bars_are_mu_coloured_by_span(syn):
+    cap, _, tr = syn
+    pool, sp = tr.pooling, cap.spans
+    fig = plots.pooled_measure(pool, 2, cap)
+    bar = fig.data[0]
+    assert len(fig.data) == 1 and bar.type == "bar"
+    assert list(bar.x) == list(range(sp.T)) and np.allclose(bar.y, pool.mu[2].numpy(), rtol=0, atol=0)
+    assert abs(float(np.sum(bar.y)) - 1) < 1e-6  # μ^l sums to 1 (float32 rows): the bars are all of it
+    cof = sp.chunk_of().tolist()
+    want = [plots.NEUTRAL if c < 0 else plots.ANSWER if sp.chunk_doc[c] == sp.answer_doc else plots.PALETTE[1]
+            for c in cof]
+    assert list(bar.marker.color) == want and want.count(plots.ANSWER) == sp.n[sp.chunk_doc.index(sp.answer_doc)]
+    assert [c[1] for c in bar.customdata] == cof and bar.customdata[5][0] == sp.tokens[5]
+    assert fig.layout.yaxis.type == "log" and plots.pooled_measure(pool, 2, cap, log=False).layout.yaxis.type == "linear"
+    _meta_ok(fig, "pooled_measure", layer=2, model_id="synthetic", zeta=pool.zeta, tau=pool.tau, n_sink=pool.n_sink,
+             log=True)
+    _frame_matches(fig)
+    with pytest.raises(ValueError, match=r"^layer: must be an integer in \[0, 3\]"):
+        plots.pooled_measure(pool, 4, cap)
+    with pytest.raises(ValueError, match="^spans: must be PromptSpans"):
+        plots.pooled_measure(pool, 1, None)
+    other = PromptSpans.synthetic([6, 5], query_len=10, answer_doc=1)
+    with pytest.raises(ValueError, match=f"^spans: has T = {other.T} tokens, the pooling {sp.T}"):
+        plots.pooled_measure(pool, 1, other)
+
+
+def test_pooled_measure_at_scale_keeps_every_token_for_the_csv():
+    from workbench.show.decimate import DEFAULT_WIDTH_PX, full_frame
+
+    sp = PromptSpans.synthetic([400, 500, 450], query_len=12, answer_doc=1)
+    cap = Capture.synthetic(sp, L=2, H_Q=4, G=2, seed=3)
+    pool = HeadPooling()(cap)
+    fig = plots.pooled_measure(pool, 1, cap)
+    assert len(fig.data[0].x) == DEFAULT_WIDTH_PX < sp.T
+    full = full_frame(fig)
+    assert list(full.columns) == ["x", "token", "chunk", "mu"] and len(full) == sp.T
+    assert np.allclose(full["mu"], pool.mu[1].numpy(), rtol=0, atol=0)
+    assert np.isclose(np.max(fig.data[0].y), float(pool.mu[1].max()))  # the bins hold their max
 
 
 # ----------------------------------------------------------------------------- priorities
@@ -270,6 +311,34 @@ def test_envelope_rows(syn):
     assert fig.data[1].marker.color[3] == plots.REMOVED and "1 rows above" in fig.layout.title.text
     with pytest.raises(ValueError, match="^layer: must be one of the envelope layers"):
         plots.envelope_rows(envs, layer=3)
+
+
+def test_envelope_scatter_points_are_every_row_of_every_removal(syn):
+    cap, _, tr = syn
+    pool, sp, l = tr.pooling, cap.spans, 2
+    Es = [(0,), (1, 2), (0, 1, 3)]
+    envs = [envelope(cap.observer_attn()[l], pool.mu[l], pool.omega[l], sp.removal_mask(E), layer=l) for E in Es]
+    fig = plots.envelope_scatter(envs, removals=Es)
+    pts, diag = fig.data
+    assert pts.type == "scattergl" and diag.name == "η = envelope" and list(diag.x) == [0, 1] == list(diag.y)
+    assert np.array_equal(pts.x, np.concatenate([e.bound.numpy() for e in envs]))
+    assert np.array_equal(pts.y, np.concatenate([e.eta.numpy() for e in envs]))
+    A = len(envs[0].eta)
+    assert [c[0] for c in pts.customdata] == list(range(A)) * 3
+    assert [c[1] for c in pts.customdata] == ["[0]"] * A + ["[1, 2]"] * A + ["[0, 1, 3]"] * A
+    assert (np.asarray(pts.y) <= np.asarray(pts.x) + 1e-6).all()  # SPEC §4, on the plotted numbers
+    _meta_ok(fig, "envelope_scatter", layer=l, n_removals=3, n_points=3 * A, all_hold=True)
+    _frame_matches(fig)
+    assert "above the envelope" not in fig.layout.title.text
+    envs[1].holds[0] = False
+    assert "1 above the envelope" in plots.envelope_scatter(envs).layout.title.text
+    with pytest.raises(ValueError, match="^envs: must not be empty"):
+        plots.envelope_scatter([])
+    with pytest.raises(ValueError, match=r"^envs: must all be of one layer, got layers \[1, 2\]"):
+        plots.envelope_scatter([envs[0], envelope(cap.observer_attn()[1], pool.mu[1], pool.omega[1],
+                                                  sp.removal_mask([0]), layer=1)])
+    with pytest.raises(ValueError, match=r"^removals: must have one entry per envelope \(3\), got 2"):
+        plots.envelope_scatter(envs, removals=Es[:2])
 
 
 def _stability(certified=True):

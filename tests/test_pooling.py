@@ -12,7 +12,7 @@ from _examples import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workbench.analyse.pooling import HeadPooling, PoolingResult
+from workbench.analyse.pooling import HeadPooling, PoolingResult, dominant_head_bound
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 
@@ -211,9 +211,26 @@ def test_pooling_matches_reference_and_invariants(G, r, seed):
 
 
 # ----------------------------------------------------------------------------- property (6)
-def _lower_6(zeta, r, Delta, tau):
-    """ζ/r + (1-ζ)/(1 + (r-1) e^{-Δ/τ}), the denominator evaluated in log space."""
-    return zeta / r + (1 - zeta) * math.exp(-np.logaddexp(0.0, math.log(r - 1) - Delta / tau))
+def test_dominant_head_bound_values_and_bad_input():
+    """(6) at points where it has a closed value, its limits, and its refusals (naming the parameter)."""
+    for zeta in (0.05, 0.5, 1.0):
+        for r in (2, 3, 9):
+            assert dominant_head_bound(zeta, 0.7, r, 0.0) == pytest.approx(1 / r, rel=1e-12)  # Δ = 0: uniform share
+            assert dominant_head_bound(zeta, 0.7, r, math.inf) == pytest.approx(zeta / r + 1 - zeta, rel=1e-12)
+            assert dominant_head_bound(zeta, 0.7, r, -math.inf) == pytest.approx(zeta / r, rel=1e-12)
+    # r = 2, Δ = τ ln 3: 1 + e^{-Δ/τ} = 4/3
+    assert dominant_head_bound(0.25, 2.0, 2, 2.0 * math.log(3)) == pytest.approx(0.125 + 0.75 * 0.75, rel=1e-12)
+    assert dominant_head_bound(0.5, 1.0, 1, -3.0) == 1.0  # no sibling
+    assert dominant_head_bound(0.5, 1e-4, 4, 1.0) == pytest.approx(0.5 / 4 + 0.5, rel=1e-12)  # no overflow at tiny τ
+    assert dominant_head_bound(0.5, 1e-4, 4, -1.0) == pytest.approx(0.5 / 4, rel=1e-12)
+    for args, msg in (((0.0, 1.0, 3, 0.0), r"^zeta: must be in \(0, 1\], got 0"),
+                      ((0.5, 0.0, 3, 0.0), r"^tau: must be > 0, got 0"),
+                      ((0.5, 1.0, 0, 0.0), r"^r: must be an integer >= 1, got 0"),
+                      ((0.5, 1.0, 2.5, 0.0), r"^r: must be an integer >= 1, got 2.5"),
+                      ((0.5, 1.0, 3, math.nan), r"^gap: must be a real number"),
+                      ((0.5, 1.0, 3, "1"), r"^gap: must be a real number")):
+        with pytest.raises(ValueError, match=msg):
+            dominant_head_bound(*args)
 
 
 @PROP_BATCH
@@ -254,7 +271,7 @@ def test_bound_6_dominant_head(r, star_kind, seed):
         Hs = ref["H"][l]
         Delta = float(np.min(np.delete(Hs, star) - Hs[star]))  # largest Δ the premise allows (< 0 possible)
         w_star = float(res.w[l, star])
-        lower = _lower_6(zeta, r, Delta, tau)
+        lower = dominant_head_bound(zeta, tau, r, Delta)
         assert w_star >= lower - 1e-12 * max(1.0, lower)
         assert w_star <= zeta / r + (1 - zeta) + 1e-12
         if star_kind == "point":
@@ -287,7 +304,7 @@ def test_bound_6_equality_when_siblings_tied(Delta, seed):
     assert_close(float(res.C[0, 1]), C_sib, rtol=1e-12)
     Delta_eff = math.log(float(res.C[0, 0]) / float(res.C[0, 1]))
     assert_close(Delta_eff, Delta, atol=1e-9)
-    assert_close(float(res.w[0, 0]), _lower_6(zeta, r, Delta_eff, tau), rtol=1e-9, atol=1e-12)
+    assert_close(float(res.w[0, 0]), dominant_head_bound(zeta, tau, r, Delta_eff), rtol=1e-9, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------- sink heads

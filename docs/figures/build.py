@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import plotly.express as px
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "tests"))
@@ -26,16 +25,13 @@ from workbench.show.export import export  # noqa: E402
 
 
 def heads_vs_tau(cap, layer: int):
-    """Notebook 02's figure: every head's weight against τ, one panel per ζ."""
+    """Notebook 02's figure (``plots.head_weights``): every head's weight against τ, one panel per ζ."""
     grid = []
     for zeta in (1.0, 0.5, 0.2):
         for tau in (0.1, 0.3, 1.0, 3.0):
             w = HeadPooling(zeta=zeta, tau=tau)(cap).w[layer]
             grid += [dict(zeta=zeta, tau=tau, head=f"h{h}", w=float(w[h])) for h in range(cap.H_Q)]
-    grid = pd.DataFrame(grid)
-    kw = plots.categorical_px(grid["head"], "head") if hasattr(plots, "categorical_px") else {"color": "head"}
-    return px.line(grid, x="tau", y="w", facet_col="zeta", log_x=True, markers=True,
-                   template=plots.TEMPLATE, title=f"Layer {layer}: head weight w_h against τ, one panel per ζ", **kw)
+    return plots.head_weights(pd.DataFrame(grid), layer=layer)
 
 
 def main(tag: str) -> None:

@@ -54,7 +54,6 @@ plots.residual_distribution(pooling, layer=layer, spans=spans)
 
 # %%
 import pandas as pd
-import plotly.express as px
 
 grid = []
 for zeta in (1.0, 0.5, 0.2, 0.05):
@@ -63,19 +62,19 @@ for zeta in (1.0, 0.5, 0.2, 0.05):
         grid += [dict(zeta=zeta, tau=tau, head=f"h{h} (g{g})", w=float(w[h]))
                  for h, g in enumerate(cap.head_group.tolist())]
 grid = pd.DataFrame(grid)
-fig = px.line(grid, x="tau", y="w", facet_col="zeta", log_x=True, markers=True,
-              **plots.categorical_px(grid["head"], "head"),  # 9 heads: colour, then dash and marker past 8
-              template=plots.TEMPLATE, title=f"Layer {layer}: head weight w_h against τ, one panel per ζ")
-fig
+plots.head_weights(grid, layer=layer, model_id=cap.model_id)   # 9 heads: colour, then dash and marker past 8
 
 # %% [markdown]
 # ## Property (6) on real heads
 #
 # If head `h*` has entropy lower than each of its `r−1` siblings by at least `Δ`, then
-# `w_{h*} ≥ ζ/r + (1−ζ)/(1 + (r−1) e^{−Δ/τ})`. Checked here for every layer and group of this capture.
+# `w_{h*} ≥ ζ/r + (1−ζ)/(1 + (r−1) e^{−Δ/τ})` (`dominant_head_bound`). Checked here for every layer and
+# group of this capture.
 
 # %%
 import math
+
+from workbench.analyse.pooling import dominant_head_bound
 
 zeta, tau, r = 0.5, 1.0, cap.r
 worst = math.inf
@@ -85,7 +84,7 @@ for l in range(cap.L):
         H = pooling.H[l, heads]
         best = int(H.argmin())
         delta = float((H[torch.arange(len(heads)) != best] - H[best]).min())
-        bound = zeta / r + (1 - zeta) / (1 + (r - 1) * math.exp(-delta / tau))
+        bound = dominant_head_bound(zeta, tau, r, delta)
         worst = min(worst, float(pooling.w[l, heads[best]]) - bound)
 print(f"min over layers and groups of w_h* − bound = {worst:.3e}  (never negative)")
 assert worst >= -1e-12
@@ -111,18 +110,7 @@ assert abs(float(HeadPooling(zeta=0.5, tau=0.01)(cap).w[layer, flat]) - 0.5 / ca
 # of it. Notebook 03 turns it into chunk priorities.
 
 # %%
-import plotly.graph_objects as go
-
-mu = pooling.mu[layer]
-chunk_of = spans.chunk_of()
-colors = [plots.NEUTRAL if c < 0 else (plots.ANSWER if spans.chunk_doc[c] == ex.answer_doc else plots.PALETTE[1])
-          for c in chunk_of.tolist()]
-fig = go.Figure(go.Bar(x=list(range(spans.T)), y=mu.numpy(), marker_color=colors,
-                       customdata=list(spans.tokens), hovertemplate="%{x}: %{customdata}<br>μ=%{y:.4f}<extra></extra>"))
-fig.update_layout(template=plots.TEMPLATE, bargap=0, yaxis_type="log",
-                  title=f"Pooled measure μ at layer {layer} (grey protected, orange chunks, green answer chunk)",
-                  xaxis_title="prompt position", yaxis_title="μ_j")
-fig
+plots.pooled_measure(pooling, layer, spans)       # log scale; grey protected, orange chunks, green answer chunk
 
 # %% [markdown]
 # ### Interactive panel

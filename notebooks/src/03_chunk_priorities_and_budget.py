@@ -57,7 +57,6 @@ plots.chunk_priorities(prio, spans, layer=layer, removed=sel.removed)
 
 # %%
 import pandas as pd
-import plotly.express as px
 
 from workbench.analyse.priorities import mass_only_priorities, per_head_max_priorities
 
@@ -66,8 +65,7 @@ methods = {"Rényi (λ = 0.5)": prio.S, "mass only (λ = 0)": mass_only_prioriti
            "per-head max": per_head_max_priorities(pooling.a, spans)}
 ranks = pd.DataFrame([dict(layer=l, method=name, rank=int((S[l] > S[l, ans]).sum()))
                       for name, S in methods.items() for l in range(cap.L)])
-px.line(ranks, x="layer", y="rank", color="method", markers=True, template=plots.TEMPLATE,
-        title=f"Rank of the answer chunk c{ans} (0 = kept longest)")
+plots.answer_rank(ranks, answer_chunk=ans, model_id=cap.model_id)
 
 # %% [markdown]
 # ## The null and property (10)
@@ -94,8 +92,6 @@ assert float(gap.min()) >= -1e-12
 # is proved.
 
 # %%
-import plotly.graph_objects as go
-
 rows = []
 for eps_row in (0.05, 0.1, 0.2, 0.4):
     for target in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
@@ -103,14 +99,7 @@ for eps_row in (0.05, 0.1, 0.2, 0.4):
         rows.append(dict(eps_row=eps_row, target=r.target_tokens, D=r.D, U=r.U, reached=r.reached,
                          infeasible_proved=r.infeasible_proved))
 budget = pd.DataFrame(rows)
-fig = go.Figure()
-for color, (eps_row, g) in zip(plots.PALETTE, budget.groupby("eps_row")):
-    fig.add_scatter(x=g.target, y=g.D, mode="lines+markers", line=dict(color=color), name=f"D_l, ε_row = {eps_row}")
-    fig.add_scatter(x=g.target, y=g.U, mode="lines", line=dict(color=color, dash="dash"), name=f"U_l, ε_row = {eps_row}")
-fig.add_scatter(x=budget.target, y=budget.target, mode="lines", line=dict(color=plots.NEUTRAL, dash="dot"), name="D = target")
-fig.update_layout(template=plots.TEMPLATE, xaxis_title="saving target (tokens)", yaxis_title="tokens",
-                  title=f"Layer {layer}: greedy removal D_l (solid) and LP bound U_l (dashed) against the target")
-fig
+plots.removal_budget(budget, layer=layer, model_id=cap.model_id)
 
 # %%
 budget.tail(6)

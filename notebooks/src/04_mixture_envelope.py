@@ -22,14 +22,14 @@ spans = prompt.spans
 import torch
 
 from workbench.analyse.envelope import envelope
-from workbench.analyse.pooling import HeadPooling
-from workbench.analyse.priorities import ChunkPriorities
-from workbench.analyse.selection import GreedySelection, mass_table
+from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.procedure import layer_proposal, proposal_inputs
 
 layer = cap.L // 2                           # the middle layer (15 on the default model)
-pooling = HeadPooling(zeta=0.5, tau=1.0)(cap)
-prio = ChunkPriorities().score(pooling.mu, spans)
-sel = GreedySelection(target=0.25, eps_row=0.2).select(prio.S[layer], spans.n, mass_table(cap.observer_attn(), spans)[layer])
+params = EntroPrefillParams(target=0.25, eps_row=0.2)        # ζ = 0.5, τ = 1, ε_s = 0.1, λ = 0.5: the defaults
+inputs = proposal_inputs(cap, params)                        # the pooling (§2), the priorities (§3), the mass table
+sel = layer_proposal(cap, params, layer, inputs=inputs).selection   # the greedy proposal (§5), as trace() makes it
+pooling = inputs.pooling
 A_obs = cap.observer_attn()                                   # [L, H_Q, W_p, T]
 env = envelope(A_obs[layer], pooling.mu[layer], pooling.omega[layer], spans.removal_mask(sel.removed), layer=layer)
 print(f"E = chunks {sel.removed}: q = μ(E) = {env.q:.4f}; max row mass η = {float(env.eta.max()):.4f}; "
@@ -49,21 +49,15 @@ plots.envelope_rows(env)
 import itertools
 
 import numpy as np
-import plotly.graph_objects as go
 
-pts = []
-for size in range(1, spans.k + 1):
-    for E in itertools.combinations(range(spans.k), size):
-        e = envelope(A_obs[layer], pooling.mu[layer], pooling.omega[layer], spans.removal_mask(E))
-        assert e.all_hold, E
-        pts.append(np.stack([e.bound.numpy(), e.eta.numpy()], 1))
-pts = np.concatenate(pts)
+removals = [E for size in range(1, spans.k + 1) for E in itertools.combinations(range(spans.k), size)]
+envs = [envelope(A_obs[layer], pooling.mu[layer], pooling.omega[layer], spans.removal_mask(E), layer=layer)
+        for E in removals]
+above = [E for E, e in zip(removals, envs) if not e.all_hold]
+assert not above, above                                       # removal sets with a row above its envelope
+pts = np.concatenate([np.stack([e.bound.numpy(), e.eta.numpy()], 1) for e in envs])   # [(row, E), (envelope, η)]
 print(f"{len(pts)} (row, E) pairs, none above the envelope; median η / envelope = {np.median(pts[:, 1] / pts[:, 0]):.3f}")
-fig = go.Figure([go.Scattergl(x=pts[:, 0], y=pts[:, 1], mode="markers", marker=dict(size=3, opacity=0.3), name="(row, E)"),
-                 go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line=dict(color="#D55E00"), name="η = envelope")])
-fig.update_layout(template=plots.TEMPLATE, title=f"Layer {layer}: every removal set, every observer row",
-                  xaxis_title="envelope min{1, q/ω, q + sqrt(D_χ² q(1−q))}", yaxis_title="actual η = A_a(E)")
-fig
+plots.envelope_scatter(envs, removals=removals, model_id=cap.model_id)
 
 # %% [markdown]
 # The divergence cap `D_χ² ≤ 1/ω − 1` holds for every row, at every layer:
@@ -123,10 +117,9 @@ print("bound on the output change of each head at layer", layer, "under E:", rea
 # The removal here is the greedy proposal; move the target, `ε_row` or the layer and the envelope of every observer row follows the new removal. No model call.
 
 # %%
-from workbench.analyse.params import EntroPrefillParams
 from workbench.show.widgets import PriorityPanel
 
-panel = PriorityPanel(cap, EntroPrefillParams(target=0.25, eps_row=0.2), layer=layer)
+panel = PriorityPanel(cap, params, layer=layer)
 panel.widget
 
 # %% [markdown]

@@ -71,17 +71,13 @@ au.to_frame().round(4)
 
 # %%
 import pandas as pd
-import plotly.express as px
 
 from workbench.analyse.audit import hoeffding_b
 
 J, H = len(tr.layers), cap.H_Q
 m_grid = [8, 16, 32, 64, 128, 256, 512, 1024]
 df = pd.DataFrame([dict(m_a=m, delta=d, b=hoeffding_b(m, d, J, H)) for m in m_grid for d in (0.01, 0.05, 0.2)])
-fig = px.line(df, x="m_a", y="b", color="delta", log_x=True, markers=True, template=plots.TEMPLATE,
-              title=f"Hoeffding radius b (J = {J} layers, H_Q = {H}); dashed: ε_audit = {params.eps_audit}")
-fig.add_hline(y=params.eps_audit, line_dash="dash")
-fig
+plots.hoeffding_radius(df, eps_audit=params.eps_audit, J=J, H_Q=H, model_id=cap.model_id)
 
 # %%
 sampled = trace(cap, params.replace(audit_mode="sampled", m_a=32))

@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from workbench.analyse.rows import check_capture_rows, check_rows
-from workbench.checks import check_fields
-from workbench.constraints import checked
+from workbench.checks import check_fields, check_int
+from workbench.constraints import PARAMS, checked
 from workbench.shapes import shaped
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ __all__ = [
     "group_softmax",
     "group_floor",
     "group_onehot",
+    "dominant_head_bound",
 ]
 
 
@@ -170,6 +171,39 @@ def group_floor(v: Tensor, onehot: Tensor, zeta: float) -> Tensor:
     """
     r_h = onehot.sum(0) @ onehot.T  # [H_Q]
     return zeta / r_h + (1.0 - zeta) * v.to(torch.float64)
+
+
+def dominant_head_bound(zeta: float, tau: float, r: int, gap: float) -> float:
+    """Property (6) (SPEC §2): the least weight of a head ``h*`` whose entropy is lower than each of its
+    ``r − 1`` siblings' by at least ``Δ`` (``gap``):
+
+    ``w_{h*} ≥ ζ/r + (1−ζ) / (1 + (r−1) e^{−Δ/τ})``.
+
+    It follows from the within-group softmax (:func:`group_softmax`) and the group floor
+    (:func:`group_floor`), both **[reconstructed]** in SPEC; it holds with equality when every sibling has
+    entropy exactly ``H_{h*} + Δ``. The denominator is taken in log space,
+    ``(1−ζ) exp(−logaddexp(0, ln(r−1) − Δ/τ))``, so a tiny ``τ`` or a large ``|Δ|`` neither overflows nor
+    gives NaN.
+
+    Args:
+        zeta: group floor ``ζ ∈ (0, 1]``.
+        tau: temperature ``τ > 0``.
+        r: heads in the group, an integer ``>= 1`` (``r = 1``: the bound is 1).
+        gap: ``Δ``, a real number; negative values are allowed (the premise then allows a sibling below
+            ``h*``), and so are ``±inf`` (``+inf``: every sibling invalid or infinitely flat, bound
+            ``ζ/r + 1 − ζ``; ``−inf``: the floor ``ζ/r``).
+
+    Returns:
+        The bound, a float in ``[ζ/r, 1]``.
+    """
+    zeta = PARAMS["zeta"].check("zeta", zeta)
+    tau = PARAMS["tau"].check("tau", tau)
+    r = check_int("r", r, 1)
+    if isinstance(gap, bool) or not isinstance(gap, numbers.Real) or math.isnan(gap):
+        raise ValueError(f"gap: must be a real number (±inf allowed, not NaN), got {gap!r}")
+    if r == 1:
+        return 1.0
+    return zeta / r + (1.0 - zeta) * math.exp(-float(np.logaddexp(0.0, math.log(r - 1) - float(gap) / tau)))
 
 
 # ----------------------------------------------------------------------------- result

@@ -38,6 +38,7 @@ from workbench.show.plots.analysis import (
     certificate,
     chunk_priorities,
     head_heatmap,
+    pooled_measure,
     residual_distribution,
     sink_mass_heatmap,
     trace_layers,
@@ -46,12 +47,14 @@ from workbench.show.plots.bounds import (
     break_even,
     drift,
     envelope_rows,
+    envelope_scatter,
     page_union_bounds,
     pages,
     shift_gains,
     shift_steps,
 )
 from workbench.show.plots.counterexample import counterexample_errors, counterexample_logits, counterexample_rows
+from workbench.show.plots.sensitivity import answer_rank, head_weights, hoeffding_radius, removal_budget
 from workbench.show.plots.study import accuracy_vs_budget, deferkv_weights, kept_positions, kv_bytes_table
 from workbench.show.plots.tokens import removed_positions, token_attention, token_values
 from workbench.show.theme import (
@@ -75,4 +78,5 @@ __all__ = [
     "counterexample_errors", "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "token_attention",
     "token_values", "removed_positions",
     "figure_frame", "update_figure", "drafts", "as_figure",
+    "pooled_measure", "head_weights", "answer_rank", "removal_budget", "envelope_scatter", "hoeffding_radius",
 ]

@@ -76,12 +76,32 @@ def attention_strip(capture: Capture, layer: int, head: int, row: int | None = N
         check_int("row", row, 0, capture.attn.shape[2] - 1)
         a = capture.attn[layer, head, row, : spans.T]
         label = f"row at position {int(capture.row_pos[row])}"
-    chunk_of = spans.chunk_of().tolist()
-    toks = hover_tokens(spans, spans.T)
-    bins = token_bins(spans.T)  # scale: ≤ DEFAULT_WIDTH_PX bars (max per bin of tokens)
     y_full = plot_array(a)
     if exclude_sinks:
         y_full[: spans.n_sink] = np.nan
+    fig, xaxis, bins = _span_bars(spans, y_full, "attention", "A", max_tick_tokens)
+    what = ("; log scale" if log else "") + ("; sinks excluded" if exclude_sinks else "") \
+        + (f"; {bins.describe()}" if not bins.exact else "")
+    fig = finish(fig, f"Attention, layer {layer}, head {head} ({label}{what})",
+                  figure_meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row, log=bool(log),
+                        exclude_sinks=bool(exclude_sinks)),
+                  bargap=0, hovermode="x",
+                  yaxis=dict(type="log" if log else "linear", title=dict(text="attention" + (" (log)" if log else ""))),
+                  xaxis=dict(title=dict(text=_SPAN_KEY), **xaxis))
+    _attach_span_bars(fig, spans, bins, y_full, "attention")
+    return fig
+
+
+_SPAN_KEY = "prompt position (grey: protected, orange: chunks, green: answer)"
+
+
+def _span_bars(spans, y_full: np.ndarray, name: str, symbol: str, max_tick_tokens: int):
+    """One bar per prompt position (per bin of positions past the figure's width: the max of the bin; NaN
+    counts as 0 there) coloured by span: grey protected, orange candidate chunk, green the answer chunk.
+    Returns the draft, the x-axis ticks (the tokens' text up to ``max_tick_tokens`` tokens) and the bins."""
+    chunk_of = spans.chunk_of().tolist()
+    toks = hover_tokens(spans, spans.T)
+    bins = token_bins(spans.T)  # scale: ≤ DEFAULT_WIDTH_PX bars (max per bin of tokens)
     if not bins.exact:
         cof = np.asarray(chunk_of)
         ans = np.isin(cof, [i for i, d in enumerate(spans.chunk_doc) if d == spans.answer_doc])
@@ -93,25 +113,20 @@ def attention_strip(capture: Capture, layer: int, head: int, row: int | None = N
         colors = [NEUTRAL if c < 0 else (ANSWER if spans.chunk_doc[c] == spans.answer_doc else PALETTE[1])
                   for c in chunk_of]
         y = y_full
-    fig = Draft(go.Bar(x=bins.lo, y=y, marker_color=colors, name="attention",
+    fig = Draft(go.Bar(x=bins.lo, y=y, marker_color=colors, name=name,
                            customdata=customdata(toks, chunk_of), meta={"customdata": ["token", "chunk"]},
-                           hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>A=%{y:.4g}<extra></extra>"))
+                           hovertemplate="%{x}: %{customdata[0]} (chunk %{customdata[1]})<br>" + symbol
+                           + "=%{y:.4g}<extra></extra>"))
     xaxis = dict(tickmode="array", tickvals=list(range(spans.T)), ticktext=toks, tickangle=-90,
                  tickfont=dict(family="DejaVu Sans Mono, monospace", size=8)) \
         if bins.exact and spans.T <= max_tick_tokens else {}
-    what = ("; log scale" if log else "") + ("; sinks excluded" if exclude_sinks else "") \
-        + (f"; {bins.describe()}" if not bins.exact else "")
-    fig = finish(fig, f"Attention, layer {layer}, head {head} ({label}{what})",
-                  figure_meta("attention_strip", capture.model_id, params, layer=layer, head=head, row=row, log=bool(log),
-                        exclude_sinks=bool(exclude_sinks)),
-                  bargap=0, hovermode="x",
-                  yaxis=dict(type="log" if log else "linear", title=dict(text="attention" + (" (log)" if log else ""))),
-                  xaxis=dict(title=dict(text="prompt position (grey: protected, orange: chunks, green: answer)"),
-                             **xaxis))
+    return fig, xaxis, bins
+
+
+def _attach_span_bars(fig, spans, bins, y_full: np.ndarray, column: str) -> None:
     if not bins.exact:  # every token in the export's CSV
         attach_full(fig, lambda: pd.DataFrame({"x": np.arange(spans.T), "token": hover_tokens(spans, spans.T),
-                                               "chunk": spans.chunk_of().numpy(), "attention": y_full}))
-    return fig
+                                               "chunk": spans.chunk_of().numpy(), column: y_full}))
 
 
 # ============================================================================= pooling (SPEC §2)
@@ -207,6 +222,36 @@ def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False,
         attach_full(fig, lambda: pd.DataFrame({"head": np.repeat(ylab, Tn), "key": np.tile(np.arange(ns, T), H),
                                                "token": np.tile(np.asarray(hover_tokens(sp, T)[ns:], dtype=object), H),
                                                "a_over_z": res.reshape(-1)}))
+    return fig
+
+
+def pooled_measure(pooling, layer: int, spans, *, log: bool = True, max_tick_tokens: int = 80,
+                   model_id: str | None = None, params=None) -> go.Figure:
+    """The pooled measure ``μ^l_j`` of one layer over the prompt (``pooling.mu[layer]``), one bar per token
+    coloured by span as in :func:`attention_strip` (grey protected, orange chunks, green the answer chunk).
+
+    Args:
+        pooling: :class:`~workbench.analyse.pooling.PoolingResult`.
+        layer: ``0 … L-1``.
+        spans: ``PromptSpans`` of the prompt (or a Capture / Prompt) for the colours and the tokens.
+        log: a log y axis (default: the sinks' mass would flatten the rest).
+    """
+    check_int("layer", layer, 0, pooling.L - 1)
+    sp = spans_of(spans)
+    if sp is None:
+        raise ValueError("spans: must be PromptSpans, a Prompt or a Capture, got None")
+    y_full = plot_array(pooling.mu[layer])
+    if sp.T != len(y_full):
+        raise ValueError(f"spans: has T = {sp.T} tokens, the pooling {len(y_full)}")
+    fig, xaxis, bins = _span_bars(sp, y_full, "μ", "μ", max_tick_tokens)
+    fig = finish(fig, f"Pooled measure μ at layer {layer}" + (f" ({bins.describe()})" if not bins.exact else ""),
+                  figure_meta("pooled_measure", model_id_of(model_id, pooling, spans), params, layer=layer, log=bool(log),
+                              zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None),
+                              n_sink=pooling.n_sink, W_p=pooling.W_p),
+                  bargap=0, hovermode="x", yaxis=dict(title=dict(text="μ_j"),  # log: one tick a decade
+                                                      **(dict(type="log", dtick=1) if log else dict(type="linear"))),
+                  xaxis=dict(title=dict(text=_SPAN_KEY), **xaxis))
+    _attach_span_bars(fig, sp, bins, y_full, "mu")
     return fig
 
 

@@ -20,6 +20,7 @@ from workbench.show.figure_engine import (
     plot_array,
 )
 from workbench.show.plots.common import (
+    check_frame,
     customdata,
     hover_tokens,
     model_id_of,
@@ -92,6 +93,48 @@ def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None,
                    legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
 
 
+def envelope_scatter(envs, *, removals=None, model_id: str | None = None, params=None) -> go.Figure:
+    """Actual discarded mass ``η = A_a(E)`` against the envelope ``min{1, q/ω, q + √(D_χ² q(1−q))}`` of every
+    constraint row ``a`` under many removal sets ``E`` of one layer: one point per ``(a, E)``. No point may lie
+    above the diagonal ``η = envelope`` (drawn); the closer to it, the tighter the envelope.
+
+    Args:
+        envs: :class:`~workbench.analyse.envelope.EnvelopeResult` list, one per removal set, all of one layer.
+        removals: the removal sets (e.g. tuples of chunk indices), one per envelope, named in the hover.
+    """
+    envs = list(envs)
+    if not envs:
+        raise ValueError("envs: must not be empty")
+    layers = sorted({e.layer for e in envs}, key=lambda v: (v is None, v))
+    if len(layers) > 1:
+        raise ValueError(f"envs: must all be of one layer, got layers {layers}")
+    if removals is not None:
+        removals = [str(list(E)) if isinstance(E, (tuple, list, range)) else str(E) for E in removals]
+        if len(removals) != len(envs):
+            raise ValueError(f"removals: must have one entry per envelope ({len(envs)}), got {len(removals)}")
+    n = [int(e.eta.shape[0]) for e in envs]
+    x = np.concatenate([plot_array(e.bound) for e in envs])
+    y = np.concatenate([plot_array(e.eta) for e in envs])
+    rows = np.concatenate([np.arange(k) for k in n])
+    which = np.repeat(removals if removals is not None else [f"#{i}" for i in range(len(envs))], n)
+    holds = np.concatenate([as_numpy(e.holds) for e in envs])
+    fig = Draft()
+    fig.add_trace(go.Scattergl(x=x, y=y, name="(row, E)", mode="markers", marker=dict(size=3, opacity=0.3, color=KEPT),
+                               customdata=customdata(rows, which), meta={"customdata": ["row", "removal"]},
+                               hovertemplate="row %{customdata[0]}, E = %{customdata[1]}<br>envelope %{x:.4g}, "
+                               "η = %{y:.4g}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], name="η = envelope", mode="lines", line=dict(color=REMOVED),
+                             hoverinfo="skip"))
+    layer = layers[0]
+    n_bad = int((~holds).sum())
+    return finish(fig, ("" if layer is None else f"Layer {layer}: ") + f"every removal set, every observer row "
+                  f"({len(envs)} removals × {max(n)} rows" + (f"; {n_bad} above the envelope)" if n_bad else ")"),
+                  figure_meta("envelope_scatter", model_id, params, layer=layer, n_removals=len(envs), n_points=int(len(x)),
+                              all_hold=n_bad == 0),
+                  xaxis_title="envelope min{1, q/ω, q + √(D_χ² q(1−q))}", yaxis_title="actual η = A_a(E)",
+                  legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
+
+
 # ============================================================================= stability and cost (SPEC §7)
 def drift(stability, *, model_id: str | None = None, params=None) -> go.Figure:
     """Drift ``‖X^l|_R − Y^l‖_{max,2}`` per layer after ``l*`` (log scale), the block defects ``e_l``, and the
@@ -133,12 +176,8 @@ def drift(stability, *, model_id: str | None = None, params=None) -> go.Figure:
 def break_even(cost_grid, *, model_id: str | None = None, params=None) -> go.Figure:
     """Cost of pruned prefill from a :class:`~workbench.analyse.cost.CostGrid`: left, ``F_EP/F_full`` against the
     kept fraction ``T'/T`` for every ``l*`` (1 = break even); right, the break-even ``T'/T`` against ``l*``."""
-    df = cost_grid.to_frame() if hasattr(cost_grid, "to_frame") else cost_grid
-    need = {"l_star", "keep_fraction", "ratio", "T"}
-    if not need <= set(df.columns):
-        raise ValueError(f"cost_grid: needs columns {sorted(need)}, got {list(df.columns)}")
-    if df.empty:
-        raise ValueError("cost_grid: is empty")
+    df = check_frame("cost_grid", cost_grid.to_frame() if hasattr(cost_grid, "to_frame") else cost_grid,
+                     ("l_star", "keep_fraction", "ratio", "T"))
     ls = sorted(df["l_star"].unique().tolist())
     fig = Draft.subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.22)
     cols = PALETTE if len(ls) <= len(PALETTE) else [

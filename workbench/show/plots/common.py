@@ -2,6 +2,7 @@
 
 
 import numpy as np
+import pandas as pd
 
 from workbench.show.figure_engine import (
     as_numpy,
@@ -83,3 +84,14 @@ def repeat_rows(row, n: int) -> np.ndarray:
     return out
 
 
+
+
+def check_frame(name: str, df, need) -> pd.DataFrame:
+    """``df`` if it is a non-empty DataFrame with the columns ``need``, else a ``ValueError`` naming ``name``."""
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"{name}: must be a pandas DataFrame, got {type(df).__name__}")
+    if not set(need) <= set(df.columns):
+        raise ValueError(f"{name}: needs columns {sorted(need)}, got {list(df.columns)}")
+    if df.empty:
+        raise ValueError(f"{name}: is empty")
+    return df
