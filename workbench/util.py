@@ -14,6 +14,7 @@ import dataclasses
 import errno
 import fcntl
 import functools
+import hashlib
 import math
 import numbers
 import os
@@ -26,7 +27,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["one_thread", "single_threaded", "atomic_write_bytes", "atomic_write_files", "atomic_dir",
-           "cache_dir", "file_lock", "sweep_stale_temp", "sweep_private_temp", "private_temp_dir", "LockBusy", "jsonable", "CACHE_ENV", "TMP_DIRNAME"]
+           "cache_dir", "file_lock", "sweep_stale_temp", "sweep_private_temp", "private_temp_dir", "LockBusy", "jsonable",
+           "file_sha256", "CACHE_ENV", "TMP_DIRNAME"]
 
 CACHE_ENV = "WORKBENCH_CACHE"
 TMP_DIRNAME = ".workbench-tmp"
@@ -239,6 +241,15 @@ def private_temp_dir(prefix: str) -> Iterator[str]:
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def file_sha256(path: os.PathLike | str) -> str:
+    """sha256 of a file, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(4 * 2**20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def cache_dir() -> Path:

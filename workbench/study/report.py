@@ -38,7 +38,6 @@ Every file is written atomically (temporary file + ``os.replace``).
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import io
 import json
 import math
@@ -77,7 +76,7 @@ from workbench.study.report_html import write_html
 from workbench.study.storage import check_writable, read_resumable
 from workbench.study.sweep import expand_grid, read_sweep, sweep
 from workbench.study.tasks import items_frame, max_new_tokens_for
-from workbench.util import atomic_write_bytes, auto_threads, jsonable
+from workbench.util import atomic_write_bytes, auto_threads, file_sha256, jsonable
 
 __all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write_html", "write_table",
            "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS", "export_width"]
@@ -185,7 +184,7 @@ def _items(cfg: ReportConfig, tokenizer, user: dict) -> tuple[list, list[dict]]:
         new = user["items"]
         items += new
         prov = {"label": new[0].meta["source"], "kind": "file", "path": str(cfg.items),
-                "sha256": hashlib.sha256(cfg.items.read_bytes()).hexdigest(), "size": f"{len(new)} items",
+                "sha256": file_sha256(cfg.items), "size": f"{len(new)} items",
                 "description": "TaskItems given by the user (JSONL)"}
         sources.append({**prov, "task": ", ".join(sorted({it.task for it in new})), "items": len(new)})
     return items, sources
