@@ -26,6 +26,7 @@ CASES = {
     "pages": (lambda c, p: Wd.PagesPanel(c, p, s=8), {"page": ("lo", "hi"), "K": ("hi",), "layer": ("lo",)}),
     "priority": (lambda c, p: Wd.PriorityPanel(c, p), {"target": ("hi",), "layer": ("lo", "hi")}),
     "heads": (lambda c, p: Wd.HeadsPanel(c), {"quantity": ("H",), "layer": ("hi",)}),
+    "counterexample": (lambda c, p: Wd.CounterexamplePanel(), {"eps": (1e-9, 10 ** -0.5), "gamma": ("lo", "hi")}),
 }
 
 
