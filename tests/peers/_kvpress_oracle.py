@@ -5,10 +5,20 @@ its kept positions are read back by matching the compressed cache's keys against
 (a press gathers, it does not recompute; the two prefills differ only by float rounding of the attention
 kernels, so each stored key lies within 1e-3 of its norm from exactly one prefill key), so the comparison
 needs nothing from kvpress but its public presses.
+
+The replay (:func:`record_prefill`, :func:`press_replay`): a press compresses the cache in a forward hook that runs
+after each attention layer has computed its output over the full keys, so the prefill's hidden states, keys and
+values do not depend on the press (the first token is the plain prefill's). One plain prefill per prompt records
+what each layer's hook is handed (the module, its keyword inputs and its output); a press is then replayed by
+calling kvpress's own ``press.forward_hook`` on those inputs, layer by layer in order, inside ``with press(model)``
+(so the press's own set-up runs), with a cache that holds, at layer ``l``, the compressed layers ``< l`` and the
+full layer ``l`` — what the pipeline's cache holds there. It runs kvpress's code on the inputs kvpress's pipeline
+would hand it, without the forward; :func:`check_replay` asserts that it gives the pipeline's cache bit for bit.
 """
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +47,84 @@ def press_prefill(model, ids: list[int], press, *, eager: bool = False):
     with ctx, press(model):
         out = adapter.forward(model, x, cache=cache, logits_to_keep=1)
     return adapter.output_cache(out) or cache, int(out.logits[0, -1].argmax())
+
+
+@dataclass
+class Recording:
+    """One plain prefill: its ids, full cache, first token and per layer ``(module, hook kwargs, output)``."""
+
+    ids: list
+    cache: object
+    first: int
+    layers: list
+    eager: bool
+
+
+@torch.no_grad()
+def record_prefill(model, ids: list[int], *, eager: bool = False) -> Recording:
+    """A plain prefill of ``ids`` (no press; ``eager`` for presses that read the attention weights) recording what
+    kvpress's forward hook is handed at every attention layer (see the module docstring)."""
+    layers, handles = [], []
+
+    def hook(module, args, kwargs, output):
+        kw = {k: v for k, v in kwargs.items() if k != "past_key_values"}
+        layers.append((module, kw, output))
+
+    x = torch.tensor([ids])
+    cache = adapter.new_cache(model)
+    ctx = attn_implementation(model, "eager") if eager else contextlib.nullcontext()
+    try:
+        for lay in adapter.decoder_layers(model):
+            handles.append(lay.self_attn.register_forward_hook(hook, with_kwargs=True))
+        with ctx:
+            out = adapter.forward(model, x, cache=cache, logits_to_keep=1)
+    finally:
+        for h in handles:
+            h.remove()
+    cache = adapter.output_cache(out) or cache
+    assert len(layers) == len(adapter.cache_layers(cache))
+    return Recording(list(ids), cache, int(out.logits[0, -1].argmax()), layers, eager)
+
+
+@torch.no_grad()
+def press_replay(model, rec: Recording, press):
+    """kvpress's ``press`` on the recorded prefill (see the module docstring); returns ``(cache, first token)``."""
+    cache = adapter.new_cache(model)
+    ctx = attn_implementation(model, "eager") if rec.eager else contextlib.nullcontext()
+    with ctx, press(model):  # the press's set-up (post_init_from_model, the modules' rotary_emb); no forward runs
+        for l, (module, kw, output) in enumerate(rec.layers):
+            k, v = adapter.cache_kv(rec.cache, l)
+            cache.update(k.clone(), v.clone(), l)  # what the attention layer stores before its hook runs
+            press.forward_hook(module, (), {**kw, "past_key_values": cache}, output)
+    return cache, rec.first
+
+
+def check_replay(model, rec: Recording, press, seed: int = 0) -> None:
+    """The replay of ``press`` gives the cache (every layer's keys and values, bit for bit) and first token of
+    kvpress's pipeline (the press inside one prefill forward), each after ``torch.manual_seed(seed)``."""
+    attn = [lay.self_attn for lay in adapter.decoder_layers(model)]
+
+    def masks():
+        out = [getattr(m, "masked_key_indices", None) for m in attn]
+        for m in attn:
+            if hasattr(m, "masked_key_indices"):
+                m.masked_key_indices = None
+        return out
+
+    torch.manual_seed(seed)
+    ours, first = press_replay(model, rec, press)
+    masks_r = masks()
+    torch.manual_seed(seed)
+    theirs, first_p = press_prefill(model, rec.ids, press, eager=rec.eager)
+    masks_p = masks()
+    assert first_p == first, "the pipeline's first token is not the plain prefill's"
+    for l in range(len(adapter.cache_layers(theirs))):
+        for a, b, what in zip(adapter.cache_kv(theirs, l), adapter.cache_kv(ours, l), ("keys", "values")):
+            assert a.shape == b.shape and torch.equal(a, b), f"{type(press).__name__}: layer {l} {what} differ"
+    for l, (mp, mr) in enumerate(zip(masks_p, masks_r)):  # AdaKVPress's per-head masks (set on the modules)
+        assert (mp is None) == (mr is None), f"{type(press).__name__}: layer {l} masked keys differ"
+        assert mp is None or all(torch.equal(a, b) for a, b in zip(mp, mr)), \
+            f"{type(press).__name__}: layer {l} masked keys differ"
 
 
 def kept_positions(full_cache, cache, T: int) -> list[list[set]]:

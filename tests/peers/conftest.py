@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from _kvpress_oracle import ROWS
+from _kvpress_oracle import ROWS, record_prefill
 
 from workbench.run.examples import load_example
 from workbench.run.models import load_model
@@ -24,6 +24,22 @@ def prompts(smollm):
     for item in squad_single(load_squad("sample"), n=2, n_distractors=2, seed=0):
         out[f"squad:{item.item_id[:10]}"] = item.build(tok, max_context=smollm.shape.max_context)
     return out
+
+
+@pytest.fixture(scope="session")
+def recordings(smollm, prompts):
+    """``recordings(prompt name, eager=False)``: the recorded plain prefill kvpress's presses are replayed on
+    (``_kvpress_oracle.record_prefill``), one per prompt and attention kernel, made on first use."""
+    memo = {}
+
+    def get(name: str, eager: bool = False):
+        if (name, eager) not in memo:
+            p = prompts[name]
+            spans = getattr(p, "spans", None) or p
+            memo[name, eager] = record_prefill(smollm.model, list(spans.input_ids), eager=eager)
+        return memo[name, eager]
+
+    return get
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -7,12 +7,19 @@ at compression ratios 0.5 / 0.75 / 0.9 (budget ``B = int(T · (1 − ratio))``, 
 defaults differ the difference is one formula, and a test here names it. Where the budget is below a
 policy's protected window (SnapKV's W at ratio 0.9 on a short prompt) kvpress silently keeps part of the
 window and nothing else; the workbench refuses the budget, and the table counts those cells as refused.
+
+kvpress's side is each press replayed on one recorded plain prefill per prompt (``_kvpress_oracle.press_replay``:
+kvpress's own ``forward_hook``, without re-running the press-independent forward); ``test_replay_is_kvpress_pipeline``
+asserts that the replay gives the cache of kvpress's pipeline bit for bit (first SQuAD prompt, ratio 0.5; every
+prompt and ratio with ``WORKBENCH_SLOW=1``).
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-from _kvpress_oracle import ROWS, greedy, jaccard, kept_positions, near_tie_cells, press_prefill
+from _kvpress_oracle import ROWS, check_replay, greedy, jaccard, kept_positions, near_tie_cells, press_replay
 from kvpress import (
     AdaKVPress,
     CriticalKVPress,
@@ -44,6 +51,7 @@ from workbench.rerun.eviction import (
 )
 from workbench.run import adapter
 
+SLOW = bool(os.environ.get("WORKBENCH_SLOW"))
 RATIOS = (0.5, 0.75, 0.9)
 N_NEW = 6
 
@@ -77,13 +85,13 @@ def sessions(smollm, prompts):
 
 @pytest.mark.parametrize("ratio", RATIOS)
 @pytest.mark.parametrize("case", ALIGNED, ids=[c[0] for c in ALIGNED])
-def test_aligned_policy_keeps_what_kvpress_keeps(case, ratio, smollm, sessions):
+def test_aligned_policy_keeps_what_kvpress_keeps(case, ratio, smollm, sessions, recordings):
     name, policy, make_press, eager = case
     model, tok = smollm.model, smollm.tokenizer
     for pname, sess in sessions.items():
         T = sess.T
         B = int(T * (1 - ratio))
-        cache, first = press_prefill(model, sess.ids, make_press(ratio), eager=eager)
+        cache, first = press_replay(model, recordings(pname, eager), make_press(ratio))
         assert first == sess.y1
         theirs = kept_positions(sess.cache0, cache, T)
         n_prot = int(policy.protected(T).sum())
@@ -106,31 +114,49 @@ def test_aligned_policy_keeps_what_kvpress_keeps(case, ratio, smollm, sessions):
         assert ids == res.ids, f"{name} {pname} ratio {ratio}: tokens differ"
 
 
-def test_snapkv_defaults_differ_by_pooling_and_window(smollm, sessions):
+REPLAYED = [(name, make, eager) for name, _, make, eager in ALIGNED] + [
+    ("adakv (snapkv avg)", lambda r: AdaKVPress(SnapKVPress(compression_ratio=r)), False),
+    ("pyramidkv", lambda r: PyramidKVPress(compression_ratio=r), False),
+    ("criticalkv (default first stage)", lambda r: CriticalKVPress(ObservedAttentionPress(compression_ratio=r)), True)]
+
+
+@pytest.mark.parametrize("case", REPLAYED, ids=[c[0] for c in REPLAYED])
+def test_replay_is_kvpress_pipeline(case, smollm, prompts, recordings):
+    """kvpress's side of every test here is the press replayed on a recorded prefill (``_kvpress_oracle``); it gives
+    the pipeline's cache (and AdaKV's masks) bit for bit: on the first SQuAD prompt at ratio 0.5 (``WORKBENCH_SLOW=1``:
+    every prompt and ratio)."""
+    _, make, eager = case
+    names = list(prompts) if SLOW else [next(n for n in prompts if n.startswith("squad"))]
+    for pname in names:
+        for ratio in RATIOS if SLOW else RATIOS[:1]:
+            check_replay(smollm.model, recordings(pname, eager), make(ratio))
+
+
+def test_snapkv_defaults_differ_by_pooling_and_window(smollm, sessions, recordings):
     """With each library's defaults SnapKV differs (max vs average pool, W 32 vs 64, kernel 7 vs 5, sinks);
     the workbench's default keeps a different set, and switching only those knobs closes the gap (above)."""
     sess = sessions["needle"]
     T = sess.T
     B = int(T * 0.25)
-    cache, _ = press_prefill(smollm.model, sess.ids, SnapKVPress(compression_ratio=0.75))
+    cache, _ = press_replay(smollm.model, recordings("needle"), SnapKVPress(compression_ratio=0.75))
     theirs = kept_positions(sess.cache0, cache, T)
     jac = jaccard(theirs, preview(SnapKV(), sess.evidence, B))
     assert 0.3 < sum(jac) / len(jac) < 0.95
 
 
-def test_h2o_sum_differs_from_observed_attention_by_the_mean(smollm, sessions):
+def test_h2o_sum_differs_from_observed_attention_by_the_mean(smollm, sessions, recordings):
     """H2O's default (the paper's raw column sum) is not ObservedAttentionPress; dividing by ``T − j`` is."""
     sess = sessions["needle"]
     T = sess.T
     B = int(T * 0.25)
-    cache, _ = press_prefill(smollm.model, sess.ids, ObservedAttentionPress(compression_ratio=0.75), eager=True)
+    cache, _ = press_replay(smollm.model, recordings("needle", True), ObservedAttentionPress(compression_ratio=0.75))
     theirs = kept_positions(sess.cache0, cache, T)
     raw = jaccard(theirs, preview(H2O(n_sink=0, recent=0), sess.evidence, B))
     mean = jaccard(theirs, preview(H2O(n_sink=0, recent=0, normalise="mean"), sess.evidence, B))
     assert min(mean) == 1.0 and sum(raw) / len(raw) < 0.9
 
 
-def test_criticalkv_first_stage_is_the_one_difference(smollm, sessions):
+def test_criticalkv_first_stage_is_the_one_difference(smollm, sessions, recordings):
     """kvpress's CriticalKVPress (default ``first_stage_ratio=0.5``) first reserves ``int(B · 0.5)`` slots for
     the base's top scores, then ranks the rest by the rescaled score; applying that stage by hand to the
     workbench's own scores reproduces it exactly, and without it the sets differ."""
@@ -138,8 +164,8 @@ def test_criticalkv_first_stage_is_the_one_difference(smollm, sessions):
     ev, T = sess.evidence, sess.T
     ratio = 0.75
     B = int(T * (1 - ratio))
-    cache, _ = press_prefill(smollm.model, sess.ids,
-                             CriticalKVPress(ObservedAttentionPress(compression_ratio=ratio)), eager=True)
+    cache, _ = press_replay(smollm.model, recordings("needle", True),
+                            CriticalKVPress(ObservedAttentionPress(compression_ratio=ratio)))
     theirs = kept_positions(sess.cache0, cache, T)
     base = H2O(n_sink=0, recent=0, normalise="mean")
     crit = CriticalKV(base=base)
@@ -163,7 +189,7 @@ def test_the_workbench_refuses_a_budget_below_its_window(sessions):
 
 
 @pytest.mark.parametrize("ratio", RATIOS)
-def test_adakv_keeps_what_adakvpress_keeps(ratio, smollm, sessions):
+def test_adakv_keeps_what_adakvpress_keeps(ratio, smollm, sessions, recordings):
     """Per-head budgets: AdaKVPress keeps the whole cache and masks the evicted keys of each head (fake keys
     whose attention underflows); its masked indices are read from the attention modules. The workbench's
     AdaKV over the aligned SnapKV keeps, per layer and KV head, exactly the positions AdaKVPress keeps (so the
@@ -182,7 +208,7 @@ def test_adakv_keeps_what_adakvpress_keeps(ratio, smollm, sessions):
             continue
         res = sess.run(policy, B)  # before the press: its masks stay on the modules until the next prefill
         try:
-            cache, first = press_prefill(model, sess.ids, AdaKVPress(SnapKVPress(compression_ratio=ratio)))
+            cache, first = press_replay(model, recordings(pname), AdaKVPress(SnapKVPress(compression_ratio=ratio)))
             theirs = []
             for lay in layers:
                 _, heads, seq = lay.self_attn.masked_key_indices
@@ -206,7 +232,7 @@ def test_adakv_keeps_what_adakvpress_keeps(ratio, smollm, sessions):
         assert ids == res.ids, f"adakv {pname} ratio {ratio}: tokens differ"
 
 
-def test_pyramidkv_keeps_what_pyramidkvpress_keeps(smollm, sessions):
+def test_pyramidkv_keeps_what_pyramidkvpress_keeps(smollm, sessions, recordings):
     """Per-layer budgets on the needle prompt at ratio 0.5: kvpress's ``B_l = round(B_max − l·step)`` and the
     workbench's largest-remainder split of the same line agree within one slot per layer (the workbench's sum
     is exactly ``L·B``), and the kept sets agree up to that rounding. (Where ``B/β`` is below the window
@@ -215,7 +241,7 @@ def test_pyramidkv_keeps_what_pyramidkvpress_keeps(smollm, sessions):
     T, ev = sess.T, sess.evidence
     ratio = 0.5
     B = int(T * (1 - ratio))
-    cache, first = press_prefill(smollm.model, sess.ids, PyramidKVPress(compression_ratio=ratio))
+    cache, first = press_replay(smollm.model, recordings("needle"), PyramidKVPress(compression_ratio=ratio))
     theirs = kept_positions(sess.cache0, cache, T)
     ids = greedy(smollm.model, smollm.tokenizer, cache, first, T, N_NEW)
     ours = PyramidKV(base=SnapKV(n_sink=0, recent=64, window=64, kernel=5, pooling="avg"))
