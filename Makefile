@@ -10,6 +10,7 @@ IP      ?= 127.0.0.1
 PYTEST_ARGS ?=
 MODEL   ?=
 DEVICE  ?=
+XDIST   ?= -n 2 --dist loadgroup
 
 .PHONY: setup lab test test-fast test-peers test-floor report capture bench clean-venv
 
@@ -50,13 +51,16 @@ $(STAMP): pyproject.toml Makefile
 lab: setup
 	WORKBENCH_MODEL=$(MODEL) WORKBENCH_DEVICE=$(DEVICE) $(BIN)/python -m workbench lab --notebook-dir=notebooks --port=$(PORT) --ip=$(IP)
 
+# Two pytest-xdist workers (tests/conftest.py groups the tests that share a server or a model run);
+# `make test XDIST=` runs in one process.
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The fast lane: every test that needs neither the embedded model nor a browser nor minutes (tests/conftest.py
-# marks the model's tests); WORKBENCH_HYPOTHESIS=dev makes the property tests a tenth as long.
+# marks the model's tests), on the `dev` hypothesis profile (a tenth of the examples; WORKBENCH_HYPOTHESIS=ci for
+# the full counts).
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not model and not slow" $(PYTEST_ARGS)
+	WORKBENCH_HYPOTHESIS=$${WORKBENCH_HYPOTHESIS:-dev} $(BIN)/python -m pytest -q $(XDIST) -m "not model and not slow" $(PYTEST_ARGS)
 
 report: setup
 	$(BIN)/python -m workbench report

@@ -6,8 +6,9 @@
 - Every test that uses the embedded default model is marked ``model`` here (:func:`uses_the_model`), so
   ``pytest -m "not model and not slow"`` is the fast lane. The browser tests (a JupyterLab server and a
   chromium) are marked ``slow``.
-- Under pytest-xdist (``-n 2 --dist loadgroup``) the tests that share an expensive module fixture run in one
-  worker: the browser tests (one JupyterLab server), the report's subprocess, the eviction runs.
+- ``make test`` runs two pytest-xdist workers (``-n 2 --dist loadgroup``); the tests that share an expensive
+  module fixture run in one worker: the browser tests (two groups, one JupyterLab server each), the report's
+  subprocess, the eviction runs.
 - Each notebook executes once per run: ``test_browser.py`` executes it in JupyterLab where Debian's chromium
   exists (and makes the headless test's assertions); ``test_notebooks.py::test_notebook_executes`` runs it
   with nbclient only where the browser test for that notebook is not part of the run.
@@ -49,7 +50,10 @@ _MODEL_CALL = re.compile(r"\bload_model\(\s*(\)|device=|progress=|None\b)"
 # Tests that share a module fixture worth building once (a server, a subprocess run, model runs) stay in one
 # xdist worker (``--dist loadgroup``); without xdist the marker does nothing.
 XDIST_GROUPS = {"test_browser.py": "browser", "test_report.py": "report", "test_eviction.py": "eviction",
-                "test_notebooks.py": "notebooks", "test_figure_layout.py": "browser"}
+                "test_notebooks.py": "notebooks", "test_figure_layout.py": "browser-2"}
+# The browser tests split in two groups of about equal length (each group's worker starts its own JupyterLab
+# server): the notebooks below run in ``browser-2``, the others in ``browser``.
+BROWSER_2 = ("08", "05", "00", "09", "01", "02", "07", "10", "synthetic", "token")
 
 
 def _sources(item) -> list[str]:
@@ -84,6 +88,8 @@ def pytest_collection_modifyitems(config, items):
         if uses_the_model(item) and item.get_closest_marker("model") is None:
             item.add_marker(pytest.mark.model)
         group = XDIST_GROUPS.get(item.path.name)
+        if group == "browser" and any(f"[{b}]" in item.name or b in item.originalname for b in BROWSER_2):
+            group = "browser-2"
         if group and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
 

@@ -127,6 +127,14 @@ def _lab_settings(settings: Path) -> None:
         path.write_text(json.dumps(values))
 
 
+def _die_with_parent() -> None:
+    """In the server's child process (Linux): SIGTERM when the test process dies, so that a killed pytest
+    (a CI timeout) leaves no server and no kernel holding a model behind (the server shuts its kernels down)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def lab_server(tmp_path: Path):
     """A JupyterLab server on a free port with token auth; yields ``(base_url, token, root)``.
@@ -164,7 +172,8 @@ def lab_server(tmp_path: Path):
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
     log = open(tmp_path / "lab.log", "wb")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=_die_with_parent)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -200,8 +209,15 @@ def lab_server(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    with lab_server(tmp_path_factory.mktemp("lab")) as v:
-        yield v
+    """``(base_url, token, root, context)``: the module's JupyterLab server and one chromium browser context
+    (one browser for every test of the module: its HTTP cache holds JupyterLab's bundles after the first
+    page; each test opens its own page and closes it)."""
+    with lab_server(tmp_path_factory.mktemp("lab")) as (base, token, root), sync_playwright() as p:
+        browser = _launch(p)
+        try:
+            yield base, token, root, browser.new_context(viewport={"width": 1500, "height": 1100})
+        finally:
+            browser.close()
 
 
 @pytest.fixture()
@@ -356,23 +372,21 @@ def _head_weights_ok(z: list[list[float]], zeta: float, r: int) -> tuple[float, 
 
 @contextlib.contextmanager
 def _notebook_page(lab, name: str, console: list | None = None):
-    """A chromium page showing notebook ``name`` after Run ▸ Run All Cells; closes the browser and shuts
-    the kernels down afterwards. ``console``: a list that collects the page's console warnings and errors."""
-    base, token, _ = lab
-    with sync_playwright() as p:
-        browser = _launch(p)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.set_default_timeout(60_000)
-            if console is not None:
-                page.on("console", lambda m: console.append(f"{m.type}: {m.text}")
-                        if m.type in ("error", "warning") else None)
-            _open(page, base, token, name)
-            _run_all_from_menu(page)
-            yield page
-        finally:
-            browser.close()
-            _shutdown_kernels(base, token)
+    """A chromium page (in the module's browser context) showing notebook ``name`` after Run ▸ Run All Cells;
+    closes the page and shuts the kernels down afterwards. ``console``: a list that collects the page's console warnings and errors."""
+    base, token, _, context = lab
+    page = context.new_page()
+    try:
+        page.set_default_timeout(60_000)
+        if console is not None:
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}")
+                    if m.type in ("error", "warning") else None)
+        _open(page, base, token, name)
+        _run_all_from_menu(page)
+        yield page
+    finally:
+        page.close()
+        _shutdown_kernels(base, token)
 
 
 def _pooling_zeta_checks(page, artifacts: Path) -> None:
@@ -433,7 +447,7 @@ def test_synthetic_panel_layer_slider(lab, artifacts):
     with _notebook_page(lab, "panel.ipynb") as page:
         _wait_panel(page, "layer", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.href) "
                                    "&& figs.some(f => f.title.includes('layer 1'))",
-                    150, artifacts / "synthetic-not-rendered.png")
+                    RUN_ALL_TIMEOUT_S, artifacts / "synthetic-not-rendered.png")
         panel = _panel(page, "layer")
         panel.screenshot(path=str(artifacts / "synthetic-panel-before.png"))
         heads = next(f for f in _figures(page, "layer") if f["meta"]["figure"] == "head_heatmap")
@@ -470,7 +484,7 @@ def test_token_view_click_sets_the_query_row(lab, artifacts):
     console: list[str] = []
     with _notebook_page(lab, "tokens.ipynb", console=console) as page:
         page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.spans.length > 10; }",
-                               arg=_TOKENS_JS, timeout=150_000, polling=500)
+                               arg=_TOKENS_JS, timeout=RUN_ALL_TIMEOUT_S * 1000, polling=500)
         before = page.evaluate(_TOKENS_JS)
         T = len(before["spans"])
         want = [TOKEN_WORDS[i % len(TOKEN_WORDS)] for i in range(T)]
@@ -508,37 +522,126 @@ _LAB_START = re.compile(r"Plugin @jupyterlab/\S+ (is taking too long to activate
 ALL_NOTEBOOKS = sorted(p.name for p in POOLING_NB.parent.glob("[0-9][0-9]_*.ipynb"))
 
 # every panel output area: its sliders (label, readout), run toggles, export button, and a fingerprint of
-# its figures' data (what plotly drew) and status text
-_PANELS_JS = """() => {
-  const areas = Array.from(document.querySelectorAll('.jp-OutputArea')).filter(a => a.querySelector('.widget-hslider'));
-  return areas.map((a, i) => ({
+# its figures' data (what plotly drew) and status text. `_FP_JS` is one panel's fingerprint (polled while
+# waiting for a redraw: only that panel is read).
+_FP_JS = """(a) => Array.from(a.querySelectorAll('.js-plotly-plot')).map(gd => JSON.stringify(
+      (gd.data || []).map(t => [t.x && t.x.length, t.y && Array.from(t.y).slice(0, 400), t.z && String(t.z).slice(0, 4000),
+                                t.marker && t.marker.color && String(t.marker.color).slice(0, 2000)]))).join('|')
+      + '#' + Array.from(a.querySelectorAll('.widget-html')).map(h => h.textContent).join('|')
+      // the HTML token view (an anywidget, no plotly): its spans' shading, marks and text
+      + '#' + Array.from(a.querySelectorAll('.wb-token-widget')).map(w => w.innerHTML.slice(0, 20000)).join('|')"""
+_AREAS_JS = "() => Array.from(document.querySelectorAll('.jp-OutputArea')).filter(a => a.querySelector('.widget-hslider'))"
+_PANELS_JS = """([areasJs, fpJs]) => eval('(' + areasJs + ')')().map((a, i) => ({
     i,
     sliders: Array.from(a.querySelectorAll('.widget-hslider')).filter(s => s.offsetParent !== null)
       .map(s => (s.querySelector('.widget-label') || {}).textContent || ''),
     toggles: Array.from(a.querySelectorAll('.widget-checkbox')).map(c => c.textContent.trim())
       .filter(t => t.includes('re-run on change')),
     export: !!Array.from(a.querySelectorAll('button')).find(b => b.textContent.includes('export figures')),
-    fingerprint: Array.from(a.querySelectorAll('.js-plotly-plot')).map(gd => JSON.stringify(
-      (gd.data || []).map(t => [t.x && t.x.length, t.y && Array.from(t.y).slice(0, 400), t.z && String(t.z).slice(0, 4000),
-                                t.marker && t.marker.color && String(t.marker.color).slice(0, 2000)]))).join('|')
-      + '#' + Array.from(a.querySelectorAll('.widget-html')).map(h => h.textContent).join('|')
-      // the HTML token view (an anywidget, no plotly): its spans' shading, marks and text
-      + '#' + Array.from(a.querySelectorAll('.wb-token-widget')).map(w => w.innerHTML.slice(0, 20000)).join('|'),
-  }));
+    fingerprint: eval('(' + fpJs + ')')(a),
+  }));"""
+# panel i's fingerprint differs from / equals `fp`, and the kernel is idle (no redraw in flight)
+_FP_WAIT_JS = """([areasJs, fpJs, i, fp, same]) => {
+  const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
+  const now = eval('(' + fpJs + ')')(eval('(' + areasJs + ')')()[i]);
+  return (same ? now === fp : now !== fp) && k.status === 'idle';
 }"""
 
 
 def _panels(page):
-    return page.evaluate(_PANELS_JS)
+    return page.evaluate(_PANELS_JS, [_AREAS_JS, _FP_JS])
 
 
-def _changed(page, i: int, before: str, timeout_s: float) -> bool:
+def _fingerprint(page, i: int) -> str:
+    return page.evaluate("([areasJs, fpJs, i]) => eval('(' + fpJs + ')')(eval('(' + areasJs + ')')()[i])",
+                         [_AREAS_JS, _FP_JS, i])
+
+
+def _changed(page, i: int, before: str, timeout_s: float, same: bool = False) -> bool:
+    """Wait (bounded) until panel ``i``'s fingerprint differs from ``before`` (``same``: equals it) with the
+    kernel idle; whether it did."""
     try:
-        page.wait_for_function("([js, i, fp]) => eval('(' + js + ')')()[i].fingerprint !== fp",
-                               arg=[_PANELS_JS, i, before], timeout=timeout_s * 1000, polling=250)
+        page.wait_for_function(_FP_WAIT_JS, arg=[_AREAS_JS, _FP_JS, i, before, same], timeout=timeout_s * 1000,
+                               polling=250)
         return True
     except PlaywrightTimeout:
         return False
+
+
+def _settled(page, i: int, timeout_s: float = 30.0, quiet_s: float = 0.75) -> str:
+    """Panel ``i``'s fingerprint once it holds still for ``quiet_s`` with the kernel idle (a redraw still in
+    flight would otherwise count as the next slider's change); bounded by ``timeout_s``."""
+    deadline, fp, since = time.monotonic() + timeout_s, None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = _fingerprint(page, i)
+        idle = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status")
+        if now != fp or idle != "idle":
+            fp, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return fp
+        time.sleep(0.25)
+    return fp
+
+
+def _type_value(page, slider, value: str) -> None:
+    """Type ``value`` into the slider's editable readout (Enter) and wait (bounded) until it reads so."""
+    ro = slider.locator(".widget-readout").first
+    ro.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.type(value)
+    page.keyboard.press("Enter")
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function("([el, v]) => el.textContent.trim() === v", arg=[ro.element_handle(), value.strip()],
+                               timeout=10_000, polling=250)
+
+
+def _slider_moves(page, area, i: int, sliders: list[str]) -> list[str]:
+    """Move each slider (last first: an earlier slider at an extreme can make a later one inert, ζ = 1: τ has
+    no effect) to its low end (``Home``), or the high end when Home does not change its value, and check that
+    panel ``i``'s figures or status changed; the other end when that end is inert (a bound can make one end
+    inert, e.g. m₀ = 0 with nothing removable). One redraw per slider: a moved slider stays where it is while
+    the next one is tried; a slider that changes nothing from there is tried again from the notebook's state
+    (every moved slider typed back to the notebook's value). Returns the sliders that changed nothing."""
+    def locate(label):
+        return area.locator(".widget-hslider").filter(has=page.locator(".widget-label", has_text=label)).first
+
+    start = {label: locate(label).locator(".widget-readout").first.inner_text() for label in sliders}
+    moved: list[str] = []
+
+    def restore(fp0: str) -> None:
+        for label in moved:
+            _type_value(page, locate(label), start[label])
+        moved.clear()
+        _changed(page, i, fp0, 60, same=True)   # the panel shows the notebook's state again
+
+    def try_slider(label) -> bool | None:
+        slider = locate(label)
+        before = _settled(page, i)
+        readout = slider.locator(".widget-readout").first.inner_text()
+        handle = slider.locator(".noUi-handle").first
+        handle.focus()
+        handle.press("Home")
+        if slider.locator(".widget-readout").first.inner_text() == readout:
+            handle.press("End")
+        if slider.locator(".widget-readout").first.inner_text() == readout:
+            return None  # a one-value slider (e.g. one decode row)
+        moved.append(label)
+        if _changed(page, i, before, 60):
+            return True
+        handle.press("End")
+        return _changed(page, i, before, 30)
+
+    fp0 = _settled(page, i)
+    unchanged = []
+    for label in reversed(sliders):
+        ok = try_slider(label)
+        if ok is False and moved != [label]:      # not from the notebook's state: once more from there
+            restore(fp0)
+            ok = try_slider(label)
+        if ok is False:
+            unchanged.append(label)
+    restore(fp0)
+    return unchanged
 
 
 def _wait_done(page, timeout_s: float) -> None:
@@ -583,40 +686,7 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
             area = page.locator(".jp-OutputArea").filter(has=page.locator(".widget-hslider")).nth(p["i"])
             area.scroll_into_view_if_needed()
             area.screenshot(path=str(artifacts / f"nb{tag}-panel{p['i']}-before.png"))
-            unchanged = []
-            # last slider first: earlier sliders at an extreme can make later ones inert (ζ = 1: τ has no effect)
-            for label in reversed(p["sliders"]):
-                before = _panels(page)[p["i"]]["fingerprint"]
-                slider = area.locator(".widget-hslider").filter(has=page.locator(".widget-label", has_text=label)).first
-                readout = slider.locator(".widget-readout").first.inner_text()
-                handle = slider.locator(".noUi-handle").first
-                handle.focus()
-                handle.press("Home")  # the low end first (at ζ = 1, its maximum, τ would not matter)
-                if slider.locator(".widget-readout").first.inner_text() == readout:
-                    handle.press("End")
-                if slider.locator(".widget-readout").first.inner_text() == readout:
-                    continue  # a one-value slider (e.g. one decode row)
-                changed = _changed(page, p["i"], before, 60)
-                if not changed:  # the other end (a bound can make one end inert, e.g. m₀ = 0 with nothing removable)
-                    handle.press("End")
-                    changed = _changed(page, p["i"], before, 30)
-                if not changed:
-                    unchanged.append(label)
-                # back to the notebook's value (typed into the editable readout), so that the next slider is
-                # tested from the notebook's state, not from this one's extreme
-                ro = slider.locator(".widget-readout").first
-                ro.click()
-                page.keyboard.press("Control+A")
-                page.keyboard.type(readout)
-                page.keyboard.press("Enter")
-                with contextlib.suppress(PlaywrightTimeout):
-                    page.wait_for_function("([el, v]) => el.textContent.trim() === v", arg=[ro.element_handle(),
-                                           readout.strip()], timeout=10_000, polling=250)
-                # and the panel shows the notebook's state again before the next slider's baseline is read (a
-                # late redraw would otherwise count as the next slider's change)
-                with contextlib.suppress(PlaywrightTimeout):
-                    page.wait_for_function("([js, i, fp]) => eval('(' + js + ')')()[i].fingerprint === fp",
-                                           arg=[_PANELS_JS, p["i"], before], timeout=30_000, polling=250)
+            unchanged = _slider_moves(page, area, p["i"], p["sliders"])
             assert not unchanged, f"{name}: sliders {unchanged} changed neither a figure nor the status"
             for t in p["toggles"]:
                 box = area.locator(".widget-checkbox", has_text=t).locator("input").first

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pandas as pd
 import pytest
@@ -83,10 +82,19 @@ def test_items_report_end_to_end_stops_and_resumes(tmp_path):
            "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     pq = out / "tables" / "sweep.parquet"
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    t0 = time.monotonic()
-    while not pq.exists() and p.poll() is None and time.monotonic() - t0 < 600:
-        time.sleep(0.1)
+    # the first run holds still once the sweep's table is first saved (so SIGTERM always comes halfway, never
+    # after the last cell), and says so on stderr
+    pause = ("import os, sys, time\n_real = os.replace\n"
+             "def _replace(a, b):\n    _real(a, b)\n"
+             "    if str(b).endswith('sweep.parquet') and not getattr(_replace, 'done', False):\n"
+             "        _replace.done = True\n        print('READY', file=sys.stderr, flush=True)\n        time.sleep(600)\n"
+             "os.replace = _replace\nfrom workbench.__main__ import main\n"
+             f"sys.exit(main({cmd[3:]!r}))\n")
+    p = subprocess.Popen([sys.executable, "-c", pause], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    for line in p.stderr:
+        if "READY" in line:
+            break
     p.send_signal(signal.SIGTERM)  # halfway: at least one cell is saved
     stdout, stderr = p.communicate(timeout=600)
     assert p.returncode == 130, stderr[-3000:]

@@ -113,14 +113,14 @@ panel.widget
 # %% [markdown]
 # ## A small study: MeanKey against SnapKV and DeferKV
 #
-# Four short RULER-style single needles (512 tokens, RULER's 32 new tokens), full context as the
+# Four short RULER-style single needles (256 tokens, RULER's 32 new tokens), full context as the
 # reference and the three policies at half the prompt. `findings.comparisons` states each comparison in one
 # sentence (n paired prompts, wins / ties / losses, McNemar's exact test, a bootstrap CI) and
 # `findings.reference_check` says whether full context is right often enough for the comparisons to mean
 # anything. Four items cannot show much: the sentences say so with their intervals.
 
 # %%
-items = ruler.ruler_grid(lm.tokenizer, ("niah_single",), lengths=(512,), seeds=range(4),
+items = ruler.ruler_grid(lm.tokenizer, ("niah_single",), lengths=(256,), seeds=range(4),
                          max_context=lm.shape.max_context)
 study = sweep(lm, items, {"full": {}, "evict": {"policy": ["mean-key", "snapkv", "deferkv"], "budget_frac": 0.5}},
               max_new_tokens=32, progress=False)
