@@ -540,12 +540,8 @@ _PANELS_JS = """([areasJs, fpJs]) => eval('(' + areasJs + ')')().map((a, i) => (
     export: !!Array.from(a.querySelectorAll('button')).find(b => b.textContent.includes('export figures')),
     fingerprint: eval('(' + fpJs + ')')(a),
   }));"""
-# panel i's fingerprint differs from / equals `fp`, and the kernel is idle (no redraw in flight)
-_FP_WAIT_JS = """([areasJs, fpJs, i, fp, same]) => {
-  const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;
-  const now = eval('(' + fpJs + ')')(eval('(' + areasJs + ')')()[i]);
-  return (same ? now === fp : now !== fp) && k.status === 'idle';
-}"""
+# a slider move that leaves the kernel idle this long with the panel unchanged changed nothing
+INERT_S = float(os.environ.get("WORKBENCH_BROWSER_INERT_S", "5"))
 
 
 def _panels(page):
@@ -557,15 +553,22 @@ def _fingerprint(page, i: int) -> str:
                          [_AREAS_JS, _FP_JS, i])
 
 
-def _changed(page, i: int, before: str, timeout_s: float, same: bool = False) -> bool:
-    """Wait (bounded) until panel ``i``'s fingerprint differs from ``before`` (``same``: equals it) with the
-    kernel idle; whether it did."""
-    try:
-        page.wait_for_function(_FP_WAIT_JS, arg=[_AREAS_JS, _FP_JS, i, before, same], timeout=timeout_s * 1000,
-                               polling=250)
-        return True
-    except PlaywrightTimeout:
-        return False
+def _changed(page, i: int, before: str, timeout_s: float, same: bool = False, inert_s: float | None = None) -> bool:
+    """Wait (bounded by ``timeout_s``) until panel ``i``'s fingerprint differs from ``before`` (``same``: equals
+    it) with the kernel idle; whether it did. ``inert_s``: give up early once the kernel has stayed idle that
+    long with the fingerprint unchanged (the move was handled and changed nothing)."""
+    deadline = time.monotonic() + timeout_s
+    idle_since = None
+    while time.monotonic() < deadline:
+        now = _fingerprint(page, i)
+        idle = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status") == "idle"
+        if (now == before) == same and idle:
+            return True
+        idle_since = (idle_since or time.monotonic()) if idle else None
+        if inert_s is not None and idle_since is not None and time.monotonic() - idle_since >= inert_s:
+            return False
+        time.sleep(0.25)
+    return False
 
 
 def _settled(page, i: int, timeout_s: float = 30.0, quiet_s: float = 0.75) -> str:
@@ -626,10 +629,10 @@ def _slider_moves(page, area, i: int, sliders: list[str]) -> list[str]:
         if slider.locator(".widget-readout").first.inner_text() == readout:
             return None  # a one-value slider (e.g. one decode row)
         moved.append(label)
-        if _changed(page, i, before, 60):
+        if _changed(page, i, before, 60, inert_s=INERT_S):
             return True
         handle.press("End")
-        return _changed(page, i, before, 30)
+        return _changed(page, i, before, 30, inert_s=INERT_S)
 
     fp0 = _settled(page, i)
     unchanged = []
