@@ -421,6 +421,77 @@ def test_front_end_messages_are_strict_json(tiny, monkeypatch):
         _json.dumps(_py_to_js(msg, None), allow_nan=False, default=lambda o: "<buffer>")
 
 
+def test_every_widget_opens_its_comm_with_what_it_shows(tiny, monkeypatch):
+    """The browser model of every figure is born with the figure (issue 24): the comm of each panel's
+    FigureWidget opens with its traces, title and ``uirevision`` as state, and the token view with its HTML.
+    A plain ``go.FigureWidget`` opens empty and sends the figure in a later message, which anywidget can
+    hold until after a view has drawn the empty state (bare axes, inert sliders); the control below shows
+    that this test would see that."""
+    import comm
+    import ipywidgets.widgets.widget as ww
+    from ipywidgets.widgets.widget import _remove_buffers
+
+    from workbench.show.figure_widget import FigureWidget
+
+    opened = {}
+    orig = comm.create_comm
+
+    def spy(**kw):
+        c = orig(**kw)
+        opened[c.comm_id] = kw["data"]["state"]
+        return c
+
+    monkeypatch.setattr(ww.comm, "create_comm", spy)
+    lm, spans, cap = tiny
+    base = EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
+
+    def check(figures) -> int:
+        """Each figure's comm opened with what the widget holds now (no edit since)."""
+        for name, fw in figures.items():
+            state = opened[fw._model_id]
+            if isinstance(fw, Wd.TokenWidget):
+                assert state["html"] == fw.view.html() and state["html"], name
+                continue
+            assert isinstance(fw, FigureWidget), name
+            assert len(state["_widget_data"]) == len(fw.data) >= 1, name
+            assert [t["type"] for t in state["_widget_data"]] == [t.type for t in fw.data], name
+            lay = state["_widget_layout"]
+            assert lay["uirevision"] == name and lay["title"]["text"] == fw.layout.title.text, name
+        return len(figures)
+
+    n = sum(check(p.figures) for p in (
+        Wd.HeadsPanel(cap, base), Wd.PriorityPanel(cap, base), Wd.AuditPanel(cap, base, certify=True),
+        Wd.ShiftPanel(cap, k=4), Wd.PagesPanel(cap, base, s=4), Wd.TokenPanel(cap), Wd.CounterexamplePanel()))
+    prune = Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=2)
+    n += check(prune.figures)
+    before = set(prune.figures)
+    prune.set(mode="fixed layer", run_layer=1, target=0.5, m0=0)
+    prune.run()                                        # a figure that joins the panel after the first run
+    added = {k: v for k, v in prune.figures.items() if k not in before}
+    assert added
+    n += check(added)
+    assert n >= 14
+    # one copy of plotly's 5 MB bundle per kernel, not one per figure: each figure's ES module is the small
+    # loader, naming the bundle's widget and its sha256
+    import hashlib
+
+    from workbench.show.figure_widget import _LOADER_ESM, _plotly_bundle
+    holder, sha = _plotly_bundle()
+    assert holder.source == str(go.FigureWidget._esm) and len(holder.source) > 1_000_000
+    assert sha == hashlib.sha256(holder.source.encode()).hexdigest()
+    states = [s for s in opened.values() if "_bundle_sha" in s]
+    assert len(states) >= 12 and all(s["_esm"] == _LOADER_ESM and len(s["_esm"]) < 10_000 for s in states)
+    assert {(s["_bundle_model"], s["_bundle_sha"]) for s in states} == {(f"IPY_MODEL_{holder.model_id}", sha)}
+    old = holder.model_id
+    holder.close()                                     # closed (Widget.close_all): the next figure makes another
+    again = FigureWidget(go.Scatter(y=[1, 2]))
+    assert again._bundle_model.startswith("IPY_MODEL_") and again._bundle_model != f"IPY_MODEL_{old}"
+    assert again._bundle_sha == sha
+    control = go.FigureWidget(go.Scatter(y=[1, 2, 3]))
+    assert opened[control._model_id]["_widget_data"] == []        # plotly's own: the comm opens empty
+    assert len(_remove_buffers(control.get_state())[0]["_widget_data"]) == 1
+
+
 # ----------------------------------------------------------------------------- no inert slider
 def _fingerprint(panel) -> str:
     import json

@@ -6,6 +6,8 @@
   shape tuple per call);
 - :func:`update_figure` — one ``plotly_update`` per slider move, sharing plotly's read-only arrays;
 - :func:`figure_frame` — any figure's plotted data as one tidy DataFrame (CSV export).
+
+The widget that shows these figures in a notebook, and its ES module, is :mod:`workbench.show.figure_widget`.
 """
 
 import contextlib
@@ -439,18 +441,3 @@ def update_figure(target, new, *, keep: Sequence[str] = KEEP_LAYOUT) -> bool:
         for k, v in relayout.items():
             target.layout[k] = v
     return same
-
-
-
-def resync_widget(fw) -> None:
-    """Hand a ``go.FigureWidget``'s whole current figure to the browser as widget state, right before it is shown.
-
-    plotly ≥ 6 (anywidget) opens the widget with empty ``_widget_data``/``_widget_layout`` and fills them in one
-    later message; its browser view draws from that state once and ignores later changes of it. Shown inside an
-    ipywidgets box (a panel), the figure is not displayed itself, so plotly's own refresh in ``_repr_mimebundle_``
-    never runs, and a view drawn before that message arrived stays empty (plotly/plotly.py#4998; seen in the
-    browser tests: a panel's figures as bare axes, the sliders inert). Calling this before the panel is displayed,
-    and before a figure joins a shown box, sends the state again after the widget's model exists."""
-    if isinstance(fw, go.FigureWidget):
-        fw._widget_layout = copy.deepcopy(fw._layout_obj._props)  # noqa: SLF001 - plotly's own refresh, as in
-        fw._widget_data = copy.deepcopy(fw._data)                  # noqa: SLF001 - BaseFigureWidget._repr_mimebundle_

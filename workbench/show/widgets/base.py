@@ -17,7 +17,8 @@ from workbench.analyse.params import PRIORITIES, EntroPrefillParams
 from workbench.checks import Constraint, Interval
 from workbench.constraints import PARAMS
 from workbench.show import export
-from workbench.show.figure_engine import Draft, as_figure, drafts, resync_widget, update_figure
+from workbench.show.figure_engine import Draft, as_figure, drafts, update_figure
+from workbench.show.figure_widget import FigureWidget
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
@@ -53,25 +54,12 @@ def live_layout(fig, width: int = FIGURE_WIDTH):
     return d
 
 
-class _PanelBox(W.VBox):
-    """A panel's outer box: its figures' state is sent to the browser again right before it is shown
-    (:func:`~workbench.show.figure_engine.resync_widget`)."""
-
-    shown_figures: dict = {}
-
-    def _repr_mimebundle_(self, **kw):
-        for fw in self.shown_figures.values():
-            resync_widget(fw)
-        return super()._repr_mimebundle_(**kw)
-
-
 def _widget_figure(fig, uirevision: str):
-    """The widget of a figure: a ``go.FigureWidget``, or a :class:`TokenWidget` for a token view (HTML)."""
+    """The widget of a figure: a :class:`~workbench.show.figure_widget.FigureWidget` (its comm opens with the
+    figure), or a :class:`TokenWidget` for a token view (HTML)."""
     if isinstance(fig, TokenView):
         return TokenWidget(fig)
-    fw = go.FigureWidget(fig)
-    fw.layout.uirevision = uirevision
-    return fw
+    return FigureWidget(fig, uirevision=uirevision)
 
 
 # ----------------------------------------------------------------------------- sliders
@@ -247,9 +235,8 @@ class Panel(abc.ABC):
         self.export_links = W.HTML()
         self.export_button.on_click(lambda _b: self.export_clicked())
         self._figure_box = W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap"))
-        self.widget = _PanelBox([W.HTML(f"<b>{html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
+        self.widget = W.VBox([W.HTML(f"<b>{html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
                                  self._figure_box, W.HBox([self.export_button, self.export_width, self.export_links])])
-        self.widget.shown_figures = self.figures   # the same dict: figures added later are resynced too
         for w in self.controls.values():
             w.observe(self._on_change, names="value")
 
@@ -258,7 +245,6 @@ class Panel(abc.ABC):
 
         fw = _widget_figure(as_figure(live_layout(fig)), name)
         self.figures[name] = fw
-        resync_widget(fw)
         box = self._figure_box
         box.children = tuple(box.children) + (fw,)
         return fw

@@ -40,10 +40,12 @@ class TokenWidget(anywidget.AnyWidget):
     meta = traitlets.Dict().tag(sync=True)
 
     def __init__(self, view: TokenView, **kw):
-        super().__init__(**kw)
+        if not isinstance(view, TokenView):
+            raise ValueError(f"view: must be a TokenView, got {type(view).__name__}")
+        # the comm opens with the view's HTML (no empty first state for a view to draw)
+        super().__init__(html=view.html(), meta=dict(view.meta), **kw)
         self._click: list = []
         self.view = view
-        self.show(view)
         self.on_msg(self._on_msg)
 
     def show(self, view: TokenView) -> None:

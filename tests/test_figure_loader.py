@@ -1,0 +1,106 @@
+"""The figures' ES module (``figure_widget._LOADER_ESM``), run in Node against a stand-in of anywidget's model
+and a stand-in plotly bundle (issue 24).
+
+What it must do, and what is checked here:
+- ``initialize`` returns at once (anywidget drops every message of a model not ready within 2 s);
+- the bundle is fetched from its widget and evaluated once per page, however many figures load it;
+- edits (``_py2js_*``) that reach a model before the bundle has loaded are handed to plotly's model in their
+  order, nulls skipped, before any view draws; later edits reach it once, not twice;
+- a figure made after the bundle loaded starts at once from the loaded module;
+- ``render`` draws with plotly's view of that model.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from workbench.show.figure_widget import _LOADER_ESM
+
+NODE = shutil.which("node")
+pytestmark = pytest.mark.skipif(NODE is None, reason="no node on PATH")
+
+# a stand-in for plotly's bundle: its model logs the edits it sees, its view logs a draw
+BUNDLE = """
+globalThis.LOG.push(['bundle evaluated']);
+export default () => {
+  let m = null;
+  return {
+    initialize({model}) {
+      m = model;
+      globalThis.LOG.push(['initialize', model.id]);
+      for (const n of ['_py2js_restyle', '_py2js_relayout', '_py2js_update'])
+        model.on('change:' + n, () => { const v = model.get(n); if (v !== null) globalThis.LOG.push(['edit', model.id, n, v.k]); });
+    },
+    render({el}) { globalThis.LOG.push(['render', m.id]); el.drawn = m.id; },
+  };
+};
+"""
+
+HARNESS = """
+globalThis.LOG = [];
+globalThis.Blob = class { constructor(parts) { this.text = parts.join(''); } };
+const dataUrl = (src) => 'data:text/javascript;base64,' + Buffer.from(src).toString('base64');
+URL.createObjectURL = (blob) => dataUrl(blob.text);
+URL.revokeObjectURL = () => {};
+
+let fetches = 0, release;
+const holderLoaded = new Promise((r) => { release = r; });
+const manager = {get_model: async (id) => { fetches += 1; await holderLoaded;
+  return {get: (k) => (k === 'source' ? process.env.BUNDLE : undefined), id}; }};
+
+class Model {  // what anywidget hands the module: get/set/on, change events when a value changes
+  constructor(id) { this.id = id; this.attrs = {_bundle_model: 'IPY_MODEL_h1', _bundle_sha: 'abc'};
+    this.handlers = {}; this.widget_manager = manager; }
+  get(k) { return this.attrs[k] ?? null; }
+  set(k, v) { const old = this.get(k); this.attrs[k] = v;
+    if (JSON.stringify(old) !== JSON.stringify(v)) for (const f of this.handlers['change:' + k] || []) f(); }
+  on(ev, f) { (this.handlers[ev] ??= []).push(f); }
+}
+const edit = (m, name, k) => { m.set(name, {k}); m.set(name, null); };  // plotly sends a message, then None
+
+const loader = await import(dataUrl(process.env.LOADER));
+const A = new Model('A'), B = new Model('B');
+const wA = loader.default(), wB = loader.default();
+const returned = wA.initialize({model: A});
+wB.initialize({model: B});
+edit(A, '_py2js_restyle', 1); edit(A, '_py2js_relayout', 2); edit(A, '_py2js_restyle', 3);
+edit(B, '_py2js_update', 4);
+LOG.push(['holder released']);
+release();
+const elA = {}, elB = {};
+await wA.render({model: A, el: elA});
+await wB.render({model: B, el: elB});
+edit(A, '_py2js_restyle', 5);                       // after the load: plotly's model has it, once
+const C = new Model('C'), wC = loader.default();
+wC.initialize({model: C});
+edit(C, '_py2js_update', 6);
+const elC = {};
+await wC.render({model: C, el: elC});
+console.log(JSON.stringify({returned: returned === undefined ? 'undefined' : typeof returned, fetches,
+  log: LOG, drawn: [elA.drawn, elB.drawn, elC.drawn]}));
+"""
+
+
+def test_loader_in_node(tmp_path):
+    harness = tmp_path / "harness.mjs"
+    harness.write_text(HARNESS)
+    out = subprocess.run([NODE, str(harness)], capture_output=True, text=True, timeout=60,
+                         env={"LOADER": _LOADER_ESM, "BUNDLE": BUNDLE, "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    log = [tuple(x) for x in r["log"]]
+    assert r["returned"] == "undefined"                       # ready at once: nothing awaited in initialize
+    assert r["fetches"] == 1 and log.count(("bundle evaluated",)) == 1
+    assert r["drawn"] == ["A", "B", "C"]
+    i = log.index(("holder released",))
+    assert all(e[0] != "initialize" for e in log[:i])         # nothing of plotly ran before the bundle came
+    a = [e for e in log if e[1:2] == ("A",)]
+    assert a == [("initialize", "A"), ("edit", "A", "_py2js_restyle", 1), ("edit", "A", "_py2js_relayout", 2),
+                 ("edit", "A", "_py2js_restyle", 3), ("render", "A"), ("edit", "A", "_py2js_restyle", 5)]
+    assert [e for e in log if e[1:2] == ("B",)] == [("initialize", "B"), ("edit", "B", "_py2js_update", 4),
+                                                    ("render", "B")]
+    assert [e for e in log if e[1:2] == ("C",)] == [("initialize", "C"), ("edit", "C", "_py2js_update", 6),
+                                                    ("render", "C")]

@@ -1,0 +1,139 @@
+"""The notebook widget of a figure: a ``go.FigureWidget`` that opens with its figure, and its ES module.
+
+The other plotly-private code (drafts, in-place updates) is in :mod:`workbench.show.figure_engine`; this
+file holds what concerns the browser: the comm's first state and how plotly's widget bundle reaches the page.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import ipywidgets as W
+import plotly.graph_objects as go
+import traitlets
+
+__all__ = ["FigureWidget"]
+
+# The ES module of every FigureWidget: a few lines that import plotly's widget bundle (5 MB of JavaScript) once
+# per page and hand each model to it. plotly's own FigureWidget sends the bundle as the ``_esm`` of every figure
+# and the browser evaluates it once per figure; anywidget drops every message of a model that is not ready
+# 2 s after it was created ("[anywidget] Failed to initialize model"), so on a loaded CPU a figure whose copy
+# had not finished loading stayed deaf to every later edit (issue 24: inert sliders). Here ``initialize``
+# returns at once (the model is ready in milliseconds) and the bundle arrives once per kernel, in one
+# model-only widget (:class:`_PlotlyBundle`). An edit that reaches a model before the bundle has loaded on the
+# page is replayed into plotly's model as soon as it has, before any view draws.
+_LOADER_ESM = """
+const PAGE = (globalThis.__workbenchPlotly ??= new Map());  // bundle sha256 -> {promise, module}, one per page
+
+function bundle(model) {
+  const sha = model.get('_bundle_sha');
+  let entry = PAGE.get(sha);
+  if (!entry) {
+    entry = {module: null};
+    entry.promise = model.widget_manager.get_model(model.get('_bundle_model').slice('IPY_MODEL_'.length))
+      .then((holder) => {
+        const url = URL.createObjectURL(new Blob([holder.get('source')], {type: 'text/javascript'}));
+        return import(url).finally(() => URL.revokeObjectURL(url));
+      })
+      .then((module) => (entry.module = module));
+    PAGE.set(sha, entry);
+  }
+  return entry;
+}
+
+const EDITS = ['_py2js_addTraces', '_py2js_deleteTraces', '_py2js_moveTraces', '_py2js_restyle',
+  '_py2js_relayout', '_py2js_update', '_py2js_animate', '_py2js_removeLayoutProps', '_py2js_removeTraceProps'];
+
+export default () => {
+  let inner = null;  // plotly's widget for this model, once its initialize has run
+  let ready = null;  // a promise of it
+  const start = async (module, model) => {
+    const w = await module.default();
+    await w.initialize?.({model});
+    return w;
+  };
+  return {
+    initialize({model}) {
+      const entry = bundle(model);
+      const early = [];    // edits that arrive before plotly's model listens: replayed, in order
+      const keep = (name) => () => { if (!inner) early.push([name, model.get(name)]); };
+      for (const name of EDITS) model.on('change:' + name, keep(name));
+      ready = (entry.module ? Promise.resolve(entry.module) : entry.promise)
+        .then((module) => start(module, model))
+        .then((w) => {
+          inner = w;         // from here on plotly's model listens itself
+          for (const [name, value] of early.splice(0)) {
+            if (value === null) continue;
+            model.set(name, null);
+            model.set(name, value);
+          }
+          return w;
+        });
+    },
+    async render({model, el}) {
+      const w = await ready;
+      return w.render({model, el});
+    },
+  };
+};
+"""
+
+
+class _PlotlyBundle(W.Widget):
+    """plotly's widget bundle (its JavaScript source) as one model-only widget per kernel: the figures'
+    loader imports it from here once per page (:data:`_LOADER_ESM`)."""
+
+    source = traitlets.Unicode().tag(sync=True)
+
+
+_BUNDLE: dict = {}
+
+
+def _plotly_bundle() -> tuple[_PlotlyBundle, str]:
+    """The kernel's bundle widget (made again if it was closed) and the bundle's sha256."""
+    w = _BUNDLE.get("widget")
+    if w is None or w.comm is None:
+        source = str(go.FigureWidget._esm)
+        _BUNDLE["sha"] = hashlib.sha256(source.encode()).hexdigest()
+        _BUNDLE["widget"] = w = _PlotlyBundle(source=source)
+    return w, _BUNDLE["sha"]
+
+
+class FigureWidget(go.FigureWidget):
+    """A ``go.FigureWidget`` whose comm opens with the whole figure as its state (data, layout, ``uirevision``).
+
+    ``go.FigureWidget`` opens its comm with an empty figure (ipywidgets opens it in ``Widget.__init__``,
+    before plotly has set the figure) and sends the data in a second message. anywidget (plotly ≥ 6) holds
+    every message of a model until the model's ES module has loaded (anywidget#803's fix), and a view created
+    meanwhile can draw first; plotly's view draws ``_widget_data`` once and then follows only its
+    ``_py2js_*`` edits, so it stayed empty for good: bare axes and inert sliders, seen in JupyterLab on a
+    loaded CPU (notebook 04's chunk-priority and envelope figures, 3 runs in 9 under load; issue 24). Here
+    the comm is opened after plotly's ``__init__``, so the model is born with the figure and any view
+    draws it; later edits reach every view as messages, as before. Its ES module is :data:`_LOADER_ESM`
+    (plotly's bundle once per page and kernel, not once per figure; no model left deaf by anywidget's 2 s
+    limit), tested in Node by ``tests/test_figure_loader.py``.
+
+    Shapes: as ``go.FigureWidget``. ``uirevision``: written into the figure before the comm opens.
+    """
+
+    _esm = _LOADER_ESM
+    _bundle_model = traitlets.Unicode().tag(sync=True)
+    _bundle_sha = traitlets.Unicode().tag(sync=True)
+
+    def __init__(self, data=None, layout=None, *, uirevision: str | None = None, **kw):
+        self._open_later = True
+        try:
+            super().__init__(data, layout, **kw)
+            if uirevision is not None:
+                self.layout.uirevision = uirevision
+                self._widget_layout = copy.deepcopy(self._layout_obj._props)  # no comm yet: nothing is sent
+            holder, self._bundle_sha = _plotly_bundle()
+            self._bundle_model = f"IPY_MODEL_{holder.model_id}"
+        finally:
+            self._open_later = False
+        self.open()
+
+    def open(self) -> None:
+        """Open the comm, except while ``__init__`` is still building the figure."""
+        if not getattr(self, "_open_later", False):
+            super().open()
