@@ -714,9 +714,11 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
             _pooling_zeta_checks(page, artifacts)
         panels = _panels(page)
         assert panels, f"{name}: no panel with a slider"
-        # every panel figure drawn with its data (issue 24: a view drawn from an empty first state stays bare axes)
+        # every panel figure drawn with its data (issue 24: a view drawn from an empty first state stays bare axes),
+        # or empty with the reason in its meta (an eviction policy without a preview)
         empty_js = ("(areasJs) => eval('(' + areasJs + ')')().map((a, i) => Array.from("
-                    "a.querySelectorAll('.js-plotly-plot')).map((gd, j) => (gd.data || []).length ? null : "
+                    "a.querySelectorAll('.js-plotly-plot')).map((gd, j) => ((gd.data || []).length "
+                    "|| (gd.layout && gd.layout.meta && gd.layout.meta.placeholder)) ? null : "
                     "`panel ${i} figure ${j}`)).flat().filter(x => x)")
         with contextlib.suppress(PlaywrightTimeout):   # views draw after the kernel is idle: allow them a while
             page.wait_for_function(f"(a) => ({empty_js})(a).length === 0", arg=_AREAS_JS, timeout=30_000, polling=500)

@@ -363,6 +363,25 @@ def test_eviction_panel_preview_and_cached_runs(tiny, counter):
     assert counter.prefills == f and panel.model_calls == 4  # decoding only, the prefill is shared
 
 
+def test_eviction_panel_without_a_preview_says_so(tiny):
+    """A policy whose scores need evidence a capture does not hold (H2O: column sums) has no preview: the
+    kept figure is empty with the reason in its meta and on the figure (no stale preview of the previous
+    policy), and the status names the budget the run would use."""
+    lm, spans, cap = tiny
+    panel = Wd.EvictionPanel(cap, lm, spans, policy="snapkv", recent=8, max_new_tokens=2)
+    assert len(panel.figures["kept"].data) >= 1                    # a preview
+    panel.set(policy="h2o", budget=20)
+    assert panel.analysis() is None
+    kept = panel.figures["kept"]
+    assert len(kept.data) == 0 and "no preview" in kept.layout.meta["placeholder"]
+    assert kept.layout.meta["policy"] == "h2o" and kept.layout.meta["budget"] == 20
+    assert "no preview" in kept.layout.annotations[0].text and "B = 20" in panel.status.value
+    panel.set(budget=24)
+    assert "B = 24" in panel.status.value and kept.layout.meta["budget"] == 24
+    panel.set(policy="snapkv")
+    assert len(panel.figures["kept"].data) >= 1 and "placeholder" not in (panel.figures["kept"].layout.meta or {})
+
+
 def test_export_all_delegates(smollm_capture, monkeypatch, tmp_path):
     import workbench.show.export as E
 
