@@ -56,6 +56,7 @@ from typing import ClassVar
 import torch
 from kvpress import (
     CompactorPress,
+    CriticalKVPress,
     CURPress,
     ExpectedAttentionPress,
     LagKVPress,
@@ -150,15 +151,21 @@ class PressPolicy(EvictionPolicy):
 
 
 def _ratio_bound(press) -> float | None:
-    """The ``compression_ratio`` that ``press``'s scores depend on, or ``None`` when they do not."""
+    """The ``compression_ratio`` that ``press``'s scores depend on, or ``None`` when they do not (CriticalKV's first
+    stage marks the top ``int((1 − ratio) · T · first_stage_ratio)`` of its scorer's scores; its scorer may itself
+    depend on the ratio)."""
     if isinstance(press, StreamingLLMPress) or (isinstance(press, CompactorPress) and press.blending is None):
         return float(press.compression_ratio)
+    if isinstance(press, CriticalKVPress):
+        return float(press.compression_ratio) if press.first_stage_ratio > 0 else _ratio_bound(press.press)
     return None
 
 
 def _press_kept(press, T: int) -> tuple[int, int]:
     """``(first, last)``: how many leading and trailing prompt positions ``press`` scores above every other key
-    (kvpress 0.5.5's ``score`` pads them with the maximum), at prompt length ``T``."""
+    (kvpress 0.5.5's ``score`` pads them with the maximum), at prompt length ``T``; CriticalKV's are its scorer's."""
+    if isinstance(press, CriticalKVPress):
+        return _press_kept(press.press, T)
     if isinstance(press, SnapKVPress):
         return 0, press.window_size
     if isinstance(press, TOVAPress):
