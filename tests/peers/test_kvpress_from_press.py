@@ -1,13 +1,13 @@
 """kvpress's own presses on the workbench's bench: ``workbench.interop.kvpress.from_press(press)`` scores exactly as
 kvpress does (the per-layer scores, bit for bit) and keeps, per layer and KV head, exactly the positions kvpress
-keeps, and generates the same tokens, for the 15 press settings of kvpress 0.5.5 in ``PRESSES`` (13 presses) × 2
+keeps, and generates the same tokens, for the 16 press settings of kvpress 0.5.5 in ``PRESSES`` (14 presses) × 2
 prompts (the needle prompt and a SQuAD prompt); the budget is kvpress's ``int(T · (1 − ratio))``. A cell may differ
 only by an exact tie (as in test_kvpress_parity.py: at most one cell per prompt). A budget below the positions a
 press always keeps (SnapKV's window at 0.9 on the SQuAD prompt, LagKV's sinks and unscored tail) is refused by the
 workbench (kvpress keeps an arbitrary part of them): the table counts those prompts as refused.
 
 Ratios: the default lane runs one ratio per press (0.5 / 0.75 / 0.9 in turn down ``PRESSES``, so every ratio is
-covered); ``WORKBENCH_SLOW=1`` runs the full grid, 15 settings × 3 ratios × 2 prompts (``WORKBENCH_SLOW=1 make
+covered); ``WORKBENCH_SLOW=1`` runs the full grid, 16 settings × 3 ratios × 2 prompts (``WORKBENCH_SLOW=1 make
 test-peers``). The table is printed at the end (rows ``from_press: <press>``).
 
 kvpress's side is its own ``press.forward_hook`` replayed on one recorded plain prefill per prompt
@@ -40,6 +40,7 @@ from _kvpress_oracle import (
     press_replay,
 )
 from kvpress import (
+    CapPress,
     CompactorPress,
     CriticalKVPress,
     CURPress,
@@ -80,6 +81,7 @@ PRESSES = {  # name -> ratio -> press
     "compactor": lambda r: CompactorPress(compression_ratio=r),
     "random seed 3": lambda r: RandomPress(compression_ratio=r, seed=3),
     "criticalkv knorm": lambda r: CriticalKVPress(KnormPress(compression_ratio=r)),
+    "cap": lambda r: CapPress(compression_ratio=r),
 }
 
 

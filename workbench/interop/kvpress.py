@@ -55,6 +55,7 @@ from typing import ClassVar
 
 import torch
 from kvpress import (
+    CapPress,
     CompactorPress,
     CriticalKVPress,
     CURPress,
@@ -105,7 +106,7 @@ class PressPolicy(EvictionPolicy):
 
     def protected(self, T: int) -> torch.Tensor:
         """``n_sink`` / ``recent`` and the positions the press itself always keeps (it scores them above every
-        other key: SnapKV's window, TOVA's last token, ExpectedAttention's, CUR's and Compactor's sinks, LagKV's
+        other key: SnapKV's window, TOVA's last token, ExpectedAttention's, CapKV's, CUR's and Compactor's sinks, LagKV's
         sinks and unscored tail), so that a budget below them is refused rather than filled by torch.topk's
         arbitrary choice among their tied scores (what kvpress does)."""
         m = super().protected(T)
@@ -170,7 +171,7 @@ def _press_kept(press, T: int) -> tuple[int, int]:
         return 0, press.window_size
     if isinstance(press, TOVAPress):
         return 0, 1
-    if isinstance(press, ExpectedAttentionPress):
+    if isinstance(press, (ExpectedAttentionPress, CapPress)):
         return press.n_sink, 0
     if isinstance(press, CURPress):
         return press.num_sinks, 0
