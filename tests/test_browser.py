@@ -18,7 +18,9 @@ config/settings/runtime folders, kernels on one intra-op thread) serves every no
 - a small panel notebook on a synthetic capture (fast): the layer slider moves the residual figure's title;
 - a token-view notebook on a synthetic capture: the rendered text of the token spans is the token strings
   (leading spaces, tabs, newlines); clicking a token makes that position's captured row the query row (the
-  boxed token and the *query row* menu follow); no console warnings.
+  boxed token and the *query row* menu follow); no console warnings;
+- a researcher's own policy (``tests/_my_policy.py``), registered at run time, in the eviction panel on a tiny
+  model: the policy menu shows it, the kept figure says why it has no preview, *Run eviction* generates under it.
 
 Every module test is marked ``slow`` (a server and a browser). Notebooks are opened in a fresh workspace and
 run only once their own kernel is connected and idle. Screenshots of the panel before and after each move are test artefacts: they go to
@@ -93,6 +95,24 @@ TOKEN_CELLS = [
 ]
 
 
+# a researcher's own policy, defined in a test module (tests/_my_policy.py), registered at run time in the kernel, in
+# the eviction panel on a tiny random-weight model (a run takes a second)
+POLICY_CELLS = [
+    "import os, sys\nos.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')\n"
+    f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+    "import torch\nimport workbench as wb\nfrom _my_policy import MeanKey\n"
+    "from workbench.capture import RowSet, run_capture\nfrom workbench.run.models import LoadedModel, tiny_model\n"
+    "from workbench.run.spans import PromptSpans\nfrom workbench.show.widgets import EvictionPanel",
+    "wb.register_policy(MeanKey, group='attention-free')\n"
+    "lm = LoadedModel(model=tiny_model('llama', L=3, H_Q=4, G=2, seed=1), tokenizer=None, model_id='tiny-llama',\n"
+    "                 device=torch.device('cpu'), dtype=torch.float32)\n"
+    "spans = PromptSpans.synthetic([8, 6, 9, 7, 5], prefix=6, query_len=10, answer_doc=2)\n"
+    "cap = run_capture(lm, spans, RowSet(tail=16, n_decode=3), progress=False)\n"
+    "panel = EvictionPanel(cap, lm, spans, policy='mean-key', budget=20, recent=8, max_new_tokens=3)",
+    "panel.widget",
+]
+
+
 # ----------------------------------------------------------------------------- server
 def _synthetic_notebook(path: Path, cells=SYNTHETIC_CELLS) -> None:
     nb = {
@@ -144,6 +164,7 @@ def lab_server(tmp_path: Path):
     root.mkdir()
     _synthetic_notebook(root / "panel.ipynb")
     _synthetic_notebook(root / "tokens.ipynb", TOKEN_CELLS)
+    _synthetic_notebook(root / "policy.ipynb", POLICY_CELLS)
     for nb in sorted(POOLING_NB.parent.glob("[0-9][0-9]_*.ipynb")):  # every notebook (the panel tests open them)
         shutil.copy(nb, root / nb.name)
     shutil.copy(POOLING_NB.parent / "lab_setup.py", root / "lab_setup.py")  # the notebooks' shared set-up
@@ -234,7 +255,8 @@ def artifacts(request, tmp_path) -> Path:
     except OSError:
         folder = tmp_path
     prefix = {"test_synthetic_panel_layer_slider": "synthetic-",
-              "test_token_view_click_sets_the_query_row": "tokens-"}.get(
+              "test_token_view_click_sets_the_query_row": "tokens-",
+              "test_registered_policy_in_the_eviction_panel": "policy-"}.get(
         request.node.name, request.node.name + "-")
     for old in folder.glob(prefix + "*.png"):   # this test's screenshots from an earlier run
         old.unlink()
@@ -513,6 +535,35 @@ def test_token_view_click_sets_the_query_row(lab, artifacts):
         area.screenshot(path=str(artifacts / "tokens-after.png"))
     bad = [c for c in console if "favicon" not in c and not _LAB_START.search(c)]
     assert not bad, f"console warnings or errors: {bad[:5]}"
+
+
+def test_registered_policy_in_the_eviction_panel(lab, artifacts):
+    """A policy defined in a test module (``tests/_my_policy.py``'s MeanKey), registered at run time in the kernel,
+    in the eviction panel in JupyterLab (issue 27): the policy menu shows it, in its group, as the chosen one; the
+    kept figure is the placeholder that says why it has no preview (MeanKey scores from the cache's keys); pressing
+    *Run eviction* generates under it: the answer table names it and the budget; no console error."""
+    console: list[str] = []
+    with _notebook_page(lab, "policy.ipynb", console) as page:
+        _wait_done(page, RUN_ALL_TIMEOUT_S)
+        assert not _kernel_errors(page), _kernel_errors(page)
+        area = page.locator(".jp-OutputArea").filter(has=page.locator(".widget-button", has_text="Run eviction")).last
+        menu = area.locator(".widget-dropdown", has=page.locator(".widget-label", has_text="policy")).locator("select")
+        shown = menu.first.evaluate("s => s.options[s.selectedIndex].text").replace("\xa0", " ")
+        assert shown == "attention-free · mean-key", shown
+        options = menu.first.evaluate("s => Array.from(s.options).map(o => o.text)")
+        assert sum("mean-key" in o for o in options) == 1 and any("deferkv" in o for o in options), options
+        page.wait_for_function("(a) => Array.from(a.querySelectorAll('.js-plotly-plot')).some(gd => gd.layout && "
+                               "gd.layout.meta && gd.layout.meta.policy === 'mean-key' && "
+                               "/no preview/.test(gd.layout.meta.placeholder || ''))",
+                               arg=area.element_handle(), timeout=60_000, polling=250)
+        area.screenshot(path=str(artifacts / "policy-before.png"))
+        area.locator(".widget-button", has_text="Run eviction").first.click()
+        page.wait_for_function("(a) => /mean-key, B = 20/.test(a.textContent) && /full cache/.test(a.textContent)",
+                               arg=area.element_handle(), timeout=RUN_ALL_TIMEOUT_S * 1000, polling=500)
+        assert "run failed" not in area.inner_text()
+        area.screenshot(path=str(artifacts / "policy-after.png"))
+    bad = [c for c in console if c.startswith(("error", "uncaught")) and "favicon" not in c]
+    assert not bad, f"console errors: {bad[:5]}"
 
 
 # JupyterLab's own start-up notes on a loaded machine (not the notebook's output)
