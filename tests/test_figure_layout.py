@@ -123,10 +123,56 @@ def test_every_figure_function_is_covered(figures):
     assert set(FIGURE_FUNCTIONS) <= {k.split("-")[0] for k in figures}
 
 
+# Issue 24's paper rules for an exported figure: the plot areas span at least 55 % of its height, the legend at most
+# 25 %, and no text is under 7 pt (the SVG's user unit is the point: 3.33 in = 240 units). Measured in session 3:
+# these exports miss them. The list is exact both ways (a figure that starts to meet its rules must leave it, a
+# figure that starts to miss one fails): open work of issue 24, not a tolerance.
+PLOT_SHARE, LEGEND_SHARE, MIN_PT = 0.55, 0.25, 7.0
+KNOWN_MISSES = {
+    "single": {"attention_strip": ("font",), "envelope_rows": ("plot", "font"), "certificate": ("plot", "legend"),
+               "trace_layers": ("plot", "legend", "font"), "drift": ("plot",), "break_even": ("plot", "legend", "font"),
+               "shift_steps-head": ("plot", "font"), "shift_gains": ("plot", "legend"),
+               "page_union_bounds": ("plot", "legend"), "deferkv_weights": ("plot", "font"),
+               "counterexample_rows": ("plot",), "counterexample_logits": ("plot",),
+               "counterexample_errors": ("plot", "legend"), "kept_positions": ("font",),
+               "accuracy_vs_budget": ("plot", "legend", "font"), "kv_bytes_table": ("font",),
+               "pooled_measure": ("font",), "answer_rank": ("plot",), "removal_budget": ("plot",),
+               "hoeffding_radius": ("font",)},
+    "double": {"head_weights": ("font",), "hoeffding_radius": ("font",)},
+}
+FONTS_JS = """() => Array.from(document.querySelectorAll('svg text')).filter(t => t.textContent.trim())
+  .map(t => parseFloat(getComputedStyle(t).fontSize))"""
+
+
+def paper_rule_misses(d: dict, fonts: list[float]) -> tuple[str, ...]:
+    """Which of the paper rules the exported figure ``d`` (from :data:`BOXES_JS`) misses: ``plot`` (the plot areas
+    span < 55 % of the height), ``legend`` (> 25 %), ``font`` (a text under 7 pt)."""
+    out = []
+    if d["plots"] and (max(p["y1"] for p in d["plots"]) - min(p["y0"] for p in d["plots"])) / d["h"] < PLOT_SHARE:
+        out.append("plot")
+    legend = [t for t in d["texts"] if _kind(t["cls"]) == "legend"]
+    if legend and (max(t["y1"] for t in legend) - min(t["y0"] for t in legend)) / d["h"] > LEGEND_SHARE:
+        out.append("legend")
+    if fonts and min(fonts) < MIN_PT:
+        out.append("font")
+    return tuple(out)
+
+
+def test_paper_rules_see_a_miss():
+    """The rule check on hand-made boxes: a low plot area, a tall legend and a 6 pt text are each seen."""
+    d = {"h": 100.0, "plots": [{"x0": 0, "y0": 10, "x1": 50, "y1": 50}],
+         "texts": [{"cls": "legendtext", "y0": 55, "y1": 60}, {"cls": "legendtext", "y0": 60, "y1": 90}]}
+    assert paper_rule_misses(d, [6.0, 9.0]) == ("plot", "legend", "font")
+    d = {"h": 100.0, "plots": [{"x0": 0, "y0": 10, "x1": 50, "y1": 80}], "texts": [{"cls": "legendtext", "y0": 82, "y1": 95}]}
+    assert paper_rule_misses(d, [7.0, 9.0]) == ()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("width", ["single", "double"])
 def test_no_text_overlaps_at_export_width(figures, page, tmp_path, width):
-    problems = {}
+    """No overlap or overflow in any figure; the paper rules (:func:`paper_rule_misses`) hold except where
+    :data:`KNOWN_MISSES` says they do not, exactly."""
+    problems, misses = {}, {}
     for name, fig in figures.items():
         ex.export(fig, tmp_path / f"{name}-{width}", width=width, formats=("svg",), csv=False, sidecar=False)
         d = boxes(page, tmp_path / f"{name}-{width}.svg")
@@ -136,7 +182,13 @@ def test_no_text_overlaps_at_export_width(figures, page, tmp_path, width):
         bad = layout_problems(d)
         if bad:
             problems[name] = bad
+        miss = paper_rule_misses(d, page.evaluate(FONTS_JS))
+        if miss:
+            misses[name] = miss
     assert not problems, "\n".join(f"{n} ({width}): " + "; ".join(b[:6]) for n, b in problems.items())
+    assert misses == KNOWN_MISSES[width], {n: (misses.get(n), KNOWN_MISSES[width].get(n))
+                                           for n in set(misses) | set(KNOWN_MISSES[width])
+                                           if misses.get(n) != KNOWN_MISSES[width].get(n)}
 
 
 @pytest.mark.slow
