@@ -26,7 +26,7 @@ from workbench.rerun.eviction import (
 from workbench.rerun.prune import run_full, run_pruned
 from workbench.rerun.stability import stability
 from workbench.show import plots
-from workbench.show.theme import TEMPLATE
+from workbench.show.figure_engine import figure_meta, finish
 from workbench.show.widgets.base import (
     SLIDERS,
     Panel,
@@ -272,17 +272,15 @@ class PrunePanel(_RunMixin, Panel):
         return pruned
 
 
-def _no_preview(reason: str, policy: str, budget: int) -> go.Figure:
+def _no_preview(reason: str, policy: str, budget: int, model_id) -> go.Figure:
     """The kept-positions figure when a policy has no preview: no traces, the reason written on it, and
     ``meta["placeholder"]`` saying why it is empty (a figure left empty without a reason is a bug; the browser
     tests check both)."""
-    fig = go.Figure()
-    fig.update_layout(template=TEMPLATE, title=dict(text=f"Kept prompt positions: {html_escape(policy)}, B = {budget}"),
-                      meta={"figure": "kept_positions", "placeholder": reason, "policy": policy, "budget": budget},
-                      xaxis=dict(visible=False), yaxis=dict(visible=False), height=260,
-                      annotations=[dict(text=html_escape(reason), x=0.5, y=0.5, xref="paper", yref="paper",
-                                        showarrow=False)])
-    return fig
+    meta = figure_meta("kept_positions", model_id, placeholder=reason, policy=policy, budget=budget)
+    return finish(go.Figure(), f"Kept prompt positions: {html_escape(policy)}, B = {budget}", meta,
+                  xaxis=dict(visible=False), yaxis=dict(visible=False), height=260,
+                  annotations=[dict(text=html_escape(reason), x=0.5, y=0.5, xref="paper", yref="paper",
+                                    showarrow=False)])
 
 
 class EvictionPanel(_RunMixin, Panel):
@@ -379,9 +377,8 @@ class EvictionPanel(_RunMixin, Panel):
         if prev is None:
             B = int(self.controls["budget"].value)
             reason = f"{pol.name} scores with evidence a capture does not hold: no preview; press run"
-            return {"kept": _no_preview(reason, pol.name, B)}, (
-                f"{pol.name}: no preview (it scores with evidence a capture does not hold); press run to generate "
-                f"under it with B = {B} of T = {self.capture.T} prompt positions")
+            return {"kept": _no_preview(reason, pol.name, B, self.capture.model_id)}, (
+                f"{reason} to generate under it with B = {B} of T = {self.capture.T} prompt positions")
         fig = plots.kept_positions([prev], self.prompt, highlight=self.highlight() or None)
         B = prev.budget
         return {"kept": fig}, (f"preview from the capture: {pol.name}, B = {B} of T = {prev.T} prompt positions"

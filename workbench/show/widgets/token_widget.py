@@ -31,6 +31,12 @@ export default { render };
 """
 
 
+def _checked(view) -> TokenView:
+    if not isinstance(view, TokenView):
+        raise ValueError(f"view: must be a TokenView, got {type(view).__name__}")
+    return view
+
+
 class TokenWidget(anywidget.AnyWidget):
     """Shows one :class:`TokenView`; :meth:`show` replaces it; ``on_token_click(fn)`` registers
     ``fn(position)`` for clicks on tokens."""
@@ -40,19 +46,15 @@ class TokenWidget(anywidget.AnyWidget):
     meta = traitlets.Dict().tag(sync=True)
 
     def __init__(self, view: TokenView, **kw):
-        if not isinstance(view, TokenView):
-            raise ValueError(f"view: must be a TokenView, got {type(view).__name__}")
         # the comm opens with the view's HTML (no empty first state for a view to draw)
-        super().__init__(html=view.html(), meta=dict(view.meta), **kw)
+        super().__init__(html=_checked(view).html(), meta=dict(view.meta), **kw)
         self._click: list = []
         self.view = view
         self.on_msg(self._on_msg)
 
     def show(self, view: TokenView) -> None:
         """Draw ``view`` (one message: its HTML and meta)."""
-        if not isinstance(view, TokenView):
-            raise ValueError(f"view: must be a TokenView, got {type(view).__name__}")
-        self.view = view
+        self.view = _checked(view)
         with self.hold_sync():
             self.html = view.html()
             self.meta = dict(view.meta)
