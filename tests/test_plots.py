@@ -582,7 +582,7 @@ def test_accuracy_vs_budget_and_table():
     assert np.allclose(d.error_y.array, [0.05, 0.1])  # standard error of two items
     h = byname["h2o"]
     assert np.allclose(h.y, [0.3, 0.55])  # the error row is left out
-    assert np.allclose(byname["full (reference)"].y, [0.9, 0.9])
+    assert np.allclose(byname["full"].y, [0.9, 0.9])
     _meta_ok(fig, "accuracy_vs_budget", metric="f1", x="p_budget", model_id="m", n_rows=10)
     _frame_matches(fig)
     fig = plots.accuracy_vs_budget(df.drop(columns=["p_budget"]), metric="em")

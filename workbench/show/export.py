@@ -26,6 +26,7 @@ target folder and moved into place with ``os.replace``; on an error nothing new 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as _dt
 import hashlib
 import importlib.metadata as md
@@ -365,11 +366,16 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         files[folder / f"{stem}.html"] = fig.html(standalone=True).encode("utf-8")
     fig_dict = {} if isinstance(fig, TokenView) else fig.to_dict()
     fig_dict.get("layout", {}).pop("meta", None)  # not drawn; keeps the page small
-    for size in sizes if not isinstance(fig, TokenView) else ():
+    for i, size in enumerate(sizes if not isinstance(fig, TokenView) else ()):
         base = stem if len(sizes) == 1 else f"{stem}-{size.tag}"
         d = copy.deepcopy(fig_dict)
         font, ratio = _paper_fonts(d, size, font_size)
-        paper_layout(d, size.width, size.height, preset=size.preset, title=title)
+        # the canvas grows when its legend and labels would leave the plot under the paper rules' share (not
+        # when the caller fixed the height or the aspect)
+        h = paper_layout(d, size.width, size.height, preset=size.preset, title=title,
+                         grow=height is None and aspect is None)
+        if h != size.height:
+            size = sizes[i] = dataclasses.replace(size, height=h)
         fonts.append({"base_font_pt": font, "font_ratio": round(ratio, 4)})
         for fmt, blob in render_all(d, fmts, size).items():
             files[folder / f"{base}.{fmt}"] = blob

@@ -256,9 +256,10 @@ def accuracy_vs_budget(df: pd.DataFrame, *, metric: str = "f1", x: str | None = 
     xs = d[x].dropna()
     lo, hi = (float(xs.min()), float(xs.max())) if len(xs) else (0.0, 1.0)
     for j, (name, m, n) in enumerate(refs):
-        fig.add_trace(go.Scatter(x=[lo, hi], y=[m, m], name=f"{name} (reference)", mode="lines",
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[m, m], name=name, mode="lines",  # dashed: no budget
                                  line=dict(color=[NEUTRAL, "#000", PALETTE[6]][j % 3], dash="dash"),
-                                 hovertemplate=f"{html.escape(name)}: {metric} = {m:.3f} (n = {n})<extra></extra>"))
+                                 hovertemplate=f"{html.escape(name)} (reference, no budget): {metric} = {m:.3f} (n = {n})"
+                                               "<extra></extra>"))
     models = sorted(str(m) for m in d["model"].unique()) if "model" in d.columns else []
     return finish(fig, f"{metric} vs {_XLABEL.get(x, x)}",
                    figure_meta("accuracy_vs_budget", model_id or (", ".join(models) or None), params, metric=metric, x=x,
@@ -331,7 +332,7 @@ def kv_bytes_table(df: pd.DataFrame, *, by: Sequence[str] | None = None, metrics
                     align="left", fill_color="#eee", font=dict(size=11), height=14 * lines + 8),
         cells=dict(values=[out[c].tolist() for c in cols], align=["left"] * len(by) + ["right"] * (len(cols) - len(by)),
                    format=fmt, font=dict(size=11), fill_color="white", line_color="#ddd"),
-        name="table"))
+        name="table", meta={"keys": len(by)}))  # the key columns repeat when a narrow export splits the table
     models = sorted(str(m) for m in d["model"].unique()) if "model" in d.columns else []
     pooled = "task" in d.columns and "task" not in by and d["task"].nunique() > 1
     title = "Accuracy and KV cache per method and budget" + (

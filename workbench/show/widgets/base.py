@@ -49,7 +49,8 @@ def live_layout(fig, width: int = FIGURE_WIDTH):
     aspect = (meta.get("aspect") or {}).get("double") if isinstance(meta.get("aspect"), dict) else None
     h = lay.get("height") or (width * float(aspect) if aspect else 450)
     h = int(round(min(max(h, FIGURE_HEIGHT[0]), FIGURE_HEIGHT[1])))
-    paper_layout({"data": d.traces, "layout": lay}, width, h, preset=None, title=True)
+    h = paper_layout({"data": d.traces, "layout": lay}, width, h, preset=None, title=True)
+    h = min(h, FIGURE_HEIGHT[1])
     lay.update(width=width, height=h, autosize=False)
     return d
 

@@ -1,0 +1,118 @@
+"""The paper rules of ``workbench.show.paper_layout`` on figure dicts, without a browser: the canvas grows to give
+the plot areas their share, no font is left under 7 pt at a column, too-wide tables split with their key columns
+repeated, log axes get full-size tick labels. (``test_figure_layout`` measures the rendered SVGs.)"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+from _all_figures import all_figures, sweep_frame
+
+from workbench.show import export as ex
+from workbench.show import plots
+from workbench.show.paper_layout import LEGEND_SHARE, MIN_PT, PLOT_SHARE, _floor_fonts, paper_layout
+
+
+def _laid(fig, width="single", **kw):
+    size = ex.resolve_size(fig, width)
+    d = fig.to_dict()
+    d["layout"].pop("meta", None)
+    ex._paper_fonts(d, size, "auto")
+    h = paper_layout(d, size.width, size.height, preset=size.preset, title=False, **kw)
+    return d, size, h
+
+
+def _fonts(node, out=None):
+    out = [] if out is None else out
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k.endswith("font") and isinstance(v, dict) and isinstance(v.get("size"), (int, float)):
+                out.append(v["size"])
+            _fonts(v, out)
+    elif isinstance(node, list):
+        for v in node:
+            _fonts(v, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def figures():
+    return all_figures()
+
+
+def test_a_tall_legend_grows_the_canvas(figures):
+    """accuracy_vs_budget at single column: its legend rows would take > 25 % of the preset's height; the returned
+    height gives the plot (height − top − bottom margins) at least PLOT_SHARE, the legend at most LEGEND_SHARE."""
+    d, size, h = _laid(figures["accuracy_vs_budget"])
+    assert h > size.height
+    m = d["layout"]["margin"]
+    assert (h - m["t"] - m["b"]) / h >= PLOT_SHARE
+    assert (m["t"] - 0.9 * 9) / h <= LEGEND_SHARE  # the top margin holds the legend (and the top tick's room)
+    d2, _, h2 = _laid(figures["accuracy_vs_budget"], grow=False)
+    assert h2 == size.height  # a fixed size stays fixed
+
+
+def test_export_records_the_grown_height(figures, tmp_path):
+    """The sidecar's size is the height drawn; a caller's aspect is kept as given."""
+    import json
+    ex.export(figures["accuracy_vs_budget"], tmp_path / "a", formats=("svg",), csv=False)
+    side = json.loads((tmp_path / "a.json").read_text())
+    svg = (tmp_path / "a.svg").read_text()
+    h = side["sizes"][0]["height_px"]
+    assert h > ex.resolve_size(figures["accuracy_vs_budget"], "single").height
+    assert f'viewBox="0 0 240 {h}"' in svg
+    ex.export(figures["accuracy_vs_budget"], tmp_path / "b", formats=("svg",), csv=False, aspect=0.5)
+    assert json.loads((tmp_path / "b.json").read_text())["sizes"][0]["height_px"] == 120
+
+
+def test_no_font_under_the_floor_at_a_column(figures):
+    for name in ("trace_layers", "envelope_rows", "hoeffding_radius", "kv_bytes_table"):
+        for width in ("single", "double"):
+            d, _, _ = _laid(figures[name], width)
+            assert min(_fonts(d)) >= MIN_PT, (name, width)
+    node = {"layout": {"font": {"size": 5}, "annotations": [{"font": {"size": [3, 9]}}]}}
+    _floor_fonts(node, 7.0)
+    assert node == {"layout": {"font": {"size": 7.0}, "annotations": [{"font": {"size": [7.0, 9]}}]}}
+
+
+def test_a_wide_table_splits_with_its_keys_repeated():
+    """kv_bytes_table's 8 columns do not fit 3.33 in at 7 pt: stacked tables, each starting with the ``by`` columns,
+    together holding every other column once and every row, in order, none overlapping."""
+    fig = plots.kv_bytes_table(sweep_frame())
+    t0 = fig.to_dict()["data"][0]
+    heads = [h for h in t0["header"]["values"]]
+    d, size, h = _laid(fig)
+    parts = [t for t in d["data"] if t.get("type") == "table"]
+    assert len(parts) >= 2
+    keys = heads[:2]  # method, p_budget
+    rest = []
+    for p in parts:
+        assert p["header"]["values"][:2] == keys
+        rest += p["header"]["values"][2:]
+        assert [list(v) for v in p["cells"]["values"][:2]] == [list(v) for v in t0["cells"]["values"][:2]]
+        assert len(p["columnwidth"]) == len(p["header"]["values"]) == len(p["cells"]["values"])
+        assert p["cells"]["font"]["size"] >= MIN_PT
+    assert rest == heads[2:]
+    doms = [p["domain"]["y"] for p in parts]
+    assert all(a[0] >= b[1] - 1e-9 for a, b in zip(doms, doms[1:]))  # top to bottom, no overlap
+    assert h > size.height
+    # at double column the table fits at its own font: one table
+    d2, _, _ = _laid(fig, "double")
+    assert sum(t.get("type") == "table" for t in d2["data"]) == 1
+
+
+def test_log_axes_get_full_size_ticks():
+    """Over 3.5 decades on a 3.33 in axis: decade ticks; over one: 1-2-5 steps written out (not plotly's small digits)."""
+    wide = go.Figure(go.Scatter(x=np.array([1.0, 3e3]), y=[1, 2]), layout=dict(xaxis=dict(type="log")))
+    d, _, _ = _laid(wide)
+    assert d["layout"]["xaxis"]["dtick"] == 1
+    narrow = go.Figure(go.Scatter(x=[3.0, 40.0], y=[1, 2]), layout=dict(xaxis=dict(type="log")))
+    d, _, _ = _laid(narrow)
+    assert d["layout"]["xaxis"]["tickvals"] == [5.0, 10.0, 20.0]
+    assert d["layout"]["xaxis"]["ticktext"] == ["5", "10", "20"]
+    fixed = copy.deepcopy(narrow)
+    fixed.update_xaxes(dtick="D2")
+    d, _, _ = _laid(fixed)
+    assert d["layout"]["xaxis"]["dtick"] == "D2" and "tickvals" not in d["layout"]["xaxis"]
