@@ -28,8 +28,10 @@ from workbench.show.widgets.analytic import AuditPanel, HeadsPanel, PagesPanel, 
 from workbench.show.widgets.base import SLIDERS, Panel, SliderSpec
 from workbench.show.widgets.counterexample import CounterexamplePanel
 from workbench.show.widgets.run import EvictionPanel, PrunePanel
+from workbench.show.widgets.state import CaptureState
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.show.widgets.tokens import TokenPanel
 
 __all__ = ["Panel", "SliderSpec", "SLIDERS", "HeadsPanel", "PriorityPanel", "AuditPanel", "ShiftPanel", "PagesPanel",
-           "PrunePanel", "EvictionPanel", "TokenPanel", "TokenWidget", "CounterexamplePanel"]
+           "PrunePanel", "EvictionPanel", "TokenPanel", "TokenWidget", "CounterexamplePanel",
+           "CaptureState"]
