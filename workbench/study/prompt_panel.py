@@ -28,6 +28,15 @@ __all__ = ["PromptPanel", "SEPARATOR", "split_documents"]
 #: a line of three or more dashes (alone on its line) separates documents pasted into one box
 SEPARATOR = re.compile(r"^[ \t]*-{3,}[ \t]*$", re.M)
 MODES = (("documents", "documents"), ("RULER task", "ruler"))
+_LABEL = {"description_width": "110px"}
+
+
+def _number() -> W.Layout:
+    return W.Layout(width="240px")
+
+
+def _auto() -> W.Layout:
+    return W.Layout(width="auto")
 TASK = Choice(tuple(sorted(RULER_TASKS)))
 
 
@@ -84,16 +93,16 @@ class PromptPanel:
         docs = list(documents) or [""] * n_boxes
         self.mode = W.ToggleButtons(options=MODES, value="documents", description="prompt")
         self.boxes = W.VBox([self._box(d) for d in docs])
-        self.add_box = W.Button(description="add a box", icon="plus", tooltip="another document box")
-        self.remove_box = W.Button(description="remove the last box", icon="minus")
+        self.add_box = W.Button(description="add a box", icon="plus", tooltip="another document box", layout=_auto())
+        self.remove_box = W.Button(description="remove the last box", icon="minus", layout=_auto())
         self.question = W.Textarea(value=question, description="question", placeholder="the question",
                                    layout=W.Layout(width="640px", height="48px"))
         self.task = W.Dropdown(options=TASK.options, value=task, description="task")
-        self.length = W.IntText(value=length, description="length (tokens)", style={"description_width": "110px"})
-        self.seed = W.IntText(value=seed, description="seed")
-        self.tail = W.IntText(value=tail, description="tail rows")
-        self.n_decode = W.IntText(value=n_decode, description="decode steps")
-        self.button = W.Button(description="Build and capture", icon="play", button_style="primary",
+        self.length = W.IntText(value=length, description="length (tokens)", style=_LABEL, layout=_number())
+        self.seed = W.IntText(value=seed, description="seed", style=_LABEL, layout=_number())
+        self.tail = W.IntText(value=tail, description="tail rows", style=_LABEL, layout=_number())
+        self.n_decode = W.IntText(value=n_decode, description="decode steps", style=_LABEL, layout=_number())
+        self.button = W.Button(description="Build and capture", icon="play", button_style="primary", layout=_auto(),
                                tooltip="build the prompt, capture it (one prefill and the decode steps) and show it "
                                        "in every panel of the shared state")
         self.status = W.HTML(self._summary())
