@@ -193,3 +193,46 @@ def test_a_ruler_task_at_2k_builds_and_captures(smollm, following):
         assert p.capture is cap
     assert prio.controls["m0"].max == s.k and len(tokens.figures["tokens"].view.tokens) == 384   # the first page
     assert f"answer {item.answers[0]}" in panel.status.value
+
+
+def test_prompt_panel_controls_and_its_own_arguments(smollm, following):
+    state = following[0]
+    panel = PromptPanel(smollm, state, n_boxes=2)
+    assert len(panel.boxes.children) == 2 and all(b.value == "" for b in panel.boxes.children)
+    panel.add_box.click()
+    assert len(panel.boxes.children) == 3
+    panel.remove_box.click()
+    panel.remove_box.click()
+    assert len(panel.boxes.children) == 1
+    panel.remove_box.click()                                      # the last box stays, and the panel says why
+    assert len(panel.boxes.children) == 1 and "documents: the last box stays" in panel.status.value
+    assert panel.documents_box.layout.display is None and panel.task_box.layout.display == "none"
+    panel.mode.value = "ruler"
+    assert panel.documents_box.layout.display == "none" and panel.task_box.layout.display is None
+    panel.set_documents(DOCS, QUESTION)                           # back to documents, one box each
+    assert panel.mode.value == "documents" and [b.value for b in panel.boxes.children] == DOCS
+    assert panel.question.value == QUESTION
+    for kw, msg in ((dict(task="niah"), r"^task: must be one of \['common_words'"),
+                    (dict(n_boxes=0), r"^n_boxes: must be an integer in \[1, 64\], got 0"),
+                    (dict(max_context=0), r"^max_context: must be"),
+                    (dict(state=following[1]), r"^state: must be a CaptureState, got HeadsPanel")):
+        args = {"state": state, **kw}
+        with pytest.raises(ValueError, match=msg):
+            PromptPanel(smollm, args.pop("state"), **args)
+    with pytest.raises(ValueError, match=r"^lm: must be a LoadedModel with a tokenizer"):
+        PromptPanel(smollm.model, state)
+
+
+def test_a_panel_that_cannot_show_the_new_capture_is_named_in_the_prompt_panel(smollm, following):
+    from workbench.show.widgets import ShiftPanel
+
+    state, heads, prio, tokens = following
+    shift = ShiftPanel(state)
+    before = _fingerprint(shift)
+    panel = PromptPanel(smollm, state, documents=DOCS, question=QUESTION, n_decode=0)   # no decode rows
+    cap = panel.build()
+    assert cap is state.capture and heads.capture is prio.capture is tokens.capture is cap
+    assert shift.capture is not cap and _fingerprint(shift)[0] == before[0]            # its own figures stay
+    assert "shown in 3 of 4 panels" in panel.status.value
+    assert "ShiftPanel #3 still shows the previous capture: capture: needs tail and decode rows" in panel.status.value
+    assert shift.error.startswith("this panel still shows the previous capture: capture: needs tail and decode rows")

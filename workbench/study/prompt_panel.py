@@ -209,7 +209,7 @@ class PromptPanel:
         if item is not None:
             msg += f"<br>{html.escape(item.task)} (seed {self.seed.value}): answer {html.escape(item.answers[0])}"
         if failed:
-            msg += "<br>" + "<br>".join(_red(f"{p}: {r}") for p, r in failed.items())
+            msg += "<br>" + "<br>".join(_red(f"{p} still shows the previous capture: {r}") for p, r in failed.items())
         self.status.value = msg
         return cap
 
