@@ -12,7 +12,7 @@ from workbench.analyse.params import EntroPrefillParams
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 from workbench.show import plots
-from workbench.show.widgets import CaptureState, HeadsPanel, PriorityPanel, TokenPanel
+from workbench.show.widgets import AuditPanel, CaptureState, HeadsPanel, PagesPanel, PriorityPanel, TokenPanel
 from workbench.study import prompt_panel as pp_mod
 from workbench.study.prompt_panel import PromptPanel, split_documents
 
@@ -45,10 +45,20 @@ def test_panels_follow_the_state_and_keep_valid_values():
     state = CaptureState(c1)
     heads, prio, tokens = HeadsPanel(state, layer=3), PriorityPanel(state, layer=2), TokenPanel(state, layer=1)
     assert state.panels == [heads, prio, tokens]
+    audit, pages = AuditPanel(state), PagesPanel(state)
     heads.set(zeta=0.3)
     prio.set(m0=4)
-    shown = heads.widget
+    pages.set(page=4, K=12)                                      # T = 59: 15 pages of 4 tokens
+    shown, old_fig, old_status = heads.widget, heads.figures["heads"], heads.status
+    changes = []
+    shown.observe(changes.append, names="children")
     assert state.set(c2) == {} and state.version == 2
+    # one replacement of the children: the new status and figures arrive together, the old ones are closed
+    assert len(changes) == 1 and heads.status in changes[0]["new"] and heads._figure_box in changes[0]["new"]
+    assert old_status not in changes[0]["new"] and old_status.comm is None and old_fig.comm is None
+    assert audit.capture is pages.capture is c2 and audit.controls["m0"].max == 3
+    assert pages.controls["page"].value == 4 and pages.controls["K"].max == 14      # T = 53: 14 pages of 4
+    assert pages.controls["K"].value == 12 and pages.n_pages() == 14                # kept: page first, then K
     assert heads.widget is shown                                  # redrawn in place: the same widget
     for p in (heads, prio, tokens):
         assert p.capture is c2 and p.controls["layer"].max == 2   # L = 3: layers 0 … 2
