@@ -102,7 +102,8 @@ class PromptPanel:
         self.seed = W.IntText(value=seed, description="seed", style=_LABEL, layout=_number())
         self.tail = W.IntText(value=tail, description="tail rows", style=_LABEL, layout=_number())
         self.n_decode = W.IntText(value=n_decode, description="decode steps", style=_LABEL, layout=_number())
-        self.button = W.Button(description="Build and capture", icon="play", button_style="primary", layout=_auto(),
+        self.button = W.Button(description="Build and capture", icon="play", button_style="primary",
+                               layout=W.Layout(width="220px"),
                                tooltip="build the prompt, capture it (one prefill and the decode steps) and show it "
                                        "in every panel of the shared state")
         self.status = W.HTML(self._summary())
