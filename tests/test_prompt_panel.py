@@ -183,8 +183,8 @@ def test_bad_input_is_said_in_the_panel_and_changes_nothing(smollm, following, m
     assert not panel.button.disabled
 
 
-@pytest.mark.slow
 def test_a_ruler_task_at_2k_builds_and_captures(smollm, following):
+    """One 2k prefill (8 s on a quiet 2-core CPU, 19 s loaded: under the ``slow`` mark's 30 s)."""
     state, heads, prio, tokens = following
     panel = PromptPanel(smollm, state, tail=8, n_decode=1)
     panel.mode.value = "ruler"
