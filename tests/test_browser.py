@@ -112,6 +112,29 @@ POLICY_CELLS = [
     "panel.widget",
 ]
 
+# the prompt panel (the real default model: it tokenises) on a shared state with a head, a priority and a token panel;
+# the first capture is a two-document prompt (small rows: a capture takes about a second)
+PROMPT_DOCS = ["The lighthouse keeper Marla Quint paints the tower red every spring.",
+               "Ferries to the island leave twice a day from the north pier.",
+               "The harbor market sells smoked mackerel on Fridays."]
+PROMPT_CELLS = [
+    "import os\nos.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')\n"
+    "from workbench.capture import RowSet, run_capture\nfrom workbench.run.models import load_model\n"
+    "from workbench.run.prompt import build_prompt\n"
+    "from workbench.show.widgets import CaptureState, HeadsPanel, PriorityPanel, TokenPanel\n"
+    "from workbench.study.prompt_panel import PromptPanel",
+    "lm = load_model(device='cpu', progress=False)\n"
+    "first = build_prompt(lm.tokenizer, ['Tall ships sail from the old harbor at dawn.',\n"
+    "                                    'Night trains cross the valley without stopping.'], 'When do the ships sail?')\n"
+    "state = CaptureState(run_capture(lm, first, RowSet(tail=8, n_decode=2), progress=False), first)\n"
+    "heads, prio, tokens = HeadsPanel(state), PriorityPanel(state), TokenPanel(state)\n"
+    "prompt_panel = PromptPanel(lm, state, n_boxes=3, tail=8, n_decode=2)",
+    "prompt_panel.widget",
+    "heads.widget",
+    "prio.widget",
+    "tokens.widget",
+]
+
 
 # ----------------------------------------------------------------------------- server
 def _synthetic_notebook(path: Path, cells=SYNTHETIC_CELLS) -> None:
@@ -165,6 +188,7 @@ def lab_server(tmp_path: Path):
     _synthetic_notebook(root / "panel.ipynb")
     _synthetic_notebook(root / "tokens.ipynb", TOKEN_CELLS)
     _synthetic_notebook(root / "policy.ipynb", POLICY_CELLS)
+    _synthetic_notebook(root / "prompt.ipynb", PROMPT_CELLS)
     for nb in sorted(POOLING_NB.parent.glob("[0-9][0-9]_*.ipynb")):  # every notebook (the panel tests open them)
         shutil.copy(nb, root / nb.name)
     shutil.copy(POOLING_NB.parent / "lab_setup.py", root / "lab_setup.py")  # the notebooks' shared set-up
@@ -256,7 +280,8 @@ def artifacts(request, tmp_path) -> Path:
         folder = tmp_path
     prefix = {"test_synthetic_panel_layer_slider": "synthetic-",
               "test_token_view_click_sets_the_query_row": "tokens-",
-              "test_registered_policy_in_the_eviction_panel": "policy-"}.get(
+              "test_registered_policy_in_the_eviction_panel": "policy-",
+              "test_prompt_panel_feeds_the_heads_priority_and_token_panels": "prompt-"}.get(
         request.node.name, request.node.name + "-")
     for old in folder.glob(prefix + "*.png"):   # this test's screenshots from an earlier run
         old.unlink()
@@ -562,6 +587,69 @@ def test_registered_policy_in_the_eviction_panel(lab, artifacts):
                                arg=area.element_handle(), timeout=RUN_ALL_TIMEOUT_S * 1000, polling=500)
         assert "run failed" not in area.inner_text()
         area.screenshot(path=str(artifacts / "policy-after.png"))
+    bad = [c for c in console if c.startswith(("error", "uncaught")) and "favicon" not in c]
+    assert not bad, f"console errors: {bad[:5]}"
+
+
+# what the panels of the prompt notebook show: per output area, its plotly figures (figure kind, title, x length of
+# the first trace) and its token view's text
+_SHOWN_JS = """() => Array.from(document.querySelectorAll('.jp-OutputArea')).map(a => ({
+  figs: Array.from(a.querySelectorAll('.js-plotly-plot')).map(gd => ({
+    figure: gd.layout && gd.layout.meta && gd.layout.meta.figure, title: (gd.querySelector('.gtitle') || {}).textContent || '',
+    nx: gd.data && gd.data[0] && gd.data[0].x ? gd.data[0].x.length : 0})),
+  text: Array.from(a.querySelectorAll('.wb-token-widget .wb-text')).map(e => e.textContent).join(''),
+  html: Array.from(a.querySelectorAll('.widget-html')).map(e => e.textContent).join('|'),
+}))"""
+
+
+def _shown(page) -> dict:
+    """The prompt notebook's panels as drawn: ``{heads: residual x length, prio: priority title, tokens: text}``."""
+    areas = page.evaluate(_SHOWN_JS)
+    figs = [f for a in areas for f in a["figs"]]
+    res = next((f for f in figs if f["figure"] == "residual_distribution"), {})
+    pri = next((f for f in figs if f["title"].startswith("Chunk priorities")), {})
+    return {"heads": res.get("nx"), "prio": pri.get("title"), "tokens": "".join(a["text"] for a in areas)}
+
+
+@pytest.mark.model
+def test_prompt_panel_feeds_the_heads_priority_and_token_panels(lab, artifacts):
+    """PromptPanel in JupyterLab (issue 24): *Build and capture* with an empty box says so in the panel and changes
+    nothing; three documents and a question typed into the boxes, built and captured, reach the head panel (the
+    residual rows span the new prompt's non-sink keys), the priority panel (3 chunks) and the token view (the
+    pasted words); no console error."""
+    console: list[str] = []
+    with _notebook_page(lab, "prompt.ipynb", console) as page:
+        _wait_done(page, RUN_ALL_TIMEOUT_S)
+        assert not _kernel_errors(page), _kernel_errors(page)
+        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return t.some(a => a.text.length > 0) && "
+                               "t.some(a => a.figs.some(f => f.figure === 'residual_distribution' && f.nx > 0)); }",
+                               arg=_SHOWN_JS, timeout=60_000, polling=500)
+        before = _shown(page)
+        assert "of 2 chunks" in before["prio"] and "Tall ships" in before["tokens"], before
+        area = page.locator(".jp-OutputArea").filter(has=page.locator(".widget-button", has_text="Build and capture")).last
+        boxes = area.locator("textarea")
+        assert boxes.count() == 4                                # three document boxes and the question
+        button = area.locator(".widget-button", has_text="Build and capture").first
+        button.click()                                           # every box empty: bad input, said in the panel
+        page.wait_for_function("(a) => /document 1: empty/.test(a.textContent)", arg=area.element_handle(),
+                               timeout=60_000, polling=250)
+        assert _shown(page) == before
+        for i, doc in enumerate(PROMPT_DOCS):
+            boxes.nth(i).fill(doc)
+        boxes.nth(3).fill("Who paints the lighthouse tower?")
+        area.screenshot(path=str(artifacts / "prompt-before.png"))
+        button.click()
+        page.wait_for_function("(a) => /shown in 3 of 3 panels/.test(a.textContent)", arg=area.element_handle(),
+                               timeout=RUN_ALL_TIMEOUT_S * 1000, polling=500)
+        status = area.inner_text()
+        T = int(re.search(r"T = (\d+) tokens, k = 3 chunks", status).group(1))
+        page.wait_for_function("(js) => eval('(' + js + ')')().some(a => a.text.includes('Marla Quint'))",
+                               arg=_SHOWN_JS, timeout=60_000, polling=250)
+        after = _shown(page)
+        assert after["heads"] == T - 4 and before["heads"] != after["heads"], (before, after, T)   # n_sink = 4
+        assert "of 3 chunks" in after["prio"], after
+        assert all(d in after["tokens"] for d in PROMPT_DOCS) and "Tall ships" not in after["tokens"]
+        page.screenshot(path=str(artifacts / "prompt-after.png"), full_page=True)
     bad = [c for c in console if c.startswith(("error", "uncaught")) and "favicon" not in c]
     assert not bad, f"console errors: {bad[:5]}"
 

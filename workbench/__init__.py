@@ -68,6 +68,7 @@ NAMES = {
     "read_sweep": "workbench.study.sweep",
     "TaskItem": "workbench.study.tasks",
     "ruler_grid": "workbench.study.ruler",
+    "PromptPanel": "workbench.study.prompt_panel",
     "export": "workbench.show.export",
     "export_all": "workbench.show.export",
 }

@@ -189,6 +189,9 @@ _P: dict[str, Constraint] = {
     "sweep.checkpoint_s": _real(0.0, None, note="seconds; 0 = after every cell"),
     "sweep.on_busy": Choice(SWEEP_ON_BUSY),
     "seeds": AnyOf(SEED, Seq(SEED, nonempty=True)),
+    # ---- PromptPanel (study): a RULER-style length (study.ruler.MIN_LENGTH and up), the document boxes
+    "prompt_panel.length": _int(256, 1_000_000),
+    "prompt_panel.n_boxes": _int(1, 64),
     # ---- ReportConfig (study)
     "report.out": InstanceOf(_is_path, "a folder path", examples=("out/x", Path("out/y")), nonempty=True),
     "report.model": optional(InstanceOf(_is_path, "a local folder or a hub id", nonempty=True)),

@@ -4,7 +4,8 @@
 # Load the embedded default model (SmolLM2-135M-Instruct, no network needed; `WORKBENCH_MODEL` and
 # `WORKBENCH_DEVICE` choose another model or device, see `lab_setup.py`), build the bundled
 # multi-document prompt with its spans, capture the attention rows the analyses need, and look at
-# two views: the sink mass per layer and head, and one head's attention over the prompt tokens.
+# two views: the sink mass per layer and head, and one head's attention over the prompt tokens; then the panels,
+# all on one shared capture that the prompt panel replaces with a capture of your own prompt.
 
 # %%
 from lab_setup import load
@@ -54,9 +55,10 @@ plots.attention_strip(cap, layer=cap.L // 2, head=0, log=True)   # the same row 
 # the mass) from washing out the rest; *exclude sinks* leaves them unshaded.
 
 # %%
-from workbench.show.widgets import TokenPanel
+from workbench.show.widgets import CaptureState, TokenPanel
 
-tokens = TokenPanel(cap, layer=cap.L // 2)
+state = CaptureState(cap, prompt)   # one capture for the panels below; the prompt panel replaces it
+tokens = TokenPanel(state, layer=cap.L // 2)
 tokens.widget
 
 # %% [markdown]
@@ -66,10 +68,38 @@ tokens.widget
 # the residual rows of the layer follow. No model call: everything comes from the capture.
 
 # %%
-from workbench.show.widgets import HeadsPanel
+from workbench.show.widgets import HeadsPanel, PriorityPanel
 
-panel = HeadsPanel(cap, quantity="sink")
+panel = HeadsPanel(state, quantity="sink")
 panel.widget
+
+# %% [markdown]
+# The chunk priorities of one layer (SPEC §3–§5; notebook 03 explains them), on the same shared capture:
+
+# %%
+priorities = PriorityPanel(state)
+priorities.widget
+
+# %% [markdown]
+# ### Your own prompt
+#
+# Paste documents (one per box, or several in one box separated by a line `---`) and a question, or choose a
+# RULER-style task, a length and a seed; **Build and capture** builds the prompt, captures it (the same rows as
+# above) and hands the capture to every panel built on `state`: the token view, the head and the priority panels
+# above redraw together, their controls fitted to the new prompt. Bad input (an empty document, no question, a
+# prompt longer than the model's context) is said in the panel, naming the field, and changes nothing.
+
+# %%
+from workbench.study.prompt_panel import PromptPanel
+
+prompt_panel = PromptPanel(lm, state, question="Who paints the lighthouse tower?", documents=[
+    "The lighthouse keeper Marla Quint paints the tower red every spring.",
+    "Ferries to the island leave twice a day from the north pier.",
+    "The harbor market sells smoked mackerel on Fridays."])
+prompt_panel.widget
+
+# %%
+prompt_panel.build()   # what the button does: the panels above now show this three-document prompt
 
 # %% [markdown]
 # ## Checks
@@ -87,3 +117,11 @@ assert cap.spans.k == len(ex.documents) and len(cap.generated_ids) == 4
 print(f"{sums.numel()} rows: max |Σ_j A_uj − 1| = {float((sums - 1).abs().max()):.1e}; sink mass in "
       f"[{float(sink.min()):.3f}, {float(sink.max()):.3f}]")
 print(f"median sink mass {float(sink.median()):.3f}; heads with >50% on sinks: {int((sink > 0.5).sum())}/{sink.numel()}")
+# the prompt panel's capture is what every panel on the shared state shows
+new = state.capture
+assert prompt_panel.error is None and new is prompt_panel.capture and new is not cap
+assert new.spans.k == 3 and new.T == len(prompt_panel.prompt.spans.input_ids) and len(new.generated_ids) == 4
+assert tokens.capture is panel.capture is priorities.capture is new and len(state.panels) == 3
+assert "Marla Quint" in "".join(tokens.figures["tokens"].view.tokens) and priorities.controls["m0"].max == 3
+print(f"prompt panel: T={new.T} tokens, k={new.spans.k} chunks, shown by {len(state.panels)} panels "
+      f"(the bundled prompt had T={cap.T}, k={cap.spans.k})")

@@ -12,6 +12,9 @@ Every panel has
 
 Analytic panels take a :class:`~workbench.capture.data.Capture` and never call a model: moving one
 of their sliders recomputes pure analysis functions (SPEC §2–§9) on cached per-capture statistics.
+They (and :class:`TokenPanel`) also take a :class:`CaptureState`, one capture shared by a notebook's panels: a
+new capture set on it (e.g. by :class:`workbench.study.prompt_panel.PromptPanel`, which builds and captures a
+pasted prompt or a RULER-style task) redraws each of them in place (``Panel.set_capture``).
 The two panels that run the model again (:class:`PrunePanel`, :class:`EvictionPanel`) also take a
 ``LoadedModel`` and a ``Prompt``; they call the model only from their *run* button (or the
 *auto-run* check box), cache every result by its frozen parameter tuple, and show a progress bar
@@ -28,8 +31,10 @@ from workbench.show.widgets.analytic import AuditPanel, HeadsPanel, PagesPanel, 
 from workbench.show.widgets.base import SLIDERS, Panel, SliderSpec
 from workbench.show.widgets.counterexample import CounterexamplePanel
 from workbench.show.widgets.run import EvictionPanel, PrunePanel
+from workbench.show.widgets.state import CaptureState
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.show.widgets.tokens import TokenPanel
 
 __all__ = ["Panel", "SliderSpec", "SLIDERS", "HeadsPanel", "PriorityPanel", "AuditPanel", "ShiftPanel", "PagesPanel",
-           "PrunePanel", "EvictionPanel", "TokenPanel", "TokenWidget", "CounterexamplePanel"]
+           "PrunePanel", "EvictionPanel", "TokenPanel", "TokenWidget", "CounterexamplePanel",
+           "CaptureState"]

@@ -12,7 +12,6 @@ from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.procedure import layer_proposal, proposal_inputs, trace
 from workbench.analyse.selection import target_tokens
 from workbench.analyse.shift import ShiftAnalysis
-from workbench.checks import check_int
 from workbench.choices import HeadQuantity
 from workbench.show import plots
 from workbench.show.widgets.base import (
@@ -26,6 +25,7 @@ from workbench.show.widgets.base import (
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
+    from workbench.show.widgets.state import CaptureState
 
 __all__ = ["HeadsPanel", "PriorityPanel", "AuditPanel", "ShiftPanel", "PagesPanel"]
 
@@ -37,15 +37,21 @@ class HeadsPanel(Panel):
 
     title = "Head pooling (SPEC §2)"
 
-    def __init__(self, capture: Capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
+    def __init__(self, capture: Capture | CaptureState, params: EntroPrefillParams | None = None, *, layer: int | None = None,
                  quantity: HeadQuantity = "w"):
         super().__init__()
-        self.capture = capture
         self.base = params or EntroPrefillParams()
+        self._layer, self._quantity = layer, quantity
+        self._setup(self._source(capture))
+
+    follows_capture = True
+
+    def _setup(self, capture: Capture) -> None:
+        self.capture = capture
         L = capture.L
         self.controls = ep_controls(("zeta", "tau"), self.base)
-        self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1)
-        self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=quantity, description="heatmap")
+        self.controls["layer"] = SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1)
+        self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=self._quantity, description="heatmap")
         self.controls["log"] = W.Checkbox(value=False, description="log residual colours")
         self._finish()
 
@@ -71,17 +77,23 @@ class PriorityPanel(Panel):
 
     title = "Chunk priorities, greedy selection and certificate (SPEC §3–§5)"
 
-    def __init__(self, capture: Capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
+    def __init__(self, capture: Capture | CaptureState, params: EntroPrefillParams | None = None, *, layer: int | None = None,
                  certify: bool = True):
         super().__init__()
-        self.capture = capture
         self.base = params or EntroPrefillParams()
+        self._layer, self._certify = layer, certify
+        self._setup(self._source(capture))
+
+    follows_capture = True
+
+    def _setup(self, capture: Capture) -> None:
         L, k = capture.L, capture.spans.k
         if k == 0:
             raise ValueError("capture: the prompt has no candidate chunks (k = 0); nothing to prioritise")
+        self.capture = capture
         self.controls = ep_controls(("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0"), self.base, k=k)
-        self.controls["layer"] = SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1)
-        self.controls["certify"] = W.Checkbox(value=certify, description="LP certificate U")
+        self.controls["layer"] = SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1)
+        self.controls["certify"] = W.Checkbox(value=self._certify, description="LP certificate U")
         self._m0_memo: dict = {}
         self._finish()
         self._m0_state()
@@ -165,15 +177,21 @@ class AuditPanel(Panel):
     NAMES = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0", "audit_mode", "m_a", "delta", "eps_audit",
              "d_max", "streak", "seed", "priority")
 
-    def __init__(self, capture: Capture, params: EntroPrefillParams | None = None, *, certify: bool = True):
+    def __init__(self, capture: Capture | CaptureState, params: EntroPrefillParams | None = None, *, certify: bool = True):
         super().__init__()
-        self.capture = capture
         self.base = params or EntroPrefillParams()
+        self._certify = certify
+        self._setup(self._source(capture))
+
+    follows_capture = True
+
+    def _setup(self, capture: Capture) -> None:
+        self.capture = capture
         self.controls = ep_controls(self.NAMES, self.base, k=capture.spans.k)
-        self.controls["certify"] = W.Checkbox(value=certify, description="LP certificates U_l")
-        self._continuous({"new": certify})
+        self.controls["certify"] = W.Checkbox(value=self._certify, description="LP certificates U_l")
+        self.controls["certify"].observe(self._continuous, names="value")  # before a kept value is set
+        self._continuous({"new": self._certify})
         self._finish()
-        self.controls["certify"].observe(self._continuous, names="value")
         for name in ("audit_mode", "priority"):
             self.controls[name].observe(self._show_applicable, names="value")
         self._show_applicable()
@@ -218,12 +236,19 @@ class ShiftPanel(Panel):
 
     title = "Prefill → decode attention shift (SPEC §9)"
 
-    def __init__(self, capture: Capture, *, k: int = 32):
+    def __init__(self, capture: Capture | CaptureState, *, k: int = 32):
         super().__init__()
-        self.capture = capture
+        self._k = k
+        self._setup(self._source(capture))
+
+    follows_capture = True
+
+    def _setup(self, capture: Capture) -> None:
+        k = self._k
         n_tail, n_dec = capture.rows_of("tail").numel(), capture.rows_of("decode").numel()
         if n_tail == 0 or n_dec == 0:
             raise ValueError("capture: needs tail and decode rows (capture with RowSet(tail >= 1, n_decode >= 1))")
+        self.capture = capture
         # k and W only index what the analysis keeps per capture (~1 ms); a new reference costs ~1 s at
         # T ≈ 2k the first time (ranks looked up for every k), so ref_start updates on release
         self.controls = {
@@ -266,21 +291,27 @@ class PagesPanel(Panel):
 
     title = "Pages and GQA unions (SPEC §8)"
 
-    def __init__(self, capture: Capture, params: EntroPrefillParams | None = None, *, layer: int | None = None,
+    def __init__(self, capture: Capture | CaptureState, params: EntroPrefillParams | None = None, *, layer: int | None = None,
                  s: int = 64, e: int = 2, head_dim: int | None = None):
         super().__init__()
-        self.capture = capture
         self.base = params or EntroPrefillParams()
         self.s, self.e = int(s), int(e)
+        self._layer, self._head_dim = layer, head_dim
+        self._setup(self._source(capture))
+
+    follows_capture = True
+
+    def _setup(self, capture: Capture) -> None:
+        self.capture = capture
         self._memo: PageScoreMemo | None = None  # per-capture group-score sums (ζ moves O(L·G·T))
         self._results: dict = {}
-        self.d = int(head_dim) if head_dim is not None else head_dim_of(capture)
+        self.d = int(self._head_dim) if self._head_dim is not None else head_dim_of(capture)
         L = capture.L
         self.controls = {
             "page": SLIDERS["page"].make(),
             "K": SLIDERS["K"].make(),
             **ep_controls(("zeta", "tau"), self.base),
-            "layer": SLIDERS["layer"].make(L // 2 if layer is None else check_int("layer", layer, 0, L - 1), lo=0, hi=L - 1),
+            "layer": SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1),
         }
         self._k_range()
         self.controls["page"].observe(self._k_range, names="value")  # before the panel's own observer

@@ -14,7 +14,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from workbench.analyse.params import PRIORITIES, EntroPrefillParams
-from workbench.checks import Constraint, Interval
+from workbench.checks import Constraint, Interval, check_int
 from workbench.constraints import PARAMS
 from workbench.show import export
 from workbench.show.figure_engine import Draft, as_figure, drafts, update_figure
@@ -22,6 +22,7 @@ from workbench.show.figure_widget import FigureWidget
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
+from workbench.show.widgets.state import CaptureState
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.util import one_thread
 
@@ -186,6 +187,8 @@ class Panel(abc.ABC):
     title = "panel"
     #: control name → its key in the notation table where they differ (e.g. the token view's page index)
     TOOLTIP_KEYS: dict[str, str] = {}
+    #: controls whose value is not kept when a new capture is shown (it would mean another thing there)
+    KEEP_NOT: tuple[str, ...] = ()
 
     def __init__(self):
         self.controls: dict[str, W.Widget] = {}
@@ -197,6 +200,73 @@ class Panel(abc.ABC):
         self._extra: list[W.Widget] = []
         self._silent = False
         self._analysis_ms = 0.0
+        self._state: CaptureState | None = None
+        self._kept: dict | None = None  # control values to keep while a new capture is set up
+
+    #: whether the panel can show a new capture in place (:meth:`set_capture`; the panel defines ``_setup``)
+    follows_capture = False
+
+    def _source(self, capture: Capture | CaptureState) -> Capture:
+        """The capture a panel is built on: ``capture`` itself, or a :class:`CaptureState`'s capture (the panel
+        then follows the state: it joins once built)."""
+        if isinstance(capture, CaptureState):
+            self._state = capture
+            return capture.capture
+        return capture
+
+    @property
+    def state(self) -> CaptureState | None:
+        """The shared state the panel follows, or ``None``."""
+        return self._state
+
+    def set_capture(self, capture: Capture) -> None:
+        """Show ``capture`` in place: the controls get the new capture's ranges (layers, chunks, rows), keep
+        the values still valid there, and every figure and the status are drawn from it, replaced in one step (no
+        figure of the old capture next to a status of the new one). A capture the panel cannot show (e.g. no
+        chunk for a priority panel) raises ``ValueError``; the panel then keeps its previous capture, controls
+        and figures, and its status line says why."""
+        if not self.follows_capture:
+            raise ValueError(f"capture: {type(self).__name__} cannot show a new capture in place (it runs the model "
+                             f"on its own prompt); build a new panel")
+        if capture is self.capture:
+            return
+        saved, shown = dict(self.__dict__), self.widget.children
+        old = {id(w) for c in shown for w in _tree(c)}
+        self._kept = self.params()
+        self.status = W.HTML(layout=W.Layout(width="auto"))  # a new status: it appears with the new figures
+        try:
+            self._setup(capture)
+        except ValueError as e:
+            made = [*self.controls.values(), *self.figures.values(), self.status, *self.widget.children]
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            self.widget.children = shown
+            for w in {id(x): x for m in made for x in _tree(m) if id(x) not in old}.values():
+                w.close()
+            self.error = f"this panel still shows the previous capture: {e}"
+            self.status.value = f"<span style='color:#D55E00'>{html_escape(self.error)}</span>"
+            raise
+        finally:
+            self._kept = None
+        now = {id(w) for c in self.widget.children for w in _tree(c)}
+        for w in {id(x): x for c in shown for x in _tree(c) if id(x) not in now}.values():
+            w.close()  # the previous capture's controls and figures
+        self.error = None
+        self.n_updates += 1
+
+    def _start_layer(self, L: int, layer: int | None) -> int:
+        """The layer slider's first value: ``layer`` (checked against ``[0, L-1]``) when the panel is built, else
+        the middle layer (a new capture: the kept value replaces it where it is still a layer)."""
+        if layer is None or self._kept is not None:
+            return L // 2
+        return check_int("layer", layer, 0, L - 1)
+
+    def _keep_values(self) -> None:
+        """Set the kept control values (:meth:`set_capture`) that the new controls accept."""
+        for name, v in (self._kept or {}).items():
+            w = None if name in self.KEEP_NOT else self.controls.get(name)
+            if w is not None and _accepts(w, v):
+                w.value = v
 
     def _analyse(self):
         """``self.analysis()``, timed into ``self._analysis_ms``."""
@@ -222,6 +292,7 @@ class Panel(abc.ABC):
         for name, w in self.controls.items():
             if not w.tooltip:
                 w.tooltip = self.tooltip(name)
+        self._keep_values()
         figs, status = self.compute()
         self.status.value = status
         self.figures = {name: _widget_figure(as_figure(live_layout(f)), name) for name, f in figs.items()}
@@ -236,10 +307,17 @@ class Panel(abc.ABC):
         self.export_links = W.HTML()
         self.export_button.on_click(lambda _b: self.export_clicked())
         self._figure_box = W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap"))
-        self.widget = W.VBox([W.HTML(f"<b>{html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
-                                 self._figure_box, W.HBox([self.export_button, self.export_width, self.export_links])])
+        children = [W.HTML(f"<b>{html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
+                    self._figure_box, W.HBox([self.export_button, self.export_width, self.export_links])]
         for w in self.controls.values():
             w.observe(self._on_change, names="value")
+        old = getattr(self, "widget", None)
+        if old is None:
+            self.widget = W.VBox(children)
+            if self._state is not None:
+                self._state.follow(self)
+            return
+        old.children = children  # one message: the new controls, status and figures together
 
     def _add_figure(self, name: str, fig: go.Figure) -> go.FigureWidget:
         """A figure that appears later (e.g. the drift after the first run) joins the figure row."""
@@ -350,6 +428,28 @@ class Panel(abc.ABC):
                 kw.setdefault("prompt_hash", export.prompt_hash(spans))
         return export.export_all({name: fw.view if isinstance(fw, TokenWidget) else go.Figure(fw)
                                   for name, fw in self.figures.items()}, folder, **kw)
+
+
+def _tree(w) -> list:
+    """``w`` and every widget inside it (containers' children)."""
+    out = [w]
+    for c in getattr(w, "children", ()) or ():
+        out += _tree(c)
+    return out
+
+
+def _accepts(w: W.Widget, v) -> bool:
+    """Whether control ``w`` can take value ``v`` unchanged (inside a slider's range, one of a menu's options,
+    a check box's bool)."""
+    if isinstance(w, W.FloatLogSlider):
+        return isinstance(v, (int, float)) and v > 0 and w.base ** w.min <= v <= w.base ** w.max
+    if isinstance(w, (W.IntSlider, W.FloatSlider)):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and w.min <= v <= w.max
+    if isinstance(w, W.Dropdown):
+        return any((o[1] if isinstance(o, tuple) else o) == v for o in w.options)
+    if isinstance(w, W.Checkbox):
+        return isinstance(v, bool)
+    return False
 
 
 def ep_from(controls: dict, base: EntroPrefillParams) -> EntroPrefillParams:

@@ -13,6 +13,7 @@ from workbench.show.widgets.base import SLIDERS, Panel, html_escape
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
+    from workbench.show.widgets.state import CaptureState
 
 __all__ = ["TokenPanel"]
 
@@ -30,14 +31,25 @@ class TokenPanel(Panel):
 
     title = "Attention over the prompt text"
     TOOLTIP_KEYS = {"page": "page_view"}
+    KEEP_NOT = ("query", "page")  # a row index and a page of another prompt mean other tokens
 
-    def __init__(self, capture: Capture, *, layer: int | None = None, removed=None, removed_layer: int | None = None,
+    def __init__(self, capture: Capture | CaptureState, *, layer: int | None = None, removed=None, removed_layer: int | None = None,
                  removed_group: int | None = None, params: EntroPrefillParams | None = None, per_page: int = 384):
         super().__init__()
-        self.capture = capture
         self.removed, self.removed_layer, self.removed_group = removed, removed_layer, removed_group
         self.base = params or EntroPrefillParams()
         self.per_page = int(per_page)
+        self._layer = layer
+        self._setup(self._source(capture))
+
+    follows_capture = True
+
+    def _setup(self, capture: Capture) -> None:
+        """Controls for ``capture``; a new capture (:meth:`set_capture`) drops ``removed`` (positions of another
+        prompt)."""
+        if self._kept is not None:
+            self.removed = self.removed_layer = self.removed_group = None
+        self.capture = capture
         L = capture.L
         hg = np.asarray(capture.head_group).tolist()
         G = max(hg) + 1
@@ -48,7 +60,7 @@ class TokenPanel(Panel):
             (f"{capture.row_kind[r]} @ {int(capture.row_pos[r])}", r) for r in rows]
         n_pages = max(1, math.ceil(capture.T / self.per_page))
         self.controls = {
-            "layer": SLIDERS["layer"].make(L // 2 if layer is None else layer, lo=0, hi=L - 1),
+            "layer": SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1),
             "source": W.Dropdown(options=sources, value=("head", 0), description="source"),
             "query": W.Dropdown(options=self.row_options, value="observers", description="query row"),
             "log": W.Checkbox(value=False, description="log scale"),
