@@ -185,6 +185,8 @@ class Panel(abc.ABC):
     title = "panel"
     #: control name → its key in the notation table where they differ (e.g. the token view's page index)
     TOOLTIP_KEYS: dict[str, str] = {}
+    #: figures that leave the figure row when :meth:`compute` stops returning them (a mode switched off)
+    TRANSIENT: tuple[str, ...] = ()
 
     def __init__(self):
         self.controls: dict[str, W.Widget] = {}
@@ -224,8 +226,7 @@ class Panel(abc.ABC):
         figs, status = self.compute()
         self.status.value = status
         self.figures = {name: _widget_figure(as_figure(live_layout(f)), name) for name, f in figs.items()}
-        ctrl = list(self.controls.values())
-        rows = [W.HBox(ctrl[i:i + 3], layout=W.Layout(flex_flow="row wrap")) for i in range(0, len(ctrl), 3)]
+        rows = self.control_rows()
         self.export_button = W.Button(description="export figures", icon="download",
                                       tooltip="write every figure (PDF, SVG, PNG, JSON sidecar, CSV) to a folder")
         self.export_width = W.Dropdown(options=[("single column (3.33 in)", "single"),
@@ -240,6 +241,11 @@ class Panel(abc.ABC):
         for w in self.controls.values():
             w.observe(self._on_change, names="value")
 
+    def control_rows(self) -> list[W.Widget]:
+        """The rows of controls above the status line (three controls a row, in the order of ``controls``)."""
+        ctrl = list(self.controls.values())
+        return [W.HBox(ctrl[i:i + 3], layout=W.Layout(flex_flow="row wrap")) for i in range(0, len(ctrl), 3)]
+
     def _add_figure(self, name: str, fig: go.Figure) -> go.FigureWidget:
         """A figure that appears later (e.g. the drift after the first run) joins the figure row."""
 
@@ -248,6 +254,11 @@ class Panel(abc.ABC):
         box = self._figure_box
         box.children = tuple(box.children) + (fw,)
         return fw
+
+    def _drop_figure(self, name: str) -> None:
+        """A figure of :attr:`TRANSIENT` leaves the figure row (and the export) when its mode is switched off."""
+        fw = self.figures.pop(name)
+        self._figure_box.children = tuple(c for c in self._figure_box.children if c is not fw)
 
     def _repr_mimebundle_(self, **kw):
         return self.widget._repr_mimebundle_(**kw)
@@ -298,6 +309,8 @@ class Panel(abc.ABC):
             return
         self.error = None
         t1 = time.perf_counter()
+        for name in [n for n in self.TRANSIENT if n in self.figures and n not in figs]:
+            self._drop_figure(name)
         for name, fig in figs.items():
             if isinstance(self.figures.get(name), TokenWidget):
                 self.figures[name].show(fig)
@@ -349,6 +362,17 @@ class Panel(abc.ABC):
                 kw.setdefault("prompt_hash", export.prompt_hash(spans))
         return export.export_all({name: fw.view if isinstance(fw, TokenWidget) else go.Figure(fw)
                                   for name, fw in self.figures.items()}, folder, **kw)
+
+
+def answer_table(columns, rows=()) -> str:
+    """Answers in full, wrapped (never cut), side by side: ``columns`` ``[(title, answer), …]``, then ``rows``
+    of one text per column."""
+    cell = "style='vertical-align:top;padding:4px 10px;border:1px solid #ddd;max-width:520px'"
+    code = "style='white-space:pre-wrap;overflow-wrap:anywhere'"
+    head = "<tr>" + "".join(f"<th {cell}>{html_escape(t)}</th>" for t, _ in columns) + "</tr>"
+    body = "<tr>" + "".join(f"<td {cell}><code {code}>{html_escape(a)}</code></td>" for _, a in columns) + "</tr>"
+    extra = "".join("<tr>" + "".join(f"<td {cell}>{html_escape(x)}</td>" for x in r) + "</tr>" for r in rows)
+    return f"<table style='border-collapse:collapse'>{head}{body}{extra}</table>"
 
 
 def ep_from(controls: dict, base: EntroPrefillParams) -> EntroPrefillParams:

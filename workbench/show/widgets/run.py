@@ -30,10 +30,12 @@ from workbench.show.figure_engine import figure_meta, finish
 from workbench.show.widgets.base import (
     SLIDERS,
     Panel,
+    answer_table,
     ep_controls,
     ep_from,
     html_escape,
 )
+from workbench.show.widgets.compare import CompareMode
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -159,13 +161,7 @@ class _RunMixin:
 
 def _answer_table(left_title: str, left: str, right_title: str, right: str, rows=()) -> str:
     """Both answers in full, wrapped (never cut), side by side."""
-    cell = "style='vertical-align:top;padding:4px 10px;border:1px solid #ddd;max-width:520px'"
-    code = "style='white-space:pre-wrap;overflow-wrap:anywhere'"
-    head = f"<tr><th {cell}>{html_escape(left_title)}</th><th {cell}>{html_escape(right_title)}</th></tr>"
-    body = (f"<tr><td {cell}><code {code}>{html_escape(left)}</code></td>"
-            f"<td {cell}><code {code}>{html_escape(right)}</code></td></tr>")
-    extra = "".join(f"<tr><td {cell}>{html_escape(a)}</td><td {cell}>{html_escape(b)}</td></tr>" for a, b in rows)
-    return f"<table style='border-collapse:collapse'>{head}{body}{extra}</table>"
+    return answer_table([(left_title, left), (right_title, right)], rows)
 
 
 def _text(res, ids_attr: str) -> str:
@@ -283,7 +279,7 @@ def _no_preview(reason: str, policy: str, budget: int, model_id) -> go.Figure:
                                     showarrow=False)])
 
 
-class EvictionPanel(_RunMixin, Panel):
+class EvictionPanel(CompareMode, _RunMixin, Panel):
     """KV eviction policies (SPEC §9): policy, budget ``B``, DeferKV ``λ`` and the page size.
 
     The sliders update the *preview* of the kept prompt positions, scored from the capture's rows
@@ -291,9 +287,14 @@ class EvictionPanel(_RunMixin, Panel):
     The run button generates with the model under the policy (one shared prefill,
     :class:`~workbench.rerun.eviction.EvictionSession`) and shows the answer beside the full-cache answer;
     every ``(policy parameters, budget)`` runs once.
+
+    *compare* (:class:`~workbench.show.widgets.compare.CompareMode`) puts a second setting ``B`` beside this one
+    (``A``): both kept sets in one token view with the difference marked, and Run generates under both.
     """
 
     title = "KV-cache eviction (SPEC §9)"
+    TOOLTIP_KEYS = CompareMode.TOOLTIP_KEYS
+    TRANSIENT = ("compare",)
 
     def __init__(self, capture: Capture, model, prompt, *, policy: PolicyName = "deferkv", budget: int | None = None,
                  max_new_tokens: int = 12, n_sink: int | None = None, recent: int = 32):
@@ -322,6 +323,7 @@ class EvictionPanel(_RunMixin, Panel):
         }
         self.controls["policy"].observe(self._show_applicable, names="value")
         self._show_applicable()
+        self._init_compare()
         self._session = None
         self._init_run("Run eviction", 2)
         self._finish()
@@ -336,15 +338,20 @@ class EvictionPanel(_RunMixin, Panel):
 
     def policy(self):
         """The policy object of the current controls."""
-        cls = self.classes[self.controls["policy"].value]
+        c = self.controls
+        return self.build_policy(c["policy"].value, c["defer_lam"].value, c["page"].value)
+
+    def build_policy(self, name: str, lam: float, page: int):
+        """The policy ``name`` with the panel's common parameters, DeferKV's ``λ`` and the page size."""
+        cls = self.classes[name]
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in self.common.items() if k in names}
         if "base" in names:  # rescaling and budget allocations act on SnapKV's scores
             kw["base"] = SnapKV(**{k: v for k, v in self.common.items() if k in {f.name for f in fields(SnapKV)}})
         if "lam" in names:
-            kw["lam"] = float(self.controls["defer_lam"].value)
+            kw["lam"] = float(lam)
         if "page" in names:
-            kw["page"] = int(self.controls["page"].value)
+            kw["page"] = int(page)
         return cls(**kw)
 
     def highlight(self) -> list[int]:
@@ -358,11 +365,13 @@ class EvictionPanel(_RunMixin, Panel):
     def analysis(self):
         """Preview :class:`GenerationResult` (kept positions only, no text) from the capture, or None
         when the policy needs evidence a capture does not hold."""
-        pol = self.policy()
+        return self.preview_of(self.policy(), int(self.controls["budget"].value))
+
+    def preview_of(self, pol, B: int):
+        """The preview of policy ``pol`` at budget ``B`` (see :meth:`analysis`)."""
         cap = self.capture
         ev = cap.cached("eviction_evidence", lambda: Evidence.from_capture(cap))
         T, L = cap.T, cap.L
-        B = int(self.controls["budget"].value)
         try:
             kept = preview(pol, ev, B)  # the one budget rule (scores memoised: a budget move re-selects)
         except ValueError:  # evidence a capture does not hold (H2O's column sums, the cache's keys ...)
@@ -371,13 +380,19 @@ class EvictionPanel(_RunMixin, Panel):
                                 evicted_at=pol.defer, compacted_layers=tuple(range(L)), kv_bytes_before=0,
                                 kv_bytes_after=0, timings={})
 
+    def no_preview(self, reason: str, policy: str, budget: int) -> go.Figure:
+        """The kept-positions figure of a policy without a preview (the reason written on it)."""
+        return _no_preview(reason, policy, budget, self.capture.model_id)
+
     def compute(self):
         prev = self._analyse()
+        if self.compare_on():
+            return self.compare_compute(prev)
         pol = self.policy()
         if prev is None:
             B = int(self.controls["budget"].value)
             reason = f"{pol.name} scores with evidence a capture does not hold: no preview; press run"
-            return {"kept": _no_preview(reason, pol.name, B, self.capture.model_id)}, (
+            return {"kept": self.no_preview(reason, pol.name, B)}, (
                 f"{reason} to generate under it with B = {B} of T = {self.capture.T} prompt positions")
         fig = plots.kept_positions([prev], self.prompt, highlight=self.highlight() or None)
         B = prev.budget
@@ -390,7 +405,7 @@ class EvictionPanel(_RunMixin, Panel):
         if self._session is None:
             needs = Needs.of(every_policy(**self.common))
             self._session = EvictionSession.prepare(self.model, self.prompt, needs, self.max_new_tokens,
-                                                    reusable=True, progress=False)
+                                                    reusable=True, keep_logits=True, progress=False)
             self.model_calls += 1
         return self._session
 
@@ -400,9 +415,12 @@ class EvictionPanel(_RunMixin, Panel):
         return (pol.name, tuple(sorted(pol.params().items())), None if pol.keeps_all else B, self.max_new_tokens)
 
     def run(self):
-        """Generate under the current policy and budget (cached), and the full-cache answer."""
-
+        """Generate under the current policy and budget (cached), and the full-cache answer (in compare mode:
+        under both settings, :meth:`~workbench.show.widgets.compare.CompareMode.run_compare`)."""
+        if self.compare_on():
+            return self.run_compare()
         pol, key = self.policy(), self.run_key()
+        self.progress.max = 2
         with self._busy():
             self._step(0, "prefill…" if self._session is None else "full cache…")
             sess = self.session()
