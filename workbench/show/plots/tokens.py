@@ -183,11 +183,11 @@ def kept_compare(comparison: KeptComparison | None, prompt, *, page: int = 0, pe
         prompt: the ``Prompt`` (or ``PromptSpans`` / ``Capture``) the settings ran on, for the tokens and chunks.
         page, per_page: show tokens ``[page·per_page, (page+1)·per_page)``.
     """
+    if (comparison is None) == (placeholder is None):
+        raise ValueError("comparison, placeholder: give exactly one of them")
     sp = spans_of(prompt)
     if sp is None:
         raise ValueError("prompt: needs the prompt's spans (a Prompt, PromptSpans or Capture)")
-    if (comparison is None) == (placeholder is None):
-        raise ValueError("comparison, placeholder: give exactly one of them")
     if comparison is not None and not isinstance(comparison, KeptComparison):
         raise ValueError(f"comparison: must be a KeptComparison, got {type(comparison).__name__}")
     T = sp.T

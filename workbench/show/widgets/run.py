@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import ipywidgets as W
 import plotly.graph_objects as go
+import torch
 
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.procedure import trace
@@ -376,6 +377,10 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
             kept = preview(pol, ev, B)  # the one budget rule (scores memoised: a budget move re-selects)
         except ValueError:  # evidence a capture does not hold (H2O's column sums, the cache's keys ...)
             return None
+        # laid out as a run's: the kept prompt positions, then the tokens decoded before eviction (DeferKV's
+        # first one), so that ``kept_prompt`` is the whole preview
+        d = pol.defer
+        kept = torch.cat([kept, torch.arange(T, T + d).expand(*kept.shape[:2], d)], dim=-1)
         return GenerationResult(policy=pol.name, params=pol.params(), budget=B, T=T, ids=[], text=None, kept=kept,
                                 evicted_at=pol.defer, compacted_layers=tuple(range(L)), kv_bytes_before=0,
                                 kv_bytes_after=0, timings={})
