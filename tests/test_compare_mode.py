@@ -284,3 +284,26 @@ def test_token_margin_needs_logits(tiny):
     assert token_margin(r, 0) == 2.0 and token_margin(r, 1) == 0.0 and math.isnan(token_margin(r, 2))
     with pytest.raises(ValueError, match="^b: must be a result on the same prompt"):
         compare_kept(r, _gen("deferkv", 10, 41, 1))
+
+
+def test_key_names_the_settings_and_counts_every_class():
+    """The key lists the four classes in order with the settings' names and their counts on the page (the
+    neither mark struck through even when no token is in it); a second page counts only its tokens."""
+    from _all_figures import _gen, synthetic_inputs
+
+    sp = synthetic_inputs(L=4, H_Q=6, G=2)[0]
+    a, b = _gen("deferkv", 25, sp.T, 1), _gen("snapkv", 30, sp.T, 2)
+    cmp = compare_kept(a, b, layer=0, group=1)
+    view = plots.kept_compare(cmp, sp, per_page=48, page=1)
+    key = view.key_html()
+    lo, hi = 48, sp.T
+    member = cmp.membership()[lo:hi]
+    spans = [key.index(f'data-category="{c}"') for c in ("A only", "B only", "both", "neither")]
+    assert spans == sorted(spans)
+    assert f"kept by A only (A: deferkv, B = 25) ({member.count('A only')})" in key
+    assert f"kept by B only (B: snapkv, B = 30) ({member.count('B only')})" in key
+    assert f"kept by both ({member.count('both')})" in key and f"kept by neither ({member.count('neither')})" in key
+    assert '<span class="tk rm" style="background-color:#ffffff">neither</span>' in key
+    assert view.positions == list(range(lo, hi)) and view.meta["counts"] == cmp.counts()
+    assert sum(cmp.counts().values()) == sp.T and cmp.where == "layer 0, KV group 1"
+    assert view.title.startswith("Kept prompt positions, A: deferkv, B = 25 vs B: snapkv, B = 30 (layer 0, KV group 1)")

@@ -80,7 +80,8 @@ class TokenView:
     ``meta`` is the figure's record (as a plotly figure's ``layout.meta``), ``title`` its title.
 
     A categorical view gives ``category`` (one name per token) and ``categories`` (``(name, colour,
-    description)`` in key order, every name used listed): the fill is the category's colour, the hover and the
+    description)`` in key order, every name used listed; a fourth element ``True``/``False`` says whether the key
+    strikes the category through, by default when all its tokens are ``removed``): the fill is the category's colour, the hover and the
     key say the description, and ``to_frame`` has a ``category`` column. ``columns`` adds per-token columns to
     :meth:`to_frame` (the CSV sidecar).
     """
@@ -193,9 +194,9 @@ class TokenView:
         """The key of a categorical view: every category's mark (its fill; struck through where its tokens are),
         its description and how many tokens of this page it holds."""
         out = []
-        for name, colour, desc in self.categories:
+        for name, colour, desc, *mark in self.categories:
             idx = [i for i, c in enumerate(self.category) if c == name]
-            struck = " rm" if idx and all(self.removed[i] for i in idx) else ""
+            struck = " rm" if (mark[0] if mark else idx and all(self.removed[i] for i in idx)) else ""
             first = ' style="margin-left:0"' if not out else ""
             out.append(f'<span class="kx" data-category="{html.escape(name, quote=True)}"{first}>'
                        f'<span class="tk{struck}" style="background-color:{colour}">{html.escape(name)}</span> '

@@ -211,7 +211,7 @@ def kept_compare(comparison: KeptComparison | None, prompt, *, page: int = 0, pe
         c = comparison
         desc = {"A only": f"kept by A only (A: {c.label_a})", "B only": f"kept by B only (B: {c.label_b})",
                 "both": "kept by both", "neither": "kept by neither"}
-        cats = tuple((m, COMPARE_FILL[m], desc[m]) for m in MEMBERSHIP)
+        cats = tuple((m, COMPARE_FILL[m], desc[m], m == "neither") for m in MEMBERSHIP)
         cat, removed = member, [m == "neither" for m in member]
         cols = {"kept_a": [p in c.kept_a for p in pos], "kept_b": [p in c.kept_b for p in pos]}
         counts = c.counts()
