@@ -23,7 +23,7 @@ from workbench.rerun.eviction.compare import RunComparison, compare_kept, compar
 from workbench.show import plots
 from workbench.show.widgets.base import SLIDERS, answer_table, html_escape
 
-__all__ = ["CompareMode"]
+__all__ = ["CompareControls", "CompareMode", "compare_table"]
 
 
 def _fmt(x: float) -> str:
@@ -56,7 +56,49 @@ def compare_table(cmp: RunComparison) -> str:
                          (f"B: {b.label}", b.text or f"ids {list(b.ids)}")], rows)
 
 
-class CompareMode:
+class CompareControls:
+    """What every compare mode shares: the *compare* checkbox, setting B's controls (:attr:`SIDE_B`: B control →
+    the A control it mirrors) in a box shown only in compare mode, and the refusal of a setting compared with
+    itself (equal ``run_key()`` and ``run_key_b()``)."""
+
+    SIDE_B: dict[str, str] = {}
+
+    def _show_compare(self, change=None) -> None:
+        on = self.compare_on()
+        self._b_box.layout.display = None if on else "none"
+        if "compare_layer" in self.controls:
+            self.controls["compare_layer"].layout.display = None if on else "none"
+
+    def control_rows(self) -> list[W.Widget]:
+        """A's controls, the compare row (*compare*, *compare at*), then B's controls (shown in compare mode)."""
+        c = self.controls
+        row = [c[k] for k in ("compare", "compare_layer") if k in c]
+        a = [w for k, w in c.items() if k not in self.SIDE_B and k not in ("compare", "compare_layer")]
+        b = [c[k] for k in self.SIDE_B]
+        wrap = W.Layout(flex_flow="row wrap")
+        self._b_box.children = [W.HBox(b[i:i + 3], layout=wrap) for i in range(0, len(b), 3)]
+        return [W.HBox(a[i:i + 3], layout=wrap) for i in range(0, len(a), 3)] + [W.HBox(row, layout=wrap), self._b_box]
+
+    def compare_on(self) -> bool:
+        return bool(self.controls["compare"].value)
+
+    def compare_check(self) -> None:
+        """Refuse comparing a setting with itself (``ValueError`` naming it)."""
+        if self.run_key() == self.run_key_b():
+            raise ValueError(f"A and B are the same setting ({self.setting_name()}): change B's "
+                             f"{self.B_WHAT} to compare")
+
+    def refuse_same(self) -> None:
+        """:meth:`compare_check` before a run: the refusal in the status line, no model call."""
+        try:
+            self.compare_check()
+        except ValueError as e:
+            self.error = str(e)
+            self.status.value = f"<span style='color:#D55E00'>{html_escape(e)}</span>"
+            raise
+
+
+class CompareMode(CompareControls):
     """Setting ``B`` beside the eviction panel's setting ``A`` (see the module docstring). Uses the panel's
     ``controls``, ``classes``, ``build_policy``, ``preview_of``, ``no_preview``, ``highlight``, ``session``,
     ``run_key``, ``_cached``, ``_busy`` and ``_step``."""
@@ -64,6 +106,7 @@ class CompareMode:
     #: the B side's controls → the notation-table key of the A control they mirror
     TOOLTIP_KEYS = {"policy_b": "policy", "budget_b": "budget", "defer_lam_b": "defer_lam", "page_b": "page"}
     SIDE_B = {"policy_b": "policy", "budget_b": "budget", "defer_lam_b": "defer_lam", "page_b": "page"}
+    B_WHAT = "policy, budget or parameters"
 
     def _init_compare(self) -> None:
         c = self.controls
@@ -89,28 +132,10 @@ class CompareMode:
         self._show_compare()
 
     # ----- controls -----
-    def control_rows(self) -> list[W.Widget]:
-        """A's controls, the compare row (*compare*, *compare at*), then B's controls (shown in compare mode)."""
-        c = self.controls
-        a = [w for k, w in c.items() if k not in self.SIDE_B and k not in ("compare", "compare_layer")]
-        b = [c[k] for k in self.SIDE_B]
-        wrap = W.Layout(flex_flow="row wrap")
-        self._b_box.children = [W.HBox(b[i:i + 3], layout=wrap) for i in range(0, len(b), 3)]
-        return ([W.HBox(a[i:i + 3], layout=wrap) for i in range(0, len(a), 3)]
-                + [W.HBox([c["compare"], c["compare_layer"]], layout=wrap), self._b_box])
-
-    def _show_compare(self, change=None) -> None:
-        on = self.compare_on()
-        self._b_box.layout.display = None if on else "none"
-        self.controls["compare_layer"].layout.display = None if on else "none"
-
     def _show_applicable_b(self, change=None) -> None:
         names = {f.name for f in fields(self.classes[self.controls["policy_b"].value])}
         for ctl, field in (("defer_lam_b", "lam"), ("page_b", "page")):
             self.controls[ctl].layout.display = None if field in names else "none"
-
-    def compare_on(self) -> bool:
-        return bool(self.controls["compare"].value)
 
     def compare_layer(self) -> int | None:
         v = self.controls["compare_layer"].value
@@ -126,13 +151,9 @@ class CompareMode:
         B = int(self.controls["budget_b"].value)
         return (pol.name, tuple(sorted(pol.params().items())), None if pol.keeps_all else B, self.max_new_tokens)
 
-    def compare_check(self) -> None:
-        """Refuse comparing a setting with itself (``ValueError`` naming it)."""
-        if self.run_key() == self.run_key_b():
-            pol = self.policy()
-            what = pol.name if pol.keeps_all else f"{pol.name}, B = {int(self.controls['budget'].value)}"
-            raise ValueError(f"A and B are the same setting ({what}): change B's policy, budget or parameters "
-                             "to compare")
+    def setting_name(self) -> str:
+        pol = self.policy()
+        return pol.name if pol.keeps_all else f"{pol.name}, B = {int(self.controls['budget'].value)}"
 
     # ----- preview -----
     def compare_compute(self, prev_a):
@@ -170,12 +191,7 @@ class CompareMode:
         """Generate under A and B (each cached as its single-mode run, one shared prefill) and the full cache;
         the answers side by side with KV bytes, margins and membership counts. A setting compared with itself
         is refused before any model call (the status says so, ``ValueError``)."""
-        try:
-            self.compare_check()
-        except ValueError as e:
-            self.error = str(e)
-            self.status.value = f"<span style='color:#D55E00'>{html_escape(e)}</span>"
-            raise
+        self.refuse_same()
         c = self.controls
         pa, pb = self.policy(), self.policy_b()
         Ba, Bb = int(c["budget"].value), int(c["budget_b"].value)
