@@ -307,3 +307,60 @@ def test_key_names_the_settings_and_counts_every_class():
     assert view.positions == list(range(lo, hi)) and view.meta["counts"] == cmp.counts()
     assert sum(cmp.counts().values()) == sp.T and cmp.where == "layer 0, KV group 1"
     assert view.title.startswith("Kept prompt positions, A: deferkv, B = 25 vs B: snapkv, B = 30 (layer 0, KV group 1)")
+
+
+# ----------------------------------------------------------------------------- the prune panel's compare mode
+def test_prune_compare_draws_both_retained_sets_and_runs_both(tiny, forwards):
+    """Two pruned-prefill settings: the retained sets of the two traces (adaptive l* vs a fixed layer) computed
+    here from the removed chunks, drawn exactly so; Run gives each setting's own run_pruned answer, KV bytes of
+    the dense cache of T' positions and the first-token margin of its logits; the same setting is refused."""
+    from workbench.analyse.params import EntroPrefillParams
+    from workbench.analyse.procedure import trace
+    from workbench.rerun.prune import run_full, run_pruned
+    from workbench.run.adapter import model_shape
+
+    lm, spans, cap = tiny
+    T = spans.T
+    base = EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
+    panel = Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=4)
+    panel.set(compare=True, mode_b="fixed layer", run_layer_b=1, target_b=0.5, m0_b=0)
+    assert panel.error is None and set(panel.figures) == {"trace", "compare"} and forwards.n == 0
+    pb = base.replace(target=0.5, m0=0)
+    assert panel.params_b() == pb and panel.layer_of("a") is None and panel.layer_of("b") == 1
+    tr_a, tr_b = trace(cap, base, certify=False), trace(cap, pb, certify=False)
+    assert tr_a.l_star is not None
+    a = set(range(T)) - set(np.flatnonzero(spans.removal_mask(tr_a.removed).numpy()).tolist())
+    b = set(range(T)) - set(np.flatnonzero(spans.removal_mask(tr_b.selections[1].removed).numpy()).tolist())
+    expect = {"A only": a - b, "B only": b - a, "both": a & b, "neither": set(range(T)) - a - b}
+    drawn = drawn_membership(panel.figures["compare"].html)
+    assert {c: {p for p, m in drawn.items() if m == c} for c in expect} == expect
+    assert expect["A only"] and expect["neither"] and len(a) < T and len(b) < len(a)
+    assert f"{len(expect['A only'])} A only" in panel.status.value and "fixed l* = 1" in panel.status.value
+    # the run: full + A + B prefills, each the single run's
+    cmp = panel.run()
+    assert panel.model_calls == 3
+    ra = run_pruned(lm, spans, base, max_new_tokens=4, progress=False)
+    rb = run_pruned(lm, spans, pb, layer=1, max_new_tokens=4, progress=False)
+    full = run_full(lm, spans, max_new_tokens=4)
+    assert cmp.a.ids == tuple(ra.generated_ids) and cmp.b.ids == tuple(rb.generated_ids)
+    assert cmp.full.ids == tuple(full.generated_ids) and (cmp.a.l_star, cmp.b.l_star) == (ra.l_star, 1)
+    shape = model_shape(lm.model)
+    for side, r in ((cmp.a, ra), (cmp.b, rb), (cmp.full, full)):
+        assert side.T_prime == r.T_prime and side.kv_bytes == kv_bytes_dense(shape, r.T_prime, 4)
+        z = np.sort(r.first_logits.numpy().astype(np.float64))
+        assert side.first_margin == pytest.approx(z[-1] - z[-2], abs=1e-5)
+    assert (cmp.a.T_prime, cmp.b.T_prime) == (len(a), len(b))  # the run retained what the preview predicted
+    assert cmp.kept.counts() == {k: len(v) for k, v in expect.items()}
+    assert f"A only {len(expect['A only'])}, both {len(expect['both'])}" in panel.answers.value
+    # the same setting: refused, figures unchanged, no model call
+    html0, n0 = panel.figures["compare"].html, forwards.n
+    panel.set(mode_b="adaptive", target_b=0.2, m0_b=panel.controls["m0"].value)
+    assert panel.error.startswith("A and B are the same setting (adaptive)")
+    assert panel.figures["compare"].html == html0
+    with pytest.raises(ValueError, match="A and B are the same setting"):
+        panel.run()
+    assert forwards.n == n0
+    # toggle off: the single view and the single-mode parameters
+    panel.set(compare=False)
+    assert set(panel.figures) == {"trace"} and "target_b" not in panel.params()
+    assert panel.run().generated_ids == ra.generated_ids

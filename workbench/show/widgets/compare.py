@@ -82,6 +82,15 @@ class CompareControls:
     def compare_on(self) -> bool:
         return bool(self.controls["compare"].value)
 
+    def params(self) -> dict:
+        """The panel's parameters; setting B's and the compare controls only in compare mode (off, the panel's
+        parameters are exactly those of the single mode)."""
+        out = super().params()
+        if not self.compare_on():
+            for k in (*self.SIDE_B, "compare", "compare_layer"):
+                out.pop(k, None)
+        return out
+
     def compare_check(self) -> None:
         """Refuse comparing a setting with itself (``ValueError`` naming it)."""
         if self.run_key() == self.run_key_b():

@@ -37,6 +37,7 @@ from workbench.show.widgets.base import (
     html_escape,
 )
 from workbench.show.widgets.compare import CompareMode
+from workbench.show.widgets.compare_prune import PruneCompareMode
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -172,16 +173,20 @@ def _text(res, ids_attr: str) -> str:
     return "ids " + str(list(getattr(res, ids_attr)))
 
 
-class PrunePanel(_RunMixin, Panel):
+class PrunePanel(PruneCompareMode, _RunMixin, Panel):
     """Pruned prefill vs the full prefill (SPEC §6–§7).
 
     The sliders update the *predicted* decision from the capture (the trace, no model). The run
     button (or *re-run on change*) calls :func:`~workbench.rerun.prune.run_pruned` (adaptive, or with a
     fixed ``l*``) and :func:`~workbench.rerun.prune.run_full` — each once per distinct parameter set — and
     shows both answers side by side and the per-layer drift (:func:`~workbench.rerun.stability.stability`).
+
+    *compare* (:class:`~workbench.show.widgets.compare_prune.PruneCompareMode`) puts a second setting ``B`` beside
+    this one (``A``): the positions each retains in one token view, and Run runs both.
     """
 
     title = "Pruned prefill vs full prefill (SPEC §6–§7)"
+    TRANSIENT = ("compare",)
     NAMES = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0", "eps_audit", "streak")
 
     def __init__(self, capture: Capture, model, prompt, params: EntroPrefillParams | None = None, *,
@@ -199,6 +204,7 @@ class PrunePanel(_RunMixin, Panel):
         self.controls["run_layer"] = SLIDERS["run_layer"].make(min(4, L - 1), lo=1, hi=L - 1, continuous=False)
         self.controls["mode"].observe(self._show_layer, names="value")
         self._show_layer()
+        self._init_compare()
         self._init_run("Run pruned prefill", 3)
         self.last_pruned = self.last_full = self.last_stability = None
         self._finish()
@@ -221,12 +227,14 @@ class PrunePanel(_RunMixin, Panel):
             figs["drift"] = go.Figure(layout=dict(title="No drift: the last run was a bypass (nothing pruned)",
                                                   meta={"figure": "drift", "bypass": True}))
         if fixed is None:
-            return figs, "predicted from the capture: " + html_escape(tr.decision)
-        sel = tr.selections.get(fixed)
-        what = ("no selection there (invalid layer)" if sel is None else
-                f"removes chunks {list(sel.removed)} ({sel.D} tokens); {html_escape(sel.verdict)}")
-        return figs, (f"fixed layer l* = {fixed} (dashed line): {what}. The adaptive procedure would: "
+            status = "predicted from the capture: " + html_escape(tr.decision)
+        else:
+            sel = tr.selections.get(fixed)
+            what = ("no selection there (invalid layer)" if sel is None else
+                    f"removes chunks {list(sel.removed)} ({sel.D} tokens); {html_escape(sel.verdict)}")
+            status = (f"fixed layer l* = {fixed} (dashed line): {what}. The adaptive procedure would: "
                       + html_escape(tr.decision))
+        return self.compare_compute(tr, figs, status) if self.compare_on() else (figs, status)
 
     def run_key(self) -> tuple:
         """The frozen parameter tuple that identifies a pruned run."""
@@ -235,8 +243,10 @@ class PrunePanel(_RunMixin, Panel):
         return ("pruned", tuple(sorted(p.to_dict().items())), layer, self.max_new_tokens)
 
     def run(self):
-        """Run (or fetch from the cache) the full and the pruned prefill for the current parameters."""
-
+        """Run (or fetch from the cache) the full and the pruned prefill for the current parameters (in compare
+        mode: both settings, :meth:`~workbench.show.widgets.compare_prune.PruneCompareMode.run_compare`)."""
+        if self.compare_on():
+            return self.run_compare()
         key = self.run_key()
         p = ep_from(self.controls, self.base)
         layer = key[2]
