@@ -19,7 +19,7 @@ from workbench.analyse.procedure import trace
 from workbench.analyse.selection import GreedySelection, mass_table
 from workbench.analyse.shift import ShiftAnalysis
 from workbench.capture.data import Capture
-from workbench.rerun.eviction import DeferKV, GenerationResult
+from workbench.rerun.eviction import DeferKV, GenerationResult, compare_kept
 from workbench.rerun.stability import StabilityResult
 from workbench.run.adapter import ModelShape
 from workbench.run.spans import PromptSpans
@@ -29,7 +29,7 @@ from workbench.show import plots
 FIGURE_FUNCTIONS = ("sink_mass_heatmap", "attention_strip", "head_heatmap", "residual_distribution",
                     "chunk_priorities", "envelope_rows", "certificate", "trace_layers", "drift", "break_even",
                     "pages", "shift_steps", "kept_positions", "accuracy_vs_budget", "kv_bytes_table",
-                    "token_attention",
+                    "token_attention", "kept_compare",
                     "shift_gains", "page_union_bounds", "deferkv_weights",
                     "counterexample_rows", "counterexample_logits", "counterexample_errors",
                     "pooled_measure", "head_weights", "answer_rank", "removal_budget", "envelope_scatter",
@@ -142,6 +142,9 @@ def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
         "token_attention": plots.token_attention(cap, 2, head=4, removed=tr, removed_layer=l, log=True),
         "token_attention-row": plots.token_attention(cap, 2, query=int(cap.rows_of("tail")[0]), group=1,
                                                      removed=res[0], exclude_sinks=True),
+        "kept_compare": plots.kept_compare(compare_kept(res[1], res[2]), sp),
+        "kept_compare-layer": plots.kept_compare(compare_kept(res[1], res[2], layer=1, group=0), sp, per_page=48,
+                                                 page=1),
         "pooled_measure": plots.pooled_measure(pool, l, sp, model_id=cap.model_id),
         "head_weights": plots.head_weights(fr["head_weights"], layer=l),
         "answer_rank": plots.answer_rank(fr["answer_rank"], answer_chunk=2),

@@ -163,8 +163,9 @@ def test_no_text_overlaps_at_export_width(figures, page, tmp_path, width):
         ex.export(fig, tmp_path / f"{name}-{width}", width=width, formats=("svg",), csv=False, sidecar=False)
         d = boxes(page, tmp_path / f"{name}-{width}.svg")
         assert len(d["texts"]) >= 3, f"{name}: no text read from the SVG"
-        # the table and the HTML token views (every token_attention* figure) have no plotly plot area
-        assert d["plots"] or name == "kv_bytes_table" or name.startswith("token_attention"), f"{name}: no plot area read"
+        # the table and the HTML token views (every token_attention* and kept_compare* figure) have no plotly plot area
+        assert d["plots"] or name == "kv_bytes_table" or name.startswith(("token_attention", "kept_compare")), (
+            f"{name}: no plot area read")
         bad = layout_problems(d)
         if bad:
             problems[name] = bad

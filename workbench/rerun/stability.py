@@ -98,6 +98,16 @@ class StabilityResult:
                     composed_vacuous=not (self.composed_bound < self.margin / max(2 * self.Lambda, 1e-30)))
 
 
+def logit_margin(z) -> float:
+    """The logit margin of one next-token distribution: the top-1 logit minus the top-2 logit of ``z`` (``[V]``),
+    ``>= 0``; the first token's margin is what the certificate ``m > 2ΛΔ_L`` compares against."""
+    z = torch.as_tensor(z).reshape(-1)
+    if z.numel() < 2:
+        raise ValueError(f"z: needs at least 2 logits, got {z.numel()}")
+    top2 = torch.topk(z, 2).values
+    return float(top2[0] - top2[1])
+
+
 @torch.no_grad()
 def stability(model, full, pruned, *, composed: bool = True) -> StabilityResult:
     """Diagnostics of ``pruned`` (``run_pruned(..., keep_hidden=True)``) against ``full``
@@ -121,8 +131,7 @@ def stability(model, full, pruned, *, composed: bool = True) -> StabilityResult:
             drift[j] = max2(full.hidden[j][R] - pruned.hidden[j])
     Delta_L = drift.get(L, float("nan"))
     z = full.first_logits
-    top2 = torch.topk(z, 2).values
-    margin = float(top2[0] - top2[1])
+    margin = logit_margin(z)
     XL, YL = full.hidden[L][R][-1:], pruned.hidden[L][-1:]
     c_final = _norm_lipschitz(blocks.final_norm_gain(model), XL, YL)
     W_out = blocks.lm_head_weight(model)

@@ -152,6 +152,11 @@ SYMBOLS: tuple[Symbol, ...] = (
 #: tooltip text of panel controls not in the notation (views, not parameters)
 _VIEW_HELP = {
     "page_view": "which page of the prompt the token view shows (long prompts page through, 384 tokens a page)",
+    "compare": "compare mode: a second eviction setting B (policy, budget, λ, page size) beside this one (A); the "
+               "preview marks the prompt positions kept by A only, B only, both or neither, and Run generates "
+               "under both",
+    "compare_layer": "where the two kept sets are read: every compacted cache (a position is kept when any layer "
+                     "and KV group keeps it) or the KV groups of one layer",
 }
 
 CONTROLS: dict[str, Symbol] = {c: s for s in SYMBOLS for c in s.controls}

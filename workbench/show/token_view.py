@@ -6,7 +6,9 @@ whose text is the token string itself (spaces, tabs and newlines kept by ``white
 background the palette's colour scale at the token's value, its ``title`` the token, position, value and
 chunk. Removed or evicted tokens are struck through and greyed, the first token of every candidate chunk
 has a black bar on its left, the answer passage is underlined in the answer colour, the query row's own
-token is boxed; a key under the text gives the colour scale and the marks. Nothing is clipped: the text
+token is boxed; a key under the text gives the colour scale and the marks. A *categorical* view
+(``category`` given, e.g. the compare mode's kept-by-A-only / B-only / both / neither) fills every token with
+its category's colour instead and its key lists the categories with their counts. Nothing is clipped: the text
 wraps at the container's width. The same HTML is shown by the panel's widget and printed by headless
 Chromium for the paper files (:mod:`workbench.show.html_export`).
 """
@@ -76,6 +78,12 @@ class TokenView:
     :data:`TOKEN_SCALE`; ``chunk`` the candidate chunk (−1: protected); ``removed``, ``chunk_start``,
     ``answer``, ``excluded`` (sinks left unshaded) are per token; ``query_pos`` the query row's position.
     ``meta`` is the figure's record (as a plotly figure's ``layout.meta``), ``title`` its title.
+
+    A categorical view gives ``category`` (one name per token) and ``categories`` (``(name, colour,
+    description)`` in key order, every name used listed; a fourth element ``True``/``False`` says whether the key
+    strikes the category through, by default when all its tokens are ``removed``): the fill is the category's colour, the hover and the
+    key say the description, and ``to_frame`` has a ``category`` column. ``columns`` adds per-token columns to
+    :meth:`to_frame` (the CSV sidecar).
     """
 
     tokens: list[str]
@@ -93,12 +101,24 @@ class TokenView:
     log: bool
     title: str
     meta: dict = field(default_factory=dict)
+    category: list[str] | None = None
+    categories: tuple = ()
+    columns: dict = field(default_factory=dict)
 
     def __post_init__(self):
         n = len(self.tokens)
         for name in ("positions", "values", "shade", "chunk", "removed", "chunk_start", "answer", "excluded"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"{name}: must have one entry per token ({n}), got {len(getattr(self, name))}")
+        for name, col in self.columns.items():
+            if len(col) != n:
+                raise ValueError(f"columns: {name!r} must have one entry per token ({n}), got {len(col)}")
+        if self.category is not None:
+            if len(self.category) != n:
+                raise ValueError(f"category: must have one entry per token ({n}), got {len(self.category)}")
+            missing = sorted(set(self.category) - {c[0] for c in self.categories})
+            if missing:
+                raise ValueError(f"categories: must list every category used, missing {missing}")
 
     # plotly-figure look-alikes, so that code reading ``fig.layout.meta`` / its title reads a view too
     @property
@@ -107,7 +127,10 @@ class TokenView:
 
     @property
     def colours(self) -> list[str]:
-        """The background colour of every token (excluded sinks: white)."""
+        """The background colour of every token (excluded sinks: white; a categorical view: its category's)."""
+        if self.category is not None:
+            fill = {c[0]: c[1] for c in self.categories}
+            return [fill[c] for c in self.category]
         span = self.cmax - self.cmin
         t = (np.asarray(self.shade, dtype=np.float64) - self.cmin) / (span if span > 0 else 1.0)
         cols = shade_colour(t)
@@ -116,7 +139,9 @@ class TokenView:
     def label(self, i: int) -> str:
         """The hover text of token ``i``: the token, its position, value and chunk."""
         ch = self.chunk[i]
-        return (f"{self.tokens[i]!r} · position {self.positions[i]} · A = {float(self.values[i]):.4g} · "
+        what = (dict((c[0], c[2]) for c in self.categories)[self.category[i]] if self.category is not None
+                else f"A = {float(self.values[i]):.4g}")
+        return (f"{self.tokens[i]!r} · position {self.positions[i]} · {what} · "
                 + (f"chunk {ch}" if ch >= 0 else "protected")
                 + (" · removed" if self.removed[i] else "") + (" · query" if self.positions[i] == self.query_pos
                                                                else ""))
@@ -146,21 +171,37 @@ class TokenView:
 
     def key_html(self) -> str:
         """The key: the colour scale from ``cmin`` to ``cmax`` and the marks."""
-        ticks = np.linspace(0.0, 1.0, 9)
-        sw = "".join(f'<span class="sw" style="background-color:{c}"></span>' for c in shade_colour(ticks))
-        what = "log₁₀ A" if self.log else "A"
-        bits = [f'<span class="kx" style="margin-left:0">{what}: {self.cmin:.3g} {sw} {self.cmax:.3g}</span>']
+        if self.category is not None:
+            bits = [self._category_key()]
+        else:
+            ticks = np.linspace(0.0, 1.0, 9)
+            sw = "".join(f'<span class="sw" style="background-color:{c}"></span>' for c in shade_colour(ticks))
+            what = "log₁₀ A" if self.log else "A"
+            bits = [f'<span class="kx" style="margin-left:0">{what}: {self.cmin:.3g} {sw} {self.cmax:.3g}</span>']
         if any(self.chunk_start):
             bits.append('<span class="kx"><span class="tk cs">&nbsp;</span> chunk start</span>')
         if any(self.answer):
             bits.append('<span class="kx"><span class="tk ans">answer</span></span>')
         if self.query_pos is not None and self.query_pos in self.positions:
             bits.append('<span class="kx"><span class="tk q">query</span></span>')
-        if any(self.removed):
+        if any(self.removed) and self.category is None:
             bits.append('<span class="kx"><span class="tk rm">removed</span></span>')
         if any(self.excluded):
             bits.append('<span class="kx"><span class="tk ex">sink</span> unshaded</span>')
         return '<div class="wb-key">' + " ".join(bits) + "</div>"
+
+    def _category_key(self) -> str:
+        """The key of a categorical view: every category's mark (its fill; struck through where its tokens are),
+        its description and how many tokens of this page it holds."""
+        out = []
+        for name, colour, desc, *mark in self.categories:
+            idx = [i for i, c in enumerate(self.category) if c == name]
+            struck = " rm" if (mark[0] if mark else idx and all(self.removed[i] for i in idx)) else ""
+            first = ' style="margin-left:0"' if not out else ""
+            out.append(f'<span class="kx" data-category="{html.escape(name, quote=True)}"{first}>'
+                       f'<span class="tk{struck}" style="background-color:{colour}">{html.escape(name)}</span> '
+                       f"{html.escape(desc)} ({len(idx)})</span>")
+        return " ".join(out)
 
     def html(self, *, title: bool = True, preset: str | None = None, width: str | None = None,
              standalone: bool = False) -> str:
@@ -197,4 +238,6 @@ class TokenView:
             "shade": np.asarray(self.shade, dtype=np.float64), "color": self.colours, "chunk": list(self.chunk),
             "removed": list(self.removed), "chunk_start": list(self.chunk_start), "answer": list(self.answer),
             "sink_excluded": list(self.excluded),
-            "query": [p == self.query_pos for p in self.positions]})
+            "query": [p == self.query_pos for p in self.positions],
+            **({"category": list(self.category)} if self.category is not None else {}),
+            **{k: list(v) for k, v in self.columns.items()}})

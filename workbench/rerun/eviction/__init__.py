@@ -8,9 +8,18 @@
 - :mod:`.session`: :class:`EvictionSession` (one prefill, many evictions); :mod:`.generate`: the one-call
   :func:`generate_with_policy` and :func:`run_policies`; :mod:`.result`: :class:`GenerationResult`;
 - :mod:`.cache_evidence`: keys, values, ``‖W_O v‖`` and query statistics read from the model;
-- :mod:`.agnostic`: question-agnostic eviction (context compressed once, several questions answered).
+- :mod:`.agnostic`: question-agnostic eviction (context compressed once, several questions answered);
+- :mod:`.compare`: two settings side by side (kept sets, answers, KV bytes, margins) for the compare mode.
 """
 from workbench.rerun.eviction.agnostic import run_question_agnostic, split_question
+from workbench.rerun.eviction.compare import (
+    KeptComparison,
+    RunComparison,
+    compare_kept,
+    compare_runs,
+    kept_set,
+    token_margin,
+)
 from workbench.rerun.eviction.contract import check_policy
 from workbench.rerun.eviction.evidence import Evidence, Needs, pool
 from workbench.rerun.eviction.generate import generate_with_policy, run_policies
@@ -56,5 +65,5 @@ __all__ = [
     "register_policy", "build_policy", "check_policy", "default_policies", "every_policy",
     "policy_from_params", "select_keep", "split_budget", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
     "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "run_question_agnostic", "split_question", "token_positions",
-    "survival_table",
+    "survival_table", "KeptComparison", "RunComparison", "compare_kept", "compare_runs", "kept_set", "token_margin",
 ]

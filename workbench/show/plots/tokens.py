@@ -6,6 +6,9 @@ it. Chunk starts have a bar on their left, the answer passage is underlined, rem
 struck through and greyed, the query row's own token is boxed. Clicking a token (in
 :class:`~workbench.show.widgets.TokenPanel`) makes the nearest captured row the query row. At long ``T`` the
 view shows one page of ``per_page`` tokens.
+
+:func:`kept_compare` draws two eviction settings' kept sets in one token view (the compare mode): every token
+filled by whether setting A only, B only, both or neither kept it (:class:`~workbench.rerun.eviction.compare.KeptComparison`).
 """
 from __future__ import annotations
 
@@ -16,14 +19,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workbench.checks import check_int
+from workbench.rerun.eviction.compare import MEMBERSHIP, KeptComparison, kept_set
 from workbench.show.figure_engine import as_numpy, figure_meta
-from workbench.show.plots.common import answer_chunk, removed_chunks
+from workbench.show.plots.common import answer_chunk, removed_chunks, spans_of
 from workbench.show.token_view import TOKEN_SCALE, TokenView
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
 
-__all__ = ["token_attention", "token_values", "removed_positions", "TOKEN_SCALE", "TokenView"]
+__all__ = ["token_attention", "token_values", "removed_positions", "kept_compare", "COMPARE_FILL", "TOKEN_SCALE",
+           "TokenView"]
 
 LOG_FLOOR = 1e-6  # log10 shading: values below are drawn at the floor
 
@@ -73,15 +78,9 @@ def removed_positions(removed, spans, layer: int | None = None, group: int | Non
     if removed is None:
         return []
     T = spans.T
-    if hasattr(removed, "kept_prompt"):  # GenerationResult
-        kp = as_numpy(removed.kept_prompt)
-        layers = [layer] if layer is not None else (list(removed.compacted_layers) or list(range(kp.shape[0])))
-        groups = [group] if group is not None else list(range(kp.shape[1]))
-        kept = np.zeros(T, dtype=bool)
-        for l in layers:
-            for g in groups:
-                kept[kp[l, g]] = True
-        return np.flatnonzero(~kept).tolist()
+    if hasattr(removed, "kept_prompt"):  # GenerationResult: the complement of its kept set (the one rule)
+        kept = kept_set(removed, layer, group)
+        return [p for p in range(T) if p not in kept]
     if hasattr(removed, "selections") and hasattr(removed, "records"):  # a trace: its selection at l* by default
         layer = removed.l_star if layer is None else layer
         if layer is None:
@@ -152,3 +151,78 @@ def token_attention(capture: Capture, layer: int, *, query="observers", head: in
         answer=[ans is not None and chunk_of[p] == ans for p in range(lo, hi)],
         excluded=[i < n_ex for i in range(hi - lo)], query_pos=qpos, cmin=cmin, cmax=cmax, log=bool(log),
         title=f"Attention over the prompt: {what}; " + ", ".join(bits), meta=meta)
+
+
+#: the fill of every membership class of the compare view (Okabe–Ito orange and sky blue, lightened so that black
+#: text stays legible; kept by both: unfilled; kept by neither: unfilled and struck through)
+COMPARE_FILL = {"A only": "#f0c566", "B only": "#89caf0", "both": "#ffffff", "neither": "#ffffff"}
+
+
+def _paged(sp, T: int, page: int, per_page: int) -> tuple[int, int, int]:
+    if isinstance(per_page, bool) or not isinstance(per_page, numbers.Integral) or per_page < 16:
+        raise ValueError(f"per_page: must be an integer >= 16, got {per_page!r}")
+    n_pages = max(1, math.ceil(T / per_page))
+    check_int("page", page, 0, n_pages - 1)
+    return page * per_page, min(T, (page + 1) * per_page), n_pages
+
+
+def kept_compare(comparison: KeptComparison | None, prompt, *, page: int = 0, per_page: int = 384,
+                 placeholder: str | None = None, model_id: str | None = None, params=None) -> TokenView:
+    """Two settings' kept prompt positions in one token view, the difference marked.
+
+    Every token is filled by its class in ``comparison`` (:meth:`KeptComparison.membership`): kept by setting
+    A only (orange), by B only (sky blue), by both (unfilled), by neither (unfilled, struck through and greyed,
+    as an evicted token in :func:`token_attention`). Chunk starts and the answer passage are marked as there.
+    The key lists the classes with the settings' names and their counts on the page; the hover and the CSV
+    sidecar (``to_frame``: ``category``, ``kept_a``, ``kept_b``) give every token's membership.
+
+    Args:
+        comparison: the :class:`~workbench.rerun.eviction.compare.KeptComparison` (previews or runs), or ``None``
+            with ``placeholder``: the plain tokens with the reason there is nothing to compare in the title and
+            ``meta["placeholder"]`` (a side without a preview).
+        prompt: the ``Prompt`` (or ``PromptSpans`` / ``Capture``) the settings ran on, for the tokens and chunks.
+        page, per_page: show tokens ``[page·per_page, (page+1)·per_page)``.
+    """
+    if (comparison is None) == (placeholder is None):
+        raise ValueError("comparison, placeholder: give exactly one of them")
+    sp = spans_of(prompt)
+    if sp is None:
+        raise ValueError("prompt: needs the prompt's spans (a Prompt, PromptSpans or Capture)")
+    if comparison is not None and not isinstance(comparison, KeptComparison):
+        raise ValueError(f"comparison: must be a KeptComparison, got {type(comparison).__name__}")
+    T = sp.T
+    if comparison is not None and comparison.T != T:
+        raise ValueError(f"prompt: has T = {T} tokens, the comparison T = {comparison.T}")
+    lo, hi, n_pages = _paged(sp, T, page, per_page)
+    toks = list(sp.tokens[lo:hi]) if len(sp.tokens) >= hi else [f"#{j}" for j in range(lo, hi)]
+    chunk_of = as_numpy(sp.chunk_of()).tolist()
+    ans = answer_chunk(sp)
+    starts = {s for s, _ in sp.chunks}
+    pos = list(range(lo, hi))
+    where = f"tokens {lo}–{hi - 1} of {T}" + (f" (page {page + 1}/{n_pages})" if n_pages > 1 else "")
+    kw = dict(page=page, per_page=per_page, n_pages=n_pages)
+    if comparison is None:
+        meta = figure_meta("kept_compare", model_id, params, placeholder=placeholder, **kw)
+        cat, cols, removed = ["not compared"] * len(pos), {}, [False] * len(pos)
+        cats = (("not compared", "#ffffff", placeholder),)
+        title = f"Kept prompt positions, no comparison: {placeholder}; {where}"
+    else:
+        member = comparison.membership()[lo:hi]
+        c = comparison
+        desc = {"A only": f"kept by A only (A: {c.label_a})", "B only": f"kept by B only (B: {c.label_b})",
+                "both": "kept by both", "neither": "kept by neither"}
+        cats = tuple((m, COMPARE_FILL[m], desc[m], m == "neither") for m in MEMBERSHIP)
+        cat, removed = member, [m == "neither" for m in member]
+        cols = {"kept_a": [p in c.kept_a for p in pos], "kept_b": [p in c.kept_b for p in pos]}
+        counts = c.counts()
+        meta = figure_meta("kept_compare", model_id, params, label_a=c.label_a, label_b=c.label_b, layer=c.layer,
+                           group=c.group, counts=counts, a_only=list(c.a_only), b_only=list(c.b_only),
+                           both=list(c.both), neither=list(c.neither), **kw)
+        title = (f"Kept prompt positions, A: {c.label_a} vs B: {c.label_b} ({c.where}): "
+                 f"{counts['A only']} A only, {counts['B only']} B only, {counts['both']} both; {where}")
+    n = len(pos)
+    return TokenView(
+        tokens=toks, positions=pos, values=np.full(n, np.nan), shade=np.zeros(n), chunk=[int(chunk_of[p]) for p in pos],
+        removed=removed, chunk_start=[p in starts for p in pos],
+        answer=[ans is not None and chunk_of[p] == ans for p in pos], excluded=[False] * n, query_pos=None,
+        cmin=0.0, cmax=1.0, log=False, title=title, meta=meta, category=cat, categories=cats, columns=cols)

@@ -189,6 +189,8 @@ class Panel(abc.ABC):
     TOOLTIP_KEYS: dict[str, str] = {}
     #: controls whose value is not kept when a new capture is shown (it would mean another thing there)
     KEEP_NOT: tuple[str, ...] = ()
+    #: figures that leave the figure row when :meth:`compute` stops returning them (a mode switched off)
+    TRANSIENT: tuple[str, ...] = ()
 
     def __init__(self):
         self.controls: dict[str, W.Widget] = {}
@@ -296,8 +298,7 @@ class Panel(abc.ABC):
         figs, status = self.compute()
         self.status.value = status
         self.figures = {name: _widget_figure(as_figure(live_layout(f)), name) for name, f in figs.items()}
-        ctrl = list(self.controls.values())
-        rows = [W.HBox(ctrl[i:i + 3], layout=W.Layout(flex_flow="row wrap")) for i in range(0, len(ctrl), 3)]
+        rows = self.control_rows()
         self.export_button = W.Button(description="export figures", icon="download",
                                       tooltip="write every figure (PDF, SVG, PNG, JSON sidecar, CSV) to a folder")
         self.export_width = W.Dropdown(options=[("single column (3.33 in)", "single"),
@@ -319,6 +320,11 @@ class Panel(abc.ABC):
             return
         old.children = children  # one message: the new controls, status and figures together
 
+    def control_rows(self) -> list[W.Widget]:
+        """The rows of controls above the status line (three controls a row, in the order of ``controls``)."""
+        ctrl = list(self.controls.values())
+        return [W.HBox(ctrl[i:i + 3], layout=W.Layout(flex_flow="row wrap")) for i in range(0, len(ctrl), 3)]
+
     def _add_figure(self, name: str, fig: go.Figure) -> go.FigureWidget:
         """A figure that appears later (e.g. the drift after the first run) joins the figure row."""
 
@@ -327,6 +333,11 @@ class Panel(abc.ABC):
         box = self._figure_box
         box.children = tuple(box.children) + (fw,)
         return fw
+
+    def _drop_figure(self, name: str) -> None:
+        """A figure of :attr:`TRANSIENT` leaves the figure row (and the export) when its mode is switched off."""
+        fw = self.figures.pop(name)
+        self._figure_box.children = tuple(c for c in self._figure_box.children if c is not fw)
 
     def _repr_mimebundle_(self, **kw):
         return self.widget._repr_mimebundle_(**kw)
@@ -377,6 +388,8 @@ class Panel(abc.ABC):
             return
         self.error = None
         t1 = time.perf_counter()
+        for name in [n for n in self.TRANSIENT if n in self.figures and n not in figs]:
+            self._drop_figure(name)
         for name, fig in figs.items():
             if isinstance(self.figures.get(name), TokenWidget):
                 self.figures[name].show(fig)
@@ -450,6 +463,17 @@ def _accepts(w: W.Widget, v) -> bool:
     if isinstance(w, W.Checkbox):
         return isinstance(v, bool)
     return False
+
+
+def answer_table(columns, rows=()) -> str:
+    """Answers in full, wrapped (never cut), side by side: ``columns`` ``[(title, answer), …]``, then ``rows``
+    of one text per column."""
+    cell = "style='vertical-align:top;padding:4px 10px;border:1px solid #ddd;max-width:520px'"
+    code = "style='white-space:pre-wrap;overflow-wrap:anywhere'"
+    head = "<tr>" + "".join(f"<th {cell}>{html_escape(t)}</th>" for t, _ in columns) + "</tr>"
+    body = "<tr>" + "".join(f"<td {cell}><code {code}>{html_escape(a)}</code></td>" for _, a in columns) + "</tr>"
+    extra = "".join("<tr>" + "".join(f"<td {cell}>{html_escape(x)}</td>" for x in r) + "</tr>" for r in rows)
+    return f"<table style='border-collapse:collapse'>{head}{body}{extra}</table>"
 
 
 def ep_from(controls: dict, base: EntroPrefillParams) -> EntroPrefillParams:

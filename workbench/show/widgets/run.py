@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import ipywidgets as W
 import plotly.graph_objects as go
+import torch
 
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.procedure import trace
@@ -30,10 +31,13 @@ from workbench.show.figure_engine import figure_meta, finish
 from workbench.show.widgets.base import (
     SLIDERS,
     Panel,
+    answer_table,
     ep_controls,
     ep_from,
     html_escape,
 )
+from workbench.show.widgets.compare import CompareMode
+from workbench.show.widgets.compare_prune import PruneCompareMode
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -159,13 +163,7 @@ class _RunMixin:
 
 def _answer_table(left_title: str, left: str, right_title: str, right: str, rows=()) -> str:
     """Both answers in full, wrapped (never cut), side by side."""
-    cell = "style='vertical-align:top;padding:4px 10px;border:1px solid #ddd;max-width:520px'"
-    code = "style='white-space:pre-wrap;overflow-wrap:anywhere'"
-    head = f"<tr><th {cell}>{html_escape(left_title)}</th><th {cell}>{html_escape(right_title)}</th></tr>"
-    body = (f"<tr><td {cell}><code {code}>{html_escape(left)}</code></td>"
-            f"<td {cell}><code {code}>{html_escape(right)}</code></td></tr>")
-    extra = "".join(f"<tr><td {cell}>{html_escape(a)}</td><td {cell}>{html_escape(b)}</td></tr>" for a, b in rows)
-    return f"<table style='border-collapse:collapse'>{head}{body}{extra}</table>"
+    return answer_table([(left_title, left), (right_title, right)], rows)
 
 
 def _text(res, ids_attr: str) -> str:
@@ -175,16 +173,20 @@ def _text(res, ids_attr: str) -> str:
     return "ids " + str(list(getattr(res, ids_attr)))
 
 
-class PrunePanel(_RunMixin, Panel):
+class PrunePanel(PruneCompareMode, _RunMixin, Panel):
     """Pruned prefill vs the full prefill (SPEC §6–§7).
 
     The sliders update the *predicted* decision from the capture (the trace, no model). The run
     button (or *re-run on change*) calls :func:`~workbench.rerun.prune.run_pruned` (adaptive, or with a
     fixed ``l*``) and :func:`~workbench.rerun.prune.run_full` — each once per distinct parameter set — and
     shows both answers side by side and the per-layer drift (:func:`~workbench.rerun.stability.stability`).
+
+    *compare* (:class:`~workbench.show.widgets.compare_prune.PruneCompareMode`) puts a second setting ``B`` beside
+    this one (``A``): the positions each retains in one token view, and Run runs both.
     """
 
     title = "Pruned prefill vs full prefill (SPEC §6–§7)"
+    TRANSIENT = ("compare",)
     NAMES = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0", "eps_audit", "streak")
 
     def __init__(self, capture: Capture, model, prompt, params: EntroPrefillParams | None = None, *,
@@ -202,6 +204,7 @@ class PrunePanel(_RunMixin, Panel):
         self.controls["run_layer"] = SLIDERS["run_layer"].make(min(4, L - 1), lo=1, hi=L - 1, continuous=False)
         self.controls["mode"].observe(self._show_layer, names="value")
         self._show_layer()
+        self._init_compare()
         self._init_run("Run pruned prefill", 3)
         self.last_pruned = self.last_full = self.last_stability = None
         self._finish()
@@ -224,12 +227,14 @@ class PrunePanel(_RunMixin, Panel):
             figs["drift"] = go.Figure(layout=dict(title="No drift: the last run was a bypass (nothing pruned)",
                                                   meta={"figure": "drift", "bypass": True}))
         if fixed is None:
-            return figs, "predicted from the capture: " + html_escape(tr.decision)
-        sel = tr.selections.get(fixed)
-        what = ("no selection there (invalid layer)" if sel is None else
-                f"removes chunks {list(sel.removed)} ({sel.D} tokens); {html_escape(sel.verdict)}")
-        return figs, (f"fixed layer l* = {fixed} (dashed line): {what}. The adaptive procedure would: "
+            status = "predicted from the capture: " + html_escape(tr.decision)
+        else:
+            sel = tr.selections.get(fixed)
+            what = ("no selection there (invalid layer)" if sel is None else
+                    f"removes chunks {list(sel.removed)} ({sel.D} tokens); {html_escape(sel.verdict)}")
+            status = (f"fixed layer l* = {fixed} (dashed line): {what}. The adaptive procedure would: "
                       + html_escape(tr.decision))
+        return self.compare_compute(tr, figs, status) if self.compare_on() else (figs, status)
 
     def run_key(self) -> tuple:
         """The frozen parameter tuple that identifies a pruned run."""
@@ -238,8 +243,10 @@ class PrunePanel(_RunMixin, Panel):
         return ("pruned", tuple(sorted(p.to_dict().items())), layer, self.max_new_tokens)
 
     def run(self):
-        """Run (or fetch from the cache) the full and the pruned prefill for the current parameters."""
-
+        """Run (or fetch from the cache) the full and the pruned prefill for the current parameters (in compare
+        mode: both settings, :meth:`~workbench.show.widgets.compare_prune.PruneCompareMode.run_compare`)."""
+        if self.compare_on():
+            return self.run_compare()
         key = self.run_key()
         p = ep_from(self.controls, self.base)
         layer = key[2]
@@ -283,7 +290,7 @@ def _no_preview(reason: str, policy: str, budget: int, model_id) -> go.Figure:
                                     showarrow=False)])
 
 
-class EvictionPanel(_RunMixin, Panel):
+class EvictionPanel(CompareMode, _RunMixin, Panel):
     """KV eviction policies (SPEC §9): policy, budget ``B``, DeferKV ``λ`` and the page size.
 
     The sliders update the *preview* of the kept prompt positions, scored from the capture's rows
@@ -291,9 +298,14 @@ class EvictionPanel(_RunMixin, Panel):
     The run button generates with the model under the policy (one shared prefill,
     :class:`~workbench.rerun.eviction.EvictionSession`) and shows the answer beside the full-cache answer;
     every ``(policy parameters, budget)`` runs once.
+
+    *compare* (:class:`~workbench.show.widgets.compare.CompareMode`) puts a second setting ``B`` beside this one
+    (``A``): both kept sets in one token view with the difference marked, and Run generates under both.
     """
 
     title = "KV-cache eviction (SPEC §9)"
+    TOOLTIP_KEYS = CompareMode.TOOLTIP_KEYS
+    TRANSIENT = ("compare",)
 
     def __init__(self, capture: Capture, model, prompt, *, policy: PolicyName = "deferkv", budget: int | None = None,
                  max_new_tokens: int = 12, n_sink: int | None = None, recent: int = 32):
@@ -322,6 +334,7 @@ class EvictionPanel(_RunMixin, Panel):
         }
         self.controls["policy"].observe(self._show_applicable, names="value")
         self._show_applicable()
+        self._init_compare()
         self._session = None
         self._init_run("Run eviction", 2)
         self._finish()
@@ -336,15 +349,20 @@ class EvictionPanel(_RunMixin, Panel):
 
     def policy(self):
         """The policy object of the current controls."""
-        cls = self.classes[self.controls["policy"].value]
+        c = self.controls
+        return self.build_policy(c["policy"].value, c["defer_lam"].value, c["page"].value)
+
+    def build_policy(self, name: str, lam: float, page: int):
+        """The policy ``name`` with the panel's common parameters, DeferKV's ``λ`` and the page size."""
+        cls = self.classes[name]
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in self.common.items() if k in names}
         if "base" in names:  # rescaling and budget allocations act on SnapKV's scores
             kw["base"] = SnapKV(**{k: v for k, v in self.common.items() if k in {f.name for f in fields(SnapKV)}})
         if "lam" in names:
-            kw["lam"] = float(self.controls["defer_lam"].value)
+            kw["lam"] = float(lam)
         if "page" in names:
-            kw["page"] = int(self.controls["page"].value)
+            kw["page"] = int(page)
         return cls(**kw)
 
     def highlight(self) -> list[int]:
@@ -358,26 +376,38 @@ class EvictionPanel(_RunMixin, Panel):
     def analysis(self):
         """Preview :class:`GenerationResult` (kept positions only, no text) from the capture, or None
         when the policy needs evidence a capture does not hold."""
-        pol = self.policy()
+        return self.preview_of(self.policy(), int(self.controls["budget"].value))
+
+    def preview_of(self, pol, B: int):
+        """The preview of policy ``pol`` at budget ``B`` (see :meth:`analysis`)."""
         cap = self.capture
         ev = cap.cached("eviction_evidence", lambda: Evidence.from_capture(cap))
         T, L = cap.T, cap.L
-        B = int(self.controls["budget"].value)
         try:
             kept = preview(pol, ev, B)  # the one budget rule (scores memoised: a budget move re-selects)
         except ValueError:  # evidence a capture does not hold (H2O's column sums, the cache's keys ...)
             return None
+        # laid out as a run's: the kept prompt positions, then the tokens decoded before eviction (DeferKV's
+        # first one), so that ``kept_prompt`` is the whole preview
+        d = pol.defer
+        kept = torch.cat([kept, torch.arange(T, T + d).expand(*kept.shape[:2], d)], dim=-1)
         return GenerationResult(policy=pol.name, params=pol.params(), budget=B, T=T, ids=[], text=None, kept=kept,
                                 evicted_at=pol.defer, compacted_layers=tuple(range(L)), kv_bytes_before=0,
                                 kv_bytes_after=0, timings={})
 
+    def no_preview(self, reason: str, policy: str, budget: int) -> go.Figure:
+        """The kept-positions figure of a policy without a preview (the reason written on it)."""
+        return _no_preview(reason, policy, budget, self.capture.model_id)
+
     def compute(self):
         prev = self._analyse()
+        if self.compare_on():
+            return self.compare_compute(prev)
         pol = self.policy()
         if prev is None:
             B = int(self.controls["budget"].value)
             reason = f"{pol.name} scores with evidence a capture does not hold: no preview; press run"
-            return {"kept": _no_preview(reason, pol.name, B, self.capture.model_id)}, (
+            return {"kept": self.no_preview(reason, pol.name, B)}, (
                 f"{reason} to generate under it with B = {B} of T = {self.capture.T} prompt positions")
         fig = plots.kept_positions([prev], self.prompt, highlight=self.highlight() or None)
         B = prev.budget
@@ -390,7 +420,7 @@ class EvictionPanel(_RunMixin, Panel):
         if self._session is None:
             needs = Needs.of(every_policy(**self.common))
             self._session = EvictionSession.prepare(self.model, self.prompt, needs, self.max_new_tokens,
-                                                    reusable=True, progress=False)
+                                                    reusable=True, keep_logits=True, progress=False)
             self.model_calls += 1
         return self._session
 
@@ -400,9 +430,12 @@ class EvictionPanel(_RunMixin, Panel):
         return (pol.name, tuple(sorted(pol.params().items())), None if pol.keeps_all else B, self.max_new_tokens)
 
     def run(self):
-        """Generate under the current policy and budget (cached), and the full-cache answer."""
-
+        """Generate under the current policy and budget (cached), and the full-cache answer (in compare mode:
+        under both settings, :meth:`~workbench.show.widgets.compare.CompareMode.run_compare`)."""
+        if self.compare_on():
+            return self.run_compare()
         pol, key = self.policy(), self.run_key()
+        self.progress.max = 2
         with self._busy():
             self._step(0, "prefill…" if self._session is None else "full cache…")
             sess = self.session()
