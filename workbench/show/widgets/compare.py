@@ -21,7 +21,8 @@ import ipywidgets as W
 from workbench.rerun.eviction import FullCache
 from workbench.rerun.eviction.compare import RunComparison, compare_kept, compare_runs, setting_labels
 from workbench.show import plots
-from workbench.show.widgets.base import SLIDERS, answer_table, html_escape
+from workbench.show.widgets.answers import answer_table
+from workbench.show.widgets.base import SLIDERS, html_escape
 
 __all__ = ["CompareControls", "CompareMode", "compare_table"]
 

@@ -18,7 +18,8 @@ from workbench.analyse.procedure import trace
 from workbench.rerun.prune import run_full, run_pruned
 from workbench.rerun.prune_compare import PruneComparison, compare_pruned, compare_retained, retained_set
 from workbench.show import plots
-from workbench.show.widgets.base import SLIDERS, answer_table, ep_controls, ep_from, html_escape
+from workbench.show.widgets.answers import answer_table
+from workbench.show.widgets.base import SLIDERS, ep_controls, ep_from, html_escape
 from workbench.show.widgets.compare import CompareControls
 
 __all__ = ["PruneCompareMode", "prune_table"]

@@ -28,10 +28,10 @@ from workbench.rerun.prune import run_full, run_pruned
 from workbench.rerun.stability import stability
 from workbench.show import plots
 from workbench.show.figure_engine import figure_meta, finish
+from workbench.show.widgets.answers import answer_table
 from workbench.show.widgets.base import (
     SLIDERS,
     Panel,
-    answer_table,
     ep_controls,
     ep_from,
     html_escape,
