@@ -591,13 +591,14 @@ def test_registered_policy_in_the_eviction_panel(lab, artifacts):
     assert not bad, f"console errors: {bad[:5]}"
 
 
-# what the panels of the prompt notebook show: per output area, its plotly figures (figure kind, title, x length of
-# the first trace) and its token view's text
+# what the panels of the prompt notebook show: per output area, its shown plotly figures (figure kind, title, x length
+# of the first trace) and its token view's text (a panel hides the figures of the capture before, then closes them)
 _SHOWN_JS = """() => Array.from(document.querySelectorAll('.jp-OutputArea')).map(a => ({
-  figs: Array.from(a.querySelectorAll('.js-plotly-plot')).map(gd => ({
+  figs: Array.from(a.querySelectorAll('.js-plotly-plot')).filter(gd => gd.offsetParent !== null).map(gd => ({
     figure: gd.layout && gd.layout.meta && gd.layout.meta.figure, title: (gd.querySelector('.gtitle') || {}).textContent || '',
     nx: gd.data && gd.data[0] && gd.data[0].x ? gd.data[0].x.length : 0})),
-  text: Array.from(a.querySelectorAll('.wb-token-widget .wb-text')).map(e => e.textContent).join(''),
+  text: Array.from(a.querySelectorAll('.wb-token-widget .wb-text')).filter(e => e.offsetParent !== null)
+    .map(e => e.textContent).join(''),
   html: Array.from(a.querySelectorAll('.widget-html')).map(e => e.textContent).join('|'),
 }))"""
 

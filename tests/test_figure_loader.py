@@ -7,7 +7,8 @@ What it must do, and what is checked here:
 - edits (``_py2js_*``) that reach a model before the bundle has loaded are handed to plotly's model in their
   order, nulls skipped, before any view draws; later edits reach it once, not twice;
 - a figure made after the bundle loaded starts at once from the loaded module;
-- ``render`` draws with plotly's view of that model.
+- ``render`` draws with plotly's view of that model;
+- ``_hidden`` hides the figure's element and shows it again (its view stays: a panel that shows a new capture).
 """
 from __future__ import annotations
 
@@ -77,10 +78,14 @@ edit(A, '_py2js_restyle', 5);                       // after the load: plotly's 
 const C = new Model('C'), wC = loader.default();
 wC.initialize({model: C});
 edit(C, '_py2js_update', 6);
-const elC = {};
+const elC = {style: {}};
 await wC.render({model: C, el: elC});
+const shownC = elC.style.display;
+C.set('_hidden', true);                              // a panel set it aside: hidden in the page, view kept
+const hiddenC = elC.style.display;
+C.set('_hidden', false);
 console.log(JSON.stringify({returned: returned === undefined ? 'undefined' : typeof returned, fetches,
-  log: LOG, drawn: [elA.drawn, elB.drawn, elC.drawn]}));
+  log: LOG, drawn: [elA.drawn, elB.drawn, elC.drawn], display: [shownC, hiddenC, elC.style.display]}));
 """
 
 
@@ -95,6 +100,7 @@ def test_loader_in_node(tmp_path):
     assert r["returned"] == "undefined"                       # ready at once: nothing awaited in initialize
     assert r["fetches"] == 1 and log.count(("bundle evaluated",)) == 1
     assert r["drawn"] == ["A", "B", "C"]
+    assert r["display"] == ["", "none", ""]                   # _hidden hides the figure's element, and shows it again
     i = log.index(("holder released",))
     assert all(e[0] != "initialize" for e in log[:i])         # nothing of plotly ran before the bundle came
     a = [e for e in log if e[1:2] == ("A",)]

@@ -71,6 +71,9 @@ export default () => {
         });
     },
     async render({model, el}) {
+      const show = () => { if (el.style) el.style.display = model.get('_hidden') ? 'none' : ''; };
+      model.on('change:_hidden', show);  // a figure set aside (its panel shows a new capture) is hidden, not removed
+      show();
       const w = await ready;
       return w.render({model, el});
     },
@@ -119,6 +122,9 @@ class FigureWidget(go.FigureWidget):
     _esm = _LOADER_ESM
     _bundle_model = traitlets.Unicode().tag(sync=True)
     _bundle_sha = traitlets.Unicode().tag(sync=True)
+    #: hidden in the page (a panel that shows a new capture hides its previous figures, then closes them later:
+    #: a plotly view removed while it draws fails). ``layout`` is plotly's here, not ipywidgets' Layout.
+    _hidden = traitlets.Bool(False).tag(sync=True)
 
     def __init__(self, data=None, layout=None, *, uirevision: str | None = None, **kw):
         self._open_later = True

@@ -37,6 +37,8 @@ def _number() -> W.Layout:
 
 def _auto() -> W.Layout:
     return W.Layout(width="auto")
+
+
 TASK = Choice(tuple(sorted(RULER_TASKS)))
 
 

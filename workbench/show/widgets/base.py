@@ -24,6 +24,7 @@ from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
 from workbench.show.widgets.state import CaptureState
 from workbench.show.widgets.token_widget import TokenWidget
+from workbench.show.widgets.values import accepts, widget_tree
 from workbench.util import one_thread
 
 if TYPE_CHECKING:
@@ -54,6 +55,15 @@ def live_layout(fig, width: int = FIGURE_WIDTH):
     h = min(h, FIGURE_HEIGHT[1])
     lay.update(width=width, height=h, autosize=False)
     return d
+
+
+def _hide(w) -> None:
+    """Hide a figure widget in the page (its views stay): a plotly figure by its ``_hidden`` trait (its ``layout`` is
+    plotly's), a token view by its widget layout."""
+    if isinstance(w, FigureWidget):
+        w._hidden = True
+    else:
+        w.layout.display = "none"
 
 
 def _widget_figure(fig, uirevision: str):
@@ -226,33 +236,39 @@ class Panel(abc.ABC):
         the values still valid there, and every figure and the status are drawn from it, replaced in one step (no
         figure of the old capture next to a status of the new one). A capture the panel cannot show (e.g. no
         chunk for a priority panel) raises ``ValueError``; the panel then keeps its previous capture, controls
-        and figures, and its status line says why."""
+        and figures, and its status line says why.
+
+        The new figures are new widgets, born with their data (an edit that reaches a plotly view while it draws
+        its first plot can be lost). The previous ones are hidden, not removed: plotly's view purges its graph when
+        removed, and a draw still under way then fails; they are closed at the next new capture. The panel's
+        container stays; the box of controls gets the new controls."""
         if not self.follows_capture:
             raise ValueError(f"capture: {type(self).__name__} cannot show a new capture in place (it runs the model "
                              f"on its own prompt); build a new panel")
         if capture is self.capture:
             return
         saved, shown = dict(self.__dict__), self.widget.children
-        old = {id(w) for c in shown for w in _tree(c)}
+        saved["_control_rows"] = self._controls_box.children
+        before = {id(w): w for c in shown for w in widget_tree(c)}
         self._kept = self.params()
-        self.status = W.HTML(layout=W.Layout(width="auto"))  # a new status: it appears with the new figures
         try:
             self._setup(capture)
         except ValueError as e:
-            made = [*self.controls.values(), *self.figures.values(), self.status, *self.widget.children]
+            made = list(self.controls.values())  # the new controls, if _setup got that far
             self.__dict__.clear()
             self.__dict__.update(saved)
-            self.widget.children = shown
-            for w in {id(x): x for m in made for x in _tree(m) if id(x) not in old}.values():
+            self._controls_box.children = saved["_control_rows"]
+            for w in {id(x): x for m in made for x in widget_tree(m) if id(x) not in before}.values():
                 w.close()
             self.error = f"this panel still shows the previous capture: {e}"
             self.status.value = f"<span style='color:#D55E00'>{html_escape(self.error)}</span>"
             raise
         finally:
             self._kept = None
-        now = {id(w) for c in self.widget.children for w in _tree(c)}
-        for w in {id(x): x for c in shown for x in _tree(c) if id(x) not in now}.values():
-            w.close()  # the previous capture's controls and figures
+        now = {id(w) for c in self.widget.children for w in widget_tree(c)}
+        for i, w in before.items():
+            if i not in now:
+                w.close()  # the previous capture's controls (its figures are hidden, closed at the next capture)
         self.error = None
         self.n_updates += 1
 
@@ -267,7 +283,7 @@ class Panel(abc.ABC):
         """Set the kept control values (:meth:`set_capture`) that the new controls accept."""
         for name, v in (self._kept or {}).items():
             w = None if name in self.KEEP_NOT else self.controls.get(name)
-            if w is not None and _accepts(w, v):
+            if w is not None and accepts(w, v):
                 w.value = v
 
     def _analyse(self):
@@ -296,9 +312,22 @@ class Panel(abc.ABC):
                 w.tooltip = self.tooltip(name)
         self._keep_values()
         figs, status = self.compute()
+        rows = self.control_rows()
+        for w in self.controls.values():
+            w.observe(self._on_change, names="value")
+        if getattr(self, "widget", None) is not None:  # a new capture (set_capture): new figures, born with it
+            self.status.value = status
+            for w in self._retired:  # hidden since the capture before: long drawn, closed now
+                w.close()
+            self._retired = list(self.figures.values())
+            for w in self._retired:  # hidden, not removed: a view removed while plotly draws it fails
+                _hide(w)
+            self.figures = {name: _widget_figure(as_figure(live_layout(f)), name) for name, f in figs.items()}
+            self._figure_box.children = (*self._retired, *self.figures.values())
+            self._controls_box.children = rows
+            return
         self.status.value = status
         self.figures = {name: _widget_figure(as_figure(live_layout(f)), name) for name, f in figs.items()}
-        rows = self.control_rows()
         self.export_button = W.Button(description="export figures", icon="download",
                                       tooltip="write every figure (PDF, SVG, PNG, JSON sidecar, CSV) to a folder")
         self.export_width = W.Dropdown(options=[("single column (3.33 in)", "single"),
@@ -308,17 +337,13 @@ class Panel(abc.ABC):
         self.export_links = W.HTML()
         self.export_button.on_click(lambda _b: self.export_clicked())
         self._figure_box = W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap"))
-        children = [W.HTML(f"<b>{html_escape(self.title)}</b>"), *rows, self.status, *self._extra,
-                    self._figure_box, W.HBox([self.export_button, self.export_width, self.export_links])]
-        for w in self.controls.values():
-            w.observe(self._on_change, names="value")
-        old = getattr(self, "widget", None)
-        if old is None:
-            self.widget = W.VBox(children)
-            if self._state is not None:
-                self._state.follow(self)
-            return
-        old.children = children  # one message: the new controls, status and figures together
+        self._controls_box = W.VBox(rows)
+        self._retired: list = []  # the figures of the capture before, hidden (set_capture)
+        self.widget = W.VBox([W.HTML(f"<b>{html_escape(self.title)}</b>"), self._controls_box, self.status,
+                              *self._extra, self._figure_box,
+                              W.HBox([self.export_button, self.export_width, self.export_links])])
+        if self._state is not None:
+            self._state.follow(self)
 
     def control_rows(self) -> list[W.Widget]:
         """The rows of controls above the status line (three controls a row, in the order of ``controls``)."""
@@ -441,28 +466,6 @@ class Panel(abc.ABC):
                 kw.setdefault("prompt_hash", export.prompt_hash(spans))
         return export.export_all({name: fw.view if isinstance(fw, TokenWidget) else go.Figure(fw)
                                   for name, fw in self.figures.items()}, folder, **kw)
-
-
-def _tree(w) -> list:
-    """``w`` and every widget inside it (containers' children)."""
-    out = [w]
-    for c in getattr(w, "children", ()) or ():
-        out += _tree(c)
-    return out
-
-
-def _accepts(w: W.Widget, v) -> bool:
-    """Whether control ``w`` can take value ``v`` unchanged (inside a slider's range, one of a menu's options,
-    a check box's bool)."""
-    if isinstance(w, W.FloatLogSlider):
-        return isinstance(v, (int, float)) and v > 0 and w.base ** w.min <= v <= w.base ** w.max
-    if isinstance(w, (W.IntSlider, W.FloatSlider)):
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and w.min <= v <= w.max
-    if isinstance(w, W.Dropdown):
-        return any((o[1] if isinstance(o, tuple) else o) == v for o in w.options)
-    if isinstance(w, W.Checkbox):
-        return isinstance(v, bool)
-    return False
 
 
 def ep_from(controls: dict, base: EntroPrefillParams) -> EntroPrefillParams:
