@@ -394,6 +394,17 @@ def test_mla_refusals(family):
     assert math.isnan(st.composed_bound)
 
 
+@pytest.mark.parametrize("family", sorted(MLA))
+def test_mla_refuses_grouped_heads(family):
+    """An MLA config with fewer KV heads than query heads (which the model cannot run) is refused by its config."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(family, num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(TypeError, match=f"'{family}' configuration has num_key_value_heads = 2 != "
+                                        "num_attention_heads = 4; multi-head latent attention"):
+        families.family_of(cfg)
+
+
 @pytest.mark.model
 def test_mla_loads_with_a_warning(tmp_path, smollm):
     """``load_model`` accepts an MLA model, warning that eviction is unavailable; capture then runs on it."""

@@ -57,6 +57,8 @@ class Family:
             blocks that have an ``attn`` module), pruned prefill and eviction are refused with this reason.
         evict: ``""``, or why eviction (every policy) is refused while capture and pruned prefill are exact
             (:func:`eviction_refusal`; MLA: the cache stores one latent shared by every head).
+        mla: multi-head latent attention (DeepSeek): the latent is expanded into one key per query head, so a
+            config with ``num_key_value_heads != num_attention_heads`` is refused (the model cannot run it).
     """
 
     model_types: tuple[str, ...]
@@ -80,6 +82,7 @@ class Family:
     bound: str = ""
     capture_only: str = ""
     evict: str = ""
+    mla: bool = False
 
     @property
     def name(self) -> str:
@@ -153,9 +156,9 @@ _MLA_BOUND = (_MLA + " (no per-head W_Q, W_K, W_V: queries and keys come through
               "rope part) with a mixture-of-experts MLP")
 FAMILIES += (
     Family(("deepseek_v3",), mlp_kind="moe", rotary=_MLA_ROPE, evict=_MLA_EVICT,
-           bound=_MLA_BOUND),
+           bound=_MLA_BOUND, mla=True),
     Family(("deepseek_v2",), mlp_kind="moe", rotary=_MLA_ROPE + " (complex frequencies)", evict=_MLA_EVICT,
-           bound=_MLA_BOUND),
+           bound=_MLA_BOUND, mla=True),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
@@ -208,6 +211,14 @@ def family_of(model) -> Family:
         what = type(model).__name__.replace("Config", "")
         raise TypeError(f"model: the {mt!r} architecture ({what}) is not supported: {why}. "
                         f"Supported families: {', '.join(supported_families())}")
+    if fam.mla:
+        tc = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+        H = getattr(tc, "num_attention_heads", None)
+        G = getattr(tc, "num_key_value_heads", None) or H
+        if H is not None and G != H:
+            raise TypeError(f"model: the {mt!r} configuration has num_key_value_heads = {G} != num_attention_heads = "
+                            f"{H}; multi-head latent attention expands its latent into one key per query head, so "
+                            f"the model itself cannot run it")
     return fam
 
 
