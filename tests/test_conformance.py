@@ -66,7 +66,8 @@ def _model(family: str, impl: str | None = None):
 
 def test_matrix_is_the_family_table():
     assert sorted(families.supported_families()) == sorted(
-        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL))
+        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + list(MLA))
+    assert {f.name for f in families.FAMILIES if f.evict} == set(MLA)  # capture and pruning, eviction refused
     assert {f.name for f in families.FAMILIES if f.capture_only} == set(PARTIAL)  # partially supported: capture only
     assert set(REFUSED) <= set(families.REFUSED)
 
@@ -148,14 +149,10 @@ def _check_against_oracle(logits, ids, ref, T0):
     assert ref[T0 - 1:T0 - 1 + n].argmax(-1).tolist() == ids
 
 
-@pytest.mark.parametrize("family", _rows(SUPPORTED))
-def test_conformance(family):
-    m = _model(family)
-    spans = _spans()
+def _check_capture_and_pruning(m, spans: PromptSpans, family: str, layers=(-1, 0)):
+    """Steps 1–3 of a row (capture, logits, pruned prefill at ``layers`` against the oracle); returns the full
+    run."""
     T = spans.T
-    window = families.layer_window(m, 0)
-    if family in WINDOWED:
-        assert window is not None and window < T and families.sliding_layers(m)
     # 1. captured rows = the model's own eager output_attentions (prompt tail + decode steps 1..3)
     cap = run_capture(m, spans, RowSet(tail=T, n_decode=3), progress=False)
     ids = torch.tensor([list(spans.input_ids) + cap.generated_ids])
@@ -177,7 +174,7 @@ def test_conformance(family):
     assert (e0.first_logits - full.first_logits).abs().max().item() <= TOL and e0.generated_ids == full.generated_ids
     removed = [1, 3]
     R = spans.retained_positions(removed)
-    for layer in (-1, 0):
+    for layer in layers:
         a = run_pruned(m, spans, layer=layer, removed=removed, max_new_tokens=4, progress=False)
         assert a.T_prime == len(R) and len(a.generated_ids) == 4
         gen = torch.arange(T, T + 3)
@@ -191,6 +188,18 @@ def test_conformance(family):
             last = T
         assert (o[last - 1] - a.first_logits).abs().max().item() <= TOL, layer
         assert o[last - 1:].argmax(-1).tolist() == a.generated_ids, layer
+    return full
+
+
+@pytest.mark.parametrize("family", _rows(SUPPORTED))
+def test_conformance(family):
+    m = _model(family)
+    spans = _spans()
+    T = spans.T
+    window = families.layer_window(m, 0)
+    if family in WINDOWED:
+        assert window is not None and window < T and families.sliding_layers(m)
+    full = _check_capture_and_pruning(m, spans, family)
     # 4. every policy at B >= T equals the full cache; at B < T the KV bytes fall on every layer kind
     pols = every_policy(n_sink=2, recent=2)
     res = run_policies(m, spans, pols, [T, 4], 4, progress=False)
@@ -211,7 +220,7 @@ def test_conformance(family):
         _check_against_oracle(r.logits, r.ids, o, T)
 
 
-NEW_REFUSED = ["llama4_text", "deepseek_v2", "deepseek_v3", "gemma3n_text", "gemma4_text", "qwen3_next", "qwen3_5_text",
+NEW_REFUSED = ["llama4_text", "gemma3n_text", "gemma4_text", "qwen3_next", "qwen3_5_text",
                "granitemoehybrid", "falcon_h1", "jamba", "bamba"]
 
 
@@ -309,3 +318,104 @@ def test_hybrid_loads_with_a_warning(tmp_path, smollm):
     cap = run_capture(lm, _spans(), RowSet(observers=False, audit=None, tail=3), progress=False)
     assert cap.softmax_layers == [1] and bool(torch.isnan(cap.attn[0]).all())
     assert (cap.attn[1].sum(-1) - 1).abs().max().item() < 1e-5
+
+
+# ----------------------------------------------------------------------------- MLA: capture and pruned prefill
+# issue 25: DeepSeek-V2/V3 (multi-head latent attention; tiny configs in workbench.run.models.TINY_OVERRIDES: kv
+# latent 16, rope 8 + nope 16 key head, value head 16, layer 0 dense and layers 1-2 routed experts). Variants: a query
+# LoRA or a plain q_proj, interleaved or rotate-half rope, YaRN with mscale (the attention's own scaling), eager.
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 1.0,
+         "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": 10000.0}
+MLA = {
+    "deepseek_v3": [dict(), dict(q_lora_rank=24, rope_interleave=False), dict(rope_parameters=_YARN)],
+    "deepseek_v2": [dict(), dict(q_lora_rank=None)],
+}
+_MLA_ROWS = [(f, i, impl) for f, vs in MLA.items() for i in range(len(vs)) for impl in ("sdpa",)] + \
+            [("deepseek_v3", 0, "eager"), ("deepseek_v2", 0, "eager")]
+
+
+def _mla_model(family, variant=0, impl="sdpa"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return tiny_model(family, L=3, H_Q=4, G=2, d=16, seed=1, attn_implementation=impl, **MLA[family][variant])
+
+
+@pytest.mark.parametrize("family,variant,impl", _MLA_ROWS)
+def test_mla_capture_and_pruning(family, variant, impl):
+    """MLA: captured rows (the model's own post-RoPE q·k over its expanded keys, prompt and decode rows) equal its
+    eager attention; logits are bit-identical with capture on and off; E = ∅ equals the full run; l* = -1 and
+    mid-prefill removals (after the dense layer 0, after the MoE layer 1) equal the independent oracle."""
+    m = _mla_model(family, variant, impl)
+    att = adapter.decoder_layers(m)[0].self_attn
+    assert att.qk_head_dim == 24 and att.v_head_dim == 16
+    assert type(adapter.decoder_layers(m)[0].mlp).__name__.endswith("MLP")
+    assert type(adapter.decoder_layers(m)[1].mlp).__name__.lower().endswith("moe")
+    if MLA[family][variant].get("rope_parameters"):
+        assert att.scaling != att.qk_head_dim ** -0.5  # YaRN's mscale: the capture reads the call's own scaling
+    _check_capture_and_pruning(m, _spans(), family, layers=(-1, 0, 1))
+
+
+@pytest.mark.parametrize("family", sorted(MLA))
+def test_mla_refusals(family):
+    """MLA: every eviction entry point, ExpectedAttention, rerotate and the stability constants are refused at the
+    call, naming the policy or feature, the family and the reason."""
+    from workbench.rerun.eviction import EvictionSession, ExpectedAttention, Needs, generate_with_policy
+    from workbench.run import blocks, rotary
+
+    m = _mla_model(family)
+    spans = _spans()
+    why = rf"cannot run on {family}: multi-head latent attention: every head's key and value are expanded from one " \
+          r"cached latent.*capture and pruned prefill are supported"
+    with pytest.raises(ValueError, match="eviction " + why):
+        EvictionSession.prepare(m, spans, Needs(), 2)
+    for pol in (SnapKV(n_sink=2, recent=2, window=4), DeferKV(n_sink=2, recent=2), H2O(n_sink=2, recent=2)):
+        with pytest.raises(ValueError, match=f"policy: {type(pol).__name__} " + why):
+            generate_with_policy(m, spans, pol, 6, 2, progress=False)
+    with pytest.raises(ValueError, match="policy: ExpectedAttention " + why):
+        generate_with_policy(m, spans, ExpectedAttention(n_sink=2, recent=2), 6, 2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):
+        run_policies(m, spans, every_policy(n_sink=2, recent=2), [spans.T, 4], 2, progress=False)
+    assert re.match(rf"not available for {family}: multi-head latent attention: RoPE turns only the decoupled rope",
+                    rotary.unavailable(m))
+    with pytest.raises(ValueError, match=f"rotary maps not available for {family}: multi-head latent"):
+        rotary.rotary_maps(m, torch.arange(4))
+    with pytest.raises(blocks.Unavailable, match=rf"not available for {family}: multi-head latent attention \(no "
+                                                 r"per-head W_Q, W_K, W_V.*mixture-of-experts"):
+        blocks.block_weights(m, 0)
+    # the stability report still runs: per-block drift exact, the composed bound NaN with the MLA reason
+    import math
+
+    from workbench.rerun.stability import stability
+    full = run_full(m, spans, max_new_tokens=1, keep_hidden=True)
+    p = run_pruned(m, spans, layer=0, removed=[1, 3], max_new_tokens=1, keep_hidden=True, progress=False)
+    st = stability(m, full, p)
+    assert st.drift[1] == 0.0 and st.drift[2] == pytest.approx(st.defects[2], rel=1e-4, abs=1e-5)
+    assert any(n.startswith(f"not available for {family}: multi-head latent") for n in st.notes)
+    assert math.isnan(st.composed_bound)
+
+
+@pytest.mark.parametrize("family", sorted(MLA))
+def test_mla_refuses_grouped_heads(family):
+    """An MLA config with fewer KV heads than query heads (which the model cannot run) is refused by its config."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(family, num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(TypeError, match=f"'{family}' configuration has num_key_value_heads = 2 != "
+                                        "num_attention_heads = 4; multi-head latent attention"):
+        families.family_of(cfg)
+
+
+@pytest.mark.model
+def test_mla_loads_with_a_warning(tmp_path, smollm):
+    """``load_model`` accepts an MLA model, warning that eviction is unavailable; capture then runs on it."""
+    from workbench.run.models import load_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tiny_model("deepseek_v3", vocab=len(smollm.tokenizer), L=2, H_Q=4, d=16).save_pretrained(tmp_path)
+    smollm.tokenizer.save_pretrained(tmp_path)
+    with pytest.warns(UserWarning, match="deepseek_v3 is partially supported: capture and pruned prefill are exact; "
+                                         "eviction, ExpectedAttention, rerotate and the stability bounds are unavailable"):
+        lm = load_model(tmp_path, device="cpu", progress=False)
+    cap = run_capture(lm, _spans(), RowSet(observers=False, audit=None, tail=3), progress=False)
+    assert (cap.attn.sum(-1) - 1).abs().max().item() < 1e-5

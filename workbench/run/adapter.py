@@ -369,6 +369,11 @@ def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
     pe = kwargs.get("position_embeddings")
     if isinstance(pe, (tuple, list)):
         kwargs["position_embeddings"] = tuple(t.index_select(-2, R.to(t.device)) for t in pe)
+    elif isinstance(pe, torch.Tensor):  # DeepSeek-V2: one complex tensor of rotations ``[B, T, d/2]``
+        if pe.dim() != 3 or int(R.max()) >= pe.shape[-2]:
+            raise TypeError(f"position_embeddings: cannot restrict a tensor of shape {tuple(pe.shape)} to the "
+                            "retained positions")
+        kwargs["position_embeddings"] = pe.index_select(-2, R.to(pe.device))
     mask = kwargs.get("attention_mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 4:
         r = R.to(mask.device)

@@ -7,7 +7,8 @@ is refused when it is loaded, never at its first capture). A family is listed on
 logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
 and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2) is partially supported: capture on
 its softmax layers (:func:`softmax_layers`) is exact, and pruned prefill and eviction are refused at the call
-(:func:`capture_only_refusal`), since a gather cannot shorten its other layers' state.
+(:func:`capture_only_refusal`), since a gather cannot shorten its other layers' state. The MLA rows (deepseek_v2,
+deepseek_v3: ``evict``) are exact for capture and pruned prefill; eviction is refused (:func:`eviction_refusal`).
 
 The weights the stability bounds need (:func:`block_weights`) come from the same table; a term the
 workbench cannot bound for a family is reported as ``"not available for <family>: <reason>"``.
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
-           "layer_window", "sliding_layers", "softmax_layers", "capture_only_refusal", "unavailable"]
+           "layer_window", "sliding_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
+           "unavailable"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class Family:
         capture_only: ``""``, or why only capture is offered (a hybrid whose other layers keep a recurrent or
             convolution state): rows are captured on its softmax-attention layers (:func:`softmax_layers`, the
             blocks that have an ``attn`` module), pruned prefill and eviction are refused with this reason.
+        evict: ``""``, or why eviction (every policy) is refused while capture and pruned prefill are exact
+            (:func:`eviction_refusal`; MLA: the cache stores one latent shared by every head).
+        mla: multi-head latent attention (DeepSeek): the latent is expanded into one key per query head, so a
+            config with ``num_key_value_heads != num_attention_heads`` is refused (the model cannot run it).
     """
 
     model_types: tuple[str, ...]
@@ -75,6 +81,8 @@ class Family:
     nope: str = ""
     bound: str = ""
     capture_only: str = ""
+    evict: str = ""
+    mla: bool = False
 
     @property
     def name(self) -> str:
@@ -134,6 +142,24 @@ FAMILIES += (
            capture_only="hybrid of short convolutions and softmax layers: a gather cannot shorten the convolution "
                         "layers' state, so pruned prefill and eviction would run on a state they did not compact"),
 )
+
+# multi-head latent attention (issue 25): capture and pruned prefill exact; eviction refused (the policies' kept
+# sets are per KV head, and which cache layout is stored depends on the transformers version)
+_MLA = "multi-head latent attention"
+_MLA_EVICT = (_MLA + ": every head's key and value are expanded from one cached latent per position (transformers 5.24 "
+              "stores the latent and the shared rope key, 5.2 the expanded per-head keys and values), so a policy's "
+              "per-KV-head kept sets cannot be stored in the latent cache, and the cache evidence (KNorm, KeyDiff, "
+              "CriticalKV's values through W_O) would read latents, not keys and values")
+_MLA_ROPE = (_MLA + ": RoPE turns only the decoupled rope part of each head (the key's is shared by every head) and "
+             "is applied inside the attention, not by a rotary map over the whole head")
+_MLA_BOUND = (_MLA + " (no per-head W_Q, W_K, W_V: queries and keys come through low-rank latents and a decoupled "
+              "rope part) with a mixture-of-experts MLP")
+FAMILIES += (
+    Family(("deepseek_v3",), mlp_kind="moe", rotary=_MLA_ROPE, evict=_MLA_EVICT,
+           bound=_MLA_BOUND, mla=True),
+    Family(("deepseek_v2",), mlp_kind="moe", rotary=_MLA_ROPE + " (complex frequencies)", evict=_MLA_EVICT,
+           bound=_MLA_BOUND, mla=True),
+)
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
 # families seen and refused, with the reason (the refusal is their row of the conformance matrix)
@@ -144,10 +170,6 @@ REFUSED: dict[str, str] = {
               "the capture and the pruning gather are not verified against",
     "llama4_text": "chunked attention with a post-RoPE L2 q/k norm, NoPE layers with attention-temperature tuning and "
                    "complex rotary frequencies: not yet verified against the conformance matrix",
-    "deepseek_v2": "multi-head latent attention (split rope/nope heads, value head size apart): not yet verified "
-                   "against the conformance matrix",
-    "deepseek_v3": "multi-head latent attention (split rope/nope heads, value head size apart): not yet verified "
-                   "against the conformance matrix",
     "gemma3n_text": "KV shared across layers (later layers read earlier layers' cache), AltUp and per-layer inputs: "
                     "evicting one layer's cache changes another's; not yet verified",
     "gemma4_text": "per-layer head sizes (its config refuses a global head_dim): not yet verified",
@@ -189,6 +211,14 @@ def family_of(model) -> Family:
         what = type(model).__name__.replace("Config", "")
         raise TypeError(f"model: the {mt!r} architecture ({what}) is not supported: {why}. "
                         f"Supported families: {', '.join(supported_families())}")
+    if fam.mla:
+        tc = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+        H = getattr(tc, "num_attention_heads", None)
+        G = getattr(tc, "num_key_value_heads", None) or H
+        if H is not None and G != H:
+            raise TypeError(f"model: the {mt!r} configuration has num_key_value_heads = {G} != num_attention_heads = "
+                            f"{H}; multi-head latent attention expands its latent into one key per query head, so "
+                            f"the model itself cannot run it")
     return fam
 
 
@@ -264,6 +294,18 @@ def capture_only_refusal(model, what: str) -> str | None:
             f"only capture is supported on its softmax layers {softmax_layers(model)}")
 
 
+def eviction_refusal(model, what: str) -> str | None:
+    """Why ``what`` (eviction, a policy) cannot run on ``model``'s family (``None`` when it can): a capture-only
+    hybrid (:func:`capture_only_refusal`) or a family whose eviction is not verified (``Family.evict``)."""
+    why = capture_only_refusal(model, what)
+    if why:
+        return why
+    fam = family_of(model)
+    if fam.evict:
+        return f"{what} cannot run on {fam.name}: {fam.evict}; capture and pruned prefill are supported"
+    return None
+
+
 def unavailable(fam: Family, term: str) -> str | None:
     """Why a stability term cannot be bounded for ``fam`` (``None`` when it can)."""
     if term == "K":
@@ -274,6 +316,8 @@ def unavailable(fam: Family, term: str) -> str | None:
                     "x + F(norm(x)) with the attention and the MLP in sequence)")
         if fam.qkv not in ("separate", "fused"):
             return f"not available for {fam.name}: fused {fam.qkv} projection (Conv1D/interleaved heads)"
+        if fam.bound and fam.evict:  # MLA: its attention is not a W_Q/W_K/W_V block
+            return f"not available for {fam.name}: {fam.bound}"
         if fam.mlp_kind == "moe":
             return f"not available for {fam.name}: mixture-of-experts MLP (no Jacobian bound over routed experts)"
         if fam.bound:

@@ -151,6 +151,11 @@ def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]]) -> None
     want = {"q_proj.weight": (H * d, "num_attention_heads", H), "k_proj.weight": (G * d, "num_key_value_heads", G),
             "v_proj.weight": (G * d, "num_key_value_heads", G), "qkv_proj.weight": ((H + 2 * G) * d, "heads", H),
             "query_key_value.weight": (3 * H * d, "num_attention_heads", H)}
+    nope, rope, lat = (_first(c, k) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank"))
+    if None not in (nope, rope, lat):  # MLA (DeepSeek): query heads are nope + rope wide, keys come from a latent
+        d = nope + rope
+        want = {"q_proj.weight": (H * d, "num_attention_heads", H),
+                "kv_a_proj_with_mqa.weight": (lat + rope, "kv_lora_rank + qk_rope_head_dim", lat + rope)}
     for k, shape in shapes.items():
         if not _LAYER.match(k):
             continue

@@ -216,6 +216,10 @@ def load_model(
             warnings.warn(f"model: {fam.name} is partially supported: attention rows are captured on its softmax "
                           f"layers only (Capture.softmax_layers; the others' rows are NaN); pruned prefill, eviction "
                           f"and the stability bounds are unavailable ({fam.capture_only})", stacklevel=2)
+        if fam.evict:
+            warnings.warn(f"model: {fam.name} is partially supported: capture and pruned prefill are exact; eviction, "
+                          f"ExpectedAttention, rerotate and the stability bounds are unavailable ({fam.evict})",
+                          stacklevel=2)
         tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
         kwargs = dict(dtype=dt, attn_implementation=attn_implementation, local_files_only=local_only)
         if device_map is not None:
@@ -255,6 +259,14 @@ TINY_OVERRIDES: dict[str, dict] = {
                      n_group=1, topk_group=1),
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
     "phimoe": dict(num_local_experts=4, num_experts_per_tok=2),
+    # MLA (issue 25): a query LoRA, a 16-wide KV latent, rope 8 / nope 16 / value 16 (key and value head sizes
+    # apart), one dense MLP layer before the routed-expert ones
+    "deepseek_v2": dict(q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                        first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                        moe_intermediate_size=32, n_group=1, topk_group=1),
+    "deepseek_v3": dict(q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                        first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                        moe_intermediate_size=32, n_group=1, topk_group=1, rope_interleave=True),
     "gpt2": dict(n_positions=4096),
     "falcon": dict(new_decoder_architecture=False),
 }
@@ -280,6 +292,8 @@ def tiny_model(model_type: str = "llama", *, G: int = 2, H_Q: int = 4, L: int = 
         for k in ("head_dim", "num_key_value_heads"):
             cfg.pop(k)
     cfg.update(TINY_OVERRIDES.get(model_type, {}))
+    if model_type in ("deepseek_v2", "deepseek_v3"):  # MLA expands its latent into one key per query head
+        cfg.update(num_key_value_heads=H_Q, head_dim=cfg["qk_rope_head_dim"])
     if model_type in ("gemma3_text", "gemma2", "gpt_oss", "olmo3", "exaone4", "cohere2", "vaultgemma", "ministral"):
         cfg.update(layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)])
     cfg.update(overrides)

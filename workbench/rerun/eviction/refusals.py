@@ -14,7 +14,7 @@ def needs_refusal(model, needs: Needs, policy: str | None = None) -> str | None:
     """Why ``model``'s family cannot give the evidence ``needs`` asks for (``None`` when it can): the message
     names the policy (or the policy that asks for that evidence), the family and the reason."""
     fam = families.family_of(model)
-    why = families.capture_only_refusal(model, f"policy: {policy}" if policy else "eviction")
+    why = families.eviction_refusal(model, f"policy: {policy}" if policy else "eviction")
     if why:
         return why
     if needs.qstats:
