@@ -108,18 +108,7 @@ def _move_everything(panel, skip=()):
 
 
 # ----------------------------------------------------------------------------- tiny model fixtures
-@pytest.fixture(scope="module")
-def tiny():
-    from workbench.capture import RowSet, run_capture
-    from workbench.run.models import LoadedModel, tiny_model
-    from workbench.run.spans import PromptSpans
-
-    model = tiny_model("llama", L=3, H_Q=4, G=2, seed=1)
-    lm = LoadedModel(model=model, tokenizer=None, model_id="tiny-llama (llama, L=3, H_Q=4, G=2, d=16)",
-                     device=torch.device("cpu"), dtype=torch.float32)
-    spans = PromptSpans.synthetic([8, 6, 9, 7, 5], prefix=6, query_len=10, answer_doc=2)
-    cap = run_capture(lm, spans, RowSet(tail=16, n_decode=3), progress=False)
-    return lm, spans, cap
+# the `tiny` fixture (a tiny llama, its spans and capture) is in conftest.py
 
 
 @pytest.fixture()

@@ -18,7 +18,6 @@ from dataclasses import fields
 
 import ipywidgets as W
 
-from workbench.rerun.eviction import FullCache
 from workbench.rerun.eviction.compare import RunComparison, compare_kept, compare_runs, setting_labels
 from workbench.show import plots
 from workbench.show.widgets.answers import answer_table
@@ -210,7 +209,7 @@ class CompareMode(CompareControls):
         with self._busy():
             self._step(0, "prefill…" if self._session is None else "full cache…")
             sess = self.session()
-            full = self._cached(("full", self.max_new_tokens), lambda: sess.run(FullCache(), self.capture.T))
+            full = self.full_result(sess)
             self._step(1, f"A: {pa.name}…")
             ra = self._cached(ka, lambda: sess.run(pa, Ba))
             self._step(2, f"B: {pb.name}…")

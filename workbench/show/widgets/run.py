@@ -429,6 +429,10 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         B = int(self.controls["budget"].value)
         return (pol.name, tuple(sorted(pol.params().items())), None if pol.keeps_all else B, self.max_new_tokens)
 
+    def full_result(self, sess):
+        """The full-cache answer of ``sess`` (cached: one per panel and ``max_new_tokens``)."""
+        return self._cached(("full", self.max_new_tokens), lambda: sess.run(FullCache(), self.capture.T))
+
     def run(self):
         """Generate under the current policy and budget (cached), and the full-cache answer (in compare mode:
         under both settings, :meth:`~workbench.show.widgets.compare.CompareMode.run_compare`)."""
@@ -439,7 +443,7 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         with self._busy():
             self._step(0, "prefill…" if self._session is None else "full cache…")
             sess = self.session()
-            full = self._cached(("full", self.max_new_tokens), lambda: sess.run(FullCache(), self.capture.T))
+            full = self.full_result(sess)
             self._step(1, f"{pol.name}…")
             res = self._cached(key, lambda: sess.run(pol, int(self.controls["budget"].value)))
             self._step(2, "done")
