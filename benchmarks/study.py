@@ -56,14 +56,14 @@ def methods(policies) -> list:
             ("evict", {"policy": list(policies), "budget_frac": [0.25, 0.5]})]
 
 
-def build_items(a, tokenizer) -> list:
+def build_items(a, tokenizer, max_context: int = 8192) -> list:
     from workbench.study import datasets, ruler, tasks
 
     src = "cache" if a.data == "fetched" else "sample"
     items = tasks.squad_single(datasets.load_squad(src), n=a.n_squad, n_distractors=3, seed=0) if a.n_squad else []
     if a.ruler_seeds:
         items += ruler.ruler_grid(tokenizer, a.ruler, lengths=a.ruler_lengths, seeds=range(a.ruler_seeds),
-                                  max_context=8192)
+                                  max_context=min(8192, max_context))
     return items
 
 
@@ -306,6 +306,9 @@ def main():
                     help="full context again on the SQuAD prompts with this many new tokens (0: skip)")
     ap.add_argument("--kept-prompts", type=int, default=100,
                     help="SQuAD prompts for the answer-tokens-kept comparison (DeferKV vs SnapKV; 0: skip)")
+    ap.add_argument("--model", default=None,
+                    help="a research model's short name (qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), a local HF folder "
+                         "(default: the embedded SmolLM2)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "out" / "study.parquet"))
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: fastest on the shared 2-core machine)")
     ap.add_argument("--summary-only", action="store_true")
@@ -319,8 +322,8 @@ def main():
     from workbench.study.tasks import max_new_tokens_for
 
     out = Path(a.out)
-    lm = load_model(progress=False)
-    items = build_items(a, lm.tokenizer)
+    lm = load_model(a.model, progress=False)
+    items = build_items(a, lm.tokenizer, lm.shape.max_context)
     w, n_workers = a.worker
     if not a.summary_only:
         t0 = time.perf_counter()
