@@ -104,7 +104,10 @@ def test_a_failing_reference_carries_no_verdict():
     c = conclusions(d)
     rows = _claims(c, "DeferKV ≥ SnapKV").set_index(["task", "comparison"])
     assert set(rows.loc["common_words", "verdict"]) == {"reference failed"}
-    assert rows.loc["common_words", "note"].str.contains("right on 2/12").all()
+    assert rows.loc["common_words", "reference"].str.contains("common_words: full context right on 2/12").all()
+    assert (rows.loc["niah_single", "reference"] == "").all()
+    md = c.markdown()
+    assert md.count("- common_words: full context right on 2/12, needs >= 50% and >= 5 right") == 1  # said once
     assert set(rows.loc["niah_single", "verdict"]) == {"supported"}
     # the claim's own numbers are still shown: the full effect with its CI
     assert (rows.loc["common_words", "effect"] == 1.0).all()
@@ -245,3 +248,59 @@ def test_the_report_page_opens_with_the_section(tmp_path):
     assert page.index("What this study shows") < page.index("Data provenance") < page.index("Reference check")
     assert "<b style='color:#1e7b34'>supported</b>: DeferKV ≥ SnapKV" in page
     assert "Not assessed here" in page and "boundary leap" in page
+    bad = conclusions(_study([1] * 12, [0] * 12, full=[0] * 12))
+    info = {"conclusions": {"rule": bad.rule(), "counts": bad.counts(), "missing": list(bad.missing)}}
+    page = write_html(tmp_path / "b.html", {}, {"conclusions": bad.to_frame()}, {}, {}, info).read_text()
+    assert "reference failed</b>: DeferKV" in page and "reference: niah_single: full context right on 0/12" in page
+
+
+def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
+    """The study's own pieces on a random-weight 2-layer Llama with SmolLM2's tokenizer (real prompts, instant
+    forwards): the sweep, the per-prompt leap and rank tables written as parquet beside it, the conclusions from
+    those files equal to the ones from memory, and ``benchmarks/study_tables.py`` opening with the section. The
+    random model answers nothing: every claim says "reference failed" (the numbers shown, no verdict)."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from workbench.run.models import LoadedModel, default_model_folder, tiny_model
+    from workbench.study import datasets, tasks
+    from workbench.study.sweep import sweep
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    import study
+
+    tok = AutoTokenizer.from_pretrained(default_model_folder(progress=False), local_files_only=True)
+    lm = LoadedModel(model=tiny_model("llama", vocab=len(tok), L=2, H_Q=4, G=2, d=16, seed=0), tokenizer=tok,
+                     model_id="tiny-llama-test", device=torch.device("cpu"), dtype=torch.float32)
+    items = tasks.squad_single(datasets.load_squad("sample"), n=2, n_distractors=1, seed=0)
+    out = tmp_path / "study.parquet"
+    df = sweep(lm, items, study.methods(["deferkv", "snapkv"]), out=out, max_new_tokens=3, progress=False)
+    steps, lp, ranks, leap = study.prompt_analyses(lm, items, 2)
+    assert steps is not None and set(leap["item_id"]) == {it.item_id for it in items}
+    # the per-prompt table is what step_gains averages
+    g01 = leap[(leap.r_from == 0) & (leap.r_to == 1)]["gain"].mean()
+    assert g01 == pytest.approx(float(steps.set_index("step").loc["0→1", "mean"]))
+    study.write_frame(tmp_path / "study_leap.parquet", leap)
+    study.write_frame(tmp_path / "study_ranks.parquet", ranks)
+    mem = conclusions(df, leap, ranks)
+    disk = conclusions(study.read_study(out), pd.read_parquet(tmp_path / "study_leap.parquet"),
+                       pd.read_parquet(tmp_path / "study_ranks.parquet"))
+    pd.testing.assert_frame_equal(mem.to_frame(), disk.to_frame())
+    t = mem.to_frame()
+    assert set(t["verdict"]) == {"reference failed"} and len(t) >= 2 + 2 + 4 + 2
+    claims = set(t["claim"])
+    assert {"DeferKV ≥ SnapKV at the same budget", "EntroPrefill paper keeps full-context accuracy",
+            "EntroPrefill loose keeps full-context accuracy",
+            "The recall leap is specific to the boundary: 0→1 exceeds −1→0"} <= claims
+    assert set(t.loc[t["claim"].str.startswith("Rényi"), "comparison"]) == {
+        "renyi vs mass", "renyi vs renyi, zeta=1", "renyi vs headmax", "renyi vs uniform"}
+    monkeypatch.setattr(sys, "argv", ["study_tables.py", "--out-dir", str(tmp_path)])
+    runpy.run_path(str(bench / "study_tables.py"), run_name="__main__")
+    text = (tmp_path / "study_tables.md").read_text()
+    assert "### What this study shows" in text and text.index("What this study shows") < text.index("Reference check")
+    assert "| The recall leap at the boundary (0→1) exceeds the next step (1→2) |" in text

@@ -45,7 +45,7 @@ __all__ = ["conclusions", "Conclusions", "VERDICTS", "preset_name", "verdict", "
 
 VERDICTS = ("supported", "not shown", "contradicted", "reference failed")
 COLUMNS = ("claim", "source", "comparison", "task", "metric", "direction", "n", "prompts", "mean_a", "mean_b",
-           "effect", "lo", "hi", "p", "test", "verdict", "note")
+           "effect", "lo", "hi", "p", "test", "verdict", "reference", "note")
 RULE = ("Verdict rule: **supported** when the {pct}% CI of the effect excludes 0 in the claimed direction and the paired "
         "test rejects at {alpha}, **contradicted** when it excludes 0 in the opposite direction and the test rejects, "
         "**not shown** otherwise; a claim on a task whose full-context reference fails the reference check says "
@@ -107,6 +107,9 @@ class Conclusions:
                                f"{_effect(r)} | {_p(r['p'])} | **{r['verdict']}** |" for r in self.rows)
             notes = [f"- {r['claim']} ({r['task']}): {r['note']}" for r in self.rows if r["note"]]
             out += ["\n".join(notes)] if notes else []
+            failed = list(dict.fromkeys(r["reference"] for r in self.rows if r["reference"]))
+            out += ["Reference failed, so these claims carry no verdict:\n" + "\n".join(f"- {f}" for f in failed)
+                    ] if failed else []
         if self.missing:
             out.append("Not assessed here:\n" + "\n".join(f"- {m}" for m in self.missing))
         return "\n\n".join(out)
@@ -131,7 +134,7 @@ def _p(p) -> str:
 
 
 # ----------------------------------------------------------------------------- building rows
-def _row(claim, source, comparison, task, metric, direction, r, prompts, *, level, ok, note="") -> dict:
+def _row(claim, source, comparison, task, metric, direction, r, prompts, *, level, ok, reference="", note="") -> dict:
     """One claim from a :class:`~workbench.analyse.stats.Paired` ``r`` (over clusters) or a row of
     :func:`workbench.study.findings.comparisons` (a Series or an ``itertuples`` row)."""
     r = pd.Series(r._asdict() if hasattr(r, "_asdict") else r.to_dict())
@@ -140,7 +143,7 @@ def _row(claim, source, comparison, task, metric, direction, r, prompts, *, leve
                 mean_a=float(r["mean_a"]), mean_b=float(r["mean_b"]), effect=float(r["diff"]), lo=float(r["lo"]),
                 hi=float(r["hi"]), p=float(r["p"]), test="McNemar exact" if r["test"] == "mcnemar" else "sign test",
                 verdict=verdict(float(r["lo"]), float(r["hi"]), float(r["p"]), direction, level=level, reference_ok=ok),
-                note=note)
+                reference=reference, note=note)
 
 
 def _with_clusters(t: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
@@ -162,7 +165,7 @@ def _gate(ref: pd.DataFrame, tasks) -> tuple[bool, str]:
     if not bad:
         return True, ""
     why = [f"{t}: full context {_ref_text(ref, t)}" for t in bad]
-    return False, "reference failed (" + "; ".join(why) + ")"
+    return False, "; ".join(why)
 
 
 def _ref_text(ref: pd.DataFrame, task) -> str:
@@ -186,7 +189,7 @@ def _deferkv(df, comp, ref, metric, level, ruler) -> tuple[list, list]:
     for r in sel.itertuples(index=False):
         ok, note = _gate(ref, [r.scope])
         rows.append(_row(claim, GUIDE, f"{r.a} vs {r.b}", r.scope, metric, 1, r, r.prompts, level=level, ok=ok,
-                         note=note))
+                         reference=note))
     passing = [t for t in sorted(set(sel["scope"])) if t in ruler and _gate(ref, [t])[0]]
     if len(passing) > 1:  # the guide's claim is a RULER average: pooled over the families whose reference passes
         pooled = fnd.comparisons(df[df["task"].isin(passing)], metric, level=level)
@@ -214,7 +217,7 @@ def _kept(kept, df, ref, level) -> tuple[list, list]:
         ok, note = _gate(ref, [task])
         rows.append(_row("DeferKV keeps more of the gold answer's tokens than SnapKV", GUIDE,
                          f"deferkv @ {f:g} vs snapkv @ {f:g}", task, "share of the gold answer's tokens kept", 1, r,
-                         len(w), level=level, ok=ok, note=note))
+                         len(w), level=level, ok=ok, reference=note))
     return rows, [] if rows else ["DeferKV vs SnapKV answer tokens kept: the table holds no paired DeferKV/SnapKV rows."]
 
 
@@ -242,7 +245,7 @@ def _leap(leap, df, ref, level) -> tuple[list, list]:
             r, _ = fnd.cluster_paired(g["0:1"], g[other], g["unit"], level)
             ok, note = _gate(ref, [task])
             rows.append(_row(claim, GUIDE, f"0→1 vs {_step(other)}", task, metric, 1, r, len(g), level=level, ok=ok,
-                             note=note))
+                             reference=note))
     return rows, missing
 
 
@@ -276,7 +279,7 @@ def _ranks(ranks, df, ref, level) -> tuple[list, list]:
             r, _ = fnd.cluster_paired(g["renyi"], g[other], g["unit"], level)
             ok, note = _gate(ref, [task])
             rows.append(_row(f"Rényi priorities keep the answer chunk longer than {name}", PAPER,
-                             f"renyi vs {other}", task, metric, 1, r, len(g), level=level, ok=ok, note=note))
+                             f"renyi vs {other}", task, metric, 1, r, len(g), level=level, ok=ok, reference=note))
     return rows, missing
 
 
@@ -289,14 +292,16 @@ def _entroprefill(df, comp, ref, metric, level) -> tuple[list, list]:
     e = _with_clusters(e, df)
     rows, missing = [], []
     vs = comp[comp["b"] == fnd.REFERENCE] if len(comp) else comp
-    for (preset, task), g in e.groupby(["preset", "task"], sort=True):
+    order = {f"EntroPrefill {name}": i for i, name in enumerate(PRESETS)}  # paper, loose, strict, then the others
+    groups = sorted(e.groupby(["preset", "task"], sort=True), key=lambda kv: (order.get(kv[0][0], len(order)), kv[0]))
+    for (preset, task), g in groups:
         ok, note = _gate(ref, [task])
         setting = g["setting"].iloc[0]
         c = vs[(vs["a"] == setting) & (vs["scope"] == task)] if len(vs) else vs
         if len(c):
             r = c.iloc[0]
             rows.append(_row(f"{preset} keeps full-context accuracy", PAPER, f"{preset} vs full", task, metric, 1, r,
-                             r["prompts"], level=level, ok=ok, note=note))
+                             r["prompts"], level=level, ok=ok, reference=note))
         else:
             missing.append(f"{preset} on {task}: no paired full-context cells, accuracy not compared.")
         if {"retained_tokens", "prompt_tokens"} <= set(g.columns):
@@ -306,7 +311,7 @@ def _entroprefill(df, comp, ref, metric, level) -> tuple[list, list]:
             r, _ = fnd.cluster_paired(share[m], np.zeros(int(m.sum())), g.loc[m, "unit"], level)
             rows.append(_row(f"{preset} removes context before the deeper layers", PAPER,
                              "removed share of the prompt's tokens vs 0", task, "1 − retained_tokens / prompt_tokens",
-                             1, r, int(m.sum()), level=level, ok=ok, note=note))
+                             1, r, int(m.sum()), level=level, ok=ok, reference=note))
         else:
             missing.append(f"{preset} on {task}: removal share — the sweep frame has no retained_tokens/prompt_tokens.")
         if "bypass" in g.columns and g["bypass"].notna().any():
@@ -315,8 +320,7 @@ def _entroprefill(df, comp, ref, metric, level) -> tuple[list, list]:
             r, _ = fnd.cluster_paired(x, np.ones(len(x)), b["unit"], level)
             rows.append(_row(f"{preset}'s audit is not vacuous: it prunes on some prompts (bypass rate < 1)", PAPER,
                              "bypass rate vs 1", task, "bypass (1: full prefill, nothing removed)", -1, r, len(b),
-                             level=level, ok=ok, note=(note + "; " if note else "") +
-                             f"bypass rate {r.mean_a:.2f} over {r.n} clusters"))
+                             level=level, ok=ok, reference=note, note=f"bypass rate {r.mean_a:.2f} over {r.n} clusters"))
         else:
             missing.append(f"{preset} on {task}: bypass rate — the sweep frame has no bypass column.")
         if "l_star" in g.columns:
@@ -329,7 +333,7 @@ def _entroprefill(df, comp, ref, metric, level) -> tuple[list, list]:
                                  task=task, metric="l*", direction="none (descriptive)", n=len(per), prompts=len(acc),
                                  mean_a=float(per.mean()), mean_b=math.nan, effect=float(per.mean()), lo=lo, hi=hi,
                                  p=math.nan, test="—", verdict="reference failed" if not ok else "not shown",
-                                 note=(note + "; " if note else "") + f"descriptive (the paper claims no l*): median "
+                                 reference=note, note=f"descriptive (the paper claims no l*): median "
                                  f"{float(np.median(acc['l_star'])):g} over the {len(acc)} prompts that pruned"))
             else:
                 missing.append(f"{preset} on {task}: l* — no prompt pruned (every prompt bypassed).")

@@ -89,7 +89,8 @@ def _conclusions_html(table, info: dict) -> str:
             lines.append(f"<li class='claim'><b style='color:{_VERDICT_STYLE.get(r.verdict, '#222')}'>{e(r.verdict)}"
                          f"</b>: {e(r.claim)} ({e(r.source)}) on {e(str(r.task))}: {e(r.comparison)}, n = {int(r.n)} "
                          f"clusters ({int(r.prompts)} prompts), effect {e(eff)}, {e(r.test)} p = {e(p)}"
-                         + (f"; {e(r.note)}" if r.note else "") + "</li>")
+                         + (f"; {e(r.note)}" if r.note else "")
+                         + (f"; reference: {e(r.reference)}" if r.reference else "") + "</li>")
         parts.append("<ol class='findings'>" + "".join(lines) + "</ol>")
     missing = info.get("missing", [])
     if missing:
