@@ -18,7 +18,11 @@ all (one prompt's cells are always in one file):
 Methods: full context; EntroPrefill at the default ("paper") preset and the "loose" preset (adaptive);
 every eviction policy at 25 % and 50 % of the prompt (decoded in batches from the prompt's shared prefill,
 the sweep runs a prompt's ``evict`` cells together, ``methods.evict_cells``; a per-head budget decodes alone). Each family decodes its own ``max_new_tokens``
-(``tasks.TASK_MAX_NEW_TOKENS``). Writes beside the parquet ``<stem>_summary.md``: the reference check,
+(``tasks.TASK_MAX_NEW_TOKENS``). Writes beside the parquet ``<stem>_summary.md``, opening with "What this study
+shows" (:mod:`workbench.study.conclusions`: every seed claim with n, effect, CI, p and a verdict; its rows also in
+``<stem>_conclusions.parquet``, and what it stands on in ``<stem>_leap.parquet``, the per-prompt step gains, and
+``<stem>_ranks.parquet``, the per-prompt answer-chunk ranks, so that ``study_tables.py`` regenerates it without a
+model), then the reference check,
 accuracies with Wilson CIs, one finding per comparison (paired: wins/ties/losses, McNemar, bootstrap CI),
 the timing rule's table, the leap-specificity table (every adjacent step's recall gain across
 ``--leap-prompts`` SQuAD prompts, held-out reference) and, on the same prompts' captures, the answer chunk's rank
