@@ -18,7 +18,11 @@ all (one prompt's cells are always in one file):
 Methods: full context; EntroPrefill at the default ("paper") preset and the "loose" preset (adaptive);
 every eviction policy at 25 % and 50 % of the prompt (decoded in batches from the prompt's shared prefill,
 the sweep runs a prompt's ``evict`` cells together, ``methods.evict_cells``; a per-head budget decodes alone). Each family decodes its own ``max_new_tokens``
-(``tasks.TASK_MAX_NEW_TOKENS``). Writes beside the parquet ``<stem>_summary.md``: the reference check,
+(``tasks.TASK_MAX_NEW_TOKENS``). Writes beside the parquet ``<stem>_summary.md``, opening with "What this study
+shows" (:mod:`workbench.study.conclusions`: every seed claim with n, effect, CI, p and a verdict; its rows also in
+``<stem>_conclusions.parquet``, and what it stands on in ``<stem>_leap.parquet``, the per-prompt step gains, and
+``<stem>_ranks.parquet``, the per-prompt answer-chunk ranks, so that ``study_tables.py`` regenerates it without a
+model), then the reference check,
 accuracies with Wilson CIs, one finding per comparison (paired: wins/ties/losses, McNemar, bootstrap CI),
 the timing rule's table, the leap-specificity table (every adjacent step's recall gain across
 ``--leap-prompts`` SQuAD prompts, held-out reference) and, on the same prompts' captures, the answer chunk's rank
@@ -83,33 +87,54 @@ def answer_rank(S: torch.Tensor, answer: int) -> float:
     return float((1 + (S > s_a).sum(-1) + 0.5 * ((S == s_a).sum(-1) - 1)).double().mean())
 
 
+def leap_rows(results, items) -> pd.DataFrame:
+    """The per-prompt step gains behind ``step_gains`` / ``leap_specificity``: one row per (prompt, adjacent step),
+    ``task, item_id, meta_cluster, r_from, r_to, gain`` (the prompt's mean gain over layers and KV groups, exactly
+    what those two functions average), ``items[i]`` being the prompt of ``results[i]``."""
+    rows = []
+    for it, res in zip(items, results):
+        sf = res.step_frame()
+        g = sf[sf.level == "group"].groupby(["r_from", "r_to"])["gain"].mean()
+        rows += [dict(task=it.task, item_id=it.item_id, meta_cluster=it.meta.get("cluster"), r_from=int(a),
+                      r_to=int(b), gain=float(v)) for (a, b), v in g.items()]
+    return pd.DataFrame(rows, columns=["task", "item_id", "meta_cluster", "r_from", "r_to", "gain"])
+
+
+def write_frame(path: Path, df: pd.DataFrame) -> None:
+    """``df`` as parquet at ``path``, atomically."""
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def prompt_analyses(lm, items, n: int):
     """On ``n`` prompts, one capture each (observers, a tail of 8, 12 decode rows): every adjacent step's
     recall gain (held-out reference: decode rows 4 … 12) and the answer chunk's rank under each priority of
-    :data:`PRIORITY_VARIANTS`. Returns ``(step gains, leap Paired, rank frame)``; the first two are None
-    when no prompt has enough decode rows."""
+    :data:`PRIORITY_VARIANTS`. Returns ``(step gains, leap Paired, rank frame, per-prompt step gains)``; the first
+    two are None when no prompt has enough decode rows (and the last is then empty)."""
     from workbench.analyse.params import EntroPrefillParams
     from workbench.analyse.procedure import trace
     from workbench.analyse.shift import ShiftAnalysis, leap_specificity, step_gains
     from workbench.capture import RowSet, run_capture
 
-    res, ranks = [], []
+    res, ranks, used = [], [], []
     for it in tqdm(items[:n], desc="leap and priority captures", unit="prompt"):
         prompt = it.build(lm.tokenizer, max_context=lm.shape.max_context)
         cap = run_capture(lm, prompt, RowSet(tail=8, n_decode=12), progress=False)
         if len(cap.rows_of("decode")) > 4:
             res.append(ShiftAnalysis(k=32)(cap))
+            used.append(it)
         spans = prompt.spans
         if spans.answer_doc in spans.chunk_doc:
             answer = spans.chunk_doc.index(spans.answer_doc)
             for name, kw in PRIORITY_VARIANTS.items():
                 tr = trace(cap, EntroPrefillParams(**kw), certify=False)
-                ranks.append(dict(item_id=it.item_id, priority=name, k=spans.k,
-                                  rank=answer_rank(tr.priority_used, answer)))
+                ranks.append(dict(task=it.task, item_id=it.item_id, meta_cluster=it.meta.get("cluster"), priority=name,
+                                  k=spans.k, rank=answer_rank(tr.priority_used, answer)))
         del cap
     if not res:
-        return None, None, pd.DataFrame(ranks)
-    return step_gains(res), leap_specificity(res), pd.DataFrame(ranks)
+        return None, None, pd.DataFrame(ranks), leap_rows([], [])
+    return step_gains(res), leap_specificity(res), pd.DataFrame(ranks), leap_rows(res, used)
 
 
 def priority_findings(ranks: pd.DataFrame) -> list[str]:
@@ -158,7 +183,7 @@ def answer_kept(lm, items, n: int, pairs=KEPT_PAIRS, fracs=KEPT_FRACS) -> pd.Dat
         sess = EvictionSession.prepare(lm, prompt, need, 2, reusable=True, progress=False)
         plan = [(p, f, resolve_budget(prompt.T, budget_frac=f)) for f in fracs for p in names]
         for (p, f, B), r in zip(plan, sess.run_batch([(pols[p], B) for p, f, B in plan])):
-            rows.append(dict(item_id=it.item_id, policy=p, budget_frac=f, budget=B, T=prompt.T,
+            rows.append(dict(task=it.task, item_id=it.item_id, policy=p, budget_frac=f, budget=B, T=prompt.T,
                              answer_tokens=len(pos), kept=float(r.survival(pos).nanmean())))
         del sess
     if skipped:
@@ -318,6 +343,7 @@ def main():
     torch.set_num_threads(a.threads)
     from workbench.run.models import load_model
     from workbench.study import findings
+    from workbench.study.conclusions import conclusions
     from workbench.study.sweep import sweep
     from workbench.study.tasks import max_new_tokens_for
 
@@ -352,8 +378,11 @@ def main():
              "## Findings", *[f"- {s}" for s in comp["finding"]],
              *timing(df, findings.timing_table)]
     squad = [it for it in items if it.task == "squad_single"]
+    leap = ranks = kept = None
     if a.leap_prompts and squad:
-        steps, lp, ranks = prompt_analyses(lm, squad, a.leap_prompts)
+        steps, lp, ranks, leap = prompt_analyses(lm, squad, a.leap_prompts)
+        write_frame(out.with_name(out.stem + "_leap.parquet"), leap)
+        write_frame(out.with_name(out.stem + "_ranks.parquet"), ranks)
         if steps is not None:
             parts += ["## Leap specificity (recall gain per adjacent step, mean over KV groups and layers, "
                       "held-out reference)", markdown(steps), "- " + lp.finding("0→1", "−1→0", "recall gain")]
@@ -364,14 +393,16 @@ def main():
                       "layer)", *pf]
     if a.kept_prompts and squad:
         kept = answer_kept(lm, squad, a.kept_prompts)
-        buf = io.BytesIO()
-        kept.to_parquet(buf, index=False)
-        atomic_write_bytes(out.with_name(out.stem + "_kept.parquet"), buf.getvalue())
+        write_frame(out.with_name(out.stem + "_kept.parquet"), kept)
         parts += ["## The gold answer's tokens kept (SQuAD; the study's DeferKV and SnapKV evictions, "
                   "one shared prefill per prompt)", *kept_findings(kept)]
     if a.cap_tokens and squad:
         parts += [f"## Did the cap cut answers off? (SQuAD, full context at {a.cap_tokens} new tokens)",
                   *cap_check(lm, squad, df, out.with_name(f"{out.stem}_cap{a.cap_tokens}.parquet"), a.cap_tokens)]
+    # the summary opens with what the study shows: every seed claim with its verdict, from the tables above
+    shows = conclusions(df, leap, ranks, kept=kept)
+    write_frame(out.with_name(out.stem + "_conclusions.parquet"), shows.to_frame())
+    parts.insert(0, shows.markdown())
     md = "\n\n".join(parts)
     print(md)
     harness.write_markdown(out.with_name(out.stem + "_summary.md"), md)

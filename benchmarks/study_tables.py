@@ -1,5 +1,7 @@
-"""The study's tables for ``benchmarks/RESULTS.md`` (issue 15), from the study's parquet files: the run's size, the
-reference check, accuracies (Wilson CIs) per task, the paired table against full context, kept-where-the-reference-
+"""The study's tables for ``benchmarks/RESULTS.md`` (issue 15), from the study's parquet files: "What this study
+shows" (every seed claim with its verdict, :mod:`workbench.study.conclusions`, from ``study.parquet`` and, when
+present, ``study_leap.parquet``, ``study_ranks.parquet`` and ``study_kept.parquet``), the run's size, the reference
+check, accuracies (Wilson CIs) per task, the paired table against full context, kept-where-the-reference-
 is-right, DeferKV against the other policies, EntroPrefill's decisions, prompt lengths, the cap, and a compact
 timing table. No model call.
 
@@ -16,13 +18,19 @@ import _harness as harness  # noqa: E402
 import study  # noqa: E402
 
 from workbench.study import findings  # noqa: E402
+from workbench.study.conclusions import conclusions  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--out-dir", default=str(Path(__file__).parent / "out"))
 od = Path(ap.parse_args().out_dir)
 md = study.markdown
 df = study.read_study(od / "study.parquet")
-out = []
+side = {name: pd.read_parquet(od / f"study_{name}.parquet") if (od / f"study_{name}.parquet").exists() else None
+        for name in ("leap", "ranks", "kept")}
+if side["kept"] is not None and "task" not in side["kept"].columns:
+    side["kept"]["task"] = "squad_single"  # written before it had a task column: study.py measures it on SQuAD only
+shows = conclusions(df, side["leap"], side["ranks"], kept=side["kept"])
+out = [shows.markdown("### What this study shows")]
 per = df.groupby("task").item_id.nunique().to_dict()
 cells = df.groupby(["task", "item_id"]).size()
 n_settings = len(df[["method", "params"]].drop_duplicates())  # every setting some prompt ran

@@ -20,7 +20,7 @@ import gpu  # noqa: E402
 
 SCRIPTS = sorted(p for p in BENCH.glob("[a-z]*.py"))
 # writes that are not results: a worker's claim file (study.py), the resume cache of finished prompts
-# (eviction_field.py), the study's kept-tokens parquet (its summary carries the metadata)
+# (eviction_field.py), the study's kept-tokens, leap, ranks and conclusions parquet (its summary carries the metadata)
 OTHER_WRITES = {("study.py", "fdopen"), ("study.py", "atomic_write_bytes"), ("eviction_field.py", "open")}
 
 

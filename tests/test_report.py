@@ -26,7 +26,7 @@ from workbench.study.sweep import COLUMNS
 FIGURES = {"sink_mass", "attention_strip", "head_weights", "chunk_priorities", "trace_layers", "certificate",
            "accuracy_vs_budget", "kv_bytes_table", "kept_positions"}
 TABLES = {"trace", "priorities", "head_pooling", "items", "sweep", "summary", "needle_survival", "reference_check",
-          "accuracy", "comparisons", "timing"}
+          "accuracy", "comparisons", "timing", "conclusions"}
 TINY_LIMIT_S = 300  # the tiny setting takes ~1 min on a loaded 2-core machine; this catches a runaway setting
 
 
@@ -241,6 +241,22 @@ def test_html_states_findings_cis_reference_and_provenance(report):
         ev = timing.loc[(task, "deferkv @ 0.5")]
         assert ev["method_s"] < ev["wall_s"] and ev["amortised_s"] == pytest.approx(ev["method_s"] + ev["shared_s"])
         assert timing.loc[(task, "shared eviction prefill"), "method_s"] == pytest.approx(ev["shared_s"])
+
+
+
+def test_html_opens_with_what_this_study_shows(report):
+    """Issue 26: the page opens with the seed claims the sweep can speak to, each with its verdict (tiny's replies
+    score 0: every reference fails, so every claim says so), and names the claims it cannot assess."""
+    out, _, _ = report
+    page = (out / "report.html").read_text()
+    assert page.index("<section id='conclusions'>") < page.index("<section id='provenance'>")
+    i = page.index("<section id='conclusions'>")
+    sec = html.unescape(re.sub(r"<[^>]+>", " ", page[i:page.index("</section>", i)]))
+    assert "Verdict rule: supported when the 95% CI" in sec and "Not assessed here" in sec
+    assert "boundary leap" in sec and "Rényi against mass-only" in sec and "no DeferKV and SnapKV cells" in sec
+    t = pd.read_csv(out / "tables" / "conclusions.csv")
+    assert len(t) and set(t["verdict"]) == {"reference failed"}
+    assert set(t["claim"]) >= {"EntroPrefill paper keeps full-context accuracy"}
 
 
 

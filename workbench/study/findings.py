@@ -26,7 +26,7 @@ import pandas as pd
 
 from workbench.analyse.stats import accuracy, paired
 
-__all__ = ["setting_label", "with_settings", "clusters", "reference_check", "comparisons", "accuracy_table", "timing_table", "REFERENCE",
+__all__ = ["setting_label", "with_settings", "clusters", "cluster_paired", "reference_check", "comparisons", "accuracy_table", "timing_table", "REFERENCE",
            "MIN_REFERENCE_ACCURACY", "MIN_REFERENCE_RIGHT"]
 
 REFERENCE = "full"
@@ -77,6 +77,16 @@ def clusters(d: pd.DataFrame) -> pd.Series:
         return own
     c = d["meta_cluster"]
     return c.where(c.notna() & (c.astype(str) != ""), own).astype(str)
+
+
+def cluster_paired(a, b, cluster, level: float = 0.95):
+    """The paired comparison of per-prompt scores ``a`` and ``b`` over independent units: prompts of one ``cluster``
+    are one unit, scored by their mean (:func:`workbench.analyse.stats.paired` over the cluster means). Returns
+    ``(Paired, clusters)``; ``Paired.n`` is the number of clusters."""
+    units = pd.DataFrame({"a": np.asarray(a, dtype=float), "b": np.asarray(b, dtype=float),
+                          "c": np.asarray(cluster, dtype=object).astype(str)})
+    per = units.groupby("c", sort=True)[["a", "b"]].mean()
+    return paired(per["a"].to_numpy(), per["b"].to_numpy(), level), len(per)
 
 
 def _scores(d: pd.DataFrame, setting: str, metric: str) -> pd.Series:
@@ -160,13 +170,12 @@ def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.
             # the independent units: prompts sharing a fact or a haystack (one cluster) count once, by their mean
             of = g.drop_duplicates("item_id").set_index("item_id")["cluster"].reindex(common)
             units = pd.DataFrame({"a": sa[common].to_numpy(), "b": sb[common].to_numpy(), "c": of.to_numpy()})
-            per = units.groupby("c", sort=True)[["a", "b"]].mean()
-            r = paired(per["a"].to_numpy(), per["b"].to_numpy(), level)
+            r, n_clusters = cluster_paired(units["a"], units["b"], units["c"], level)
             row = dict(scope=scope, a=a, b=b, metric=metric, **{k: v for k, v in r.to_dict().items()
                                                                    if k not in ("level", "binary")},
-                       prompts=len(common), clusters=len(per))
+                       prompts=len(common), clusters=n_clusters)
             sentence = r.finding(a, b, metric, where=scope)
-            if len(per) < len(common):
+            if n_clusters < len(common):
                 sentence = sentence.replace(f"n = {r.n} paired prompts",
                                             f"n = {r.n} clusters of {len(common)} paired prompts", 1)
             xa, xb = units["a"].to_numpy(), units["b"].to_numpy()

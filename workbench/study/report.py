@@ -16,6 +16,9 @@ The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
    The sweep writes ``tables/sweep.parquet`` after every cell and resumes from it: a re-run recomputes no
    finished cell, and an interrupted run (Ctrl-C, SIGTERM) still writes a report marked **partial**.
    Figures: accuracy vs budget, accuracy / KV-bytes table (per task).
+   **What this study shows** (:mod:`workbench.study.conclusions`, at the top of the page): each seed claim the
+   sweep can speak to (DeferKV vs SnapKV per budget and family, EntroPrefill per preset) with n, effect, CI, p and
+   a verdict, and the claims it cannot assess (the leap and the priorities need captures: ``benchmarks/study.py``).
    **Findings** (:mod:`workbench.study.findings`): the reference check (full-context accuracy with its
    Wilson CI, and a loud warning when it is too low), one sentence per comparison with paired statistics
    (n, wins/ties/losses, McNemar, bootstrap CI of the difference), accuracy conditional on the reference
@@ -63,6 +66,7 @@ from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show.export import csv_bytes, prompt_hash, versions
+from workbench.study.conclusions import conclusions
 from workbench.study.kvpress_runs import write_kvpress_runs
 from workbench.study.report_config import (
     DATA,
@@ -377,6 +381,9 @@ def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict) -> None:
     """The reference check, the comparisons with their sentences, accuracies with Wilson CIs and the timing rule."""
     ref, warns = fnd.reference_check(df)
     comp = fnd.comparisons(df)
+    shows = conclusions(df)  # the seed claims the sweep can speak to (no leap / priority tables: it says so)
+    tables["conclusions"] = shows.to_frame()
+    info["conclusions"] = {"rule": shows.rule(), "counts": shows.counts(), "missing": list(shows.missing)}
     tables["reference_check"] = ref
     tables["accuracy"] = fnd.accuracy_table(df)
     tables["comparisons"] = comp.drop(columns=["finding"], errors="ignore")

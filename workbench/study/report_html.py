@@ -1,5 +1,6 @@
 """The report's HTML page (:func:`write_html`): one self-contained file with the data provenance, a partial
-banner when the sweep was interrupted, the reference check, the findings (one sentence per comparison,
+banner when the sweep was interrupted, "What this study shows" (the seed claims with their verdicts, at the top),
+the reference check, the findings (one sentence per comparison,
 from :mod:`workbench.study.findings`), every figure and every table."""
 from __future__ import annotations
 
@@ -68,6 +69,35 @@ def _reference_html(ref, warns: list) -> str:
     return "".join(parts) + "</section>"
 
 
+_VERDICT_STYLE = {"supported": "#1e7b34", "contradicted": "#c0392b", "not shown": "#555", "reference failed": "#d39e00"}
+
+
+def _conclusions_html(table, info: dict) -> str:
+    """"What this study shows": the verdict rule first, the counts, one line per claim, what could not be assessed."""
+    e = html.escape
+    parts = ["<section id='conclusions'><h2>What this study shows</h2>"]
+    if not info:
+        return parts[0] + "<p>No conclusions were computed.</p></section>"
+    parts.append(f"<p class='note'>{e(info.get('rule', '').replace('**', ''))}</p>")
+    counts = info.get("counts", {})
+    parts.append(f"<p>{sum(counts.values())} claims: " + ", ".join(f"{e(k)} {v}" for k, v in counts.items()) + ".</p>")
+    if table is not None and len(table):
+        lines = []
+        for r in table.itertuples(index=False):
+            eff = "n/a" if r.effect != r.effect else f"{r.effect:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]"
+            p = "—" if r.p != r.p else f"{r.p:.3g}"
+            lines.append(f"<li class='claim'><b style='color:{_VERDICT_STYLE.get(r.verdict, '#222')}'>{e(r.verdict)}"
+                         f"</b>: {e(r.claim)} ({e(r.source)}) on {e(str(r.task))}: {e(r.comparison)}, n = {int(r.n)} "
+                         f"clusters ({int(r.prompts)} prompts), effect {e(eff)}, {e(r.test)} p = {e(p)}"
+                         + (f"; {e(r.note)}" if r.note else "")
+                         + (f"; reference: {e(r.reference)}" if r.reference else "") + "</li>")
+        parts.append("<ol class='findings'>" + "".join(lines) + "</ol>")
+    missing = info.get("missing", [])
+    if missing:
+        parts.append("<h3>Not assessed here</h3><ul>" + "".join(f"<li>{e(m)}</li>" for m in missing) + "</ul>")
+    return "".join(parts) + "</section>"
+
+
 def _findings_html(findings: list, acc) -> str:
     e = html.escape
     parts = ["<section id='findings'><h2>Findings</h2>"]
@@ -107,6 +137,7 @@ def write_html(path, figures: dict, tables: dict, fig_files: dict, table_files: 
         parts.append("<p class='partial' id='partial'>PARTIAL REPORT: the sweep was interrupted before every cell "
                      "finished; the numbers below come from the finished cells only. Re-run the same command to "
                      "resume (finished cells are not recomputed).</p>")
+    parts.append(_conclusions_html(tables.get("conclusions"), info.get("conclusions", {})))
     parts.append(_provenance_html(info.get("sources", [])))
     parts.append(_reference_html(tables.get("reference_check"), info.get("reference_warnings", [])))
     parts.append(_findings_html(info.get("findings", []), tables.get("accuracy")))

@@ -1,0 +1,306 @@
+"""What this study shows (workbench.study.conclusions), on hand-made frames whose answer is known: a clear DeferKV win is
+supported, a clear loss contradicted, ties not shown, a failing reference says so; n, effect, CI and p recomputed
+independently (scipy's binomtest for McNemar / the sign test, the percentile bootstrap with the same seed over
+cluster means); the leap, the priorities and EntroPrefill per preset; then a tiny study run end to end."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from _examples import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sps
+
+from workbench.study.conclusions import VERDICTS, conclusions, preset_name, verdict
+
+LOOSE = {"eps_row": 0.3, "target": 0.2, "streak": 0, "eps_audit": 0.5}
+
+
+def _study(defer, snap, full=None, task="niah_single", clusters=None, budgets=(0.25, 0.5)):
+    """Rows of a sweep frame: per prompt ``i``, full context (``full[i]``, default right), DeferKV and SnapKV at each
+    budget (``defer[i]``, ``snap[i]``), EntroPrefill paper (bypasses every prompt) and loose (prunes a third at l* 1
+    on every prompt but the first)."""
+    n = len(defer)
+    full = [1] * n if full is None else full
+    rows = []
+    for i in range(n):
+        base = dict(task=task, item_id=f"{task}-{i}", error=None, prompt_tokens=300, hit_cap=False)
+        if clusters is not None:
+            base["meta_cluster"] = clusters[i]
+        rows.append(dict(base, method="full", params="{}", contains=float(full[i]), retained_tokens=300))
+        for f in budgets:
+            for pol, x in (("deferkv", defer), ("snapkv", snap)):
+                rows.append(dict(base, method="evict", params=json.dumps({"budget_frac": f, "policy": pol}),
+                                 contains=float(x[i]), retained_tokens=int(300 * f)))
+        rows.append(dict(base, method="entroprefill", params="{}", contains=float(full[i]), retained_tokens=300,
+                         bypass=True, l_star=-99))
+        pruned = i > 0
+        rows.append(dict(base, method="entroprefill", params=json.dumps(LOOSE), contains=float(full[i]),
+                         retained_tokens=200 if pruned else 300, bypass=not pruned, l_star=1 + i % 2 if pruned else -99))
+    return pd.DataFrame(rows)
+
+
+def _claims(c, claim_start, **eq):
+    t = c.to_frame()
+    t = t[t["claim"].str.startswith(claim_start)]
+    for k, v in eq.items():
+        t = t[t[k] == v]
+    return t
+
+
+def _by_unit(x, task="niah_single"):
+    """Per-prompt values in the order of the units they form (the cluster names ``<task>/<item_id>``, sorted), the
+    order the paired test and the bootstrap see them in."""
+    names = [f"{task}/{task}-{i}" for i in range(len(x))]
+    return np.asarray(x, dtype=float)[np.argsort(names, kind="stable")]
+
+
+def _boot(x, level=0.95, n_boot=2000, seed=0):
+    """The percentile bootstrap of the mean, written out again (same generator and seed as stats.bootstrap_ci)."""
+    x = np.asarray(x, dtype=float)
+    if np.all(x == x[0]):
+        return float(x[0]), float(x[0])
+    means = x[np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def test_a_clear_deferkv_win_is_supported_and_its_numbers_recompute():
+    defer, snap = [1] * 12, [1, 1] + [0] * 10
+    c = conclusions(_study(defer, snap))
+    rows = _claims(c, "DeferKV ≥ SnapKV")
+    assert sorted(rows["comparison"]) == ["deferkv @ 0.25 vs snapkv @ 0.25", "deferkv @ 0.5 vs snapkv @ 0.5"]
+    for r in rows.itertuples():
+        assert r.verdict == "supported" and r.task == "niah_single" and r.n == 12 and r.prompts == 12
+        d = np.array(defer, float) - np.array(snap, float)
+        assert r.effect == pytest.approx(d.mean()) == pytest.approx(10 / 12)
+        assert r.p == pytest.approx(sps.binomtest(10, 10, 0.5).pvalue)  # McNemar exact: 10 discordant, all wins
+        assert (r.lo, r.hi) == pytest.approx(_boot(_by_unit(d)))
+        assert r.lo > 0 and r.test == "McNemar exact"
+    md = c.markdown()
+    assert md.startswith("## What this study shows\n\nVerdict rule: **supported** when the 95% CI")
+    assert "| DeferKV ≥ SnapKV at the same budget | DeferKV guide | niah_single | deferkv @ 0.25 vs snapkv @ 0.25 | 12 |" in md
+
+
+def test_a_clear_loss_is_contradicted_and_ties_are_not_shown():
+    loss = conclusions(_study([0] * 10, [1] * 10))
+    assert set(_claims(loss, "DeferKV ≥ SnapKV")["verdict"]) == {"contradicted"}
+    tie = conclusions(_study([1, 0] * 5, [1, 0] * 5))
+    r = _claims(tie, "DeferKV ≥ SnapKV")
+    assert set(r["verdict"]) == {"not shown"} and set(r["effect"]) == {0.0} and set(r["p"]) == {1.0}
+    # a win on too few clusters (6 prompts, 3 clusters): the interval excludes 0, the test does not reject
+    # (two-sided sign test, 3 of 3: p = 0.25)
+    few = _claims(conclusions(_study([1] * 6, [0] * 6, clusters=[0, 0, 1, 1, 2, 2])), "DeferKV ≥ SnapKV")
+    assert set(few["verdict"]) == {"not shown"} and (few["lo"] > 0).all() and set(few["n"]) == {3}
+    assert few["p"].tolist() == pytest.approx([sps.binomtest(3, 3, 0.5).pvalue] * 2)
+
+
+def test_a_failing_reference_carries_no_verdict():
+    d = pd.concat([_study([1] * 12, [0] * 12, full=[1, 1] + [0] * 10, task="common_words"),
+                   _study([1] * 12, [0] * 12, task="niah_single")])
+    c = conclusions(d)
+    rows = _claims(c, "DeferKV ≥ SnapKV").set_index(["task", "comparison"])
+    assert set(rows.loc["common_words", "verdict"]) == {"reference failed"}
+    assert rows.loc["common_words", "reference"].str.contains("common_words: full context right on 2/12").all()
+    assert (rows.loc["niah_single", "reference"] == "").all()
+    md = c.markdown()
+    assert md.count("- common_words: full context right on 2/12, needs >= 50% and >= 5 right") == 1  # said once
+    assert set(rows.loc["niah_single", "verdict"]) == {"supported"}
+    # the claim's own numbers are still shown: the full effect with its CI
+    assert (rows.loc["common_words", "effect"] == 1.0).all()
+    # one passing RULER family only: no pooled row; every claim on common_words fails the reference
+    assert not any(t.startswith("RULER-style") for t in rows.index.get_level_values(0))
+    assert set(c.to_frame().query("task == 'common_words'")["verdict"]) == {"reference failed"}
+    assert c.counts()["reference failed"] == len(c.to_frame().query("task == 'common_words'"))
+
+
+def test_clusters_are_the_unit():
+    """Prompts of one cluster count once, by their mean: 12 prompts in 4 clusters of 3 give n = 4 and the sign test
+    over cluster means (3 of 4 clusters: every prompt a DeferKV win; 1: a tie)."""
+    defer, snap = [1] * 12, [0] * 9 + [1] * 3
+    cl = [f"c{i // 3}" for i in range(12)]
+    r = _claims(conclusions(_study(defer, snap, clusters=cl)), "DeferKV ≥ SnapKV").iloc[0]
+    per = pd.Series(np.array(defer, float) - np.array(snap, float)).groupby(cl).mean()
+    assert (r.n, r.prompts) == (4, 12) and r.effect == pytest.approx(per.mean())
+    assert r.p == pytest.approx(sps.binomtest(3, 3, 0.5).pvalue) and r.verdict == "not shown"
+    assert (r.lo, r.hi) == pytest.approx(_boot(per.to_numpy()))
+
+
+def test_pooled_over_passing_ruler_families():
+    d = pd.concat([_study([1] * 6, [0] * 6, task="niah_single"), _study([1] * 6, [0] * 6, task="niah_multikey"),
+                   _study([1] * 6, [0] * 6, full=[0] * 6, task="variable_tracking")])
+    rows = _claims(conclusions(d), "DeferKV ≥ SnapKV")
+    pooled = rows[rows["task"].str.startswith("RULER-style")]
+    assert len(pooled) == 2 and set(pooled["n"]) == {12}  # the two passing families, not variable_tracking
+    assert pooled["task"].iloc[0] == "RULER-style (pooled over niah_multikey, niah_single)"
+    assert set(pooled["verdict"]) == {"supported"}
+    assert pooled["p"].tolist() == pytest.approx([sps.binomtest(12, 12, 0.5).pvalue] * 2)
+
+
+@settings(max_examples=examples(10), deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1)), min_size=5, max_size=20))
+def test_verdict_follows_the_numbers(pairs):
+    """Random 0/1 scores (at least 5 prompts: the reference, right on all, passes): the effect is the mean difference, p the exact McNemar test, the CI the same-seed bootstrap,
+    and the verdict the module's rule on those numbers."""
+    defer, snap = [a for a, _ in pairs], [b for _, b in pairs]
+    r = _claims(conclusions(_study(defer, snap, budgets=(0.5,))), "DeferKV ≥ SnapKV").iloc[0]
+    d = np.array(defer, float) - np.array(snap, float)
+    w, lo_n = int((d > 0).sum()), int((d < 0).sum())
+    p = 1.0 if w + lo_n == 0 else sps.binomtest(w, w + lo_n, 0.5).pvalue
+    lo, hi = _boot(_by_unit(d))
+    assert r.n == len(d) and r.effect == pytest.approx(d.mean()) and r.p == pytest.approx(p)
+    assert (r.lo, r.hi) == pytest.approx((lo, hi))
+    want = ("supported" if lo > 0 and p < 0.05 else "contradicted" if hi < 0 and p < 0.05 else "not shown")
+    assert r.verdict == want and r.verdict in VERDICTS
+
+
+def test_verdict_rule_directly():
+    assert verdict(0.1, 0.3, 0.01, 1) == "supported" and verdict(0.1, 0.3, 0.01, -1) == "contradicted"
+    assert verdict(-0.3, -0.1, 0.01, -1) == "supported" and verdict(-0.1, 0.3, 0.01, 1) == "not shown"
+    assert verdict(0.1, 0.3, 0.2, 1) == "not shown" and verdict(0.1, 0.3, 0.01, 0) == "not shown"
+    assert verdict(0.1, 0.3, 0.01, 1, reference_ok=False) == "reference failed"
+    assert verdict(0.1, 0.3, 0.04, 1, level=0.99) == "not shown"
+
+
+def _squad_ref(n=10):
+    return pd.DataFrame([dict(task="squad_single", item_id=f"q{i}", method="full", params="{}", contains=1.0,
+                              error=None, hit_cap=False) for i in range(n)])
+
+
+def test_the_leap_from_a_per_prompt_step_gain_table():
+    rng = np.random.default_rng(1)
+    n = 10
+    g01 = 0.3 + 0.01 * rng.random(n)
+    rows = [dict(task="squad_single", item_id=f"q{i}", r_from=a, r_to=b, gain=v)
+            for i in range(n) for (a, b), v in (((0, 1), g01[i]), ((1, 2), 0.01), ((-1, 0), 0.5 if i < 8 else 0.0))]
+    c = conclusions(_squad_ref(n), pd.DataFrame(rows))
+    nxt = _claims(c, "The recall leap at the boundary").iloc[0]
+    assert nxt.comparison == "0→1 vs 1→2" and nxt.verdict == "supported" and nxt.n == n
+    assert nxt.effect == pytest.approx((g01 - 0.01).mean()) and nxt.p == pytest.approx(2 * 0.5 ** n)
+    spec = _claims(c, "The recall leap is specific").iloc[0]
+    d = g01 - np.array([0.5] * 8 + [0.0] * 2)
+    assert spec.comparison == "0→1 vs −1→0" and spec.effect == pytest.approx(d.mean())
+    assert spec.p == pytest.approx(sps.binomtest(2, 10, 0.5).pvalue) and spec.verdict == "not shown"
+    assert (spec.lo, spec.hi) == pytest.approx(_boot(d))
+    # the same table on a failing reference: no verdict
+    bad = _squad_ref(n).assign(contains=0.0)
+    assert set(_claims(conclusions(bad, pd.DataFrame(rows)), "The recall leap")["verdict"]) == {"reference failed"}
+    # without the table the claim is listed as not assessed, with no number
+    none = conclusions(_squad_ref(n))
+    assert not len(_claims(none, "The recall leap")) and any("boundary leap" in m for m in none.missing)
+
+
+def test_renyi_against_the_other_priorities():
+    n, k = 8, 4
+    rank = {"renyi": 1.0, "mass": 3.0, "renyi, zeta=1": 1.0, "headmax": 2.0}
+    rows = [dict(task="squad_single", item_id=f"q{i}", priority=p, k=k, rank=r + (0.5 if p == "headmax" and i < 2
+                                                                                 else 0))
+            for i in range(n) for p, r in rank.items()]
+    c = conclusions(_squad_ref(n), ranks=pd.DataFrame(rows))
+    t = _claims(c, "Rényi priorities").set_index("comparison")
+    assert t.loc["renyi vs mass", "verdict"] == "supported" and t.loc["renyi vs mass", "effect"] == pytest.approx(2.0)
+    assert t.loc["renyi vs renyi, zeta=1", "verdict"] == "not shown"
+    assert t.loc["renyi vs headmax", "effect"] == pytest.approx((6 * 1 + 2 * 1.5) / 8)
+    assert t.loc["renyi vs mass", "p"] == pytest.approx(sps.binomtest(n, n, 0.5).pvalue)
+    assert any("uniform" in m for m in c.missing)  # no uniform rows: said, not invented
+
+
+def test_entroprefill_named_by_preset():
+    d = _study([1] * 10, [1] * 10)
+    c = conclusions(d)
+    t = c.to_frame()
+    ep = t[t["claim"].str.startswith("EntroPrefill")]
+    assert {s.split("'")[0].split(" keeps")[0].split(" removes")[0] for s in ep["claim"]} >= {
+        "EntroPrefill paper", "EntroPrefill loose"}
+    assert not t["claim"].str.startswith("entroprefill").any()
+    acc = ep[ep["claim"] == "EntroPrefill loose keeps full-context accuracy"].iloc[0]
+    assert acc.comparison == "EntroPrefill loose vs full" and acc.effect == 0.0 and acc.verdict == "not shown"
+    rem = ep[ep["claim"] == "EntroPrefill loose removes context before the deeper layers"].iloc[0]
+    share = np.array([0.0] + [1 / 3] * 9)
+    assert rem.effect == pytest.approx(share.mean()) and rem.verdict == "supported"
+    assert rem.p == pytest.approx(sps.binomtest(9, 9, 0.5).pvalue)
+    byp = ep[ep["claim"].str.startswith("EntroPrefill loose's audit")].iloc[0]
+    assert byp.mean_a == pytest.approx(0.1) and byp.effect == pytest.approx(-0.9) and byp.verdict == "supported"
+    paper_byp = ep[ep["claim"].str.startswith("EntroPrefill paper's audit")].iloc[0]
+    assert paper_byp.mean_a == 1.0 and paper_byp.verdict == "not shown"
+    ls = ep[ep["claim"] == "EntroPrefill loose's accepted layer l*"].iloc[0]
+    lstar = np.array([1 + i % 2 for i in range(1, 10)], float)
+    assert ls.effect == pytest.approx(lstar.mean()) and ls.n == 9 and ls.verdict == "not shown"
+    assert (ls.lo, ls.hi) == pytest.approx(_boot(lstar))  # units niah_single-1 … -9: already in sorted order
+    assert any("EntroPrefill paper on niah_single: l*" in m for m in c.missing)  # every prompt bypassed
+    # a column the sweep did not write is said to be missing, never given a number
+    c2 = conclusions(d.drop(columns=["bypass"]))
+    assert not _claims(c2, "EntroPrefill loose's audit").shape[0]
+    assert any("no bypass column" in m for m in c2.missing)
+    assert preset_name({}) == "EntroPrefill paper" and preset_name(LOOSE) == "EntroPrefill loose"
+    assert preset_name({"target": 0.4}) == "EntroPrefill (target=0.4)"
+
+
+def test_the_report_page_opens_with_the_section(tmp_path):
+    from workbench.study.report_html import write_html
+
+    c = conclusions(_study([1] * 12, [0] * 12))
+    info = {"conclusions": {"rule": c.rule(), "counts": c.counts(), "missing": list(c.missing)}}
+    page = write_html(tmp_path / "r.html", {}, {"conclusions": c.to_frame()}, {}, {}, info).read_text()
+    assert page.index("What this study shows") < page.index("Data provenance") < page.index("Reference check")
+    assert "<b style='color:#1e7b34'>supported</b>: DeferKV ≥ SnapKV" in page
+    assert "Not assessed here" in page and "boundary leap" in page
+    bad = conclusions(_study([1] * 12, [0] * 12, full=[0] * 12))
+    info = {"conclusions": {"rule": bad.rule(), "counts": bad.counts(), "missing": list(bad.missing)}}
+    page = write_html(tmp_path / "b.html", {}, {"conclusions": bad.to_frame()}, {}, {}, info).read_text()
+    assert "reference failed</b>: DeferKV" in page and "reference: niah_single: full context right on 0/12" in page
+
+
+def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
+    """The study's own pieces on a random-weight 2-layer Llama with SmolLM2's tokenizer (real prompts, instant
+    forwards): the sweep, the per-prompt leap and rank tables written as parquet beside it, the conclusions from
+    those files equal to the ones from memory, and ``benchmarks/study_tables.py`` opening with the section. The
+    random model answers nothing: every claim says "reference failed" (the numbers shown, no verdict)."""
+    import runpy
+    import sys
+    from pathlib import Path
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from workbench.run.models import LoadedModel, default_model_folder, tiny_model
+    from workbench.study import datasets, tasks
+    from workbench.study.sweep import sweep
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    import study
+
+    tok = AutoTokenizer.from_pretrained(default_model_folder(progress=False), local_files_only=True)
+    lm = LoadedModel(model=tiny_model("llama", vocab=len(tok), L=2, H_Q=4, G=2, d=16, seed=0), tokenizer=tok,
+                     model_id="tiny-llama-test", device=torch.device("cpu"), dtype=torch.float32)
+    items = tasks.squad_single(datasets.load_squad("sample"), n=2, n_distractors=1, seed=0)
+    out = tmp_path / "study.parquet"
+    df = sweep(lm, items, study.methods(["deferkv", "snapkv"]), out=out, max_new_tokens=3, progress=False)
+    steps, lp, ranks, leap = study.prompt_analyses(lm, items, 2)
+    assert steps is not None and set(leap["item_id"]) == {it.item_id for it in items}
+    # the per-prompt table is what step_gains averages
+    g01 = leap[(leap.r_from == 0) & (leap.r_to == 1)]["gain"].mean()
+    assert g01 == pytest.approx(float(steps.set_index("step").loc["0→1", "mean"]))
+    study.write_frame(tmp_path / "study_leap.parquet", leap)
+    study.write_frame(tmp_path / "study_ranks.parquet", ranks)
+    mem = conclusions(df, leap, ranks)
+    disk = conclusions(study.read_study(out), pd.read_parquet(tmp_path / "study_leap.parquet"),
+                       pd.read_parquet(tmp_path / "study_ranks.parquet"))
+    pd.testing.assert_frame_equal(mem.to_frame(), disk.to_frame())
+    t = mem.to_frame()
+    assert set(t["verdict"]) == {"reference failed"} and len(t) >= 2 + 2 + 4 + 2
+    claims = set(t["claim"])
+    assert {"DeferKV ≥ SnapKV at the same budget", "EntroPrefill paper keeps full-context accuracy",
+            "EntroPrefill loose keeps full-context accuracy",
+            "The recall leap is specific to the boundary: 0→1 exceeds −1→0"} <= claims
+    assert set(t.loc[t["claim"].str.startswith("Rényi"), "comparison"]) == {
+        "renyi vs mass", "renyi vs renyi, zeta=1", "renyi vs headmax", "renyi vs uniform"}
+    monkeypatch.setattr(sys, "argv", ["study_tables.py", "--out-dir", str(tmp_path)])
+    runpy.run_path(str(bench / "study_tables.py"), run_name="__main__")
+    text = (tmp_path / "study_tables.md").read_text()
+    assert "### What this study shows" in text and text.index("What this study shows") < text.index("Reference check")
+    assert "| The recall leap at the boundary (0→1) exceeds the next step (1→2) |" in text
