@@ -313,12 +313,21 @@ class EvictionSession:
         evict = ragged or keep.shape[-1] < T
         kept = torch.cat([keep, gen.expand(L, G, defer)], dim=-1)
         drop, masked = None, 0
+        latent = adapter.mla_latent_cache(self.model)  # one latent per position, shared by every head
         if evict:
-            if ragged:
+            if latent:
+                per_layer, drop = _latent_union(keep, gen)
+            elif ragged:
                 per_layer, drop = _ragged(keep, gen)
             else:
                 per_layer = [kept[l] for l in range(L)]
             for l in range(L):  # sliding-window layers: the policy's choice among what the window still sees
+                if latent:
+                    adapter.check_latent_layer(self.model, cache, l)
+                    if adapter.cache_layer_is_sliding(cache, l):
+                        raise ValueError("eviction: a sliding-window layer in a multi-head latent attention cache "
+                                         "is not supported")
+                    continue
                 if adapter.cache_layer_is_sliding(cache, l):
                     held = adapter.layer_positions(cache, l)[0]
                     w = preview_window(policy, self.evidence, B, l, held)
@@ -336,25 +345,29 @@ class EvictionSession:
                               f"GenerationResult.not_compacted and kv_layer_bytes_after): {skipped}", stacklevel=3)
             if drop:
                 drop = {l: d for l, d in drop.items() if l in compacted}
-                if drop:
-                    k0, _ = adapter.cache_kv(cache, next(iter(drop)))
-                    masked = sum(int(d.sum()) for d in drop.values()) * 2 * k0.shape[-1] * k0.element_size()
+                if drop and not latent:  # slots stored only to be hidden (a latent slot serves some head)
+                    k0, v0 = adapter.cache_kv(cache, next(iter(drop)))
+                    masked = sum(int(d.sum()) for d in drop.values()) * (
+                        k0.shape[-1] * k0.element_size() + v0.shape[-1] * v0.element_size())
         else:
             compacted = tuple(range(L))
-        kept_layers = tuple(adapter.layer_positions(cache, l) for l in range(L))
+        if latent:  # what each head attends (the layer stores their union once)
+            kept_layers = tuple(kept[l].clone() for l in range(L))
+        else:
+            kept_layers = tuple(adapter.layer_positions(cache, l) for l in range(L))
         timings["evict"] = time.perf_counter() - t0 if evict else 0.0
         timings["batch"] = 1
         after = adapter.cache_bytes(cache)
         shift = 0
         if rerotate and evict:
+            why = rotary.unavailable(self.model)
+            if why:
+                raise ValueError(f"rerotate: {why}")
             if drop or ragged:
                 raise ValueError("rerotate: needs the same count in every layer and KV head (no budget allocation)")
             if any(adapter.cache_layer_is_sliding(cache, l) for l in range(L)):
                 raise ValueError("rerotate: not with sliding-window layers (their window is measured in original "
                                  "positions)")
-            why = rotary.unavailable(self.model)
-            if why:
-                raise ValueError(f"rerotate: {why}")
             S = kept.shape[-1]
             delta = kept - torch.arange(S)  # [L, G, S] positions to turn back
             maps = rotary.rotary_maps(self.model, delta.reshape(L, G * S))  # per layer; NoPE layers: the identity
@@ -473,6 +486,26 @@ def _extend(drop: dict | None, n: int) -> dict | None:
     if not drop:
         return drop
     return {l: torch.cat([d, torch.zeros(d.shape[0], n, dtype=torch.bool)], -1) for l, d in drop.items()}
+
+
+def _latent_union(keep: Tensor, gen: Tensor) -> tuple[list, dict | None]:
+    """Multi-head latent attention with a latent cache: every head's key and value come from one stored latent per
+    position, so layer ``l`` stores the union ``U_l`` of its heads' kept positions (``keep [L, H, M]``, ``-1``-padded
+    with a budget allocation, then the generated ``gen``) once, as ``[1, |U_l|]``, and each head is masked off the
+    positions of ``U_l`` it did not keep (``{l: bool [H, |U_l|]}``, True = hidden; applied per query head by
+    :func:`~workbench.run.adapter.per_head_key_mask`), so that every head attends exactly its own kept set.
+    ``None`` when every head of every layer keeps the same set (a per-layer selection needs no mask) and the layers
+    have one length; otherwise a mask for every layer (all-False ones too: layers of different lengths need the mask
+    rebuilt per layer)."""
+    per_layer, drop = [], {}
+    for l in range(keep.shape[0]):
+        heads = [torch.cat([k[k >= 0], gen]) for k in keep[l]]
+        U = torch.unique(torch.cat(heads))  # sorted
+        per_layer.append(U[None])
+        drop[l] = torch.stack([~torch.isin(U, h) for h in heads])
+    if not any(bool(d.any()) for d in drop.values()) and len({p.shape[-1] for p in per_layer}) == 1:
+        return per_layer, None
+    return per_layer, drop
 
 
 def _ragged(keep: Tensor, gen: Tensor) -> tuple[list, dict]:
