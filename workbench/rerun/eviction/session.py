@@ -35,6 +35,9 @@ from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.rerun.eviction.refusals import needs_refusal
 from workbench.rerun.eviction.result import GenerationResult
 from workbench.rerun.eviction.select import preview, preview_window
+from workbench.rerun.eviction.storage import extend_masks as _extend
+from workbench.rerun.eviction.storage import latent_union as _latent_union
+from workbench.rerun.eviction.storage import ragged_storage as _ragged
 from workbench.run import adapter, rotary
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import unwrap_model
@@ -479,46 +482,3 @@ class _RunState:
     masked: int = 0
     offset: int = 0  # question tokens appended after the eviction (question-agnostic mode)
     shift: int = 0  # positions removed by re-rotation (decoding continues at the compacted length)
-
-
-def _extend(drop: dict | None, n: int) -> dict | None:
-    """Per-head masks ``{l: [G, S]}`` extended by ``n`` unmasked slots (tokens appended to the cache)."""
-    if not drop:
-        return drop
-    return {l: torch.cat([d, torch.zeros(d.shape[0], n, dtype=torch.bool)], -1) for l, d in drop.items()}
-
-
-def _latent_union(keep: Tensor, gen: Tensor) -> tuple[list, dict | None]:
-    """Multi-head latent attention with a latent cache: every head's key and value come from one stored latent per
-    position, so layer ``l`` stores the union ``U_l`` of its heads' kept positions (``keep [L, H, M]``, ``-1``-padded
-    with a budget allocation, then the generated ``gen``) once, as ``[1, |U_l|]``, and each head is masked off the
-    positions of ``U_l`` it did not keep (``{l: bool [H, |U_l|]}``, True = hidden; applied per query head by
-    :func:`~workbench.run.adapter.per_head_key_mask`), so that every head attends exactly its own kept set.
-    ``None`` when every head of every layer keeps the same set (a per-layer selection needs no mask) and the layers
-    have one length; otherwise a mask for every layer (all-False ones too: layers of different lengths need the mask
-    rebuilt per layer)."""
-    per_layer, drop = [], {}
-    for l in range(keep.shape[0]):
-        heads = [torch.cat([k[k >= 0], gen]) for k in keep[l]]
-        U = torch.unique(torch.cat(heads))  # sorted
-        per_layer.append(U[None])
-        drop[l] = torch.stack([~torch.isin(U, h) for h in heads])
-    if not any(bool(d.any()) for d in drop.values()) and len({p.shape[-1] for p in per_layer}) == 1:
-        return per_layer, None
-    return per_layer, drop
-
-
-def _ragged(keep: Tensor, gen: Tensor) -> tuple[list, dict]:
-    """A ``-1``-padded allocation ``keep [L, G, M]`` as one ``[G, S_l + n_gen]`` storage list per layer
-    (``S_l`` its largest head count; a shorter head repeats its first kept position in the extra slots)
-    and the masks ``{l: bool [G, S_l + n_gen]}`` hiding those extra slots."""
-    per_layer, drop = [], {}
-    for l in range(keep.shape[0]):
-        valid = keep[l] >= 0
-        S = int(valid.sum(-1).max())
-        k = torch.where(valid[:, :S], keep[l, :, :S], keep[l, :, :1])
-        per_layer.append(torch.cat([k, gen.expand(k.shape[0], -1)], -1))
-        d = torch.cat([~valid[:, :S], torch.zeros(k.shape[0], gen.numel(), dtype=torch.bool)], -1)
-        if bool(d.any()):
-            drop[l] = d
-    return per_layer, drop
