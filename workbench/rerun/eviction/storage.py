@@ -48,6 +48,7 @@ def ragged_storage(keep: Tensor, gen: Tensor) -> tuple[list, dict]:
         k = torch.where(valid[:, :S], keep[l, :, :S], keep[l, :, :1])
         per_layer.append(torch.cat([k, gen.expand(k.shape[0], -1)], -1))
         d = torch.cat([~valid[:, :S], torch.zeros(k.shape[0], gen.numel(), dtype=torch.bool)], -1)
-        if bool(d.any()):
-            drop[l] = d
-    return per_layer, drop
+        drop[l] = d
+    if len({p.shape[-1] for p in per_layer}) > 1:  # layers of different lengths: every layer's mask rebuilt (eager)
+        return per_layer, drop
+    return per_layer, {l: d for l, d in drop.items() if bool(d.any())}
