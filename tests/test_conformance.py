@@ -67,7 +67,8 @@ def _model(family: str, impl: str | None = None):
 def test_matrix_is_the_family_table():
     assert sorted(families.supported_families()) == sorted(
         [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + list(MLA))
-    assert {f.name for f in families.FAMILIES if f.evict} == set(MLA)  # capture and pruning, eviction refused
+    assert {f.name for f in families.FAMILIES if f.mla} == set(MLA)  # capture, pruning and eviction exact
+    assert not {f.name for f in families.FAMILIES if f.evict}  # no family has eviction refused as a whole
     assert {f.name for f in families.FAMILIES if f.capture_only} == set(PARTIAL)  # partially supported: capture only
     assert set(REFUSED) <= set(families.REFUSED)
 
@@ -355,26 +356,164 @@ def test_mla_capture_and_pruning(family, variant, impl):
     _check_capture_and_pruning(m, _spans(), family, layers=(-1, 0, 1))
 
 
+# ----------------------------------------------------------------------------- MLA: eviction
+# Under transformers >= 5.24 the cache stores one latent and one shared rope key per position: a layer keeps the union
+# of its heads' kept sets and masks each head to its own; under 5.2 it stores per-head keys (d_k = 24) and values
+# (d_v = 16), compacted per head. Either way every head must attend exactly its own kept set: the oracle (one eager
+# forward, each head masked to the policy's kept set ``r.kept``) checks it, for every policy.
+MLA_TOL = 5e-6
+_MLA_EVICT_ROWS = [("deepseek_v3", 0, "sdpa"), ("deepseek_v2", 0, "sdpa")] + [
+    pytest.param(f, i, impl, marks=[pytest.mark.slow, pytest.mark.skipif(
+        not SLOW_OK, reason="a slow row of the matrix: WORKBENCH_SLOW=1 runs it")])
+    for f, i, impl in [("deepseek_v3", 1, "sdpa"), ("deepseek_v3", 2, "sdpa"), ("deepseek_v2", 1, "sdpa"),
+                       ("deepseek_v3", 0, "eager"), ("deepseek_v2", 0, "eager")]]
+_MLA_REFUSED_POLICIES = {"expected-attention"}
+
+
+def _mla_layer_bytes(m, kept_l) -> int:
+    """Bytes a layer must hold for the per-head kept sets ``kept_l [H, S]`` (``-1``-padded): the union once in a
+    latent cache (latent + rope key per position), every head's own set (its largest count) in a per-head one."""
+    att = adapter.decoder_layers(m)[0].self_attn
+    if adapter.mla_latent_cache(m):
+        return len(set(kept_l[kept_l >= 0].tolist())) * (att.kv_lora_rank + att.qk_rope_head_dim) * 4
+    return int((kept_l >= 0).sum(-1).max()) * kept_l.shape[0] * (att.qk_head_dim + att.v_head_dim) * 4
+
+
+@pytest.mark.parametrize("family,variant,impl", _MLA_EVICT_ROWS)
+def test_mla_eviction_equals_the_oracle(family, variant, impl):
+    """MLA: every policy (but the refused ones) at B >= T equals the full cache; at B < T the cache shrinks to what
+    the layout must hold, and decoding equals the oracle with each head masked to its own kept set (<= 5e-6);
+    ExpectedAttention is refused with the policy, the family and the reason."""
+    m = _mla_model(family, variant, impl)
+    latent = adapter.mla_latent_cache(m)
+    from packaging.version import Version
+    assert latent == (Version(adapter.TRANSFORMERS_VERSION) >= Version("5.24"))  # the layout it stores (see adapter)
+    spans = _spans()
+    T = spans.T
+    res = run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 6], 4, progress=False, keep_logits=True)
+    full = next(r for r in res if r.policy == "full")
+    checked = set()
+    for r in res:
+        if r.policy in _MLA_REFUSED_POLICIES:
+            assert re.match(rf"policy: ExpectedAttention cannot run on {family}: its query statistics need the rotary "
+                            rf"maps, not available for {family}: multi-head latent attention", r.error or "")
+            continue
+        assert r.error is None, (r.policy, r.error)
+        if r.budget >= T or r.policy == "full":
+            assert r.ids == full.ids, (r.policy, r.budget)
+            assert r.kv_bytes_after == r.kv_bytes_before
+            continue
+        assert not r.not_compacted and r.compacted_layers == (0, 1, 2)
+        assert all(a_ < b_ for a_, b_ in zip(r.kv_layer_bytes_after, r.kv_layer_bytes_before)), r.policy
+        assert list(r.kv_layer_bytes_after) == [_mla_layer_bytes(m, r.kept[l]) for l in range(3)], r.policy
+        assert all(torch.equal(k, r.kept[l]) for l, k in enumerate(r.kept_layers)) if latent else True
+        toks = list(spans.input_ids) + r.ids[:-1]
+        o = oracle_logits(m, toks, torch.arange(len(toks)), kept=list(r.kept), gen_from=T + r.evicted_at)
+        assert (o[T - 1:T - 1 + len(r.ids)] - r.logits).abs().max().item() <= MLA_TOL, r.policy
+        assert o[T - 1:T - 1 + len(r.ids)].argmax(-1).tolist() == r.ids, r.policy
+        checked.add(r.policy)
+    assert checked == {p.name for p in every_policy()} - _MLA_REFUSED_POLICIES - {"full"}
+    # the heads' kept sets differ (SnapKV), so the per-head masks matter: all heads on the union is another model
+    snap = next(r for r in res if r.policy == "snapkv" and r.budget == 6)
+    union = [torch.unique(k[k >= 0]).expand(k.shape[0], -1) for k in snap.kept]
+    assert any(u.shape[-1] > k.shape[-1] for u, k in zip(union, snap.kept))
+    toks = list(spans.input_ids) + snap.ids[:-1]
+    o = oracle_logits(m, toks, torch.arange(len(toks)), kept=union, gen_from=T)
+    assert (o[T - 1:T - 1 + len(snap.ids)] - snap.logits).abs().max().item() > 1e-3
+
+
+def _attention_kv(m, ids):
+    """The keys and values every attention call of one prefill receives (``{layer: (k [H, T, d_k], v [H, T, d_v])}``),
+    read at the attention interface: what the kernel attends, whatever the cache stores."""
+    got = {}
+
+    def attention(module, query, key, value, attention_mask, **kw):
+        got[module.layer_idx] = (key[0].clone(), value[0].clone())
+        return adapter.own_eager_function(module)(module, query, key, value, attention_mask, **kw)
+
+    AttentionInterface.register(ORACLE + "_kv", attention)
+    AttentionMaskInterface.register(ORACLE + "_kv", ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["eager"])
+    old = adapter.current_attn_implementation(m)
+    m.set_attn_implementation(ORACLE + "_kv")
+    try:
+        with torch.no_grad():
+            m(input_ids=torch.tensor([list(ids)]), use_cache=False)
+    finally:
+        m.set_attn_implementation(old)
+    return got
+
+
+@pytest.mark.parametrize("family", sorted(MLA))
+def test_mla_cache_evidence_is_the_attentions_own_keys(family):
+    """KNorm, KeyDiff and CriticalKV read the per-head keys and values the attention attends (expanded from the
+    latent by the model's own kv_b_proj under 5.24), never the latents; CriticalKV's ``‖W_O^h v_j‖_1`` uses head
+    ``h``'s d_v columns of o_proj."""
+    from workbench.rerun.eviction import EvictionSession, Needs
+
+    m = _mla_model(family)
+    spans = _spans()
+    ev = EvictionSession.prepare(m, spans, Needs(keys=True, wov=True), 2, progress=False).evidence
+    ref = _attention_kv(m, spans.input_ids)
+    assert ev.keys.shape == (3, 4, spans.T, 24) and ev.values.shape == (3, 4, spans.T, 16)
+    for l in range(3):
+        assert (ev.keys[l] - ref[l][0]).abs().max().item() <= 1e-6
+        assert (ev.values[l] - ref[l][1]).abs().max().item() <= 1e-6
+        W_O = adapter.decoder_layers(m)[l].self_attn.o_proj.weight.detach()  # [D, H d_v]
+        wov = torch.stack([(ref[l][1][h] @ W_O[:, 16 * h:16 * (h + 1)].T).abs().sum(-1) for h in range(4)])
+        assert (ev.wov[l] - wov.double()).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("family", sorted(MLA))
+def test_mla_batched_and_question_agnostic_runs(family):
+    """Batched decoding (runs sharing a forward, masked runs alone) equals the unbatched runs; a question answered
+    from an evicted MLA cache equals the oracle with each head masked to its kept set."""
+    from workbench.rerun.eviction import EvictionSession, StreamingLLM
+
+    m = _mla_model(family)
+    spans = _spans()
+    pols = [SnapKV(n_sink=2, recent=2, window=4), StreamingLLM(n_sink=2, recent=2), H2O(n_sink=2, recent=2)]
+    one = run_policies(m, spans, pols, [6, 9], 3, progress=False)
+    assert spans.T > 9
+    bat = run_policies(m, spans, pols, [6, 9], 3, progress=False, batch=True)
+    assert [r.ids for r in bat] == [r.ids for r in one] and all(r.error is None for r in bat)
+    ctx, q = list(spans.input_ids[:30]), list(spans.input_ids[30:])
+    sess = EvictionSession.prepare(m, ctx, SnapKV(n_sink=2, recent=2, window=4).needs(), 3, keep_logits=True,
+                                   progress=False)
+    r = sess.run_questions(SnapKV(n_sink=2, recent=2, window=4), 6, [q])[0]
+    toks = ctx + q + r.ids[:-1]
+    o = oracle_logits(m, toks, torch.arange(len(toks)), kept=list(r.kept), gen_from=len(ctx))
+    assert (o[len(ctx + q) - 1:len(ctx + q) - 1 + len(r.ids)] - r.logits).abs().max().item() <= MLA_TOL
+    assert o[len(ctx + q) - 1:].argmax(-1).tolist() == r.ids and r.kept.shape[-1] == 6 < len(ctx)
+
+
 @pytest.mark.parametrize("family", sorted(MLA))
 def test_mla_refusals(family):
-    """MLA: every eviction entry point, ExpectedAttention, rerotate and the stability constants are refused at the
-    call, naming the policy or feature, the family and the reason."""
-    from workbench.rerun.eviction import EvictionSession, ExpectedAttention, Needs, generate_with_policy
+    """MLA: ExpectedAttention, a kvpress press (a policy asking for the attention inputs), rerotate and the stability
+    constants are refused at the call, naming the policy or feature, the family and the reason."""
+    import dataclasses
+
+    from workbench.rerun.eviction import EvictionSession, ExpectedAttention, Needs, StreamingLLM, generate_with_policy
     from workbench.run import blocks, rotary
 
     m = _mla_model(family)
     spans = _spans()
-    why = rf"cannot run on {family}: multi-head latent attention: every head's key and value are expanded from one " \
-          r"cached latent.*capture and pruned prefill are supported"
-    with pytest.raises(ValueError, match="eviction " + why):
-        EvictionSession.prepare(m, spans, Needs(), 2)
-    for pol in (SnapKV(n_sink=2, recent=2, window=4), DeferKV(n_sink=2, recent=2), H2O(n_sink=2, recent=2)):
-        with pytest.raises(ValueError, match=f"policy: {type(pol).__name__} " + why):
-            generate_with_policy(m, spans, pol, 6, 2, progress=False)
-    with pytest.raises(ValueError, match="policy: ExpectedAttention " + why):
+    with pytest.raises(ValueError, match=rf"policy: ExpectedAttention cannot run on {family}: its query statistics "
+                                         rf"need the rotary maps, not available for {family}: multi-head latent"):
         generate_with_policy(m, spans, ExpectedAttention(n_sink=2, recent=2), 6, 2, progress=False)
-    with pytest.raises(ValueError, match="eviction " + why):
-        run_policies(m, spans, every_policy(n_sink=2, recent=2), [spans.T, 4], 2, progress=False)
+
+    @dataclasses.dataclass(frozen=True)
+    class PressLike(SnapKV):
+        def needs(self):
+            return Needs(keys=True, attn_inputs=True)
+
+    with pytest.raises(ValueError, match=rf"policy: PressLike cannot run on {family}: multi-head latent attention: a "
+                                         r"kvpress press scores from the attention module's inputs"):
+        generate_with_policy(m, spans, PressLike(n_sink=2, recent=2), 6, 2, progress=False)
+    with pytest.raises(ValueError, match=rf"policy: a kvpress press cannot run on {family}: multi-head latent attention"):
+        EvictionSession.prepare(m, spans, Needs(attn_inputs=True), 2, progress=False)
+    with pytest.raises(ValueError, match=rf"rerotate: not available for {family}: multi-head latent attention: RoPE"):
+        EvictionSession.prepare(m, spans, Needs(), 2, progress=False).run(StreamingLLM(n_sink=2, recent=2), 12,
+                                                                           rerotate=True)
     assert re.match(rf"not available for {family}: multi-head latent attention: RoPE turns only the decoupled rope",
                     rotary.unavailable(m))
     with pytest.raises(ValueError, match=f"rotary maps not available for {family}: multi-head latent"):
@@ -414,8 +553,9 @@ def test_mla_loads_with_a_warning(tmp_path, smollm):
         warnings.simplefilter("ignore")
         tiny_model("deepseek_v3", vocab=len(smollm.tokenizer), L=2, H_Q=4, d=16).save_pretrained(tmp_path)
     smollm.tokenizer.save_pretrained(tmp_path)
-    with pytest.warns(UserWarning, match="deepseek_v3 is partially supported: capture and pruned prefill are exact; "
-                                         "eviction, ExpectedAttention, rerotate and the stability bounds are unavailable"):
+    with pytest.warns(UserWarning, match="deepseek_v3 is partially supported: capture, pruned prefill and eviction are "
+                                         "exact; ExpectedAttention, kvpress presses, rerotate and the stability bounds "
+                                         "are unavailable"):
         lm = load_model(tmp_path, device="cpu", progress=False)
     cap = run_capture(lm, _spans(), RowSet(observers=False, audit=None, tail=3), progress=False)
     assert (cap.attn.sum(-1) - 1).abs().max().item() < 1e-5

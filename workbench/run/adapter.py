@@ -420,6 +420,43 @@ def cache_kv(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     return lay.keys, lay.values
 
 
+def mla_latent_cache(model) -> bool:
+    """Whether ``model`` is multi-head latent attention whose cache stores the latent (transformers ≥ 5.24: per
+    position one normalised KV latent ``[B, 1, S, kv_lora_rank]`` as the layer's "keys" and the shared post-RoPE
+    rope key ``[B, 1, S, qk_rope_head_dim]`` as its "values", expanded into per-head keys and values by the
+    attention's own ``expand_kv`` after the cache read). ``False`` for every other family, and for MLA under
+    transformers < 5.24, whose cache stores the expanded per-head keys ``[B, H, S, d_k]`` and values
+    ``[B, H, S, d_v]`` (one KV head per query head, ``d_k != d_v``)."""
+    fam = families.family_of(model)
+    if not fam.mla:
+        return False
+    return callable(getattr(getattr(decoder_layers(model)[0], fam.attn), "expand_kv", None))
+
+
+def check_latent_layer(model, cache, layer: int) -> None:
+    """``RuntimeError`` unless ``layer`` of ``cache`` holds what :func:`mla_latent_cache` says: one latent of the
+    attention's ``kv_lora_rank`` and one rope key of its ``qk_rope_head_dim`` per position."""
+    att = getattr(decoder_layers(model)[layer], families.family_of(model).attn)
+    k, v = cache_kv(cache, layer)
+    if k.dim() != 4 or k.shape[1] != 1 or k.shape[-1] != att.kv_lora_rank or v.shape[-1] != att.qk_rope_head_dim:
+        raise RuntimeError(f"cache: layer {layer} holds keys {tuple(k.shape)} and values {tuple(v.shape)}, not the "
+                           f"latent [B, 1, S, {att.kv_lora_rank}] and rope key [B, 1, S, {att.qk_rope_head_dim}] "
+                           f"this transformers ({TRANSFORMERS_VERSION}) stores for multi-head latent attention")
+
+
+def cache_head_kv(model, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values the attention of ``layer`` reads from ``cache``, per KV head: ``[B, G, S, d_k]`` and
+    ``[B, G, S, d_v]``. For an MLA latent cache (:func:`mla_latent_cache`) they are computed from the stored latent
+    and rope key by the attention module's own ``expand_kv`` (its ``kv_b_proj``), as its forward does, one per
+    query head; otherwise they are what the cache stores."""
+    k, v = cache_kv(cache, layer)
+    if not mla_latent_cache(model):
+        return k, v
+    check_latent_layer(model, cache, layer)
+    att = getattr(decoder_layers(model)[layer], families.family_of(model).attn)
+    return att.expand_kv(k, v)
+
+
 def cache_bytes(cache) -> int:
     """Bytes held by the keys and values of a cache."""
     total = 0
@@ -484,9 +521,9 @@ def compact_cache_layers(cache, keep: list) -> tuple[list[int], dict[int, str]]:
         idx = torch.searchsorted(have, kp)
         if bool((idx >= have.shape[-1]).any()) or not bool((have.gather(-1, idx.clamp(max=have.shape[-1] - 1)) == kp).all()):
             raise ValueError(f"keep: layer {l} does not hold every position to keep")
-        gi = idx.to(k.device)[None, :, :, None].expand(k.shape[0], -1, -1, k.shape[-1])
-        lay.keys = torch.gather(k, 2, gi)
-        lay.values = torch.gather(v, 2, gi)
+        gi = idx.to(k.device)[None, :, :, None]  # keys and values may differ in head size (MLA: d_k != d_v)
+        lay.keys = torch.gather(k, 2, gi.expand(k.shape[0], -1, -1, k.shape[-1]))
+        lay.values = torch.gather(v, 2, gi.expand(v.shape[0], -1, -1, v.shape[-1]))
         lay.workbench_positions = kp.to(torch.int64).cpu().expand(k.shape[0], -1, -1).clone()
         done.append(l)
     return done, skipped

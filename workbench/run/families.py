@@ -8,7 +8,8 @@ logits are bit-identical with capture on and off, the pruning oracles hold with 
 and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2) is partially supported: capture on
 its softmax layers (:func:`softmax_layers`) is exact, and pruned prefill and eviction are refused at the call
 (:func:`capture_only_refusal`), since a gather cannot shorten its other layers' state. The MLA rows (deepseek_v2,
-deepseek_v3: ``evict``) are exact for capture and pruned prefill; eviction is refused (:func:`eviction_refusal`).
+deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every policy but ExpectedAttention and the
+kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`).
 
 The weights the stability bounds need (:func:`block_weights`) come from the same table; a term the
 workbench cannot bound for a family is reported as ``"not available for <family>: <reason>"``.
@@ -56,9 +57,13 @@ class Family:
             convolution state): rows are captured on its softmax-attention layers (:func:`softmax_layers`, the
             blocks that have an ``attn`` module), pruned prefill and eviction are refused with this reason.
         evict: ``""``, or why eviction (every policy) is refused while capture and pruned prefill are exact
-            (:func:`eviction_refusal`; MLA: the cache stores one latent shared by every head).
+            (:func:`eviction_refusal`; no family at present).
         mla: multi-head latent attention (DeepSeek): the latent is expanded into one key per query head, so a
             config with ``num_key_value_heads != num_attention_heads`` is refused (the model cannot run it).
+            Eviction is exact on both cache layouts (:func:`workbench.run.adapter.mla_latent_cache`): a latent
+            cache keeps the union of its heads' kept sets, each head masked to its own; a per-head cache (transformers
+            < 5.24) is compacted per head. ExpectedAttention, kvpress presses (:data:`MLA_PRESS`) and ``rerotate``
+            are refused.
     """
 
     model_types: tuple[str, ...]
@@ -143,22 +148,23 @@ FAMILIES += (
                         "layers' state, so pruned prefill and eviction would run on a state they did not compact"),
 )
 
-# multi-head latent attention (issue 25): capture and pruned prefill exact; eviction refused (the policies' kept
-# sets are per KV head, and which cache layout is stored depends on the transformers version)
+# multi-head latent attention (issue 25): capture, pruned prefill and eviction exact. Under transformers >= 5.24 the
+# cache stores one latent and one shared rope key per position (adapter.mla_latent_cache): a layer keeps the union of
+# its heads' kept sets and every head is masked to its own; under 5.2 it stores per-head keys and values (G = H_Q,
+# d_k != d_v), compacted per head. Refused per policy: ExpectedAttention (the rotary maps, _MLA_ROPE) and kvpress
+# presses (MLA_PRESS); rerotate (_MLA_ROPE).
 _MLA = "multi-head latent attention"
-_MLA_EVICT = (_MLA + ": every head's key and value are expanded from one cached latent per position (transformers 5.24 "
-              "stores the latent and the shared rope key, 5.2 the expanded per-head keys and values), so a policy's "
-              "per-KV-head kept sets cannot be stored in the latent cache, and the cache evidence (KNorm, KeyDiff, "
-              "CriticalKV's values through W_O) would read latents, not keys and values")
+MLA_PRESS = (_MLA + ": a kvpress press scores from the attention module's inputs with kvpress's own reading of its "
+             "q/k projections and of the cache, and the model has no per-head key projection (keys come from a "
+             "shared latent through kv_b_proj and a decoupled rope part) nor, under transformers >= 5.24, per-head "
+             "keys in its cache; the wrapping is not verified on it")
 _MLA_ROPE = (_MLA + ": RoPE turns only the decoupled rope part of each head (the key's is shared by every head) and "
              "is applied inside the attention, not by a rotary map over the whole head")
 _MLA_BOUND = (_MLA + " (no per-head W_Q, W_K, W_V: queries and keys come through low-rank latents and a decoupled "
               "rope part) with a mixture-of-experts MLP")
 FAMILIES += (
-    Family(("deepseek_v3",), mlp_kind="moe", rotary=_MLA_ROPE, evict=_MLA_EVICT,
-           bound=_MLA_BOUND, mla=True),
-    Family(("deepseek_v2",), mlp_kind="moe", rotary=_MLA_ROPE + " (complex frequencies)", evict=_MLA_EVICT,
-           bound=_MLA_BOUND, mla=True),
+    Family(("deepseek_v3",), mlp_kind="moe", rotary=_MLA_ROPE, bound=_MLA_BOUND, mla=True),
+    Family(("deepseek_v2",), mlp_kind="moe", rotary=_MLA_ROPE + " (complex frequencies)", bound=_MLA_BOUND, mla=True),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
@@ -316,7 +322,7 @@ def unavailable(fam: Family, term: str) -> str | None:
                     "x + F(norm(x)) with the attention and the MLP in sequence)")
         if fam.qkv not in ("separate", "fused"):
             return f"not available for {fam.name}: fused {fam.qkv} projection (Conv1D/interleaved heads)"
-        if fam.bound and fam.evict:  # MLA: its attention is not a W_Q/W_K/W_V block
+        if fam.bound and fam.mla:  # MLA: its attention is not a W_Q/W_K/W_V block
             return f"not available for {fam.name}: {fam.bound}"
         if fam.mlp_kind == "moe":
             return f"not available for {fam.name}: mixture-of-experts MLP (no Jacobian bound over routed experts)"

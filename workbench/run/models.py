@@ -220,6 +220,10 @@ def load_model(
             warnings.warn(f"model: {fam.name} is partially supported: capture and pruned prefill are exact; eviction, "
                           f"ExpectedAttention, rerotate and the stability bounds are unavailable ({fam.evict})",
                           stacklevel=2)
+        elif fam.mla:
+            warnings.warn(f"model: {fam.name} is partially supported: capture, pruned prefill and eviction are exact; "
+                          f"ExpectedAttention, kvpress presses, rerotate and the stability bounds are unavailable "
+                          f"(multi-head latent attention: {fam.rotary}; {fam.bound})", stacklevel=2)
         tok = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
         kwargs = dict(dtype=dt, attn_implementation=attn_implementation, local_files_only=local_only)
         if device_map is not None:

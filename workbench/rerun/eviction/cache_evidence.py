@@ -37,13 +37,16 @@ class QueryStats:
 
 
 def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None:
-    """The prompt's keys and values from the cache after prefill (``ev.keys``, ``ev.values``
-    ``[L, G, T, d]``), and ``ev.wov [L, H_Q, T]`` = ``‖W_O^h v_{g(h),j}‖_1`` (CriticalKV). A
-    sliding-window layer stores only its window: the positions it dropped read as zero keys and values."""
+    """The prompt's keys and values from the cache after prefill (``ev.keys [L, G, T, d_k]``, ``ev.values
+    [L, G, T, d_v]``), and ``ev.wov [L, H_Q, T]`` = ``‖W_O^h v_{g(h),j}‖_1`` (CriticalKV). A
+    sliding-window layer stores only its window: the positions it dropped read as zero keys and values.
+    Multi-head latent attention: the per-head keys and values the attention reads
+    (:func:`~workbench.run.adapter.cache_head_kv`; a latent cache is expanded by the model's own ``expand_kv``),
+    never the latents."""
     T, L = ev.T, ev.L
     K, V = [], []
     for l in range(L):
-        k, v = adapter.cache_kv(cache, l)
+        k, v = adapter.cache_head_kv(model, cache, l)
         k, v = k[0, :, :T].float().cpu(), v[0, :, :T].float().cpu()  # [G, S, d], S = T (or the window)
         if k.shape[1] < T:
             pad = T - k.shape[1]
@@ -58,7 +61,7 @@ def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None
         out = torch.empty(L, len(hg), T, dtype=torch.float64)
         for l in range(L):
             W_O = blocks.attention_output_weight(model, l).cpu()  # [D, H_Q d_v]
-            d = V[l].shape[-1]
+            d = V[l].shape[-1]  # d_v
             for h in range(len(hg)):
                 out[l, h] = (V[l][int(hg[h])] @ W_O[:, h * d:(h + 1) * d].T).abs().sum(-1).double()
         ev.wov = out

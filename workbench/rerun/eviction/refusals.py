@@ -17,6 +17,8 @@ def needs_refusal(model, needs: Needs, policy: str | None = None) -> str | None:
     why = families.eviction_refusal(model, f"policy: {policy}" if policy else "eviction")
     if why:
         return why
+    if needs.attn_inputs and fam.mla:
+        return (f"policy: {policy or 'a kvpress press'} cannot run on {fam.name}: {families.MLA_PRESS}")
     if needs.qstats:
         why = rotary.unavailable(model)
         if why:

@@ -35,6 +35,9 @@ from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.rerun.eviction.refusals import needs_refusal
 from workbench.rerun.eviction.result import GenerationResult
 from workbench.rerun.eviction.select import preview, preview_window
+from workbench.rerun.eviction.storage import extend_masks as _extend
+from workbench.rerun.eviction.storage import latent_union as _latent_union
+from workbench.rerun.eviction.storage import ragged_storage as _ragged
 from workbench.run import adapter, rotary
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import unwrap_model
@@ -313,12 +316,21 @@ class EvictionSession:
         evict = ragged or keep.shape[-1] < T
         kept = torch.cat([keep, gen.expand(L, G, defer)], dim=-1)
         drop, masked = None, 0
+        latent = adapter.mla_latent_cache(self.model)  # one latent per position, shared by every head
         if evict:
-            if ragged:
+            if latent:
+                per_layer, drop = _latent_union(keep, gen)
+            elif ragged:
                 per_layer, drop = _ragged(keep, gen)
             else:
                 per_layer = [kept[l] for l in range(L)]
             for l in range(L):  # sliding-window layers: the policy's choice among what the window still sees
+                if latent:
+                    adapter.check_latent_layer(self.model, cache, l)
+                    if adapter.cache_layer_is_sliding(cache, l):
+                        raise ValueError("eviction: a sliding-window layer in a multi-head latent attention cache "
+                                         "is not supported")
+                    continue
                 if adapter.cache_layer_is_sliding(cache, l):
                     held = adapter.layer_positions(cache, l)[0]
                     w = preview_window(policy, self.evidence, B, l, held)
@@ -336,25 +348,29 @@ class EvictionSession:
                               f"GenerationResult.not_compacted and kv_layer_bytes_after): {skipped}", stacklevel=3)
             if drop:
                 drop = {l: d for l, d in drop.items() if l in compacted}
-                if drop:
-                    k0, _ = adapter.cache_kv(cache, next(iter(drop)))
-                    masked = sum(int(d.sum()) for d in drop.values()) * 2 * k0.shape[-1] * k0.element_size()
+                if drop and not latent:  # slots stored only to be hidden (a latent slot serves some head)
+                    k0, v0 = adapter.cache_kv(cache, next(iter(drop)))
+                    masked = sum(int(d.sum()) for d in drop.values()) * (
+                        k0.shape[-1] * k0.element_size() + v0.shape[-1] * v0.element_size())
         else:
             compacted = tuple(range(L))
-        kept_layers = tuple(adapter.layer_positions(cache, l) for l in range(L))
+        if latent:  # what each head attends (the layer stores their union once)
+            kept_layers = tuple(kept[l].clone() for l in range(L))
+        else:
+            kept_layers = tuple(adapter.layer_positions(cache, l) for l in range(L))
         timings["evict"] = time.perf_counter() - t0 if evict else 0.0
         timings["batch"] = 1
         after = adapter.cache_bytes(cache)
         shift = 0
         if rerotate and evict:
+            why = rotary.unavailable(self.model)
+            if why:
+                raise ValueError(f"rerotate: {why}")
             if drop or ragged:
                 raise ValueError("rerotate: needs the same count in every layer and KV head (no budget allocation)")
             if any(adapter.cache_layer_is_sliding(cache, l) for l in range(L)):
                 raise ValueError("rerotate: not with sliding-window layers (their window is measured in original "
                                  "positions)")
-            why = rotary.unavailable(self.model)
-            if why:
-                raise ValueError(f"rerotate: {why}")
             S = kept.shape[-1]
             delta = kept - torch.arange(S)  # [L, G, S] positions to turn back
             maps = rotary.rotary_maps(self.model, delta.reshape(L, G * S))  # per layer; NoPE layers: the identity
@@ -466,26 +482,3 @@ class _RunState:
     masked: int = 0
     offset: int = 0  # question tokens appended after the eviction (question-agnostic mode)
     shift: int = 0  # positions removed by re-rotation (decoding continues at the compacted length)
-
-
-def _extend(drop: dict | None, n: int) -> dict | None:
-    """Per-head masks ``{l: [G, S]}`` extended by ``n`` unmasked slots (tokens appended to the cache)."""
-    if not drop:
-        return drop
-    return {l: torch.cat([d, torch.zeros(d.shape[0], n, dtype=torch.bool)], -1) for l, d in drop.items()}
-
-
-def _ragged(keep: Tensor, gen: Tensor) -> tuple[list, dict]:
-    """A ``-1``-padded allocation ``keep [L, G, M]`` as one ``[G, S_l + n_gen]`` storage list per layer
-    (``S_l`` its largest head count; a shorter head repeats its first kept position in the extra slots)
-    and the masks ``{l: bool [G, S_l + n_gen]}`` hiding those extra slots."""
-    per_layer, drop = [], {}
-    for l in range(keep.shape[0]):
-        valid = keep[l] >= 0
-        S = int(valid.sum(-1).max())
-        k = torch.where(valid[:, :S], keep[l, :, :S], keep[l, :, :1])
-        per_layer.append(torch.cat([k, gen.expand(k.shape[0], -1)], -1))
-        d = torch.cat([~valid[:, :S], torch.zeros(k.shape[0], gen.numel(), dtype=torch.bool)], -1)
-        if bool(d.any()):
-            drop[l] = d
-    return per_layer, drop
