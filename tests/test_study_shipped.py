@@ -1,0 +1,159 @@
+"""The shipped study (issue 26): ``benchmarks/study_q05/`` holds every cell of the RESULTS study on the research
+model qwen2.5-coder-0.5b (and the per-prompt leap, priority-rank and answer-kept tables its captures gave).
+This checks what RESULTS says from those files alone, with no model: the run's size and errors, the tables
+``benchmarks/study_tables.py`` regenerates byte for byte, and the "What this study shows" numbers recomputed
+here independently (cluster means, the exact sign / McNemar test with scipy, the verdict rule, the reference
+gate)."""
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import binomtest
+
+from workbench.study.findings import MIN_REFERENCE_ACCURACY, MIN_REFERENCE_RIGHT
+from workbench.study.ruler import RULER_TASKS
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+SHIPPED = BENCH / "study_q05"
+FILES = ("study.parquet", "study.w1.parquet", "study_leap.parquet", "study_ranks.parquet", "study_kept.parquet")
+
+
+@pytest.fixture(scope="module")
+def cells() -> pd.DataFrame:
+    df = pd.concat([pd.read_parquet(SHIPPED / f) for f in FILES[:2]], ignore_index=True)
+    p = df["params"].map(json.loads)
+    df["policy"] = p.map(lambda d: d.get("policy"))
+    df["frac"] = p.map(lambda d: d.get("budget_frac"))
+    return df
+
+
+@pytest.fixture(scope="module")
+def claims() -> pd.DataFrame:
+    return pd.read_parquet(SHIPPED / "study_conclusions.parquet")
+
+
+def _p(wins: int, losses: int) -> float:
+    return binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else 1.0
+
+
+def _verdict(lo, hi, p) -> str:
+    """The rule for a claimed effect > 0 (README, ``workbench.study.conclusions``)."""
+    if lo > 0 and p < 0.05:
+        return "supported"
+    if hi < 0 and p < 0.05:
+        return "contradicted"
+    return "not shown"
+
+
+def test_the_run_is_the_size_results_states(cells):
+    """At least 90 prompts, 0 errors, every prompt with every setting, on the research model."""
+    prompts = cells[["task", "item_id"]].drop_duplicates()
+    assert len(prompts) >= 90
+    assert cells["error"].isna().all()
+    settings = cells[["method", "params"]].drop_duplicates()
+    assert (cells.groupby(["task", "item_id"]).size() == len(settings)).all()
+    assert set(cells["model"]) == {"qwen2.5-coder-0.5b"} or cells["model"].str.contains("Qwen2.5-Coder-0.5B",
+                                                                                          case=False).all()
+    assert {"snapkv", "deferkv", "h2o", "streaming", "tova", "page-entrokv", "expected-attention", "adakv"} <= set(
+        cells["policy"].dropna())
+    assert set(cells["frac"].dropna()) == {0.25, 0.5}
+
+
+def test_study_tables_regenerates_the_shipped_tables(tmp_path, monkeypatch):
+    """``benchmarks/study_tables.py`` on a copy of the shipped files writes the shipped tables again, line for
+    line (the metadata comment aside), without a model."""
+    for f in FILES:
+        shutil.copy(SHIPPED / f, tmp_path / f)
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setattr(sys, "argv", ["study_tables.py", "--out-dir", str(tmp_path)])
+    runpy.run_path(str(BENCH / "study_tables.py"), run_name="__main__")
+    def body(path):  # the run's metadata comment (time, load, command line) aside
+        return [ln for ln in path.read_text().splitlines() if not ln.startswith("<!-- ")]
+
+    for name in ("study_tables.md", "study_timing.md"):
+        assert body(tmp_path / name) == body(SHIPPED / name), name
+    assert "### What this study shows" in (tmp_path / "study_tables.md").read_text()
+
+
+def _reference_ok(cells) -> dict:
+    full = cells[cells["method"] == "full"]
+    right = full.groupby("task")["contains"].apply(lambda s: int((s >= 0.5).sum()))
+    n = full.groupby("task").size()
+    return {t: bool(right[t] / n[t] >= MIN_REFERENCE_ACCURACY and right[t] >= MIN_REFERENCE_RIGHT) for t in n.index}
+
+
+def test_deferkv_against_snapkv_recomputed_with_scipy(cells, claims):
+    """Every DeferKV ≥ SnapKV row: n (clusters), effect, the exact test's p and the verdict, recomputed from the
+    cells (per-cluster means of ``contains``; sign test on the cluster differences = McNemar exact on 0/1)."""
+    ok = _reference_ok(cells)
+    rows = claims[claims["claim"] == "DeferKV ≥ SnapKV at the same budget"]
+    ruler_ok = sorted(t for t in ok if t in RULER_TASKS and ok[t])
+    assert len(rows) == 2 * (len(ok) + 1)  # per family and budget, plus the pooled RULER-style row per budget
+    ev = cells[cells["method"] == "evict"]
+    for r in rows.itertuples():
+        frac = float(r.comparison.split("@ ")[1].split(" ")[0])
+        tasks = ruler_ok if r.task.startswith("RULER-style") else [r.task]
+        d = ev[ev["task"].isin(tasks) & (ev["frac"] == frac) & ev["policy"].isin(["deferkv", "snapkv"])]
+        w = d.pivot_table(index=["task", "item_id", "meta_cluster"], columns="policy", values="contains").reset_index()
+        w["unit"] = w["task"] + "/" + w["meta_cluster"]
+        per = w.groupby("unit")[["deferkv", "snapkv"]].mean()
+        diff = (per["deferkv"] - per["snapkv"]).to_numpy()
+        p = _p(int((diff > 0).sum()), int((diff < 0).sum()))
+        assert r.n == len(per) and r.prompts == len(w), r.comparison
+        assert r.effect == pytest.approx(float(diff.mean()), abs=1e-12)
+        assert r.p == pytest.approx(p, rel=1e-9)
+        assert r.lo <= r.effect + 1e-12 and r.effect <= r.hi + 1e-12
+        want = _verdict(r.lo, r.hi, p) if all(ok[t] for t in tasks) else "reference failed"
+        assert r.verdict == want, (r.task, r.comparison)
+    # both budgets carry a verdict on the pooled RULER-style families (their references pass)
+    pooled = rows[rows["task"].str.startswith("RULER-style")]
+    assert len(pooled) == 2 and set(pooled["verdict"]) <= {"supported", "not shown", "contradicted"}
+
+
+def test_leap_and_priority_rows_recomputed_with_scipy(claims):
+    leap = pd.read_parquet(SHIPPED / "study_leap.parquet")
+    g = leap.pivot_table(index="item_id", columns=["r_from", "r_to"], values="gain")
+    for comp, other in (("0→1 vs 1→2", (1, 2)), ("0→1 vs −1→0", (-1, 0))):
+        d = (g[(0, 1)] - g[other]).dropna().to_numpy()
+        r = claims[claims["comparison"] == comp].iloc[0]
+        assert r.n == len(d) and r.effect == pytest.approx(d.mean(), abs=1e-12)
+        assert r.p == pytest.approx(_p(int((d > 0).sum()), int((d < 0).sum())), rel=1e-9)
+        assert r.verdict == _verdict(r.lo, r.hi, r.p)
+    ranks = pd.read_parquet(SHIPPED / "study_ranks.parquet")
+    w = ranks.pivot(index="item_id", columns="priority", values="rank").dropna()
+    for other in ("mass", "renyi, zeta=1", "headmax", "uniform"):
+        d = (w[other] - w["renyi"]).to_numpy()  # standing k + 1 - rank: Rényi's standing minus the other's
+        r = claims[claims["comparison"] == f"renyi vs {other}"].iloc[0]
+        assert r.n == len(d) and r.effect == pytest.approx(d.mean(), abs=1e-9)
+        assert r.p == pytest.approx(_p(int((d > 0).sum()), int((d < 0).sum())), rel=1e-9)
+        assert r.verdict == _verdict(r.lo, r.hi, r.p)
+
+
+def test_entroprefill_rows_recomputed(cells, claims):
+    """Removal share and bypass rate per preset and family, from the entroprefill cells."""
+    ep = cells[cells["method"] == "entroprefill"]
+    names = {"{}": "EntroPrefill paper"}
+    checked = 0
+    for params, g in ep.groupby("params"):
+        name = names.get(params, "EntroPrefill loose")
+        for task, t in g.groupby("task"):
+            sel = claims[(claims["task"] == task) & claims["claim"].str.startswith(name + " removes")]
+            if sel.empty:
+                continue
+            r = sel.iloc[0]
+            removed = (1 - t["retained_tokens"].astype(float) / t["prompt_tokens"].astype(float))
+            units = removed.groupby(t["meta_cluster"].to_numpy()).mean().to_numpy()
+            assert r.n == len(units) and r.effect == pytest.approx(units.mean(), abs=1e-6), (name, task)
+            assert r.p == pytest.approx(_p(int((units > 0).sum()), int((units < 0).sum())), rel=1e-9)
+            b = claims[(claims["task"] == task) & claims["claim"].str.startswith(name + "'s audit")].iloc[0]
+            byp = t["bypass"].astype(float).groupby(t["meta_cluster"].to_numpy()).mean().to_numpy()
+            assert b.effect == pytest.approx(float(np.mean(byp - 1)), abs=1e-9), (name, task)
+            checked += 1
+    assert checked >= 10
