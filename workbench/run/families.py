@@ -22,7 +22,7 @@ import torch
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
            "layer_window", "sliding_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
-           "unavailable"]
+           "unavailable", "MIN_TRANSFORMERS", "version_refusal"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,15 @@ FAMILIES += (
            mlp_norm="ffn_norm", out="out_proj", bound="hybrid of short convolutions and softmax layers",
            capture_only="hybrid of short convolutions and softmax layers: a gather cannot shorten the convolution "
                         "layers' state, so pruned prefill and eviction would run on a state they did not compact"),
+    Family(("qwen3_next",), mlp_kind="moe", bound="hybrid of linear-attention (gated delta) and softmax layers",
+           capture_only="hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID),
+    Family(("granitemoehybrid",), mlp="block_sparse_moe", mlp_kind="moe", bound="hybrid of Mamba-2 and softmax layers",
+           capture_only="hybrid of Mamba-2 and softmax layers: " + _HYBRID),
+    Family(("jamba",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
+           mlp_kind="moe", bound="hybrid of Mamba and softmax layers",
+           capture_only="hybrid of Mamba and softmax layers: " + _HYBRID),
+    Family(("bamba",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
+           bound="hybrid of Mamba-2 and softmax layers", capture_only="hybrid of Mamba-2 and softmax layers: " + _HYBRID),
 )
 
 # multi-head latent attention (issue 25): capture, pruned prefill and eviction exact. Under transformers >= 5.24 the
@@ -168,6 +177,33 @@ FAMILIES += (
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
+# capture-only hybrids refused under older transformers, with the reason: under 5.2 (the floor) their forward builds
+# no cache of its own (it warns "requires an initialized HybridMambaAttentionDynamicCache") and returns none, so the
+# decode rows would attend to the new token alone; verified exact from 5.24
+_HYBRID_CACHE = ("under transformers {v} its forward builds no cache of its own (a HybridMambaAttentionDynamicCache "
+                 "must be passed in), so decode-step rows would be wrong; capture is verified from transformers 5.24")
+MIN_TRANSFORMERS: dict[str, tuple[tuple[int, int], str]] = {
+    "bamba": ((5, 24), _HYBRID_CACHE),
+    "granitemoehybrid": ((5, 24), _HYBRID_CACHE),
+}
+
+
+def _transformers_version() -> tuple[int, int]:
+    import transformers
+
+    major, minor = (transformers.__version__.split(".") + ["0"])[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def version_refusal(model_type: str) -> str | None:
+    """Why ``model_type``'s row is refused under the installed transformers (``None`` when it is not)."""
+    need = MIN_TRANSFORMERS.get(model_type)
+    if need is None or _transformers_version() >= need[0]:
+        return None
+    import transformers
+
+    return need[1].format(v=transformers.__version__)
+
 # families seen and refused, with the reason (the refusal is their row of the conformance matrix)
 REFUSED: dict[str, str] = {
     "gpt2": "its forward reshapes the hidden states to the input length after the last block, so pruned "
@@ -179,12 +215,8 @@ REFUSED: dict[str, str] = {
     "gemma3n_text": "KV shared across layers (later layers read earlier layers' cache), AltUp and per-layer inputs: "
                     "evicting one layer's cache changes another's; not yet verified",
     "gemma4_text": "per-layer head sizes (its config refuses a global head_dim): not yet verified",
-    "qwen3_next": "hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID,
     "qwen3_5_text": "hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID,
-    "granitemoehybrid": "hybrid of Mamba-2 and softmax layers: " + _HYBRID,
     "falcon_h1": "every layer runs Mamba-2 beside attention: " + _HYBRID,
-    "jamba": "hybrid of Mamba and softmax layers: " + _HYBRID,
-    "bamba": "hybrid of Mamba-2 and softmax layers: " + _HYBRID,
 }
 
 
@@ -217,6 +249,10 @@ def family_of(model) -> Family:
         what = type(model).__name__.replace("Config", "")
         raise TypeError(f"model: the {mt!r} architecture ({what}) is not supported: {why}. "
                         f"Supported families: {', '.join(supported_families())}")
+    too_old = version_refusal(mt)
+    if too_old:
+        raise TypeError(f"model: the {mt!r} architecture is not supported by the workbench under this transformers: "
+                        f"{too_old}. Supported families: {', '.join(supported_families())}")
     if fam.mla:
         tc = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
         H = getattr(tc, "num_attention_heads", None)
