@@ -5,8 +5,9 @@ norm, attention and MLP, and how its block is wired (a small table, one row per 
 is refused when it is loaded, never at its first capture). A family is listed only when its row of
 ``tests/test_conformance.py`` passes: captured rows equal the model's own eager ``output_attentions``,
 logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
-and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2) is partially supported: capture on
-its softmax layers (:func:`softmax_layers`) is exact, and pruned prefill and eviction are refused at the call
+and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2, qwen3_next, granitemoehybrid, jamba,
+bamba; granitemoehybrid and bamba only from transformers 5.24, :data:`MIN_TRANSFORMERS`) is partially supported:
+capture on its softmax layers (:func:`softmax_layers`) is exact, and pruned prefill and eviction are refused at the call
 (:func:`capture_only_refusal`), since a gather cannot shorten its other layers' state. The MLA rows (deepseek_v2,
 deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every policy but ExpectedAttention and the
 kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`).
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import transformers
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
            "layer_window", "sliding_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
@@ -189,8 +191,6 @@ MIN_TRANSFORMERS: dict[str, tuple[tuple[int, int], str]] = {
 
 
 def _transformers_version() -> tuple[int, int]:
-    import transformers
-
     major, minor = (transformers.__version__.split(".") + ["0"])[:2]
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
@@ -200,8 +200,6 @@ def version_refusal(model_type: str) -> str | None:
     need = MIN_TRANSFORMERS.get(model_type)
     if need is None or _transformers_version() >= need[0]:
         return None
-    import transformers
-
     return need[1].format(v=transformers.__version__)
 
 # families seen and refused, with the reason (the refusal is their row of the conformance matrix)
