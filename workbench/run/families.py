@@ -5,8 +5,8 @@ norm, attention and MLP, and how its block is wired (a small table, one row per 
 is refused when it is loaded, never at its first capture). A family is listed only when its row of
 ``tests/test_conformance.py`` passes: captured rows equal the model's own eager ``output_attentions``,
 logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
-and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2, qwen3_next, granitemoehybrid, jamba,
-bamba; granitemoehybrid and bamba only from transformers 5.24, :data:`MIN_TRANSFORMERS`) is partially supported:
+and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2, qwen3_next, qwen3_5_text, granitemoehybrid,
+jamba, bamba; granitemoehybrid and bamba only from transformers 5.24, :data:`MIN_TRANSFORMERS`) is partially supported:
 capture on its softmax layers (:func:`softmax_layers`) is exact, and pruned prefill and eviction are refused at the call
 (:func:`capture_only_refusal`), since a gather cannot shorten its other layers' state. The MLA rows (deepseek_v2,
 deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every policy but ExpectedAttention and the
@@ -150,6 +150,8 @@ FAMILIES += (
                         "layers' state, so pruned prefill and eviction would run on a state they did not compact"),
     Family(("qwen3_next",), mlp_kind="moe", bound="hybrid of linear-attention (gated delta) and softmax layers",
            capture_only="hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID),
+    Family(("qwen3_5_text",), bound="hybrid of linear-attention (gated delta) and softmax layers",
+           capture_only="hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID),
     Family(("granitemoehybrid",), mlp="block_sparse_moe", mlp_kind="moe", bound="hybrid of Mamba-2 and softmax layers",
            capture_only="hybrid of Mamba-2 and softmax layers: " + _HYBRID),
     Family(("jamba",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
@@ -213,7 +215,6 @@ REFUSED: dict[str, str] = {
     "gemma3n_text": "KV shared across layers (later layers read earlier layers' cache), AltUp and per-layer inputs: "
                     "evicting one layer's cache changes another's; not yet verified",
     "gemma4_text": "per-layer head sizes (its config refuses a global head_dim): not yet verified",
-    "qwen3_5_text": "hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID,
     "falcon_h1": "every layer runs Mamba-2 beside attention: " + _HYBRID,
 }
 

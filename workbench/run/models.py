@@ -274,6 +274,8 @@ TINY_OVERRIDES: dict[str, dict] = {
     # capture-only hybrids (issue 25): tiny Mamba / gated-delta mixers; the layer pattern comes from the caller
     "qwen3_next": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8),
+    "qwen3_5_text": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                         linear_value_head_dim=8),
     "granitemoehybrid": dict(num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=4, mamba_d_head=16,
                              mamba_d_state=8, mamba_n_groups=1, mamba_expand=1),
     "jamba": dict(expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8),
