@@ -12,7 +12,7 @@ MODEL   ?=
 DEVICE  ?=
 XDIST   ?= -n 2 --dist loadgroup
 
-.PHONY: setup lab test test-fast test-peers test-floor report capture bench clean-venv
+.PHONY: setup lab test test-fast test-research test-peers test-floor report capture bench clean-venv
 
 setup: $(STAMP)
 
@@ -61,6 +61,12 @@ test: setup
 # the full counts).
 test-fast: setup
 	WORKBENCH_HYPOTHESIS=$${WORKBENCH_HYPOTHESIS:-dev} $(BIN)/python -m pytest -q $(XDIST) -m "not model and not slow" $(PYTEST_ARGS)
+
+# The research-model tests (skipped by make test): the qwen2.5-coder models, installed and converted first.
+test-research: setup
+	$(BIN)/python -m workbench prepare --model qwen2.5-coder-0.5b
+	$(BIN)/python -m workbench prepare --model qwen2.5-coder-1.5b
+	$(BIN)/python -m pytest -q -m research $(PYTEST_ARGS)
 
 report: setup
 	$(BIN)/python -m workbench report

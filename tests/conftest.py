@@ -12,6 +12,9 @@
 - Each notebook executes once per run: ``test_browser.py`` executes it in JupyterLab where Debian's chromium
   exists (and makes the headless test's assertions); ``test_notebooks.py::test_notebook_executes`` runs it
   with nbclient only where the browser test for that notebook is not part of the run.
+- The ``research`` tests (a research model from split wheels, minutes each) run only when asked for:
+  ``-m research`` (``make test-research``) or ``WORKBENCH_RESEARCH=1``. ``make test`` is then the same run on
+  a machine that has the research models as on a fresh one (CI).
 """
 from __future__ import annotations
 
@@ -83,8 +86,17 @@ def uses_the_model(item) -> bool:
     return any(_MODEL_CALL.search(src) for src in _sources(item))
 
 
+def research_asked(config) -> bool:
+    """Whether this run asked for the ``research`` tests (``-m`` naming ``research``, or ``$WORKBENCH_RESEARCH``)."""
+    return "research" in (config.getoption("markexpr", "") or "") or os.environ.get("WORKBENCH_RESEARCH") == "1"
+
+
 def pytest_collection_modifyitems(config, items):
+    skip_research = pytest.mark.skip(reason="a research-model test: run with -m research (make test-research) "
+                                            "or WORKBENCH_RESEARCH=1")
     for item in items:
+        if item.get_closest_marker("research") is not None and not research_asked(config):
+            item.add_marker(skip_research)
         if uses_the_model(item) and item.get_closest_marker("model") is None:
             item.add_marker(pytest.mark.model)
         group = XDIST_GROUPS.get(item.path.name)
