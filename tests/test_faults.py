@@ -415,8 +415,28 @@ def _report_args(out: Path) -> list[str]:
             "--out", str(out)]
 
 
+# The report children render their figures with a stand-in for kaleido's writer (no Chromium; what these tests
+# check is the report's own writes and its resume; a real export's kill is case 21, a real report is
+# tests/test_report.py): ~11 s of the ~25 s of each tiny report.
+FAKE_KALEIDO = '''
+import sys, types
+from pathlib import Path
+_fake = types.ModuleType("kaleido")
+def _write(specs, cancel_on_error=True):
+    for s in specs:
+        Path(s["path"]).write_bytes(b"<svg width='1' height='1'></svg>" if s["path"].endswith(".svg")
+                                    else b"\\x89PNG\\r\\n\\x1a\\n")
+_fake.write_fig_from_object_sync = _write
+sys.modules["kaleido"] = _fake
+from workbench.show import kaleido_server as _ks
+_ks.ensure_server = lambda: None
+'''
+
+
 def _report_cli(out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "workbench", *_report_args(out)], capture_output=True, text=True,
+    """The same report command again (``python -m workbench report ...``'s ``main``, figures by the stand-in)."""
+    return subprocess.run([sys.executable, "-c", FAKE_KALEIDO + "from workbench.__main__ import main\n"
+                           f"sys.exit(main({_report_args(out)!r}))"], capture_output=True, text=True,
                           timeout=600, env=_env())
 
 
@@ -430,10 +450,10 @@ def _report_complete(out: Path) -> None:
     assert stray(out) == []
 
 
-@pytest.mark.slow  # two tiny reports (~1 min each on a loaded 2-core machine)
+@pytest.mark.slow  # two tiny reports (~15 s each, figures by the stand-in)
 def test_kill_during_report_html_write_then_the_same_command_finishes(tmp_path):
     out = tmp_path / "rep"
-    p = subprocess.Popen([sys.executable, "-c", BLOCK_NAMED + f"from workbench.__main__ import main\n"
+    p = subprocess.Popen([sys.executable, "-c", FAKE_KALEIDO + BLOCK_NAMED + "from workbench.__main__ import main\n"
                           f"main({_report_args(out)!r})"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=_env(WB_BLOCK_NAME="report.html"))
     try:
@@ -454,11 +474,11 @@ def test_kill_during_report_html_write_then_the_same_command_finishes(tmp_path):
     assert len(pd.read_parquet(out / "tables" / "sweep.parquet")) == cells  # resumed: no cell run twice
 
 
-@pytest.mark.slow  # two tiny reports (~1 min each on a loaded 2-core machine)
+@pytest.mark.slow  # two tiny reports (~15 s each, figures by the stand-in)
 def test_full_disk_during_report_tables_then_the_same_command_finishes(tmp_path):
     with tmpfs(tmp_path / "rep", "256m") as out:
         filler = out / "filler.bin"
-        child = f'''
+        child = FAKE_KALEIDO + f'''
 import sys
 import workbench.study.report as R
 _real = R.write_table
