@@ -91,6 +91,11 @@ def research_asked(config) -> bool:
     return "research" in (config.getoption("markexpr", "") or "") or os.environ.get("WORKBENCH_RESEARCH") == "1"
 
 
+# tryfirst: pytest-xdist's worker reads the ``xdist_group`` markers in its own ``pytest_collection_modifyitems``
+# (it suffixes the node id with ``@group``), and it is registered after this conftest, so without tryfirst it
+# runs first and the groups below are never seen: the module fixtures (a JupyterLab server, the report's run)
+# were then built once per worker, and again whenever a worker came back to the module.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     skip_research = pytest.mark.skip(reason="a research-model test: run with -m research (make test-research) "
                                             "or WORKBENCH_RESEARCH=1")
@@ -124,9 +129,28 @@ class _NotebookOnce:
             items[:] = [i for i in items if i not in dropped]
 
 
+class _GroupsApplied:
+    """Stop a run whose ``--dist loadgroup`` would silently not group. pytest 9.2 moved the node id that
+    pytest-xdist 3.8 suffixes with ``@group``, so every test became its own work unit and each worker rebuilt
+    the module fixtures (a JupyterLab server, the report's run) whenever it came back to a module; pyproject pins
+    pytest < 9.2 for this. Checked on the controller, on the ids the first worker collected."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids):
+        if node.config.getoption("dist", None) != "loadgroup":
+            return
+        lost = [i for i in ids if i.split("::")[0].rsplit("/", 1)[-1] in XDIST_GROUPS and "@" not in i]
+        if lost:
+            import xdist
+            pytest.exit(f"--dist loadgroup is not applied: {len(lost)} tests of the grouped modules have no @group "
+                        f"suffix in their node id (pytest {pytest.__version__}, pytest-xdist {xdist.__version__}; pyproject "
+                        f"pins pytest < 9.2, and the conftest hook that adds the markers must run first), e.g. {lost[0]}", returncode=4)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "xdist_group(name): tests that run in one pytest-xdist worker")
     config.pluginmanager.register(_NotebookOnce(), "workbench-notebook-once")
+    config.pluginmanager.register(_GroupsApplied(), "workbench-groups-applied")
 
 
 def pytest_report_header(config):
