@@ -123,6 +123,8 @@ def test_compare_run_equals_the_single_runs(real_panel, smollm, smollm_capture, 
     panel, B = real_panel
     T = smollm_capture.T
     panel.set(compare=True, policy_b="deferkv", budget_b=B, defer_lam_b=0.1, compare_layer="all")
+    before_run = panel.status.value  # the preview's KV bytes, before any model call
+    prev_a, prev_b = panel.preview_of(panel.policy(), B), panel.preview_of(panel.policy_b(), B)
     cmp = panel.run()
     assert panel.model_calls == 4  # session + full cache + A + B
     assert panel.last_compare is cmp and cmp.a.label == f"snapkv, B = {B}" and cmp.b.label == f"deferkv, B = {B}"
@@ -139,6 +141,11 @@ def test_compare_run_equals_the_single_runs(real_panel, smollm, smollm_capture, 
     assert cmp.b.kv_bytes == kv_bytes_dense(smollm.shape, B + 1, e) == rb.kv_bytes_after
     assert cmp.full.kv_bytes == kv_bytes_dense(smollm.shape, T, e)
     assert cmp.a.kv_ratio == pytest.approx(B / T) and cmp.b.kv_ratio == pytest.approx((B + 1) / T)
+    # what the compare preview said before Run: the bytes each run then held after eviction
+    assert (prev_a.kv_bytes_after, prev_b.kv_bytes_after) == (ra.kv_bytes_after, rb.kv_bytes_after)
+    assert (prev_a.kv_bytes_before, prev_b.kv_bytes_before) == (ra.kv_bytes_before, rb.kv_bytes_before)
+    assert (f"KV bytes after eviction: A {ra.kv_bytes_after:,} ({ra.kv_bytes_after / ra.kv_bytes_before:.0%}), "
+            f"B {rb.kv_bytes_after:,}") in before_run
     # margins: top-1 minus top-2 of the logits of token 1 (the prefill's: the same for every setting) and of the
     # first token decoded from the evicted cache (token 2 for snapkv, token 3 for deferkv)
     res_a, res_b = panel.cache[panel.run_key()], panel.cache[panel.run_key_b()]
@@ -166,6 +173,35 @@ def test_compare_run_equals_the_single_runs(real_panel, smollm, smollm_capture, 
     calls = panel.model_calls
     panel.set(compare=False)
     assert panel.run().ids == ra.ids and panel.model_calls == calls
+
+
+@pytest.mark.parametrize("policy", ["pyramidkv", "adakv", "streaming"])
+def test_preview_kv_bytes_equal_the_run(policy, smollm, smollm_capture, example_prompt):
+    """The bytes a preview says a run will hold after eviction (and just before it) are the run's measured ones,
+    with budget allocations too (PyramidKV's ragged per-layer counts, AdaKV's per-head counts held densely),
+    and the single-mode status says them before Run."""
+    B = smollm_capture.T // 8
+    panel = Wd.EvictionPanel(smollm_capture, smollm, example_prompt, policy=policy, budget=B, max_new_tokens=2)
+    prev = panel.analysis()
+    status = panel.status.value
+    assert panel.model_calls == 0 and prev is not None
+    r = panel.run()
+    assert (prev.kv_bytes_after, prev.kv_bytes_before) == (r.kv_bytes_after, r.kv_bytes_before)
+    assert 0 < r.kv_bytes_after < r.kv_bytes_before
+    assert f"KV bytes after eviction {r.kv_bytes_after:,}" in status and f"{r.kv_bytes_before:,}" in status
+
+
+def test_kv_bytes_per_position_only_where_every_layer_caches_one_shape():
+    """``2·e·G·d`` for a model whose layers all cache full-attention K/V of one shape; ``None`` (a run is needed)
+    with sliding-window layers or an MLA latent."""
+    from workbench.run.adapter import kv_bytes_per_position
+    from workbench.run.models import tiny_model
+
+    assert kv_bytes_per_position(tiny_model("llama", G=2, d=16)) == 2 * 4 * 2 * 16
+    assert kv_bytes_per_position(tiny_model("qwen2", G=1, H_Q=4, d=8)) == 2 * 4 * 1 * 8
+    assert kv_bytes_per_position(tiny_model("gemma3", L=2)) is None          # a sliding-window layer
+    assert kv_bytes_per_position(tiny_model("mistral", sliding_window=8)) is None
+    assert kv_bytes_per_position(tiny_model("deepseek_v3")) is None          # MLA
 
 
 # ----------------------------------------------------------------------------- the tiny model

@@ -81,6 +81,14 @@ class GenerationResult:
         """Kept prompt positions; int64 ``[L, G, min(B, T)]`` (``-1``-padded with a budget allocation)."""
         return self.kept[..., : self.kept.shape[-1] - self.evicted_at]
 
+    def dense_kv_bytes(self, per_position: int) -> int:
+        """The bytes a dense cache holds for the kept entries: per layer its largest KV-group count of kept
+        entries (prompt positions and the tokens decoded before eviction; a group with fewer holds masked
+        slots, which still count) times ``per_position`` (``2·e·G·d``, ``adapter.kv_bytes_per_position``).
+        What a preview, which has no cache, says the run's ``kv_bytes_after`` will be."""
+        held = (self.kept >= 0).sum(-1).amax(-1)                      # [L]
+        return int(per_position) * int(held.sum())
+
     def survival(self, positions) -> Tensor:
         """Fraction of ``positions`` kept, per layer and group (NaN for layers not compacted); float64 ``[L, G]``."""
         pos = torch.as_tensor(list(positions), dtype=torch.int64)

@@ -110,7 +110,7 @@ class CompareControls:
 class CompareMode(CompareControls):
     """Setting ``B`` beside the eviction panel's setting ``A`` (see the module docstring). Uses the panel's
     ``controls``, ``classes``, ``build_policy``, ``preview_of``, ``no_preview``, ``highlight``, ``session``,
-    ``run_key``, ``_cached``, ``_busy`` and ``_step``."""
+    ``run_key``, ``kv_per_position``, ``kv_note``, ``_cached``, ``_busy`` and ``_step``."""
 
     #: the B side's controls → the notation-table key of the A control they mirror
     TOOLTIP_KEYS = {"policy_b": "policy", "budget_b": "budget", "defer_lam_b": "defer_lam", "page_b": "page"}
@@ -191,9 +191,17 @@ class CompareMode(CompareControls):
         n = cmp.counts()
         status = (f"compare (preview from the capture, {cmp.where}): A: {html_escape(cmp.label_a)}; "
                   f"B: {html_escape(cmp.label_b)}; {n['A only']} A only, {n['B only']} B only, {n['both']} both, "
-                  f"{n['neither']} neither of T = {cmp.T} prompt positions; press run to generate under both")
+                  f"{n['neither']} neither of T = {cmp.T} prompt positions; {self.kv_note_both(prev_a, prev_b)}; "
+                  f"press run to generate under both")
         return {"kept": plots.kept_positions(shown, self.prompt, highlight=hl),
                 "compare": plots.kept_compare(cmp, cap, per_page=per_page, model_id=cap.model_id)}, status
+
+    def kv_note_both(self, prev_a, prev_b) -> str:
+        """The KV bytes both previews say their runs will hold after eviction (the panel's ``kv_note`` rule)."""
+        if self.kv_per_position() is None:
+            return self.kv_note(prev_a)
+        return "KV bytes after eviction: " + ", ".join(
+            f"{s} {p.kv_bytes_after:,} ({p.kv_bytes_after / p.kv_bytes_before:.0%})" for s, p in (("A", prev_a), ("B", prev_b)))
 
     # ----- run -----
     def run_compare(self) -> RunComparison:

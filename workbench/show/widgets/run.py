@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from dataclasses import fields
 from typing import TYPE_CHECKING
@@ -26,6 +27,8 @@ from workbench.rerun.eviction import (
 )
 from workbench.rerun.prune import run_full, run_pruned
 from workbench.rerun.stability import stability
+from workbench.run.adapter import kv_bytes_per_position
+from workbench.run.models import unwrap_model
 from workbench.show import plots
 from workbench.show.figure_engine import figure_meta, finish
 from workbench.show.widgets.answers import answer_table
@@ -391,9 +394,25 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         # first one), so that ``kept_prompt`` is the whole preview
         d = pol.defer
         kept = torch.cat([kept, torch.arange(T, T + d).expand(*kept.shape[:2], d)], dim=-1)
-        return GenerationResult(policy=pol.name, params=pol.params(), budget=B, T=T, ids=[], text=None, kept=kept,
-                                evicted_at=pol.defer, compacted_layers=tuple(range(L)), kv_bytes_before=0,
-                                kv_bytes_after=0, timings={})
+        res = GenerationResult(policy=pol.name, params=pol.params(), budget=B, T=T, ids=[], text=None, kept=kept,
+                               evicted_at=pol.defer, compacted_layers=tuple(range(L)), kv_bytes_before=0,
+                               kv_bytes_after=0, timings={})
+        per = self.kv_per_position()
+        if per is None:  # the layers differ in what they cache: known after a run
+            return res
+        # the cache the run will hold just before (T + d positions in every layer) and just after eviction
+        return dataclasses.replace(res, kv_bytes_before=per * L * (T + d), kv_bytes_after=res.dense_kv_bytes(per))
+
+    def kv_per_position(self) -> int | None:
+        """``adapter.kv_bytes_per_position`` of the panel's model (``None``: its layers differ, bytes after a run)."""
+        return kv_bytes_per_position(unwrap_model(self.model)[0])
+
+    def kv_note(self, prev) -> str:
+        """The KV bytes a preview says the run will hold after eviction, and their share of the full cache."""
+        if self.kv_per_position() is None:
+            return "KV bytes: known after a run (this model's layers do not all cache the same shape)"
+        return (f"KV bytes after eviction {prev.kv_bytes_after:,} "
+                f"({prev.kv_bytes_after / prev.kv_bytes_before:.0%} of the full cache's {prev.kv_bytes_before:,})")
 
     def no_preview(self, reason: str, policy: str, budget: int) -> go.Figure:
         """The kept-positions figure of a policy without a preview (the reason written on it)."""
@@ -412,7 +431,7 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         fig = plots.kept_positions([prev], self.prompt, highlight=self.highlight() or None)
         B = prev.budget
         return {"kept": fig}, (f"preview from the capture: {pol.name}, B = {B} of T = {prev.T} prompt positions"
-                               + (" (no eviction: B ≥ T)" if B >= prev.T else ""))
+                               + (" (no eviction: B ≥ T)" if B >= prev.T else "") + f"; {self.kv_note(prev)}")
 
     def session(self):
         """The shared prefill for every policy (created on the first run; calls the model once)."""
