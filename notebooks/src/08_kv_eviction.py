@@ -118,6 +118,21 @@ panel = EvictionPanel(cap, lm, prompt, budget=64, max_new_tokens=20)
 panel.widget
 
 # %% [markdown]
+# ### Two settings side by side
+#
+# The panel's *compare with setting B* box puts a second setting beside the first: here SnapKV (A) and
+# DeferKV (B), both at `B = 64` with the same sinks and recent window as the runs above. One token view marks
+# the prompt positions A only, B only, both or neither kept (at every compacted cache, or one layer: *compare
+# at*); the status line gives the counts and the KV bytes each run will hold after eviction, before any model
+# call. *Run eviction* generates under both and puts the answers side by side with their KV bytes and logit
+# margins. Move B's `λ` to see where DeferKV's first decode row changes the selection.
+
+# %%
+duo = EvictionPanel(cap, lm, prompt, policy="snapkv", budget=64, max_new_tokens=20, n_sink=4, recent=32)
+duo.set(compare=True, policy_b="deferkv", budget_b=64)
+duo.widget
+
+# %% [markdown]
 # The prompt as text, shaded by the first decode step's attention (KV group 0); the positions one run at
 # `B = 64` evicted from every compacted cache are struck through (the needle is outlined when it is the answer
 # passage). Pick another query row or click a token.
@@ -196,6 +211,18 @@ print(f"T = {T}; every evicting policy keeps exactly B prompt positions per laye
 print("share of the needle's tokens kept (mean over layers and KV groups):")
 print(counts.pivot(index="policy", columns="budget", values="needle_kept").round(3).to_string())
 print(f"DeferKV at λ = 0.1, W = 32: the decode row r = 1 carries α_1 = {decode_share:.4f} of the weight")
+# the compare panel's preview (from the capture, no model call) is what the runs above kept, and their KV bytes
+from workbench.rerun.eviction.compare import compare_kept
+
+run_a, run_b = (next(r for r in field if r.policy == n) for n in ("snapkv", "deferkv"))
+prev_a, prev_b = duo.preview_of(duo.policy(), 64), duo.preview_of(duo.policy_b(), 64)
+duo_counts = compare_kept(prev_a, prev_b).counts()
+print(f"compare mode, snapkv (A) vs deferkv (B) at B = 64: {duo_counts}; KV bytes after eviction "
+      f"A {prev_a.kv_bytes_after:,}, B {prev_b.kv_bytes_after:,} (runs: {run_a.kv_bytes_after:,}, {run_b.kv_bytes_after:,})")
+assert duo.model_calls == 0 and (prev_a.params, prev_b.params) == (run_a.params, run_b.params)
+assert duo_counts == compare_kept(run_a, run_b).counts() and sum(duo_counts.values()) == T
+assert (prev_a.kv_bytes_after, prev_b.kv_bytes_after) == (run_a.kv_bytes_after, run_b.kv_bytes_after)
+assert f"{duo_counts['A only']} A only" in duo.status.value and f"A {run_a.kv_bytes_after:,}" in duo.status.value
 assert full_row.correct and full_row.kept_mean == 1.0
 assert torch.allclose(torch.as_tensor(alpha_fig.data[1].y), alpha_hand, atol=1e-15) and 0.09 < decode_share < 0.11
 assert (abs(counts.needle_kept.values - table[evicting.values].kept_mean.values) <= 5e-4 + 1e-12).all()   # the table, recomputed
