@@ -596,7 +596,8 @@ def test_registered_policy_in_the_eviction_panel(lab, artifacts):
 _SHOWN_JS = """() => Array.from(document.querySelectorAll('.jp-OutputArea')).map(a => ({
   figs: Array.from(a.querySelectorAll('.js-plotly-plot')).filter(gd => gd.offsetParent !== null).map(gd => ({
     figure: gd.layout && gd.layout.meta && gd.layout.meta.figure, title: (gd.querySelector('.gtitle') || {}).textContent || '',
-    nx: gd.data && gd.data[0] && gd.data[0].x ? gd.data[0].x.length : 0})),
+    nx: gd.data && gd.data[0] && gd.data[0].x ? gd.data[0].x.length : 0,
+    xlast: gd.data && gd.data[0] && gd.data[0].x && gd.data[0].x.length ? Number(gd.data[0].x[gd.data[0].x.length - 1]) : null})),
   text: Array.from(a.querySelectorAll('.wb-token-widget .wb-text')).filter(e => e.offsetParent !== null)
     .map(e => e.textContent).join(''),
   html: Array.from(a.querySelectorAll('.widget-html')).map(e => e.textContent).join('|'),
@@ -604,12 +605,14 @@ _SHOWN_JS = """() => Array.from(document.querySelectorAll('.jp-OutputArea')).map
 
 
 def _shown(page) -> dict:
-    """The prompt notebook's panels as drawn: ``{heads: residual x length, prio: priority title, tokens: text}``."""
+    """The prompt notebook's panels as drawn: ``{heads: residual x length, heads_last: its last x (key or bin
+    start), prio: priority title, tokens: text}``."""
     areas = page.evaluate(_SHOWN_JS)
     figs = [f for a in areas for f in a["figs"]]
     res = next((f for f in figs if f["figure"] == "residual_distribution"), {})
     pri = next((f for f in figs if f["title"].startswith("Chunk priorities")), {})
-    return {"heads": res.get("nx"), "prio": pri.get("title"), "tokens": "".join(a["text"] for a in areas)}
+    return {"heads": res.get("nx"), "heads_last": res.get("xlast"), "prio": pri.get("title"),
+            "tokens": "".join(a["text"] for a in areas)}
 
 
 @pytest.mark.model
@@ -617,7 +620,8 @@ def test_prompt_panel_feeds_the_heads_priority_and_token_panels(lab, artifacts):
     """PromptPanel in JupyterLab (issue 24): *Build and capture* with an empty box says so in the panel and changes
     nothing; three documents and a question typed into the boxes, built and captured, reach the head panel (the
     residual rows span the new prompt's non-sink keys), the priority panel (3 chunks) and the token view (the
-    pasted words); no console error."""
+    pasted words); then a RULER-style task (niah_multikey) at 2k tokens chosen in the panel's RULER mode, built and
+    captured, reaches the same three panels; no console error."""
     console: list[str] = []
     with _notebook_page(lab, "prompt.ipynb", console) as page:
         _wait_done(page, RUN_ALL_TIMEOUT_S)
@@ -648,9 +652,34 @@ def test_prompt_panel_feeds_the_heads_priority_and_token_panels(lab, artifacts):
                                arg=_SHOWN_JS, timeout=60_000, polling=250)
         after = _shown(page)
         assert after["heads"] == T - 4 and before["heads"] != after["heads"], (before, after, T)   # n_sink = 4
+        assert after["heads_last"] == T - 1                      # every key drawn, the last one last
         assert "of 3 chunks" in after["prio"], after
         assert all(d in after["tokens"] for d in PROMPT_DOCS) and "Tall ships" not in after["tokens"]
         page.screenshot(path=str(artifacts / "prompt-after.png"), full_page=True)
+        # RULER mode: a task family at 2k tokens, chosen in the panel, built and captured, reaches all three panels
+        area.locator(".widget-toggle-button", has_text="RULER task").click()
+        area.locator(".widget-dropdown select").select_option("niah_multikey")
+        length = area.locator(".widget-text", has_text="length").locator("input")
+        length.fill("2048")
+        length.press("Enter")
+        button.click()
+        page.wait_for_function("(a) => /niah_multikey \\(seed 0\\)/.test(a.textContent) && /shown in 3 of 3 panels/"
+                               ".test(a.textContent)", arg=area.element_handle(), timeout=RUN_ALL_TIMEOUT_S * 1000,
+                               polling=500)
+        status = area.inner_text()
+        m = re.search(r"T = (\d+) tokens, k = (\d+) chunks", status)
+        T_r, k_r = int(m.group(1)), int(m.group(2))
+        assert 1800 <= T_r <= 2300 and k_r > 3, status             # near the asked length, more chunks than pasted
+        # at 2k the residual heatmap bins the keys (at most its width in columns): its last bin starts just
+        # before T
+        page.wait_for_function("([js, T]) => eval('(' + js + ')')().some(a => a.figs.some(f => "
+                               "f.figure === 'residual_distribution' && f.xlast > T - 32 && f.xlast < T))",
+                               arg=[_SHOWN_JS, T_r], timeout=60_000, polling=250)
+        ruler = _shown(page)
+        assert 100 <= ruler["heads"] < T_r - 4 and T_r - 32 < ruler["heads_last"] < T_r, (ruler, T_r)
+        assert f"of {k_r} chunks" in ruler["prio"], (ruler, status)
+        assert ruler["tokens"] and not any(d in ruler["tokens"] for d in PROMPT_DOCS)   # the token view moved on
+        page.screenshot(path=str(artifacts / "prompt-ruler.png"), full_page=True)
     bad = [c for c in console if c.startswith(("error", "uncaught")) and "favicon" not in c]
     assert not bad, f"console errors: {bad[:5]}"
 

@@ -56,7 +56,8 @@ def test_panels_follow_the_state_and_keep_valid_values():
     heads._controls_box.observe(rows.append, names="children")
     assert state.set(c2) == {} and state.version == 2
     # new figure widgets (born with their data); the old ones hidden, not removed (a plotly view removed while it
-    # draws fails), closed at the next capture; only the box of controls gets new children, the old ones closed
+    # draws fails), out of the box at the next capture and closed at the one after; only the box of controls
+    # gets new children, the old ones closed
     assert top == [] and len(rows) == 1 and old_zeta not in rows[0]["new"] and old_zeta.comm is None
     assert heads.figures["heads"] is not old_fig and old_fig.comm is not None and old_fig._hidden
     assert heads.status is old_status and not heads.figures["heads"]._hidden
@@ -79,9 +80,14 @@ def test_panels_follow_the_state_and_keep_valid_values():
     assert _bars(prio) == [0, 1, 2]                              # one S bar per chunk
     assert len(tokens.figures["tokens"].view.tokens) == c2.T == c2.spans.T
     second = heads.figures["heads"]
-    state.set(c1)                                                # the next capture: the first figures are closed
-    assert old_fig.comm is None and old_fig not in heads._figure_box.children
-    assert second.comm is not None and second._hidden and heads.figures["heads"].comm is not None
+    state.set(c1)                                                # the next capture: the first figures leave the box
+    assert old_fig.comm is not None and old_fig not in heads._figure_box.children and old_fig in heads._removed
+    assert second.comm is not None and second._hidden and second in heads._retired
+    assert list(heads._figure_box.children) == [*heads._retired, *heads.figures.values()]
+    third = heads.figures["heads"]
+    state.set(c2)                                                # and the one after: closed, with no view left
+    assert old_fig.comm is None and second.comm is not None and second not in heads._figure_box.children
+    assert third._hidden and third.comm is not None and heads.figures["heads"].comm is not None
 
 
 def test_a_panel_that_cannot_show_the_capture_keeps_its_own_and_says_so():

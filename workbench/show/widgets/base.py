@@ -265,7 +265,7 @@ class Panel(abc.ABC):
             raise
         finally:
             self._kept = None
-        now = {id(w) for c in self.widget.children for w in widget_tree(c)}
+        now = {id(w) for c in (*self.widget.children, *self._removed) for w in widget_tree(c)}  # _removed: closed later
         for i, w in before.items():
             if i not in now:
                 w.close()  # the previous capture's controls (its figures are hidden, closed at the next capture)
@@ -317,10 +317,14 @@ class Panel(abc.ABC):
             w.observe(self._on_change, names="value")
         if getattr(self, "widget", None) is not None:  # a new capture (set_capture): new figures, born with it
             self.status.value = status
-            for w in self._retired:  # hidden since the capture before: long drawn, closed now
+            # A figure set aside goes in three steps, one per capture: hidden (a view removed while plotly draws
+            # it fails), then out of the box (its views removed: plotly purges them and drops their resize
+            # handlers), then closed. Closing one whose view is still in the page races plotly's autosize: a
+            # resize promise that resolves after the close sends on a closed comm ("no comm channel defined").
+            for w in self._removed:  # out of the page since the capture before: no view left
                 w.close()
-            self._retired = list(self.figures.values())
-            for w in self._retired:  # hidden, not removed: a view removed while plotly draws it fails
+            self._removed, self._retired = self._retired, list(self.figures.values())
+            for w in self._retired:
                 _hide(w)
             self.figures = {name: _widget_figure(as_figure(live_layout(f)), name) for name, f in figs.items()}
             self._figure_box.children = (*self._retired, *self.figures.values())
@@ -339,6 +343,7 @@ class Panel(abc.ABC):
         self._figure_box = W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap"))
         self._controls_box = W.VBox(rows)
         self._retired: list = []  # the figures of the capture before, hidden (set_capture)
+        self._removed: list = []  # those of the capture before that, out of the box, closed at the next capture
         self.widget = W.VBox([W.HTML(f"<b>{html_escape(self.title)}</b>"), self._controls_box, self.status,
                               *self._extra, self._figure_box,
                               W.HBox([self.export_button, self.export_width, self.export_links])])
