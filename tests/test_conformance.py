@@ -19,9 +19,9 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from workbench.capture import RowSet, capture_attention, run_capture
-from workbench.rerun.eviction import H2O, DeferKV, SnapKV, every_policy, run_policies
+from workbench.rerun.eviction import H2O, DeferKV, SnapKV, StreamingLLM, every_policy, run_policies
 from workbench.rerun.prune import run_full, run_pruned
-from workbench.run import adapter, families
+from workbench.run import adapter, families, rotary
 from workbench.run.models import tiny_model
 from workbench.run.spans import PromptSpans
 
@@ -32,12 +32,12 @@ EAGER = {"gemma2", "gpt_oss", "vaultgemma"}  # transformers runs these exactly o
 SUPPORTED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
              "phi3", "olmo2", "cohere", "granite", "starcoder2", "gpt_neox", "gpt_oss"]
 NEW = ["ministral", "ministral3", "ernie4_5", "seed_oss", "helium", "hunyuan_v1_dense", "olmo", "olmo3", "exaone4", "glm4",
-       "glm4_moe", "apertus", "arcee", "cohere2", "phi", "phimoe", "granitemoe", "stablelm", "vaultgemma"]
+       "glm4_moe", "apertus", "arcee", "cohere2", "phi", "phimoe", "granitemoe", "stablelm", "vaultgemma", "llama4_text"]
 CLASSIC_ROWS = list(SUPPORTED)
 SUPPORTED = SUPPORTED + NEW
 # the rows of the default run (one of each kind: plain, windows + soft-capping + q-norm, sinks + MoE, NoPE +
-# parallel, partial rotary + fused, post-norm); the others are `slow` (WORKBENCH_SLOW=1 runs every row)
-FAST = {"llama", "gemma3", "gpt_oss", "cohere2", "phi3", "olmo3"}
+# parallel, partial rotary + fused, post-norm, chunked attention); the others are `slow` (WORKBENCH_SLOW=1 runs every row)
+FAST = {"llama", "gemma3", "gpt_oss", "cohere2", "phi3", "olmo3", "llama4_text"}
 SLOW_OK = bool(os.environ.get("WORKBENCH_SLOW"))
 
 
@@ -45,6 +45,10 @@ def _rows(names, fast=FAST):
     return [f if f in fast else pytest.param(f, marks=[pytest.mark.slow, pytest.mark.skipif(
         not SLOW_OK, reason="a slow row of the matrix: WORKBENCH_SLOW=1 runs it")]) for f in names]
 REFUSED = ["gpt2", "falcon"]
+# policies a family refuses at the call (the rest of its row is exact)
+REFUSED_POLICIES = {"llama4_text": {"expected-attention": r"policy: ExpectedAttention cannot run on llama4_text: its "
+                                                         r"query statistics need the rotary maps, not available for "
+                                                         r"llama4_text: complex rotary"}}
 
 
 def _spans() -> PromptSpans:
@@ -107,6 +111,9 @@ def oracle_logits(m, ids, pos, *, removed_after=None, R=None, kept=None, T=None,
         w = families.layer_window(m, l)
         if w is not None:
             vis = vis & (dpos < w)
+        C = families.layer_chunk(m, l)
+        if C is not None:  # chunked attention: the same chunk of original positions
+            vis = vis & (pos[:, None] // C == pos[None, :] // C)
         vis = vis.expand(H, N, N).clone()
         if R is not None:  # the gathered caches of layers <= removed_after hold only R for the decode rows
             ok = torch.isin(pos, R) | (pos >= T)
@@ -200,11 +207,17 @@ def test_conformance(family):
     window = families.layer_window(m, 0)
     if family in WINDOWED:
         assert window is not None and window < T and families.sliding_layers(m)
+    if family == "llama4_text":  # chunks of 8 bind on the RoPE layers; the last layer is NoPE, full attention
+        assert families.chunked_layers(m) == [0, 1] and families.layer_chunk(m, 0) < T
+        assert [rotary.rope_on_layer(m, l) for l in range(3)] == [True, True, False]
     full = _check_capture_and_pruning(m, spans, family)
     # 4. every policy at B >= T equals the full cache; at B < T the KV bytes fall on every layer kind
     pols = every_policy(n_sink=2, recent=2)
     res = run_policies(m, spans, pols, [T, 4], 4, progress=False)
     for r in res:
+        if r.policy in REFUSED_POLICIES.get(family, {}):  # refused at the call, naming the policy and the reason
+            assert re.match(REFUSED_POLICIES[family][r.policy], r.error or ""), (r.policy, r.error)
+            continue
         assert r.error is None, (r.policy, r.error)
         if r.budget >= T or r.policy == "full":
             assert r.ids == full.generated_ids, (r.policy, r.budget)
@@ -221,7 +234,39 @@ def test_conformance(family):
         _check_against_oracle(r.logits, r.ids, o, T)
 
 
-NEW_REFUSED = ["llama4_text", "gemma3n_text", "gemma4_text", "falcon_h1"]
+def test_llama4_temperature_refuses_pruning_and_eviction():
+    """Llama-4 with its NoPE layers' attention temperature binding inside the run (floor_scale 16 < T = 41): capture
+    still equals the model's own eager attention (the kernel's queries carry the temperature) and leaves the logits
+    unchanged; pruned prefill and eviction are refused at the call, since the model reads the temperature's position
+    from the cache length. With the default floor_scale (8192) the same run is exact (its row of the matrix)."""
+    from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy
+
+    spans = _spans()
+    T = spans.T
+    assert families.position_refusal(_model("llama4_text"), "eviction", T + 4) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = tiny_model("llama4_text", L=3, H_Q=4, G=2, d=16, seed=1, floor_scale=16, attn_scale=1.0)
+    cap = run_capture(m, spans, RowSet(tail=T, n_decode=3), progress=False)
+    ids = torch.tensor([list(spans.input_ids) + cap.generated_ids])
+    ref = torch.stack([a[0] for a in adapter.eager_attentions(m, ids).attentions])[:, :, cap.row_pos, : T + 3]
+    assert (cap.attn - ref).abs().max().item() <= TOL
+    _assert_capture_leaves_logits_unchanged(m, spans)
+    why = r"cannot run on llama4_text over \d+ positions: its NoPE layers \[2\] scale their queries by an attention " \
+          r"temperature of the position, which the model reads from the cache length"
+    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
+        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):
+        EvictionSession.prepare(m, spans, Needs(), 2)
+    with pytest.raises(ValueError, match="eviction " + why):
+        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
+    ctx = list(spans.input_ids[:10])  # 10 + 2 positions < 16: not refused
+    sess = EvictionSession.prepare(m, ctx, Needs(), 2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):  # a question would reach the binding positions
+        sess.run_questions(StreamingLLM(n_sink=2, recent=2), 6, [list(spans.input_ids[10:])])
+
+
+NEW_REFUSED = ["gemma3n_text", "gemma4_text", "falcon_h1"]
 
 
 @pytest.mark.parametrize("family", NEW_REFUSED)

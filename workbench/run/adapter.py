@@ -200,7 +200,7 @@ class PositionState:
     q_pos: torch.Tensor | None = None
 
 
-def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool) -> Callable:
+def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, chunks: dict) -> Callable:
     def workbench_positions_attention(module, query, key, value, attention_mask, **kwargs):
         l = int(getattr(module, "layer_idx", -1))
         lay = cache_layers(state.cache)[l] if state.cache is not None and l >= 0 else None
@@ -217,9 +217,12 @@ def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool) -
         if pos.shape[-1] != S_all - q:
             raise RuntimeError(f"cache: layer {l} holds {S_all - q} keys but {pos.shape[-1]} tracked positions")
         allp = torch.cat([pos, qp.expand(B, G, q)], dim=-1)  # [B, G, S_all]
-        w = int(lay.sliding_window)
         d = qp[None, None, :, None] - allp[:, :, None, :]  # [B, G, q, S_all]
-        vis = (d >= 0) & (d < w)
+        if l in chunks:  # chunked attention (stored as a window of the chunk size): the same chunk, causal
+            C = chunks[l]
+            vis = (d >= 0) & (qp[None, None, :, None] // C == allp[:, :, None, :] // C)
+        else:
+            vis = (d >= 0) & (d < int(lay.sliding_window))
         vis = vis.repeat_interleave(query.shape[1] // G, dim=1).to(query.device)  # [B, H_Q, q, S_all]
         mask = torch.zeros(vis.shape, dtype=query.dtype, device=query.device).masked_fill_(
             ~vis, torch.finfo(query.dtype).min) if additive else vis
@@ -235,7 +238,8 @@ def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool) -
 def original_positions(model, cache=None):
     """Mask sliding-window layers by original positions (SPEC §7 **[decided]**): a stored key at original
     position ``j`` is visible to the query at ``u`` when ``0 ≤ u - j < window``, whatever was gathered or
-    evicted before. Layers without a window keep the model's own mask. Set ``state.q_pos`` (and
+    evicted before; on a chunked-attention layer (Llama-4, stored as a window of the chunk size ``C``) when
+    ``j ≤ u`` and ``j // C == u // C``. Layers without a window keep the model's own mask. Set ``state.q_pos`` (and
     ``state.cache``) before each forward; the stored keys' positions live on the cache layers
     (``workbench_positions``, int64 ``[B, G, S]``), so copies and stacks of a cache keep them.
 
@@ -246,7 +250,8 @@ def original_positions(model, cache=None):
     old = current_attn_implementation(model)
     name = POSITIONS_PREFIX + old.replace("|", "_")
     base = old[len(CAPTURE_PREFIX):] if old.startswith(CAPTURE_PREFIX) else old
-    AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager"))
+    chunks = {l: families.layer_chunk(model, l) for l in families.chunked_layers(model)}
+    AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager", chunks))
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[old])
     set_attn_implementation(model, name)
     try:
@@ -256,9 +261,9 @@ def original_positions(model, cache=None):
 
 
 def positions_context(model, cache=None):
-    """:func:`original_positions` for a model with sliding-window layers; for one without, a no-op context
-    yielding an unused :class:`PositionState` (every mask already follows the original order)."""
-    if families.sliding_layers(model):
+    """:func:`original_positions` for a model with sliding-window or chunked-attention layers; for one without, a
+    no-op context yielding an unused :class:`PositionState` (every mask already follows the original order)."""
+    if families.sliding_layers(model) or families.chunked_layers(model):
         base = current_attn_implementation(model)
         base = base[len(CAPTURE_PREFIX):] if base.startswith(CAPTURE_PREFIX) else base
         if base not in ("eager", "sdpa"):

@@ -10,7 +10,10 @@ jamba, bamba; granitemoehybrid and bamba only from transformers 5.24, :data:`MIN
 capture on its softmax layers (:func:`softmax_layers`) is exact, and pruned prefill and eviction are refused at the call
 (:func:`capture_only_refusal`), since a gather cannot shorten its other layers' state. The MLA rows (deepseek_v2,
 deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every policy but ExpectedAttention and the
-kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`).
+kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`). The llama4_text row
+(chunked attention, :func:`layer_chunk`: chunks measured in original positions after a gather or an eviction) is exact
+but for ExpectedAttention and ``rerotate`` (complex rotary) and for runs its NoPE layers' attention temperature reaches
+(:func:`position_refusal`: pruned prefill and eviction refused at the call).
 
 The weights the stability bounds need (:func:`block_weights`) come from the same table; a term the
 workbench cannot bound for a family is reported as ``"not available for <family>: <reason>"``.
@@ -23,7 +26,8 @@ import torch
 import transformers
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
-           "layer_window", "sliding_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
+           "layer_window", "sliding_layers", "layer_chunk", "chunked_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
+           "position_refusal",
            "unavailable", "MIN_TRANSFORMERS", "version_refusal"]
 
 
@@ -137,6 +141,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(("phimoe",), mlp_kind="moe", norm_kind="layer"),
     Family(("granitemoe",), mlp="block_sparse_moe", mlp_kind="moe"),
     Family(("stablelm",), norm_kind="layer", bound="the stability constants are not verified on its block"),
+    Family(("llama4_text",), mlp="feed_forward", mlp_kind="moe",
+           rotary="complex rotary frequencies (its own apply_rotary_emb, no cos/sin maps to probe)",
+           bound="chunked attention with a post-RoPE L2 q/k norm and NoPE layers"),
     Family(("vaultgemma",), gemma_gain=True, mlp_norm="pre_feedforward_layernorm", eager_only=True, bound="the stability constants are not verified on its block"),
 )
 _HYBRID = ("a gather cannot shorten a recurrent state, so pruned prefill"
@@ -210,8 +217,6 @@ REFUSED: dict[str, str] = {
             "execution (a mid-prefill gather to T' < T tokens) cannot run through it",
     "falcon": "its config derives head_dim and its attention mixes ALiBi and fused multi-query layouts that "
               "the capture and the pruning gather are not verified against",
-    "llama4_text": "chunked attention with a post-RoPE L2 q/k norm, NoPE layers with attention-temperature tuning and "
-                   "complex rotary frequencies: not yet verified against the conformance matrix",
     "gemma3n_text": "KV shared across layers (later layers read earlier layers' cache), AltUp and per-layer inputs: "
                     "evicting one layer's cache changes another's; not yet verified",
     "gemma4_text": "per-layer head sizes (its config refuses a global head_dim): not yet verified",
@@ -311,6 +316,23 @@ def layer_window(model, l: int) -> int | None:
     return int(w)
 
 
+def layer_chunk(model, l: int) -> int | None:
+    """Chunk size of a chunked-attention layer ``l`` (Llama-4: key ``j`` is visible from query ``u`` when
+    ``j ≤ u`` and ``j // chunk == u // chunk``, in original positions), ``None`` for every other layer."""
+    c = model.config
+    c = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+    chunk = getattr(c, "attention_chunk_size", None)
+    types = getattr(c, "layer_types", None)
+    if not chunk or types is None:
+        return None
+    return int(chunk) if str(types[l]) == "chunked_attention" else None
+
+
+def chunked_layers(model) -> list[int]:
+    L = len(decoder_layers(model))
+    return [l for l in range(L) if layer_chunk(model, l) is not None]
+
+
 def sliding_layers(model) -> list[int]:
     L = len(decoder_layers(model))
     return [l for l in range(L) if layer_window(model, l) is not None]
@@ -333,6 +355,24 @@ def capture_only_refusal(model, what: str) -> str | None:
     other = sorted(set(range(L)) - set(softmax_layers(model)))
     return (f"{what} cannot run on {fam.name}: {fam.capture_only} (layers {other} are not softmax attention); "
             f"only capture is supported on its softmax layers {softmax_layers(model)}")
+
+
+def position_refusal(model, what: str, n_positions: int) -> str | None:
+    """Why ``what`` (pruned prefill, eviction) cannot run over ``n_positions`` positions (prompt and generated tokens)
+    on ``model`` (``None`` when it can): Llama-4's NoPE layers scale their queries by an attention temperature
+    ``1 + attn_scale · log1p(floor((p + 1) / floor_scale))`` of the position ``p``, which the model reads from the
+    cache length, not from ``position_ids``; after a gather or an eviction the cache is shorter than the positions,
+    so from ``p = floor_scale - 1`` on the temperature would be taken at the wrong position. Below that it is 1."""
+    c = model.config
+    c = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+    nope = [l for l, r in enumerate(getattr(c, "no_rope_layers", None) or []) if not r]
+    floor = getattr(c, "floor_scale", None)
+    if not (getattr(c, "attn_temperature_tuning", False) and nope and floor) or n_positions < int(floor):
+        return None
+    return (f"{what} cannot run on {family_of(model).name} over {n_positions} positions: its NoPE layers {nope} scale "
+            f"their queries by an attention temperature of the position, which the model reads from the cache length "
+            f"(not from position_ids), so after a gather or an eviction it would be taken at the wrong position from "
+            f"position floor_scale - 1 = {int(floor) - 1} on; runs of fewer than {int(floor)} positions are exact")
 
 
 def eviction_refusal(model, what: str) -> str | None:

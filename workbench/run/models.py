@@ -280,6 +280,10 @@ TINY_OVERRIDES: dict[str, dict] = {
                              mamba_d_state=8, mamba_n_groups=1, mamba_expand=1),
     "jamba": dict(expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8),
     "bamba": dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_expand=1),
+    # llama4_text: chunks of 8 (binding at T = 41) on the RoPE layers, the last layer NoPE (full attention, temperature
+    # tuning; set in tiny_model), an L2 q/k norm on the RoPE layers, a routed-expert MLP on layer 1
+    "llama4_text": dict(attention_chunk_size=8, moe_layers=[1], num_local_experts=4,
+                        num_experts_per_tok=1, intermediate_size_mlp=32, use_qk_norm=True, attn_temperature_tuning=True),
     "gpt2": dict(n_positions=4096),
     "falcon": dict(new_decoder_architecture=False),
 }
@@ -309,6 +313,8 @@ def tiny_model(model_type: str = "llama", *, G: int = 2, H_Q: int = 4, L: int = 
         cfg.update(num_key_value_heads=H_Q, head_dim=cfg["qk_rope_head_dim"])
     if model_type in ("gemma3_text", "gemma2", "gpt_oss", "olmo3", "exaone4", "cohere2", "vaultgemma", "ministral"):
         cfg.update(layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)])
+    if model_type == "llama4_text":  # the last layer NoPE (global attention), the others chunked with RoPE
+        cfg.update(no_rope_layers=[1] * (L - 1) + [0])
     cfg.update(overrides)
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(seed)
