@@ -70,10 +70,10 @@ def _model(family: str, impl: str | None = None):
 
 def test_matrix_is_the_family_table():
     assert sorted(families.supported_families()) == sorted(
-        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + list(MLA))
+        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + FULL_PARTIAL + list(MLA))
     assert {f.name for f in families.FAMILIES if f.mla} == set(MLA)  # capture, pruning and eviction exact
     assert not {f.name for f in families.FAMILIES if f.evict}  # no family has eviction refused as a whole
-    assert {f.name for f in families.FAMILIES if f.capture_only} == set(PARTIAL)  # partially supported: capture only
+    assert {f.name for f in families.FAMILIES if f.capture_only} == set(PARTIAL) | set(FULL_PARTIAL)  # capture only
     assert set(REFUSED) <= set(families.REFUSED)
 
 
@@ -266,7 +266,7 @@ def test_llama4_temperature_refuses_pruning_and_eviction():
         sess.run_questions(StreamingLLM(n_sink=2, recent=2), 6, [list(spans.input_ids[10:])])
 
 
-NEW_REFUSED = ["gemma3n_text", "gemma4_text", "falcon_h1"]
+NEW_REFUSED = ["gemma4_text"]
 
 
 @pytest.mark.parametrize("family", NEW_REFUSED)
@@ -329,6 +329,51 @@ def test_hybrid_capture_only(family):
         cap.require_all_layers("trace")
     _assert_capture_leaves_logits_unchanged(m, spans)
     why = rf"cannot run on {family}: .*a gather cannot shorten .*\(layers \[0, 2\] are not softmax attention"
+    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
+        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
+    from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy
+    with pytest.raises(ValueError, match="eviction " + why):
+        EvictionSession.prepare(m, spans, Needs(), 2)
+    with pytest.raises(ValueError, match="policy: SnapKV " + why):
+        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):
+        run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False)
+
+
+# capture-only rows whose every layer has softmax attention: gemma3n_text (its last half reads the first half's KV),
+# falcon_h1 (Mamba-2 beside attention in every layer)
+FULL_PARTIAL = ["gemma3n_text", "falcon_h1"]
+
+
+@pytest.mark.parametrize("family", FULL_PARTIAL)
+def test_capture_only_every_layer(family):
+    """A capture-only family with softmax attention in every layer: rows on every layer equal the model's own eager
+    attention on prompt and decode rows, logits are bit-identical with capture on and off, and pruned prefill and
+    eviction are refused at the call with the family and the reason."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = tiny_model(family, L=4, H_Q=4, G=2, d=16, seed=1)
+    if families.version_refusal(family):  # falcon_h1 under the floor (5.2): no cache of its own, refused at load
+        with pytest.raises(TypeError, match=f"{family}.*not supported .*under this transformers: .*builds no cache"):
+            adapter.check_supported(m)
+        return
+    assert families.family_of(adapter.text_config(_model_cfg(family))).capture_only
+    if family == "gemma3n_text":  # layers 2 and 3 attend layers 0 and 1's keys and values (no k_proj of their own)
+        assert [bool(b.self_attn.is_kv_shared_layer) for b in adapter.decoder_layers(m)] == [False, False, True, True]
+        assert families.sliding_layers(m) == [0, 2]
+    else:
+        assert all(hasattr(b, "mamba") for b in adapter.decoder_layers(m))
+    spans = _spans()
+    T = spans.T
+    assert families.softmax_layers(m) == [0, 1, 2, 3]
+    cap = run_capture(m, spans, RowSet(tail=T, n_decode=3), progress=False)
+    assert cap.softmax_layers == [0, 1, 2, 3] and "decode" in cap.row_kind
+    ids = torch.tensor([list(spans.input_ids) + cap.generated_ids])
+    ref = torch.stack([a[0] for a in adapter.eager_attentions(m, ids).attentions])[:, :, cap.row_pos, : T + 3]
+    err = (cap.attn - ref).abs().max().item()
+    assert err <= TOL, err
+    _assert_capture_leaves_logits_unchanged(m, spans)
+    why = rf"cannot run on {family}: .*; only capture is supported \(every layer has rows\)"
     with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
         run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
     from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy

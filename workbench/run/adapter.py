@@ -59,6 +59,11 @@ def text_config(config):
     return get() if callable(get) else config
 
 
+def _widest(size) -> int:
+    """An MLP width: Gemma-3n gives one per layer (the widest is kept)."""
+    return int(max(size)) if isinstance(size, (list, tuple)) else int(size)
+
+
 def model_shape(model) -> ModelShape:
     c = text_config(model.config)
     H_Q = int(c.num_attention_heads)
@@ -70,7 +75,7 @@ def model_shape(model) -> ModelShape:
         G=G,
         d=d,
         hidden=int(c.hidden_size),
-        intermediate=int(getattr(c, "intermediate_size", 4 * c.hidden_size)),
+        intermediate=_widest(getattr(c, "intermediate_size", 4 * c.hidden_size)),
         vocab=int(c.vocab_size),
         max_context=int(getattr(c, "max_position_embeddings", 0) or 0),
         model_type=str(getattr(c, "model_type", "unknown")),

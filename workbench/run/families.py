@@ -6,9 +6,11 @@ is refused when it is loaded, never at its first capture). A family is listed on
 ``tests/test_conformance.py`` passes: captured rows equal the model's own eager ``output_attentions``,
 logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
 and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2, qwen3_next, qwen3_5_text, granitemoehybrid,
-jamba, bamba; granitemoehybrid and bamba only from transformers 5.24, :data:`MIN_TRANSFORMERS`) is partially supported:
-capture on its softmax layers (:func:`softmax_layers`) is exact, and pruned prefill and eviction are refused at the call
-(:func:`capture_only_refusal`), since a gather cannot shorten its other layers' state. The MLA rows (deepseek_v2,
+jamba, bamba, falcon_h1; granitemoehybrid, bamba and falcon_h1 only from transformers 5.24, :data:`MIN_TRANSFORMERS`) is
+partially supported: capture on its softmax layers (:func:`softmax_layers`; falcon_h1: every layer, Mamba-2 beside
+attention) is exact, and pruned prefill and eviction are refused at the call (:func:`capture_only_refusal`), since a
+gather cannot shorten its other layers' state. gemma3n_text is capture-only too (every layer): its KV-sharing layers
+attend an earlier layer's keys, so evicting one layer's cache would change another's. The MLA rows (deepseek_v2,
 deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every policy but ExpectedAttention and the
 kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`). The llama4_text row
 (chunked attention, :func:`layer_chunk`: chunks measured in original positions after a gather or an eviction) is exact
@@ -146,6 +148,10 @@ FAMILIES: tuple[Family, ...] = (
            bound="chunked attention with a post-RoPE L2 q/k norm and NoPE layers"),
     Family(("vaultgemma",), gemma_gain=True, mlp_norm="pre_feedforward_layernorm", eager_only=True, bound="the stability constants are not verified on its block"),
 )
+_KV_SHARED = ("KV shared across layers (its last num_kv_shared_layers layers attend the keys and values of the last "
+              "earlier layer of their kind, passed in the forward, and store no cache of their own), so evicting or "
+              "gathering one layer's cache changes what other layers attend; and its blocks carry AltUp's stacked "
+              "hidden streams and per-layer inputs, which a mid-prefill gather of the hidden states does not restrict")
 _HYBRID = ("a gather cannot shorten a recurrent state, so pruned prefill"
            " and eviction would run on a state they did not compact")
 
@@ -166,6 +172,11 @@ FAMILIES += (
            capture_only="hybrid of Mamba and softmax layers: " + _HYBRID),
     Family(("bamba",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
            bound="hybrid of Mamba-2 and softmax layers", capture_only="hybrid of Mamba-2 and softmax layers: " + _HYBRID),
+    Family(("falcon_h1",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
+           bound="every layer runs Mamba-2 beside softmax attention",
+           capture_only="every layer runs Mamba-2 beside softmax attention: " + _HYBRID),
+    Family(("gemma3n_text",), block="sandwich", mlp_norm="pre_feedforward_layernorm",
+           bound="AltUp streams, a LAuReL branch and per-layer inputs around a sandwich block", capture_only=_KV_SHARED),
 )
 
 # multi-head latent attention (issue 25): capture, pruned prefill and eviction exact. Under transformers >= 5.24 the
@@ -196,6 +207,7 @@ _HYBRID_CACHE = ("under transformers {v} its forward builds no cache of its own 
 MIN_TRANSFORMERS: dict[str, tuple[tuple[int, int], str]] = {
     "bamba": ((5, 24), _HYBRID_CACHE),
     "granitemoehybrid": ((5, 24), _HYBRID_CACHE),
+    "falcon_h1": ((5, 24), _HYBRID_CACHE.replace("a HybridMambaAttentionDynamicCache", "a FalconHybridMambaAttentionDynamicCache")),
 }
 
 
@@ -217,10 +229,7 @@ REFUSED: dict[str, str] = {
             "execution (a mid-prefill gather to T' < T tokens) cannot run through it",
     "falcon": "its config derives head_dim and its attention mixes ALiBi and fused multi-query layouts that "
               "the capture and the pruning gather are not verified against",
-    "gemma3n_text": "KV shared across layers (later layers read earlier layers' cache), AltUp and per-layer inputs: "
-                    "evicting one layer's cache changes another's; not yet verified",
     "gemma4_text": "per-layer head sizes (its config refuses a global head_dim): not yet verified",
-    "falcon_h1": "every layer runs Mamba-2 beside attention: " + _HYBRID,
 }
 
 
@@ -353,6 +362,8 @@ def capture_only_refusal(model, what: str) -> str | None:
         return None
     L = len(decoder_layers(model))
     other = sorted(set(range(L)) - set(softmax_layers(model)))
+    if not other:  # every layer has softmax attention (gemma3n_text; falcon_h1: Mamba-2 beside it)
+        return f"{what} cannot run on {fam.name}: {fam.capture_only}; only capture is supported (every layer has rows)"
     return (f"{what} cannot run on {fam.name}: {fam.capture_only} (layers {other} are not softmax attention); "
             f"only capture is supported on its softmax layers {softmax_layers(model)}")
 
