@@ -27,12 +27,13 @@ from workbench.run.spans import PromptSpans
 
 TOL = 1e-5
 WINDOWED = {"mistral", "mixtral", "gemma2", "gemma3", "phi3", "starcoder2", "gpt_oss", "ministral", "olmo3", "exaone4",
-            "cohere2", "vaultgemma"}
+            "cohere2", "vaultgemma", "gemma4_text"}
 EAGER = {"gemma2", "gpt_oss", "vaultgemma"}  # transformers runs these exactly only on eager
 SUPPORTED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
              "phi3", "olmo2", "cohere", "granite", "starcoder2", "gpt_neox", "gpt_oss"]
 NEW = ["ministral", "ministral3", "ernie4_5", "seed_oss", "helium", "hunyuan_v1_dense", "olmo", "olmo3", "exaone4", "glm4",
-       "glm4_moe", "apertus", "arcee", "cohere2", "phi", "phimoe", "granitemoe", "stablelm", "vaultgemma", "llama4_text"]
+       "glm4_moe", "apertus", "arcee", "cohere2", "phi", "phimoe", "granitemoe", "stablelm", "vaultgemma", "llama4_text",
+       "gemma4_text"]
 CLASSIC_ROWS = list(SUPPORTED)
 SUPPORTED = SUPPORTED + NEW
 # the rows of the default run (one of each kind: plain, windows + soft-capping + q-norm, sinks + MoE, NoPE +
@@ -48,7 +49,10 @@ REFUSED = ["gpt2", "falcon"]
 # policies a family refuses at the call (the rest of its row is exact)
 REFUSED_POLICIES = {"llama4_text": {"expected-attention": r"policy: ExpectedAttention cannot run on llama4_text: its "
                                                          r"query statistics need the rotary maps, not available for "
-                                                         r"llama4_text: complex rotary"}}
+                                                         r"llama4_text: complex rotary"},
+                    "gemma4_text": {"expected-attention": r"policy: ExpectedAttention cannot run on gemma4_text: its "
+                                                         r"query statistics need the rotary maps, not available for "
+                                                         r"gemma4_text: per-layer head sizes"}}
 
 
 def _spans() -> PromptSpans:
@@ -201,6 +205,8 @@ def _check_capture_and_pruning(m, spans: PromptSpans, family: str, layers=(-1, 0
 
 @pytest.mark.parametrize("family", _rows(SUPPORTED))
 def test_conformance(family):
+    if families.version_refusal(family):  # gemma4_text under the floor (5.2): test_gemma4_text_version_and_variants
+        pytest.skip(f"{family}: {families.version_refusal(family)}")
     m = _model(family)
     spans = _spans()
     T = spans.T
@@ -232,6 +238,38 @@ def test_conformance(family):
         toks = list(spans.input_ids) + r.ids[:-1]
         o = oracle_logits(m, toks, torch.arange(len(toks)), kept=r.kept_layers, gen_from=T + r.evicted_at)
         _check_against_oracle(r.logits, r.ids, o, T)
+
+
+def test_gemma4_text_version_and_variants(tmp_path):
+    """gemma4_text: refused by ``load_model`` under transformers < 5.24 (no such model there), from the raw config
+    before a weight is read; from 5.24 its per-layer head sizes are accepted (the weight-header check reads them per
+    layer) and the variants the row does not cover (KV shared across layers, per-layer KV-head counts) are refused
+    from the config with the reason."""
+    import json
+
+    from workbench.run import model_folder
+    from workbench.run.models import load_model
+
+    if families.version_refusal("gemma4_text"):
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4_text"}))
+        (tmp_path / "model.safetensors").write_bytes(b"not a weight file")
+        (tmp_path / "tokenizer.json").write_text("{}")
+        with pytest.raises(TypeError, match="'gemma4_text' architecture is not supported by the workbench under this "
+                                            "transformers: transformers 5.2.*has no gemma4_text model"):
+            load_model(tmp_path, device="cpu", progress=False)
+        return
+    from transformers import AutoConfig
+
+    m = _model("gemma4_text")
+    assert [b.self_attn.head_dim for b in adapter.decoder_layers(m)] == [16, 32, 32]
+    m.save_pretrained(tmp_path)
+    model_folder.check_folder(tmp_path)  # per-layer q/k/v shapes match their layer's head_dim
+    kw = dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
+    with pytest.raises(TypeError, match="'gemma4_text' configuration shares KV across layers"):
+        families.family_of(AutoConfig.for_model("gemma4_text", num_kv_shared_layers=2, **kw))
+    with pytest.raises(TypeError, match=r"'gemma4_text' configuration has per-layer KV-head counts \[1, 4\]"):
+        families.family_of(AutoConfig.for_model("gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=1,
+                                                **kw))
 
 
 def test_llama4_temperature_refuses_pruning_and_eviction():
@@ -266,7 +304,7 @@ def test_llama4_temperature_refuses_pruning_and_eviction():
         sess.run_questions(StreamingLLM(n_sink=2, recent=2), 6, [list(spans.input_ids[10:])])
 
 
-NEW_REFUSED = ["gemma4_text"]
+NEW_REFUSED = ["gpt2", "falcon"]  # issue 25's four current families are now rows; the load refusal on older ones
 
 
 @pytest.mark.parametrize("family", NEW_REFUSED)

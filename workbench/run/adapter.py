@@ -32,7 +32,8 @@ TRANSFORMERS_VERSION = transformers.__version__
 # ----------------------------------------------------------------------------- model shape
 @dataclass(frozen=True)
 class ModelShape:
-    """Attention geometry of a decoder: ``L`` layers, ``H_Q`` query heads, ``G`` KV heads, head dim ``d``."""
+    """Attention geometry of a decoder: ``L`` layers, ``H_Q`` query heads, ``G`` KV heads, head dim ``d`` (layer 0's
+    where the config sets them per layer: Gemma-4's global layers have wider heads)."""
 
     L: int
     H_Q: int
@@ -59,6 +60,14 @@ def text_config(config):
     return get() if callable(get) else config
 
 
+def _layer0(c, name: str):
+    """``c.<name>``; for a per-layer attribute of a heterogeneous config (Gemma-4's ``head_dim``), layer 0's."""
+    try:
+        return getattr(c, name, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        return getattr(c.per_layer_config[0], name, None)
+
+
 def _widest(size) -> int:
     """An MLP width: Gemma-3n gives one per layer (the widest is kept)."""
     return int(max(size)) if isinstance(size, (list, tuple)) else int(size)
@@ -67,8 +76,8 @@ def _widest(size) -> int:
 def model_shape(model) -> ModelShape:
     c = text_config(model.config)
     H_Q = int(c.num_attention_heads)
-    G = int(getattr(c, "num_key_value_heads", None) or H_Q)
-    d = int(getattr(c, "head_dim", None) or c.hidden_size // H_Q)
+    G = int(_layer0(c, "num_key_value_heads") or H_Q)
+    d = int(_layer0(c, "head_dim") or c.hidden_size // H_Q)
     return ModelShape(
         L=int(c.num_hidden_layers),
         H_Q=H_Q,
@@ -364,7 +373,7 @@ def layer_hidden(args, kwargs) -> torch.Tensor:
 def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
     """Restrict one decoder-block call of a prefill to the retained positions ``R`` (sorted, ``[T']``).
 
-    Gathers the position embeddings (cos, sin ``[B, T, d]``), the position ids and a 4-D mask
+    Gathers the position embeddings (cos, sin ``[B, T, d]``), Gemma-4's per-layer inputs, the position ids and a 4-D mask
     (rows and columns: the original-position mask restricted to ``R``, so causal and sliding-window
     structure follow the original positions); ``hidden=True`` also gathers the hidden states.
     A ``None`` mask (plain causal) stays ``None``: order is preserved, so causal on ``R`` is causal.
@@ -376,6 +385,14 @@ def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
             args[0] = args[0].index_select(1, R.to(args[0].device))
         else:
             kwargs["hidden_states"] = kwargs["hidden_states"].index_select(1, R.to(kwargs["hidden_states"].device))
+    # Gemma-4's per-layer inputs [B, T, d_pl] (the block's second positional argument): always the full prompt's
+    pli = args[1] if len(args) > 1 else kwargs.get("per_layer_input")
+    if isinstance(pli, torch.Tensor) and pli.dim() == 3 and pli.shape[1] > len(R):
+        pli = pli.index_select(1, R.to(pli.device))
+        if len(args) > 1:
+            args[1] = pli
+        else:
+            kwargs["per_layer_input"] = pli
     pe = kwargs.get("position_embeddings")
     if isinstance(pe, (tuple, list)):
         kwargs["position_embeddings"] = tuple(t.index_select(-2, R.to(t.device)) for t in pe)

@@ -15,7 +15,9 @@ deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every 
 kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`). The llama4_text row
 (chunked attention, :func:`layer_chunk`: chunks measured in original positions after a gather or an eviction) is exact
 but for ExpectedAttention and ``rerotate`` (complex rotary) and for runs its NoPE layers' attention temperature reaches
-(:func:`position_refusal`: pruned prefill and eviction refused at the call).
+(:func:`position_refusal`: pruned prefill and eviction refused at the call). The gemma4_text row (per-layer head
+sizes; from transformers 5.24) is exact but for ExpectedAttention and ``rerotate``; its variants with KV shared across
+layers or per-layer KV-head counts are refused from the config.
 
 The weights the stability bounds need (:func:`block_weights`) come from the same table; a term the
 workbench cannot bound for a family is reported as ``"not available for <family>: <reason>"``.
@@ -146,6 +148,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(("llama4_text",), mlp="feed_forward", mlp_kind="moe",
            rotary="complex rotary frequencies (its own apply_rotary_emb, no cos/sin maps to probe)",
            bound="chunked attention with a post-RoPE L2 q/k norm and NoPE layers"),
+    Family(("gemma4_text",), block="sandwich", mlp_norm="pre_feedforward_layernorm",
+           rotary="per-layer head sizes (the rotary maps are one head size wide on every layer)",
+           bound="per-layer head sizes, per-layer inputs and a layer scalar around a sandwich block"),
     Family(("vaultgemma",), gemma_gain=True, mlp_norm="pre_feedforward_layernorm", eager_only=True, bound="the stability constants are not verified on its block"),
 )
 _KV_SHARED = ("KV shared across layers (its last num_kv_shared_layers layers attend the keys and values of the last "
@@ -207,6 +212,8 @@ _HYBRID_CACHE = ("under transformers {v} its forward builds no cache of its own 
 MIN_TRANSFORMERS: dict[str, tuple[tuple[int, int], str]] = {
     "bamba": ((5, 24), _HYBRID_CACHE),
     "granitemoehybrid": ((5, 24), _HYBRID_CACHE),
+    "gemma4_text": ((5, 24), "transformers {v} has no gemma4_text model (its modelling code is newer than the floor); "
+                             "its row is verified from transformers 5.24"),
     "falcon_h1": ((5, 24), _HYBRID_CACHE.replace("a HybridMambaAttentionDynamicCache", "a FalconHybridMambaAttentionDynamicCache")),
 }
 
@@ -229,7 +236,6 @@ REFUSED: dict[str, str] = {
             "execution (a mid-prefill gather to T' < T tokens) cannot run through it",
     "falcon": "its config derives head_dim and its attention mixes ALiBi and fused multi-query layouts that "
               "the capture and the pruning gather are not verified against",
-    "gemma4_text": "per-layer head sizes (its config refuses a global head_dim): not yet verified",
 }
 
 
@@ -266,6 +272,8 @@ def family_of(model) -> Family:
     if too_old:
         raise TypeError(f"model: the {mt!r} architecture is not supported by the workbench under this transformers: "
                         f"{too_old}. Supported families: {', '.join(supported_families())}")
+    if fam.name == "gemma4_text":
+        _check_gemma4(c, mt)
     if fam.mla:
         tc = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
         H = getattr(tc, "num_attention_heads", None)
@@ -275,6 +283,26 @@ def family_of(model) -> Family:
                             f"{H}; multi-head latent attention expands its latent into one key per query head, so "
                             f"the model itself cannot run it")
     return fam
+
+
+def _check_gemma4(c, mt: str) -> None:
+    """Refuse the Gemma-4 variants the row does not cover, from the config: KV shared across layers (as gemma3n:
+    evicting one layer's cache would change another's) and KV-head counts that vary per layer."""
+    tc = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+    shared = int(getattr(tc, "num_kv_shared_layers", 0) or 0)
+    if shared:
+        raise TypeError(f"model: the {mt!r} configuration shares KV across layers (num_kv_shared_layers = {shared}: "
+                        f"its last layers attend an earlier layer's keys and values), so evicting or gathering one "
+                        f"layer's cache would change what another attends; the workbench covers gemma4_text without KV "
+                        f"sharing. Supported families: {', '.join(supported_families())}")
+    per = getattr(tc, "per_layer_config", None)
+    if per is None:
+        return
+    Gs = {int(getattr(per[l], "num_key_value_heads", 0) or 0) for l in range(int(tc.num_hidden_layers))}
+    if len(Gs) > 1:
+        raise TypeError(f"model: the {mt!r} configuration has per-layer KV-head counts {sorted(Gs)} "
+                        f"(num_global_key_value_heads); the workbench covers gemma4_text with one count on every layer "
+                        f"(per-layer head sizes are covered). Supported families: {', '.join(supported_families())}")
 
 
 def _walk(model, paths):

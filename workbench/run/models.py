@@ -290,6 +290,9 @@ TINY_OVERRIDES: dict[str, dict] = {
     # per-layer inputs, no activation sparsity (its Gaussian top-k would need a longer hidden size)
     "gemma3n_text": dict(sliding_window=8, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128, laurel_rank=4,
                          altup_num_inputs=2),
+    # gemma4_text (transformers >= 5.24): global layers with a head twice as wide (global_head_dim), tiny per-layer
+    # inputs, windows of 8 on the sliding layers (the layer pattern is set in tiny_model)
+    "gemma4_text": dict(sliding_window=8, global_head_dim=32, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128),
     "gpt2": dict(n_positions=4096),
     "falcon": dict(new_decoder_architecture=False),
 }
@@ -319,6 +322,8 @@ def tiny_model(model_type: str = "llama", *, G: int = 2, H_Q: int = 4, L: int = 
         cfg.update(num_key_value_heads=H_Q, head_dim=cfg["qk_rope_head_dim"])
     if model_type in ("gemma3_text", "gemma2", "gpt_oss", "olmo3", "exaone4", "cohere2", "vaultgemma", "ministral"):
         cfg.update(layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)])
+    if model_type == "gemma4_text":  # alternating sliding/global layers, the last one global (as the config forces)
+        cfg.update(layer_types=["sliding_attention" if i % 2 == 0 and i < L - 1 else "full_attention" for i in range(L)])
     if model_type == "gemma3n_text":  # alternating sliding/global layers, the last half reading the first half's KV
         cfg.update(layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)],
                    num_kv_shared_layers=L // 2, activation_sparsity_pattern=[0.0] * L)
