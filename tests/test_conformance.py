@@ -298,6 +298,8 @@ def test_llama4_temperature_refuses_pruning_and_eviction():
         EvictionSession.prepare(m, spans, Needs(), 2)
     with pytest.raises(ValueError, match="eviction " + why):
         generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):
+        run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False)
     ctx = list(spans.input_ids[:10])  # 10 + 2 positions < 16: not refused
     sess = EvictionSession.prepare(m, ctx, Needs(), 2, progress=False)
     with pytest.raises(ValueError, match="eviction " + why):  # a question would reach the binding positions
