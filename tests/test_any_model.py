@@ -165,13 +165,18 @@ def test_eviction_compacts_window_layers_exactly(family):
 # ----------------------------------------------------------------------------- stability
 @pytest.mark.parametrize("family", _rows(SUPPORTED, fast=set(CLASSIC_ROWS)))  # issue 25's families: slow rows
 def test_stability_never_crashes(family):
+    if families.version_refusal(family):  # gemma4_text under the floor (5.2): no such model there
+        pytest.skip(f"{family}: {families.version_refusal(family)}")
     m = _model(family)
     spans = _spans()
     full = run_full(m, spans, max_new_tokens=1, keep_hidden=True)
     p = run_pruned(m, spans, layer=0, removed=[1, 3], max_new_tokens=1, keep_hidden=True, progress=False)
     st = stability(m, full, p)
     assert st.drift[1] == 0.0
-    assert st.drift[2] == pytest.approx(st.defects[2], rel=1e-4, abs=1e-5)  # exact per block, windows included
+    if family == "gemma4_text":  # a block run alone has no per-layer inputs: the defects are NaN, with the reason
+        assert math.isnan(st.defects[2]) and any("per-layer inputs" in n for n in st.notes)
+    else:
+        assert st.drift[2] == pytest.approx(st.defects[2], rel=1e-4, abs=1e-5)  # exact per block, windows included
     fam = families.family_of(m)
     why = families.unavailable(fam, "K")
     if why:

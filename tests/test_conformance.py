@@ -19,25 +19,26 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from workbench.capture import RowSet, capture_attention, run_capture
-from workbench.rerun.eviction import H2O, DeferKV, SnapKV, every_policy, run_policies
+from workbench.rerun.eviction import H2O, DeferKV, SnapKV, StreamingLLM, every_policy, run_policies
 from workbench.rerun.prune import run_full, run_pruned
-from workbench.run import adapter, families
+from workbench.run import adapter, families, rotary
 from workbench.run.models import tiny_model
 from workbench.run.spans import PromptSpans
 
 TOL = 1e-5
 WINDOWED = {"mistral", "mixtral", "gemma2", "gemma3", "phi3", "starcoder2", "gpt_oss", "ministral", "olmo3", "exaone4",
-            "cohere2", "vaultgemma"}
+            "cohere2", "vaultgemma", "gemma4_text"}
 EAGER = {"gemma2", "gpt_oss", "vaultgemma"}  # transformers runs these exactly only on eager
 SUPPORTED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
              "phi3", "olmo2", "cohere", "granite", "starcoder2", "gpt_neox", "gpt_oss"]
 NEW = ["ministral", "ministral3", "ernie4_5", "seed_oss", "helium", "hunyuan_v1_dense", "olmo", "olmo3", "exaone4", "glm4",
-       "glm4_moe", "apertus", "arcee", "cohere2", "phi", "phimoe", "granitemoe", "stablelm", "vaultgemma"]
+       "glm4_moe", "apertus", "arcee", "cohere2", "phi", "phimoe", "granitemoe", "stablelm", "vaultgemma", "llama4_text",
+       "gemma4_text"]
 CLASSIC_ROWS = list(SUPPORTED)
 SUPPORTED = SUPPORTED + NEW
 # the rows of the default run (one of each kind: plain, windows + soft-capping + q-norm, sinks + MoE, NoPE +
-# parallel, partial rotary + fused, post-norm); the others are `slow` (WORKBENCH_SLOW=1 runs every row)
-FAST = {"llama", "gemma3", "gpt_oss", "cohere2", "phi3", "olmo3"}
+# parallel, partial rotary + fused, post-norm, chunked attention); the others are `slow` (WORKBENCH_SLOW=1 runs every row)
+FAST = {"llama", "gemma3", "gpt_oss", "cohere2", "phi3", "olmo3", "llama4_text"}
 SLOW_OK = bool(os.environ.get("WORKBENCH_SLOW"))
 
 
@@ -45,6 +46,13 @@ def _rows(names, fast=FAST):
     return [f if f in fast else pytest.param(f, marks=[pytest.mark.slow, pytest.mark.skipif(
         not SLOW_OK, reason="a slow row of the matrix: WORKBENCH_SLOW=1 runs it")]) for f in names]
 REFUSED = ["gpt2", "falcon"]
+# policies a family refuses at the call (the rest of its row is exact)
+REFUSED_POLICIES = {"llama4_text": {"expected-attention": r"policy: ExpectedAttention cannot run on llama4_text: its "
+                                                         r"query statistics need the rotary maps, not available for "
+                                                         r"llama4_text: complex rotary"},
+                    "gemma4_text": {"expected-attention": r"policy: ExpectedAttention cannot run on gemma4_text: its "
+                                                         r"query statistics need the rotary maps, not available for "
+                                                         r"gemma4_text: per-layer head sizes"}}
 
 
 def _spans() -> PromptSpans:
@@ -66,10 +74,10 @@ def _model(family: str, impl: str | None = None):
 
 def test_matrix_is_the_family_table():
     assert sorted(families.supported_families()) == sorted(
-        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + list(MLA))
+        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + FULL_PARTIAL + list(MLA))
     assert {f.name for f in families.FAMILIES if f.mla} == set(MLA)  # capture, pruning and eviction exact
     assert not {f.name for f in families.FAMILIES if f.evict}  # no family has eviction refused as a whole
-    assert {f.name for f in families.FAMILIES if f.capture_only} == set(PARTIAL)  # partially supported: capture only
+    assert {f.name for f in families.FAMILIES if f.capture_only} == set(PARTIAL) | set(FULL_PARTIAL)  # capture only
     assert set(REFUSED) <= set(families.REFUSED)
 
 
@@ -107,6 +115,9 @@ def oracle_logits(m, ids, pos, *, removed_after=None, R=None, kept=None, T=None,
         w = families.layer_window(m, l)
         if w is not None:
             vis = vis & (dpos < w)
+        C = families.layer_chunk(m, l)
+        if C is not None:  # chunked attention: the same chunk of original positions
+            vis = vis & (pos[:, None] // C == pos[None, :] // C)
         vis = vis.expand(H, N, N).clone()
         if R is not None:  # the gathered caches of layers <= removed_after hold only R for the decode rows
             ok = torch.isin(pos, R) | (pos >= T)
@@ -194,17 +205,25 @@ def _check_capture_and_pruning(m, spans: PromptSpans, family: str, layers=(-1, 0
 
 @pytest.mark.parametrize("family", _rows(SUPPORTED))
 def test_conformance(family):
+    if families.version_refusal(family):  # gemma4_text under the floor (5.2): test_gemma4_text_version_and_variants
+        pytest.skip(f"{family}: {families.version_refusal(family)}")
     m = _model(family)
     spans = _spans()
     T = spans.T
     window = families.layer_window(m, 0)
     if family in WINDOWED:
         assert window is not None and window < T and families.sliding_layers(m)
+    if family == "llama4_text":  # chunks of 8 bind on the RoPE layers; the last layer is NoPE, full attention
+        assert families.chunked_layers(m) == [0, 1] and families.layer_chunk(m, 0) < T
+        assert [rotary.rope_on_layer(m, l) for l in range(3)] == [True, True, False]
     full = _check_capture_and_pruning(m, spans, family)
     # 4. every policy at B >= T equals the full cache; at B < T the KV bytes fall on every layer kind
     pols = every_policy(n_sink=2, recent=2)
     res = run_policies(m, spans, pols, [T, 4], 4, progress=False)
     for r in res:
+        if r.policy in REFUSED_POLICIES.get(family, {}):  # refused at the call, naming the policy and the reason
+            assert re.match(REFUSED_POLICIES[family][r.policy], r.error or ""), (r.policy, r.error)
+            continue
         assert r.error is None, (r.policy, r.error)
         if r.budget >= T or r.policy == "full":
             assert r.ids == full.generated_ids, (r.policy, r.budget)
@@ -221,7 +240,73 @@ def test_conformance(family):
         _check_against_oracle(r.logits, r.ids, o, T)
 
 
-NEW_REFUSED = ["llama4_text", "gemma3n_text", "gemma4_text", "falcon_h1"]
+def test_gemma4_text_version_and_variants(tmp_path):
+    """gemma4_text: refused by ``load_model`` under transformers < 5.24 (no such model there), from the raw config
+    before a weight is read; from 5.24 its per-layer head sizes are accepted (the weight-header check reads them per
+    layer) and the variants the row does not cover (KV shared across layers, per-layer KV-head counts) are refused
+    from the config with the reason."""
+    import json
+
+    from workbench.run import model_folder
+    from workbench.run.models import load_model
+
+    if families.version_refusal("gemma4_text"):
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma4_text"}))
+        (tmp_path / "model.safetensors").write_bytes(b"not a weight file")
+        (tmp_path / "tokenizer.json").write_text("{}")
+        with pytest.raises(TypeError, match="'gemma4_text' architecture is not supported by the workbench under this "
+                                            "transformers: transformers 5.2.*has no gemma4_text model"):
+            load_model(tmp_path, device="cpu", progress=False)
+        return
+    from transformers import AutoConfig
+
+    m = _model("gemma4_text")
+    assert [b.self_attn.head_dim for b in adapter.decoder_layers(m)] == [16, 32, 32]
+    m.save_pretrained(tmp_path)
+    model_folder.check_folder(tmp_path)  # per-layer q/k/v shapes match their layer's head_dim
+    kw = dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
+    with pytest.raises(TypeError, match="'gemma4_text' configuration shares KV across layers"):
+        families.family_of(AutoConfig.for_model("gemma4_text", num_kv_shared_layers=2, **kw))
+    with pytest.raises(TypeError, match=r"'gemma4_text' configuration has per-layer KV-head counts \[1, 4\]"):
+        families.family_of(AutoConfig.for_model("gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=1,
+                                                **kw))
+
+
+def test_llama4_temperature_refuses_pruning_and_eviction():
+    """Llama-4 with its NoPE layers' attention temperature binding inside the run (floor_scale 16 < T = 41): capture
+    still equals the model's own eager attention (the kernel's queries carry the temperature) and leaves the logits
+    unchanged; pruned prefill and eviction are refused at the call, since the model reads the temperature's position
+    from the cache length. With the default floor_scale (8192) the same run is exact (its row of the matrix)."""
+    from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy
+
+    spans = _spans()
+    T = spans.T
+    assert families.position_refusal(_model("llama4_text"), "eviction", T + 4) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = tiny_model("llama4_text", L=3, H_Q=4, G=2, d=16, seed=1, floor_scale=16, attn_scale=1.0)
+    cap = run_capture(m, spans, RowSet(tail=T, n_decode=3), progress=False)
+    ids = torch.tensor([list(spans.input_ids) + cap.generated_ids])
+    ref = torch.stack([a[0] for a in adapter.eager_attentions(m, ids).attentions])[:, :, cap.row_pos, : T + 3]
+    assert (cap.attn - ref).abs().max().item() <= TOL
+    _assert_capture_leaves_logits_unchanged(m, spans)
+    why = r"cannot run on llama4_text over \d+ positions: its NoPE layers \[2\] scale their queries by an attention " \
+          r"temperature of the position, which the model reads from the cache length"
+    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
+        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):
+        EvictionSession.prepare(m, spans, Needs(), 2)
+    with pytest.raises(ValueError, match="eviction " + why):
+        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):
+        run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False)
+    ctx = list(spans.input_ids[:10])  # 10 + 2 positions < 16: not refused
+    sess = EvictionSession.prepare(m, ctx, Needs(), 2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):  # a question would reach the binding positions
+        sess.run_questions(StreamingLLM(n_sink=2, recent=2), 6, [list(spans.input_ids[10:])])
+
+
+NEW_REFUSED = ["gpt2", "falcon"]  # issue 25's four current families are now rows; the load refusal on older ones
 
 
 @pytest.mark.parametrize("family", NEW_REFUSED)
@@ -284,6 +369,51 @@ def test_hybrid_capture_only(family):
         cap.require_all_layers("trace")
     _assert_capture_leaves_logits_unchanged(m, spans)
     why = rf"cannot run on {family}: .*a gather cannot shorten .*\(layers \[0, 2\] are not softmax attention"
+    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
+        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
+    from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy
+    with pytest.raises(ValueError, match="eviction " + why):
+        EvictionSession.prepare(m, spans, Needs(), 2)
+    with pytest.raises(ValueError, match="policy: SnapKV " + why):
+        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):
+        run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False)
+
+
+# capture-only rows whose every layer has softmax attention: gemma3n_text (its last half reads the first half's KV),
+# falcon_h1 (Mamba-2 beside attention in every layer)
+FULL_PARTIAL = ["gemma3n_text", "falcon_h1"]
+
+
+@pytest.mark.parametrize("family", FULL_PARTIAL)
+def test_capture_only_every_layer(family):
+    """A capture-only family with softmax attention in every layer: rows on every layer equal the model's own eager
+    attention on prompt and decode rows, logits are bit-identical with capture on and off, and pruned prefill and
+    eviction are refused at the call with the family and the reason."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = tiny_model(family, L=4, H_Q=4, G=2, d=16, seed=1)
+    if families.version_refusal(family):  # falcon_h1 under the floor (5.2): no cache of its own, refused at load
+        with pytest.raises(TypeError, match=f"{family}.*not supported .*under this transformers: .*builds no cache"):
+            adapter.check_supported(m)
+        return
+    assert families.family_of(adapter.text_config(_model_cfg(family))).capture_only
+    if family == "gemma3n_text":  # layers 2 and 3 attend layers 0 and 1's keys and values (no k_proj of their own)
+        assert [bool(b.self_attn.is_kv_shared_layer) for b in adapter.decoder_layers(m)] == [False, False, True, True]
+        assert families.sliding_layers(m) == [0, 2]
+    else:
+        assert all(hasattr(b, "mamba") for b in adapter.decoder_layers(m))
+    spans = _spans()
+    T = spans.T
+    assert families.softmax_layers(m) == [0, 1, 2, 3]
+    cap = run_capture(m, spans, RowSet(tail=T, n_decode=3), progress=False)
+    assert cap.softmax_layers == [0, 1, 2, 3] and "decode" in cap.row_kind
+    ids = torch.tensor([list(spans.input_ids) + cap.generated_ids])
+    ref = torch.stack([a[0] for a in adapter.eager_attentions(m, ids).attentions])[:, :, cap.row_pos, : T + 3]
+    err = (cap.attn - ref).abs().max().item()
+    assert err <= TOL, err
+    _assert_capture_leaves_logits_unchanged(m, spans)
+    why = rf"cannot run on {family}: .*; only capture is supported \(every layer has rows\)"
     with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
         run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
     from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy

@@ -238,6 +238,9 @@ def run_pruned(
     shape = adapter.model_shape(model)
     check_max_new_tokens(max_new_tokens)
     check_context(spans.T, max_new_tokens, shape.max_context)
+    why = families.position_refusal(model, "run_pruned: pruned prefill", spans.T + max_new_tokens)
+    if why:
+        raise ValueError(why)
     PARAMS["keep_hidden"].check("keep_hidden", keep_hidden)
     pruned_layer(shape.L).check("layer", layer)
     if layer is not None and layer in (-1, 0) and removed is None:

@@ -32,7 +32,8 @@ TRANSFORMERS_VERSION = transformers.__version__
 # ----------------------------------------------------------------------------- model shape
 @dataclass(frozen=True)
 class ModelShape:
-    """Attention geometry of a decoder: ``L`` layers, ``H_Q`` query heads, ``G`` KV heads, head dim ``d``."""
+    """Attention geometry of a decoder: ``L`` layers, ``H_Q`` query heads, ``G`` KV heads, head dim ``d`` (layer 0's
+    where the config sets them per layer: Gemma-4's global layers have wider heads)."""
 
     L: int
     H_Q: int
@@ -59,18 +60,31 @@ def text_config(config):
     return get() if callable(get) else config
 
 
+def _layer0(c, name: str):
+    """``c.<name>``; for a per-layer attribute of a heterogeneous config (Gemma-4's ``head_dim``), layer 0's."""
+    try:
+        return getattr(c, name, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        return getattr(c.per_layer_config[0], name, None)
+
+
+def _widest(size) -> int:
+    """An MLP width: Gemma-3n gives one per layer (the widest is kept)."""
+    return int(max(size)) if isinstance(size, (list, tuple)) else int(size)
+
+
 def model_shape(model) -> ModelShape:
     c = text_config(model.config)
     H_Q = int(c.num_attention_heads)
-    G = int(getattr(c, "num_key_value_heads", None) or H_Q)
-    d = int(getattr(c, "head_dim", None) or c.hidden_size // H_Q)
+    G = int(_layer0(c, "num_key_value_heads") or H_Q)
+    d = int(_layer0(c, "head_dim") or c.hidden_size // H_Q)
     return ModelShape(
         L=int(c.num_hidden_layers),
         H_Q=H_Q,
         G=G,
         d=d,
         hidden=int(c.hidden_size),
-        intermediate=int(getattr(c, "intermediate_size", 4 * c.hidden_size)),
+        intermediate=_widest(getattr(c, "intermediate_size", 4 * c.hidden_size)),
         vocab=int(c.vocab_size),
         max_context=int(getattr(c, "max_position_embeddings", 0) or 0),
         model_type=str(getattr(c, "model_type", "unknown")),
@@ -200,7 +214,7 @@ class PositionState:
     q_pos: torch.Tensor | None = None
 
 
-def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool) -> Callable:
+def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, chunks: dict) -> Callable:
     def workbench_positions_attention(module, query, key, value, attention_mask, **kwargs):
         l = int(getattr(module, "layer_idx", -1))
         lay = cache_layers(state.cache)[l] if state.cache is not None and l >= 0 else None
@@ -217,9 +231,12 @@ def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool) -
         if pos.shape[-1] != S_all - q:
             raise RuntimeError(f"cache: layer {l} holds {S_all - q} keys but {pos.shape[-1]} tracked positions")
         allp = torch.cat([pos, qp.expand(B, G, q)], dim=-1)  # [B, G, S_all]
-        w = int(lay.sliding_window)
         d = qp[None, None, :, None] - allp[:, :, None, :]  # [B, G, q, S_all]
-        vis = (d >= 0) & (d < w)
+        if l in chunks:  # chunked attention (stored as a window of the chunk size): the same chunk, causal
+            C = chunks[l]
+            vis = (d >= 0) & (qp[None, None, :, None] // C == allp[:, :, None, :] // C)
+        else:
+            vis = (d >= 0) & (d < int(lay.sliding_window))
         vis = vis.repeat_interleave(query.shape[1] // G, dim=1).to(query.device)  # [B, H_Q, q, S_all]
         mask = torch.zeros(vis.shape, dtype=query.dtype, device=query.device).masked_fill_(
             ~vis, torch.finfo(query.dtype).min) if additive else vis
@@ -235,7 +252,8 @@ def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool) -
 def original_positions(model, cache=None):
     """Mask sliding-window layers by original positions (SPEC §7 **[decided]**): a stored key at original
     position ``j`` is visible to the query at ``u`` when ``0 ≤ u - j < window``, whatever was gathered or
-    evicted before. Layers without a window keep the model's own mask. Set ``state.q_pos`` (and
+    evicted before; on a chunked-attention layer (Llama-4, stored as a window of the chunk size ``C``) when
+    ``j ≤ u`` and ``j // C == u // C``. Layers without a window keep the model's own mask. Set ``state.q_pos`` (and
     ``state.cache``) before each forward; the stored keys' positions live on the cache layers
     (``workbench_positions``, int64 ``[B, G, S]``), so copies and stacks of a cache keep them.
 
@@ -246,7 +264,8 @@ def original_positions(model, cache=None):
     old = current_attn_implementation(model)
     name = POSITIONS_PREFIX + old.replace("|", "_")
     base = old[len(CAPTURE_PREFIX):] if old.startswith(CAPTURE_PREFIX) else old
-    AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager"))
+    chunks = {l: families.layer_chunk(model, l) for l in families.chunked_layers(model)}
+    AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager", chunks))
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[old])
     set_attn_implementation(model, name)
     try:
@@ -256,9 +275,9 @@ def original_positions(model, cache=None):
 
 
 def positions_context(model, cache=None):
-    """:func:`original_positions` for a model with sliding-window layers; for one without, a no-op context
-    yielding an unused :class:`PositionState` (every mask already follows the original order)."""
-    if families.sliding_layers(model):
+    """:func:`original_positions` for a model with sliding-window or chunked-attention layers; for one without, a
+    no-op context yielding an unused :class:`PositionState` (every mask already follows the original order)."""
+    if families.sliding_layers(model) or families.chunked_layers(model):
         base = current_attn_implementation(model)
         base = base[len(CAPTURE_PREFIX):] if base.startswith(CAPTURE_PREFIX) else base
         if base not in ("eager", "sdpa"):
@@ -354,7 +373,7 @@ def layer_hidden(args, kwargs) -> torch.Tensor:
 def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
     """Restrict one decoder-block call of a prefill to the retained positions ``R`` (sorted, ``[T']``).
 
-    Gathers the position embeddings (cos, sin ``[B, T, d]``), the position ids and a 4-D mask
+    Gathers the position embeddings (cos, sin ``[B, T, d]``), Gemma-4's per-layer inputs, the position ids and a 4-D mask
     (rows and columns: the original-position mask restricted to ``R``, so causal and sliding-window
     structure follow the original positions); ``hidden=True`` also gathers the hidden states.
     A ``None`` mask (plain causal) stays ``None``: order is preserved, so causal on ``R`` is causal.
@@ -366,6 +385,14 @@ def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
             args[0] = args[0].index_select(1, R.to(args[0].device))
         else:
             kwargs["hidden_states"] = kwargs["hidden_states"].index_select(1, R.to(kwargs["hidden_states"].device))
+    # Gemma-4's per-layer inputs [B, T, d_pl] (the block's second positional argument): always the full prompt's
+    pli = args[1] if len(args) > 1 else kwargs.get("per_layer_input")
+    if isinstance(pli, torch.Tensor) and pli.dim() == 3 and pli.shape[1] > len(R):
+        pli = pli.index_select(1, R.to(pli.device))
+        if len(args) > 1:
+            args[1] = pli
+        else:
+            kwargs["per_layer_input"] = pli
     pe = kwargs.get("position_embeddings")
     if isinstance(pe, (tuple, list)):
         kwargs["position_embeddings"] = tuple(t.index_select(-2, R.to(t.device)) for t in pe)

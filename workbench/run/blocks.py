@@ -7,13 +7,14 @@ for a family raises :class:`Unavailable` with ``"not available for <family>: <re
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 from transformers.activations import ACT2FN
 
 from workbench.run import families
-from workbench.run.families import decoder_layers, family_of, final_norm, layer_window, layers_owner
+from workbench.run.families import decoder_layers, family_of, final_norm, layer_chunk, layer_window, layers_owner
 
 __all__ = ["Unavailable", "NormGain", "BlockWeights", "norm_gain_eps", "final_norm_gain", "lm_head_weight",
            "block_weights", "attention_output_weight", "run_block", "activation"]
@@ -141,9 +142,13 @@ def run_block(model, l: int, hidden: torch.Tensor, position_ids: torch.Tensor) -
     """Block ``l`` alone on ``hidden [1, T', D]`` at ``position_ids [1, T']``, no cache.
 
     The mask is explicit (additive): causal, and for a sliding-window layer the window measured in
-    original positions (``0 ≤ u - j < window``, SPEC §7 **[decided]**), so it is exact under every kernel.
+    original positions (``0 ≤ u - j < window``, SPEC §7 **[decided]**; a chunked layer's chunk too), so it is exact
+    under every kernel. :class:`Unavailable` for a block that reads per-layer inputs (Gemma-4).
     """
     layer = decoder_layers(model)[l]
+    if "per_layer_input" in inspect.signature(layer.forward).parameters:
+        raise Unavailable(f"not available for {family_of(model).name}: its blocks read per-layer inputs computed "
+                          f"from the token ids, which a block run alone on hidden states does not have")
     rot = getattr(layers_owner(model), "rotary_emb", None)
     c = model.config
     c = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
@@ -161,6 +166,9 @@ def run_block(model, l: int, hidden: torch.Tensor, position_ids: torch.Tensor) -
     w = layer_window(model, l)
     if w is not None:
         vis &= diff < w
+    C = layer_chunk(model, l)
+    if C is not None:  # chunked attention (Llama-4): the same chunk of original positions
+        vis &= p[:, None] // C == p[None, :] // C
     mask = torch.zeros(vis.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(
         ~vis, torch.finfo(hidden.dtype).min)[None, None]
     out = layer(hidden, attention_mask=mask, position_embeddings=pe, position_ids=position_ids, use_cache=False)

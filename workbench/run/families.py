@@ -6,11 +6,18 @@ is refused when it is loaded, never at its first capture). A family is listed on
 ``tests/test_conformance.py`` passes: captured rows equal the model's own eager ``output_attentions``,
 logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
 and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2, qwen3_next, qwen3_5_text, granitemoehybrid,
-jamba, bamba; granitemoehybrid and bamba only from transformers 5.24, :data:`MIN_TRANSFORMERS`) is partially supported:
-capture on its softmax layers (:func:`softmax_layers`) is exact, and pruned prefill and eviction are refused at the call
-(:func:`capture_only_refusal`), since a gather cannot shorten its other layers' state. The MLA rows (deepseek_v2,
+jamba, bamba, falcon_h1; granitemoehybrid, bamba and falcon_h1 only from transformers 5.24, :data:`MIN_TRANSFORMERS`) is
+partially supported: capture on its softmax layers (:func:`softmax_layers`; falcon_h1: every layer, Mamba-2 beside
+attention) is exact, and pruned prefill and eviction are refused at the call (:func:`capture_only_refusal`), since a
+gather cannot shorten its other layers' state. gemma3n_text is capture-only too (every layer): its KV-sharing layers
+attend an earlier layer's keys, so evicting one layer's cache would change another's. The MLA rows (deepseek_v2,
 deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every policy but ExpectedAttention and the
-kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`).
+kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`). The llama4_text row
+(chunked attention, :func:`layer_chunk`: chunks measured in original positions after a gather or an eviction) is exact
+but for ExpectedAttention and ``rerotate`` (complex rotary) and for runs its NoPE layers' attention temperature reaches
+(:func:`position_refusal`: pruned prefill and eviction refused at the call). The gemma4_text row (per-layer head
+sizes; from transformers 5.24) is exact but for ExpectedAttention and ``rerotate``; its variants with KV shared across
+layers or per-layer KV-head counts are refused from the config.
 
 The weights the stability bounds need (:func:`block_weights`) come from the same table; a term the
 workbench cannot bound for a family is reported as ``"not available for <family>: <reason>"``.
@@ -23,7 +30,8 @@ import torch
 import transformers
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
-           "layer_window", "sliding_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
+           "layer_window", "sliding_layers", "layer_chunk", "chunked_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
+           "position_refusal",
            "unavailable", "MIN_TRANSFORMERS", "version_refusal"]
 
 
@@ -137,8 +145,18 @@ FAMILIES: tuple[Family, ...] = (
     Family(("phimoe",), mlp_kind="moe", norm_kind="layer"),
     Family(("granitemoe",), mlp="block_sparse_moe", mlp_kind="moe"),
     Family(("stablelm",), norm_kind="layer", bound="the stability constants are not verified on its block"),
+    Family(("llama4_text",), mlp="feed_forward", mlp_kind="moe",
+           rotary="complex rotary frequencies (its own apply_rotary_emb, no cos/sin maps to probe)",
+           bound="chunked attention with a post-RoPE L2 q/k norm and NoPE layers"),
+    Family(("gemma4_text",), block="sandwich", mlp_norm="pre_feedforward_layernorm",
+           rotary="per-layer head sizes (the rotary maps are one head size wide on every layer)",
+           bound="per-layer head sizes, per-layer inputs and a layer scalar around a sandwich block"),
     Family(("vaultgemma",), gemma_gain=True, mlp_norm="pre_feedforward_layernorm", eager_only=True, bound="the stability constants are not verified on its block"),
 )
+_KV_SHARED = ("KV shared across layers (its last num_kv_shared_layers layers attend the keys and values of the last "
+              "earlier layer of their kind, passed in the forward, and store no cache of their own), so evicting or "
+              "gathering one layer's cache changes what other layers attend; and its blocks carry AltUp's stacked "
+              "hidden streams and per-layer inputs, which a mid-prefill gather of the hidden states does not restrict")
 _HYBRID = ("a gather cannot shorten a recurrent state, so pruned prefill"
            " and eviction would run on a state they did not compact")
 
@@ -159,6 +177,11 @@ FAMILIES += (
            capture_only="hybrid of Mamba and softmax layers: " + _HYBRID),
     Family(("bamba",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
            bound="hybrid of Mamba-2 and softmax layers", capture_only="hybrid of Mamba-2 and softmax layers: " + _HYBRID),
+    Family(("falcon_h1",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
+           bound="every layer runs Mamba-2 beside softmax attention",
+           capture_only="every layer runs Mamba-2 beside softmax attention: " + _HYBRID),
+    Family(("gemma3n_text",), block="sandwich", mlp_norm="pre_feedforward_layernorm",
+           bound="AltUp streams, a LAuReL branch and per-layer inputs around a sandwich block", capture_only=_KV_SHARED),
 )
 
 # multi-head latent attention (issue 25): capture, pruned prefill and eviction exact. Under transformers >= 5.24 the
@@ -189,6 +212,9 @@ _HYBRID_CACHE = ("under transformers {v} its forward builds no cache of its own 
 MIN_TRANSFORMERS: dict[str, tuple[tuple[int, int], str]] = {
     "bamba": ((5, 24), _HYBRID_CACHE),
     "granitemoehybrid": ((5, 24), _HYBRID_CACHE),
+    "gemma4_text": ((5, 24), "transformers {v} has no gemma4_text model (its modelling code is newer than the floor); "
+                             "its row is verified from transformers 5.24"),
+    "falcon_h1": ((5, 24), _HYBRID_CACHE.replace("a HybridMambaAttentionDynamicCache", "a FalconHybridMambaAttentionDynamicCache")),
 }
 
 
@@ -210,12 +236,6 @@ REFUSED: dict[str, str] = {
             "execution (a mid-prefill gather to T' < T tokens) cannot run through it",
     "falcon": "its config derives head_dim and its attention mixes ALiBi and fused multi-query layouts that "
               "the capture and the pruning gather are not verified against",
-    "llama4_text": "chunked attention with a post-RoPE L2 q/k norm, NoPE layers with attention-temperature tuning and "
-                   "complex rotary frequencies: not yet verified against the conformance matrix",
-    "gemma3n_text": "KV shared across layers (later layers read earlier layers' cache), AltUp and per-layer inputs: "
-                    "evicting one layer's cache changes another's; not yet verified",
-    "gemma4_text": "per-layer head sizes (its config refuses a global head_dim): not yet verified",
-    "falcon_h1": "every layer runs Mamba-2 beside attention: " + _HYBRID,
 }
 
 
@@ -252,6 +272,8 @@ def family_of(model) -> Family:
     if too_old:
         raise TypeError(f"model: the {mt!r} architecture is not supported by the workbench under this transformers: "
                         f"{too_old}. Supported families: {', '.join(supported_families())}")
+    if fam.name == "gemma4_text":
+        _check_gemma4(c, mt)
     if fam.mla:
         tc = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
         H = getattr(tc, "num_attention_heads", None)
@@ -261,6 +283,26 @@ def family_of(model) -> Family:
                             f"{H}; multi-head latent attention expands its latent into one key per query head, so "
                             f"the model itself cannot run it")
     return fam
+
+
+def _check_gemma4(c, mt: str) -> None:
+    """Refuse the Gemma-4 variants the row does not cover, from the config: KV shared across layers (as gemma3n:
+    evicting one layer's cache would change another's) and KV-head counts that vary per layer."""
+    tc = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+    shared = int(getattr(tc, "num_kv_shared_layers", 0) or 0)
+    if shared:
+        raise TypeError(f"model: the {mt!r} configuration shares KV across layers (num_kv_shared_layers = {shared}: "
+                        f"its last layers attend an earlier layer's keys and values), so evicting or gathering one "
+                        f"layer's cache would change what another attends; the workbench covers gemma4_text without KV "
+                        f"sharing. Supported families: {', '.join(supported_families())}")
+    per = getattr(tc, "per_layer_config", None)
+    if per is None:
+        return
+    Gs = {int(getattr(per[l], "num_key_value_heads", 0) or 0) for l in range(int(tc.num_hidden_layers))}
+    if len(Gs) > 1:
+        raise TypeError(f"model: the {mt!r} configuration has per-layer KV-head counts {sorted(Gs)} "
+                        f"(num_global_key_value_heads); the workbench covers gemma4_text with one count on every layer "
+                        f"(per-layer head sizes are covered). Supported families: {', '.join(supported_families())}")
 
 
 def _walk(model, paths):
@@ -311,6 +353,23 @@ def layer_window(model, l: int) -> int | None:
     return int(w)
 
 
+def layer_chunk(model, l: int) -> int | None:
+    """Chunk size of a chunked-attention layer ``l`` (Llama-4: key ``j`` is visible from query ``u`` when
+    ``j ≤ u`` and ``j // chunk == u // chunk``, in original positions), ``None`` for every other layer."""
+    c = model.config
+    c = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+    chunk = getattr(c, "attention_chunk_size", None)
+    types = getattr(c, "layer_types", None)
+    if not chunk or types is None:
+        return None
+    return int(chunk) if str(types[l]) == "chunked_attention" else None
+
+
+def chunked_layers(model) -> list[int]:
+    L = len(decoder_layers(model))
+    return [l for l in range(L) if layer_chunk(model, l) is not None]
+
+
 def sliding_layers(model) -> list[int]:
     L = len(decoder_layers(model))
     return [l for l in range(L) if layer_window(model, l) is not None]
@@ -331,8 +390,28 @@ def capture_only_refusal(model, what: str) -> str | None:
         return None
     L = len(decoder_layers(model))
     other = sorted(set(range(L)) - set(softmax_layers(model)))
+    if not other:  # every layer has softmax attention (gemma3n_text; falcon_h1: Mamba-2 beside it)
+        return f"{what} cannot run on {fam.name}: {fam.capture_only}; only capture is supported (every layer has rows)"
     return (f"{what} cannot run on {fam.name}: {fam.capture_only} (layers {other} are not softmax attention); "
             f"only capture is supported on its softmax layers {softmax_layers(model)}")
+
+
+def position_refusal(model, what: str, n_positions: int) -> str | None:
+    """Why ``what`` (pruned prefill, eviction) cannot run over ``n_positions`` positions (prompt and generated tokens)
+    on ``model`` (``None`` when it can): Llama-4's NoPE layers scale their queries by an attention temperature
+    ``1 + attn_scale · log1p(floor((p + 1) / floor_scale))`` of the position ``p``, which the model reads from the
+    cache length, not from ``position_ids``; after a gather or an eviction the cache is shorter than the positions,
+    so from ``p = floor_scale - 1`` on the temperature would be taken at the wrong position. Below that it is 1."""
+    c = model.config
+    c = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
+    nope = [l for l, r in enumerate(getattr(c, "no_rope_layers", None) or []) if not r]
+    floor = getattr(c, "floor_scale", None)
+    if not (getattr(c, "attn_temperature_tuning", False) and nope and floor) or n_positions < int(floor):
+        return None
+    return (f"{what} cannot run on {family_of(model).name} over {n_positions} positions: its NoPE layers {nope} scale "
+            f"their queries by an attention temperature of the position, which the model reads from the cache length "
+            f"(not from position_ids), so after a gather or an eviction it would be taken at the wrong position from "
+            f"position floor_scale - 1 = {int(floor) - 1} on; runs of fewer than {int(floor)} positions are exact")
 
 
 def eviction_refusal(model, what: str) -> str | None:

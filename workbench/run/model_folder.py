@@ -156,10 +156,20 @@ def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]]) -> None
         d = nope + rope
         want = {"q_proj.weight": (H * d, "num_attention_heads", H),
                 "kv_a_proj_with_mqa.weight": (lat + rope, "kv_lora_rank + qk_rope_head_dim", lat + rope)}
+    per_layer = {int(i): v for i, v in (c.get("per_layer_config") or {}).items() if isinstance(v, dict)}
     for k, shape in shapes.items():
-        if not _LAYER.match(k):
+        if not (m := _LAYER.match(k)):
             continue
-        for suffix, (rows, field, value) in want.items():
+        if per_layer.get(int(m.group(1))):  # Gemma-4: this layer's head_dim / num_key_value_heads override the config's
+            o = per_layer[int(m.group(1))]
+            dl, Gl = _first(o, "head_dim", default=d), _first(o, "num_key_value_heads", default=G)
+            want_l = {"q_proj.weight": (H * dl, "num_attention_heads", H),
+                      "k_proj.weight": (Gl * dl, "num_key_value_heads", Gl)}
+            if not c.get("attention_k_eq_v"):
+                want_l["v_proj.weight"] = (Gl * dl, "num_key_value_heads", Gl)
+        else:
+            want_l = want
+        for suffix, (rows, field, value) in want_l.items():
             if k.endswith("." + suffix) and len(shape) == 2 and (shape[0] != rows or shape[1] != D):
                 raise _bad(folder, f"does not match its config: {k} has shape {shape}, the config ({field} = "
                                    f"{value}, num_key_value_heads = {G}, head_dim = {d}, hidden_size = {D}) needs "

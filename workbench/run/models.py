@@ -280,6 +280,19 @@ TINY_OVERRIDES: dict[str, dict] = {
                              mamba_d_state=8, mamba_n_groups=1, mamba_expand=1),
     "jamba": dict(expert_layer_period=2, expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8),
     "bamba": dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_expand=1),
+    # llama4_text: chunks of 8 (binding at T = 41) on the RoPE layers, the last layer NoPE (full attention, temperature
+    # tuning; set in tiny_model), an L2 q/k norm on the RoPE layers, a routed-expert MLP on layer 1
+    "llama4_text": dict(attention_chunk_size=8, moe_layers=[1], num_local_experts=4,
+                        num_experts_per_tok=1, intermediate_size_mlp=32, use_qk_norm=True, attn_temperature_tuning=True),
+    "falcon_h1": dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_expand=1,
+                      mamba_d_ssm=64, mamba_chunk_size=16, key_multiplier=0.5, attention_in_multiplier=0.8),
+    # gemma3n_text: the last half of the layers share KV (set in tiny_model), two AltUp streams, tiny LAuReL and
+    # per-layer inputs, no activation sparsity (its Gaussian top-k would need a longer hidden size)
+    "gemma3n_text": dict(sliding_window=8, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128, laurel_rank=4,
+                         altup_num_inputs=2),
+    # gemma4_text (transformers >= 5.24): global layers with a head twice as wide (global_head_dim), tiny per-layer
+    # inputs, windows of 8 on the sliding layers (the layer pattern is set in tiny_model)
+    "gemma4_text": dict(sliding_window=8, global_head_dim=32, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128),
     "gpt2": dict(n_positions=4096),
     "falcon": dict(new_decoder_architecture=False),
 }
@@ -309,6 +322,13 @@ def tiny_model(model_type: str = "llama", *, G: int = 2, H_Q: int = 4, L: int = 
         cfg.update(num_key_value_heads=H_Q, head_dim=cfg["qk_rope_head_dim"])
     if model_type in ("gemma3_text", "gemma2", "gpt_oss", "olmo3", "exaone4", "cohere2", "vaultgemma", "ministral"):
         cfg.update(layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)])
+    if model_type == "gemma4_text":  # alternating sliding/global layers, the last one global (as the config forces)
+        cfg.update(layer_types=["sliding_attention" if i % 2 == 0 and i < L - 1 else "full_attention" for i in range(L)])
+    if model_type == "gemma3n_text":  # alternating sliding/global layers, the last half reading the first half's KV
+        cfg.update(layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(L)],
+                   num_kv_shared_layers=L // 2, activation_sparsity_pattern=[0.0] * L)
+    if model_type == "llama4_text":  # the last layer NoPE (global attention), the others chunked with RoPE
+        cfg.update(no_rope_layers=[1] * (L - 1) + [0])
     cfg.update(overrides)
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(seed)

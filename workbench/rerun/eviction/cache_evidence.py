@@ -54,8 +54,10 @@ def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None
             v = torch.cat([v.new_zeros(v.shape[0], pad, v.shape[2]), v], 1)
         K.append(k)
         V.append(v)
-    if keys:
-        ev.keys, ev.values = torch.stack(K), torch.stack(V)
+    if keys:  # per-layer head sizes (Gemma-4): zero-padded to the widest head (norms and cosines unchanged)
+        wk, wv = max(k.shape[-1] for k in K), max(v.shape[-1] for v in V)
+        ev.keys = torch.stack([torch.nn.functional.pad(k, (0, wk - k.shape[-1])) for k in K])
+        ev.values = torch.stack([torch.nn.functional.pad(v, (0, wv - v.shape[-1])) for v in V])
     if wov:
         hg = ev.head_group
         out = torch.empty(L, len(hg), T, dtype=torch.float64)

@@ -38,7 +38,7 @@ from workbench.rerun.eviction.select import preview, preview_window
 from workbench.rerun.eviction.storage import extend_masks as _extend
 from workbench.rerun.eviction.storage import latent_union as _latent_union
 from workbench.rerun.eviction.storage import ragged_storage as _ragged
-from workbench.run import adapter, rotary
+from workbench.run import adapter, families, rotary
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import unwrap_model
 
@@ -99,6 +99,9 @@ class EvictionSession:
         T = len(ids)
         shape = adapter.model_shape(self.model)
         check_context(T, n, shape.max_context)
+        why = families.position_refusal(self.model, "eviction", T + n)
+        if why:
+            raise ValueError(why)
         self.T, self.ids, self.spans, self.n, self.needs = T, ids, spans, n, needs
         self.keep_logits, self.reusable, self.progress = keep_logits, reusable, progress
         self.eos = stop_token_ids(self.model, self.tokenizer)
@@ -262,6 +265,9 @@ class EvictionSession:
             if not q:
                 raise ValueError("questions: a question has no tokens")
             check_context(self.T + len(q), self.n, adapter.model_shape(self.model).max_context)
+            why = families.position_refusal(self.model, "eviction", self.T + len(q) + self.n)
+            if why:
+                raise ValueError(why)
             cache = adapter.clone_cache(st0.cache)
             x = torch.tensor([q], device=self.device)
             pos = torch.arange(self.T - st0.shift, self.T - st0.shift + len(q), device=self.device)[None]
