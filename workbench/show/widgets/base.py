@@ -317,9 +317,8 @@ class Panel(abc.ABC):
             w.observe(self._on_change, names="value")
         if getattr(self, "widget", None) is not None:  # a new capture (set_capture): new figures, born with it
             self.status.value = status
-            # A figure set aside leaves in three captures: hidden (removing a view while plotly draws fails), out
-            # of the box (views removed), closed (closing one still in the page lets plotly's autosize send on a
-            # closed comm: "no comm channel defined").
+            # A figure set aside leaves in three captures: hidden (removing a view while plotly draws fails), out of
+            # the box, closed (closed in the page, plotly's autosize sends on a closed comm: "no comm channel defined")
             for w in self._removed:  # out of the page since the capture before: no view left
                 w.close()
             self._removed, self._retired = self._retired, list(self.figures.values())
