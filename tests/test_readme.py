@@ -211,3 +211,40 @@ def test_flat_api_rule():
     assert workbench.export.__module__ == "workbench.show.export"   # the function, beside the module of that name
     with pytest.raises(AttributeError, match="'nonexistent'"):
         workbench.nonexistent  # noqa: B018
+
+
+def _family_table() -> dict[str, str]:
+    """README's family table: every family name of its first column → the row's text."""
+    text = (ROOT / "README.md").read_text()
+    lines = text.split("| family | what the row covers", 1)[1].splitlines()[2:]
+    rows = {}
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        first, rest = line.strip("|").split("|", 1)
+        for name in first.replace(" and other multimodal wrappers", "").split(","):
+            rows[name.strip()] = rest
+    return rows
+
+
+def test_the_family_table_is_the_library_table():
+    """Every family of ``workbench.run.families`` (supported, capture-only, refused) has a row in README's table,
+    every named family there is one of them, and each row opens with its kind: a capture-only family with
+    "**partially supported: capture on ...**", a refused one with "**refused**", an exact one with neither."""
+    from workbench.run import families as F
+
+    rows = _family_table()
+    capture_only = {f.name for f in F.FAMILIES if f.capture_only}
+    wrappers = {"llava", "mistral3", "paligemma"}
+    known = {t for f in F.FAMILIES for t in f.model_types} | set(F.REFUSED) | wrappers   # a row may name an alias
+    rows.update({f.name: rows[t] for f in F.FAMILIES for t in f.model_types if t in rows and f.name not in rows})
+    assert set(rows) - known == set(), f"README names families the library does not know: {set(rows) - known}"
+    assert set(F.supported_families()) | set(F.REFUSED) <= set(rows), \
+        f"families without a README row: {(set(F.supported_families()) | set(F.REFUSED)) - set(rows)}"
+    kind = {name: row.strip() for name, row in rows.items()}
+    for name in capture_only:
+        assert kind[name].startswith("**partially supported: capture on"), name
+    for name in F.REFUSED:
+        assert kind[name].startswith("**refused**"), name
+    for name in set(F.supported_families()) - capture_only:
+        assert not kind[name].startswith(("**refused**", "**partially supported: capture on")), name
