@@ -18,7 +18,9 @@ Constants used (paper §6.2, A.1–A.2; computed, not assumed):
   RMSNorm of its centred input (the centring projection has norm 1);
 - families whose block does not have this form (post-norm OLMo-2, parallel Cohere/GPT-NeoX, MoE MLPs,
   GPT-2's Conv1D ``c_attn``) get ``K_l`` reported as ``"not available for <family>: <reason>"`` in
-  ``notes`` (the composed bound is then NaN); drift, ``Δ_L``, margin and certificate are always computed;
+  ``notes`` (the composed bound is then NaN); drift, ``Δ_L``, margin and certificate are always computed,
+  except that a final norm whose constant is not offered (OLMo's norm without a gain) makes ``Λ`` NaN, the
+  certificate not held and the reason a note;
 - ``e_l = ‖F_l(X^{l-1})|_R − F_{l,R}(X^{l-1}|_R)‖_{max,2}``: block ``l`` run on the full trajectory's
   input restricted to ``R`` against the full block's output on ``R``.
 """
@@ -133,13 +135,19 @@ def stability(model, full, pruned, *, composed: bool = True) -> StabilityResult:
     z = full.first_logits
     margin = logit_margin(z)
     XL, YL = full.hidden[L][R][-1:], pruned.hidden[L][-1:]
-    c_final = _norm_lipschitz(blocks.final_norm_gain(model), XL, YL)
+    try:
+        c_final = _norm_lipschitz(blocks.final_norm_gain(model), XL, YL)
+        note = None
+    except blocks.Unavailable as e:  # a final norm whose Lipschitz constant is not offered (OLMo's gainless norm)
+        c_final, note = float("nan"), str(e)
     W_out = blocks.lm_head_weight(model)
     Lambda = float(W_out.norm(dim=1).max()) * c_final
-    certified = margin > 2 * Lambda * Delta_L
+    certified = bool(margin > 2 * Lambda * Delta_L)  # NaN: not certified
     res = StabilityResult(l_star=l_star, drift=drift, Delta_L=Delta_L, margin=margin, Lambda=Lambda, c_final=c_final,
                           certified=bool(certified), agree_first_token=int(z.argmax()) == int(pruned.first_logits.argmax()),
                           full_first_token=int(z.argmax()), pruned_first_token=int(pruned.first_logits.argmax()))
+    if note is not None:
+        res.notes.append(note)
     if certified and not res.agree_first_token:  # would contradict the corollary
         res.notes.append("certificate holds but the first tokens differ: a constant is wrong")
     if composed:
