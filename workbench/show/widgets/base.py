@@ -63,8 +63,7 @@ def live_layout(fig, width: int = FIGURE_WIDTH):
     aspect = (meta.get("aspect") or {}).get("double") if isinstance(meta.get("aspect"), dict) else None
     h = lay.get("height") or (width * float(aspect) if aspect else 450)
     h = int(round(min(max(h, FIGURE_HEIGHT[0]), FIGURE_HEIGHT[1])))
-    h = paper_layout({"data": d.traces, "layout": lay}, width, h, preset=None, title=True)
-    h = min(h, FIGURE_HEIGHT[1])
+    h = paper_layout({"data": d.traces, "layout": lay}, width, h, preset=None, title=True, max_height=FIGURE_HEIGHT[1])
     lay.update(width=width, height=h, autosize=False)
     return d
 
@@ -449,8 +448,10 @@ class Panel(abc.ABC):
                 self.figures[name].show(fig)
             elif name in self.figures:
                 fw = self.figures[name]
-                # the size stays as drawn (a slider move), unless the live width changed (the page's room did)
-                resized = fw.layout.width != fig.layout.get("width") if isinstance(fig, Draft) else False
+                # the size stays as drawn, unless the layout needs another (the page's room changed, or the content
+                # needs a taller canvas): the title and legend are placed for the height paper_layout chose
+                resized = isinstance(fig, Draft) and (fw.layout.width, fw.layout.height) != (
+                    fig.layout.get("width"), fig.layout.get("height"))
                 update_figure(fw, fig, keep=KEEP_SIZED if resized else KEEP_LAYOUT)
             else:
                 self._add_figure(name, fig)
