@@ -50,7 +50,8 @@ BOXES_JS = """() => {
 
 # Every shown plotly plot inside ``root`` (an element, or the document): its canvas size, its text boxes and plot
 # areas (the subplots' drag rectangles) in px from the canvas' top left corner, whether plotly lays it out at a
-# fixed width (``autosize`` off), and ``clipped``: the page boxes that cut it (an ancestor inside its cell that
+# fixed width (``autosize`` off), whether it is a widget's (a panel's figure; else a plain plotly output, which
+# plotly sizes to its output area), and ``clipped``: the page boxes that cut it (an ancestor inside its cell that
 # does not show overflow, or the notebook, narrower or shorter than the figure). A figure hidden in the page
 # (``display: none`` on it or an ancestor: a panel's set-aside figure, its ``_hidden`` trait) has no offsetParent
 # and is left out; so is plotly's hover layer (a tooltip is not layout).
@@ -95,10 +96,11 @@ LIVE_BOXES_JS = """(root) => {
     }
     const nb = gd.closest('.jp-Notebook');
     if (nb) cut(nb, 'the notebook', false);    // it scrolls vertically: only its width cuts
-    const lay = gd.layout || {};
-    const meta = (lay.meta && typeof lay.meta === 'object') ? lay.meta : {};
+    const lay = gd.layout || {}, full = gd._fullLayout || {};   // full: what plotly drew with (a relayout of the
+    const meta = (lay.meta && typeof lay.meta === 'object') ? lay.meta : {};   // size resets layout.autosize)
     out.push({figure: meta.figure || ((lay.title && lay.title.text) || '').slice(0, 40), w: r0.width, h: r0.height,
-              fixed: lay.autosize === false && typeof lay.width === 'number', texts, plots, clipped});
+              fixed: full.autosize === false && typeof lay.width === 'number', widget: !!gd.closest('.jupyter-widgets'),
+              texts, plots, clipped});
   }
   return out;
 }"""
