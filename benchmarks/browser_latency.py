@@ -32,18 +32,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 DEFAULT = ["02", "03", "04", "05", "07", "09", "10"]
 
-LONG_CELLS = [
-    "import os\nos.environ.setdefault('TOKENIZERS_PARALLELISM', 'false')\n"
-    "from workbench.run.spans import PromptSpans\nfrom workbench.capture.data import Capture\n"
-    "from workbench.show.widgets import HeadsPanel, PagesPanel, TokenPanel",
-    "spans = PromptSpans.synthetic([64] * 510, query_len=16, answer_doc=100)\n"
-    "cap = Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0)\n"
-    "print('T =', spans.T)",
-    "HeadsPanel(cap, layer=1).widget",
-    "PagesPanel(cap, layer=1).widget",
-    "TokenPanel(cap, layer=1).widget",
-]
-
 # in the page: the time of the last keydown, and of the first animation frame after each redraw since
 _HOOK_JS = """() => {
   if (!window.__wbLat) {
@@ -147,11 +135,10 @@ def main() -> None:
     rows, load = [], {}
     with tempfile.TemporaryDirectory(prefix="wb-latency-") as tmp, tb.lab_server(Path(tmp)) as (base, token, root):
         if a.long:
-            tb._synthetic_notebook(root / "long_32k.ipynb", LONG_CELLS)
-            chosen.append("long_32k.ipynb")
+            chosen.append("long_32k.ipynb")   # written by the server's set-up (test_browser.LONG_CELLS)
         with sync_playwright() as p:
             browser = tb._launch(p)
-            context = browser.new_context(viewport={"width": 1400, "height": 1100})
+            context = browser.new_context(viewport={"width": tb.WIDE, "height": tb.HEIGHT})
             for name in chosen:
                 page = context.new_page()
                 page.set_default_timeout(60_000)
@@ -173,7 +160,7 @@ def main() -> None:
                              "moves": len(ts), "load_avg": load.get(name)}
             print(f"{name:<36} all sliders: median {summary[name]['median_ms']:6.0f} ms  p95 "
                   f"{summary[name]['p95_ms']:6.0f} ms  max {summary[name]['max_ms']:6.0f} ms  ({len(ts)} moves)")
-    harness.write_json(a.out, {"rows": rows, "summary": summary}, n=a.n, quiet_s=a.quiet, width_px=1400)
+    harness.write_json(a.out, {"rows": rows, "summary": summary}, n=a.n, quiet_s=a.quiet, width_px=tb.WIDE)
     print(f"wrote {a.out}")
 
 

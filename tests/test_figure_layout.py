@@ -5,15 +5,17 @@ The SVG is opened in headless Debian chromium (Playwright) and every non-empty `
 read (``getBoundingClientRect``, transforms included, in the SVG's viewBox units), with the plot areas
 (every subplot's clip rectangle). Checked: no two text boxes overlap (by more than ``TOL`` px in both
 directions), none falls outside the canvas, and no title, legend entry or axis title overlaps a plot
-area. The title is dropped by default; kept, it obeys the same rules. Needs kaleido's Chromium too.
+area (the rule and the SVG reader: ``tests/_layout_rules.py``, shared with the browser tests). The title is
+dropped by default; kept, it obeys the same rules. Needs kaleido's Chromium too.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
 from _all_figures import FIGURE_FUNCTIONS, all_figures
+from _layout_rules import BOXES_JS, layout_problems
+from _layout_rules import kind as _kind
 
 from workbench.show import export as ex
 from workbench.show import plots
@@ -23,76 +25,6 @@ _sync_api = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists() or ex.browser_path() is None,
                                 reason=f"no Debian chromium at {CHROMIUM}")
-TOL = 0.75  # px (= pt) of overlap tolerated: anti-aliasing of adjacent boxes
-
-# boxes of the <text> elements and the plot areas, in viewBox units
-BOXES_JS = """() => {
-  const svg = document.querySelector('svg');
-  const r0 = svg.getBoundingClientRect();
-  const vb = svg.viewBox.baseVal;
-  const sx = vb.width / r0.width, sy = vb.height / r0.height;
-  const box = (r) => ({x0: (r.left - r0.left) * sx, y0: (r.top - r0.top) * sy,
-                       x1: (r.right - r0.left) * sx, y1: (r.bottom - r0.top) * sy});
-  const texts = [];
-  for (const t of svg.querySelectorAll('text')) {
-    if (!t.textContent.trim()) continue;
-    const r = t.getBoundingClientRect();
-    if (r.width === 0 || r.height === 0) continue;
-    let cls = []; let e = t;
-    while (e && e !== svg) { if (e.getAttribute('class')) cls.push(e.getAttribute('class')); e = e.parentElement; }
-    texts.push({text: t.textContent, cls: cls.join(' '), ...box(r)});
-  }
-  const plots = [];
-  const seen = new Set();
-  for (const g of svg.querySelectorAll('g.overplot > g[clip-path*="plot)"]')) {
-    const id = g.getAttribute('clip-path').match(/#([^)'"]+)/)[1];
-    if (seen.has(id)) continue;
-    seen.add(id);
-    const rect = svg.querySelector('clipPath[id="' + id + '"] rect');
-    if (!rect) continue;
-    const m = svg.getCTM().inverse().multiply(g.getCTM());
-    const w = +rect.getAttribute('width'), h = +rect.getAttribute('height');
-    if (!(w > 0 && h > 0)) continue;
-    plots.push({x0: m.e, y0: m.f, x1: m.e + w, y1: m.f + h});
-  }
-  return {w: vb.width, h: vb.height, texts, plots};
-}"""
-
-
-def _kind(cls: str) -> str:
-    """What a text is, from the classes of its element and its ancestors (innermost first)."""
-    c = cls.split()
-    if any(x == "gtitle" for x in c):
-        return "title"
-    if any(re.fullmatch(r"(g-)?[xy]\d*title", x) for x in c):
-        return "axis title"
-    for k, marks in (("legend", ("legendtext",)), ("annotation", ("annotation-text",)),
-                     ("colorbar", ("cbtitle", "cbaxis")), ("table", ("cell-text",))):
-        if any(x.startswith(m) for m in marks for x in c):
-            return k
-    return "tick" if any("tick" in x for x in c) else "other"
-
-
-def _overlap(a, b) -> float:
-    return min(min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]), min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]))
-
-
-def layout_problems(d: dict) -> list[str]:
-    """Every overlap and overflow of the text boxes ``d`` (from :data:`BOXES_JS`)."""
-    out = []
-    boxes = d["texts"]
-    for i, a in enumerate(boxes):
-        if a["x0"] < -TOL or a["y0"] < -TOL or a["x1"] > d["w"] + TOL or a["y1"] > d["h"] + TOL:
-            out.append(f"outside the {d['w']:.0f}x{d['h']:.0f} canvas: {_kind(a['cls'])} {a['text'][:40]!r} at "
-                       f"({a['x0']:.0f}, {a['y0']:.0f})–({a['x1']:.0f}, {a['y1']:.0f})")
-        for b in boxes[i + 1:]:
-            if _overlap(a, b) > TOL:
-                out.append(f"overlap: {_kind(a['cls'])} {a['text'][:30]!r} and {_kind(b['cls'])} {b['text'][:30]!r}")
-        if _kind(a["cls"]) in ("title", "legend", "axis title"):
-            for p in d["plots"]:
-                if _overlap(a, p) > TOL:
-                    out.append(f"{_kind(a['cls'])} {a['text'][:30]!r} overlaps a plot area")
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +75,24 @@ def paper_rule_misses(d: dict, fonts: list[float]) -> tuple[str, ...]:
     if fonts and min(fonts) < MIN_PT:
         out.append("font")
     return tuple(out)
+
+
+def test_layout_rule_sees_an_overprint():
+    """The layout rule on hand-made boxes: a title on a legend entry and on the plot area, an axis title out of the
+    canvas and a clipped figure are each reported; two abutting tick labels are not."""
+    plot = {"x0": 40, "y0": 40, "x1": 200, "y1": 150}
+    box = lambda cls, text, x0, y0, x1, y1: {"cls": cls, "text": text, "x0": x0, "y0": y0, "x1": x1, "y1": y1}  # noqa: E731
+    d = {"w": 240.0, "h": 180.0, "plots": [plot], "texts": [
+        box("xtick", "10", 50, 152, 60, 160), box("xtick", "20", 60, 152, 70, 160)]}
+    assert layout_problems(d) == []
+    d["texts"] += [box("gtitle", "Title", 60, 30, 120, 45), box("legendtext", "kept", 100, 32, 130, 40),
+                   box("g-ytitle ytitle", "weight", -8, 60, 4, 120)]
+    d["clipped"] = ["widget-box 300x400 px cuts the 660x400 px figure by 360 px"]
+    bad = layout_problems(d)
+    assert any(b.startswith("overlap: title 'Title' and legend 'kept'") for b in bad), bad
+    assert "title 'Title' overlaps a plot area" in bad and any(b.startswith("outside the 240x180 canvas: axis title")
+                                                                 for b in bad), bad
+    assert any(b.startswith("clipped by the page: widget-box") for b in bad), bad
 
 
 def test_paper_rules_see_a_miss():

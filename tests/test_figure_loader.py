@@ -8,7 +8,9 @@ What it must do, and what is checked here:
   order, nulls skipped, before any view draws; later edits reach it once, not twice;
 - a figure made after the bundle loaded starts at once from the loaded module;
 - ``render`` draws with plotly's view of that model;
-- ``_hidden`` hides the figure's element and shows it again (its view stays: a panel that shows a new capture).
+- ``_hidden`` hides the figure's element and shows it again (its view stays: a panel that shows a new capture);
+- the room the page gives the view (the width of the box that holds it) is reported as ``_view_width`` once the
+  element is in the page and whenever it changes by 4 px or more (a panel lays its figures out again there).
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class Model {  // what anywidget hands the module: get/set/on, change events whe
   set(k, v) { const old = this.get(k); this.attrs[k] = v;
     if (JSON.stringify(old) !== JSON.stringify(v)) for (const f of this.handlers['change:' + k] || []) f(); }
   on(ev, f) { (this.handlers[ev] ??= []).push(f); }
+  save_changes() { this.saved = (this.saved || 0) + 1; }
 }
 const edit = (m, name, k) => { m.set(name, {k}); m.set(name, null); };  // plotly sends a message, then None
 
@@ -84,7 +87,23 @@ const shownC = elC.style.display;
 C.set('_hidden', true);                              // a panel set it aside: hidden in the page, view kept
 const hiddenC = elC.style.display;
 C.set('_hidden', false);
-console.log(JSON.stringify({returned: returned === undefined ? 'undefined' : typeof returned, fetches,
+// the room: a stand-in ResizeObserver and animation frame; the element joins the page one frame after render
+const observers = [];
+globalThis.ResizeObserver = class { constructor(f) { this.f = f; observers.push(this); } observe(e) { this.e = e; } };
+let frames = [];
+globalThis.requestAnimationFrame = (f) => frames.push(f);
+const D = new Model('D'), wD = loader.default();
+wD.initialize({model: D});
+const box = {clientWidth: 568}, elD = {style: {}, isConnected: false, parentElement: null, offsetParent: null};
+await wD.render({model: D, el: elD});
+const room = [D.get('_view_width')];
+Object.assign(elD, {isConnected: true, parentElement: box, offsetParent: box});
+for (const f of frames.splice(0)) f();
+room.push(D.get('_view_width'));
+box.clientWidth = 570; observers[0].f(); room.push(D.get('_view_width'));   // 2 px: not reported
+box.clientWidth = 968; observers[0].f(); room.push(D.get('_view_width'));
+console.log(JSON.stringify({room, saved: D.saved, observed: observers.length === 1 && observers[0].e === box,
+  returned: returned === undefined ? 'undefined' : typeof returned, fetches,
   log: LOG, drawn: [elA.drawn, elB.drawn, elC.drawn], display: [shownC, hiddenC, elC.style.display]}));
 """
 
@@ -101,6 +120,7 @@ def test_loader_in_node(tmp_path):
     assert r["fetches"] == 1 and log.count(("bundle evaluated",)) == 1
     assert r["drawn"] == ["A", "B", "C"]
     assert r["display"] == ["", "none", ""]                   # _hidden hides the figure's element, and shows it again
+    assert r["room"] == [None, 568, 568, 968] and r["saved"] == 2 and r["observed"]   # the box's width, once attached
     i = log.index(("holder released",))
     assert all(e[0] != "initialize" for e in log[:i])         # nothing of plotly ran before the bundle came
     a = [e for e in log if e[1:2] == ("A",)]

@@ -1,16 +1,24 @@
 """The live figures of the panels follow the same layout rules as the paper files (``Panel`` applies
 ``paper_layout`` at the live width on every update): rendered at their own size, no two text boxes overlap,
 none leaves the figure, and no title, legend or axis title sits on a plot area, at the start and after the
-sliders that change the content (more groups, a longer axis, more pages) moved to their ends.
+sliders that change the content (more groups, a longer axis, more pages) moved to their ends; at the full live
+width (``FIGURE_WIDTH``, 660 px: a wide window) and at the room of a 1000 px JupyterLab window with its file
+browser open (568 px, reported by the figures' views: ``FigureWidget._view_width``).
 
 The figures are read as the widgets hold them and rendered to SVG by kaleido's Chromium; the boxes are read
-in headless chromium (Playwright), as in ``tests/test_figure_layout.py``."""
+in headless chromium (Playwright), as in ``tests/test_figure_layout.py``; the rule is ``tests/_layout_rules.py``.
+
+The same rule is checked in JupyterLab itself by ``tests/test_browser.py`` (``_layout_sweep``): every notebook
+00–11 after Run All and at both ends of every slider, and a synthetic T = 32k capture in its heads, pages and
+token panels (``test_long_capture_layout_in_browser``), in a 1400 px and a 1000 px window, the figures' cuts by
+the page (output area, widget boxes, notebook) included."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
 import pytest
 from _all_figures import synthetic_inputs
-from test_figure_layout import boxes, layout_problems
+from _layout_rules import layout_problems
+from test_figure_layout import boxes
 from test_figure_layout import page as page  # noqa: F401 - the chromium page fixture
 
 from workbench.show import export as ex
@@ -42,7 +50,7 @@ def _problems(panel, pg, tmp_path, tag) -> dict:
             continue
         d = go.Figure(fw).to_dict()
         lay = d["layout"]
-        assert lay["width"] == Wd.base.FIGURE_WIDTH and lay.get("autosize") is False
+        assert lay["width"] == panel.live_width and lay.get("autosize") is False
         size = ex.resolve_size(None, lay["width"], height=lay["height"], scale=1.0)
         svg = tmp_path / f"{tag}-{name}.svg"
         svg.write_bytes(render_all(d, ("svg",), size)["svg"])
@@ -52,11 +60,19 @@ def _problems(panel, pg, tmp_path, tag) -> dict:
     return out
 
 
+#: the room a 1000 px JupyterLab window gives a panel's figures with the file browser open (px)
+NARROW_ROOM = 568
+
+
+@pytest.mark.parametrize("room", [0, NARROW_ROOM], ids=["full", "narrow"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_live_figures_do_not_overprint(syn, page, tmp_path, case):  # noqa: F811
+def test_live_figures_do_not_overprint(syn, page, tmp_path, case, room):  # noqa: F811
     sp, cap, params, tr = syn
     make, moves = CASES[case]
     panel = make(cap, params)
+    if room:      # what a figure's view reports in a narrow window: the panel lays its figures out there
+        next(fw for fw in panel.figures.values() if isinstance(fw, Wd.base.FigureWidget))._view_width = room
+        assert panel.live_width == room
     problems = _problems(panel, page, tmp_path, "start")
     for name, values in moves.items():
         w = panel.controls[name]

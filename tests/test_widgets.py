@@ -583,3 +583,32 @@ def _assert_every_shown_control_moves_something(panel) -> None:
             inert.append(name)
     assert not inert, f"shown controls that change nothing: {inert}"
 
+
+
+def test_figures_follow_the_room_the_page_reports():
+    """A figure's view reports the width of the box that holds it (``_view_width``): the panel lays every figure out
+    again at :func:`~workbench.show.widgets.base.live_width` of it (the room, capped at ``FIGURE_WIDTH``, floored at
+    ``MIN_FIGURE_WIDTH``), the paper rules applied there; a slider move afterwards keeps that width."""
+    from workbench.capture.data import Capture
+    from workbench.run.spans import PromptSpans
+    from workbench.show.widgets.base import FIGURE_WIDTH, MIN_FIGURE_WIDTH
+
+    spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)
+    panel = Wd.HeadsPanel(Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0), layer=1)
+    widths = lambda: {n: fw.layout.width for n, fw in panel.figures.items()}  # noqa: E731
+    assert set(widths().values()) == {FIGURE_WIDTH} and panel.live_width == FIGURE_WIDTH
+    heights = {n: fw.layout.height for n, fw in panel.figures.items()}
+    n0 = panel.n_updates
+    first = next(iter(panel.figures.values()))
+    first._view_width = 568                      # a 1000 px window with JupyterLab's file browser open
+    assert set(widths().values()) == {568} and panel.n_updates == n0 + 1
+    assert all(fw.layout.height <= heights[n] for n, fw in panel.figures.items())
+    for fw in panel.figures.values():            # the other views report the same room: nothing more to do
+        fw._view_width = 568
+    assert panel.n_updates == n0 + 1
+    panel.set(layer=2)
+    assert set(widths().values()) == {568}
+    first._view_width = 200
+    assert set(widths().values()) == {MIN_FIGURE_WIDTH}
+    first._view_width = 1300
+    assert set(widths().values()) == {FIGURE_WIDTH}

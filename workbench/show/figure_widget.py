@@ -44,6 +44,32 @@ function bundle(model) {
 const EDITS = ['_py2js_addTraces', '_py2js_deleteTraces', '_py2js_moveTraces', '_py2js_restyle',
   '_py2js_relayout', '_py2js_update', '_py2js_animate', '_py2js_removeLayoutProps', '_py2js_removeTraceProps'];
 
+// The room the page gives a figure: the width of the box that holds its view (a panel's row of figures, or the
+// output area), reported as ``_view_width`` whenever it changes by a few px (a window resized, a side bar opened);
+// the panel lays its figures out again at that width (widgets.base.live_width). Not while the figure is hidden.
+function roomOf(model, el) {
+  if (typeof ResizeObserver === 'undefined') return null;   // not a browser page
+  let observer = null;
+  const report = () => {
+    const box = el.parentElement;
+    if (!box || model.get('_hidden') || el.offsetParent === null) return;
+    const w = Math.floor(box.clientWidth);
+    if (w > 0 && Math.abs(w - model.get('_view_width')) >= 4) {
+      model.set('_view_width', w);
+      model.save_changes();
+    }
+  };
+  const attach = () => {
+    if (!el.isConnected || !el.parentElement) return requestAnimationFrame(attach);  // not in the page yet
+    observer = new ResizeObserver(report);
+    observer.observe(el.parentElement);
+    report();
+  };
+  attach();
+  model.on('change:_hidden', report);
+  return () => observer && observer.disconnect();
+}
+
 export default () => {
   let inner = null;  // plotly's widget for this model, once its initialize has run
   let ready = null;  // a promise of it
@@ -74,6 +100,7 @@ export default () => {
       const show = () => { if (el.style) el.style.display = model.get('_hidden') ? 'none' : ''; };
       model.on('change:_hidden', show);  // a figure set aside (its panel shows a new capture) is hidden, not removed
       show();
+      roomOf(model, el);
       const w = await ready;
       return w.render({model, el});
     },
@@ -125,6 +152,9 @@ class FigureWidget(go.FigureWidget):
     #: hidden in the page (a panel that shows a new capture hides its previous figures, then closes them later:
     #: a plotly view removed while it draws fails). ``layout`` is plotly's here, not ipywidgets' Layout.
     _hidden = traitlets.Bool(False).tag(sync=True)
+    #: the width (px) of the box that holds the figure's view in the page, as the view measured it (0: not yet);
+    #: a panel lays its figures out again at the live width this allows (``widgets.base.live_width``)
+    _view_width = traitlets.Int(0).tag(sync=True)
 
     def __init__(self, data=None, layout=None, *, uirevision: str | None = None, **kw):
         self._open_later = True

@@ -45,6 +45,7 @@ import plotly.io as pio
 __all__ = ["paper_layout", "wrap_text", "CHAR_WIDTH", "PLOT_SHARE", "LEGEND_SHARE", "MIN_PT"]
 
 CHAR_WIDTH = 0.62  # average advance of a DejaVu Sans character, in font sizes (generous: ~0.55 measured)
+TITLE_CHAR = 0.7  # ... of a title line: a browser's sans-serif ran to 0.65 on a live title (issue 24: past its canvas)
 LEGEND_CHAR = 0.58  # ... of a legend entry's text (0.45-0.59 measured on this template's labels)
 PLOT_SHARE = 0.55  # the plot areas span at least this share of the height ...
 LEGEND_SHARE = 0.25  # ... the legend at most this share (issue 24's paper rules) ...
@@ -52,12 +53,13 @@ MIN_PT = 7.0  # ... and no text is smaller at a column preset (the SVG's user un
 _SLACK = 0.03  # the estimates of the margins plotly's automargin settles on are not exact: aim inside the rules
 
 
-def wrap_text(text: str, max_px: float, font_px: float) -> str:
+def wrap_text(text: str, max_px: float, font_px: float, char: float = CHAR_WIDTH) -> str:
     """``text`` with ``<br>`` at spaces so that no line is wider than ``max_px`` (a word longer than a
-    line stays whole); existing ``<br>`` are kept. Tags (``<sup>``, ``<span …>``) count as zero width."""
+    line stays whole; a character counted ``char`` font sizes wide); existing ``<br>`` are kept. Tags
+    (``<sup>``, ``<span …>``) count as zero width."""
     if not text or max_px <= 0:
         return text
-    limit = max(4, int(max_px / (CHAR_WIDTH * font_px)))
+    limit = max(4, int(max_px / (char * font_px)))
     out = []
     for para in re.split(r"<br\s*/?>", text):
         line, n = [], 0
@@ -92,12 +94,14 @@ def _tmpl(lay: dict) -> dict:
 
 
 def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None, title: bool,
-                 grow: bool = True) -> int:
+                 grow: bool = True, max_height: float | None = None) -> int:
     """Apply the paper rules (module docstring) to ``fig_dict`` in place, for a ``width`` × ``height`` px
     canvas at ``preset`` (``"single"``, ``"double"`` or ``None``). Returns the height to draw it at: ``height``,
     or more when ``grow`` and the plot areas would get less than :data:`PLOT_SHARE` of it or the legend more
     than :data:`LEGEND_SHARE` (the title, legend and axis labels are fixed in px: a taller canvas gives the
-    plot the room). At a column preset no font is left under :data:`MIN_PT`."""
+    plot the room), never more than ``max_height``. The title and the legend are placed (in fractions of the
+    canvas) for that height: the figure must be drawn at it. At a column preset no font is left under
+    :data:`MIN_PT`."""
     lay = fig_dict.setdefault("layout", {})
     tl = _tmpl(lay)
     base = _font(lay.get("font"), _font(tl.get("font"), 12.0))
@@ -111,7 +115,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
         top = 0.0
     else:
         tf = _font((lay.get("title") or {}).get("font"), _font((tl.get("title") or {}).get("font"), base * 1.17))
-        text = wrap_text(t_text, width - 8, tf)
+        text = wrap_text(t_text, width - 8, tf, TITLE_CHAR)
         lines = text.count("<br>") + 1
         top = lines * tf * 1.3 + 6
         # plotly centres a multi-line title block on its anchor: anchor the middle at half the block
@@ -186,7 +190,15 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
     _log_ticks(fig_dict, lay)
     if floor:
         _floor_fonts(fig_dict, floor)
-    return int(round(height))
+    height = int(round(min(height, max_height) if max_height else height))
+    # the title and the legend hang from the top of the canvas by fixed px: their fractions at the final height (the
+    # canvas may have grown above, or been capped; placed at the first height, a grown canvas put the title on the
+    # legend and the legend on the plot, issue 24)
+    if title and t_text:
+        lay["title"]["y"] = 1 - (top / 2) / height
+    if leg_h:
+        lay["legend"]["y"] = 1 - top / height
+    return height
 
 
 def _fit_axis_title(key: str, ax: dict, length: float, tl: dict, base: float, floor: float) -> None:

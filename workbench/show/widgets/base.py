@@ -17,7 +17,7 @@ from workbench.analyse.params import PRIORITIES, EntroPrefillParams
 from workbench.checks import Constraint, Interval, check_int
 from workbench.constraints import PARAMS
 from workbench.show import export
-from workbench.show.figure_engine import Draft, as_figure, drafts, update_figure
+from workbench.show.figure_engine import KEEP_LAYOUT, Draft, as_figure, drafts, update_figure
 from workbench.show.figure_widget import FigureWidget
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
@@ -33,9 +33,21 @@ if TYPE_CHECKING:
 __all__ = ["Panel", "SliderSpec", "SLIDERS"]
 
 
-#: the live figures' width (px): the layout rules of ``paper_layout`` are applied at this width, in the browser too
+#: the live figures' width (px): the layout rules of ``paper_layout`` are applied at this width, in the browser too,
+#: or at the room the page gives a panel's figures where that is less (a narrow window, a side bar open: each figure's
+#: view reports it, :attr:`FigureWidget._view_width`), but never under :data:`MIN_FIGURE_WIDTH`
 FIGURE_WIDTH = 660
+MIN_FIGURE_WIDTH = 420
 FIGURE_HEIGHT = (300, 900)  # the live height: the figure's double-column aspect × the width, within these
+
+
+KEEP_SIZED = tuple(k for k in KEEP_LAYOUT if k not in ("width", "height", "autosize"))  # what a resized figure keeps
+
+
+def live_width(room: int) -> int:
+    """The live figures' width for ``room`` px of the page (0: not known yet): :data:`FIGURE_WIDTH`, or less where
+    the room is less, but at least :data:`MIN_FIGURE_WIDTH`."""
+    return FIGURE_WIDTH if room <= 0 else int(min(FIGURE_WIDTH, max(MIN_FIGURE_WIDTH, room)))
 
 
 def live_layout(fig, width: int = FIGURE_WIDTH):
@@ -51,8 +63,7 @@ def live_layout(fig, width: int = FIGURE_WIDTH):
     aspect = (meta.get("aspect") or {}).get("double") if isinstance(meta.get("aspect"), dict) else None
     h = lay.get("height") or (width * float(aspect) if aspect else 450)
     h = int(round(min(max(h, FIGURE_HEIGHT[0]), FIGURE_HEIGHT[1])))
-    h = paper_layout({"data": d.traces, "layout": lay}, width, h, preset=None, title=True)
-    h = min(h, FIGURE_HEIGHT[1])
+    h = paper_layout({"data": d.traces, "layout": lay}, width, h, preset=None, title=True, max_height=FIGURE_HEIGHT[1])
     lay.update(width=width, height=h, autosize=False)
     return d
 
@@ -214,6 +225,8 @@ class Panel(abc.ABC):
         self._analysis_ms = 0.0
         self._state: CaptureState | None = None
         self._kept: dict | None = None  # control values to keep while a new capture is set up
+        #: the width (px) the figures are laid out at: :func:`live_width` of the room the page reports
+        self.live_width = FIGURE_WIDTH
 
     #: whether the panel can show a new capture in place (:meth:`set_capture`; the panel defines ``_setup``)
     follows_capture = False
@@ -324,12 +337,12 @@ class Panel(abc.ABC):
             self._removed, self._retired = self._retired, list(self.figures.values())
             for w in self._retired:
                 _hide(w)
-            self.figures = {name: _widget_figure(as_figure(live_layout(f)), name) for name, f in figs.items()}
+            self.figures = {name: self._new_figure(f, name) for name, f in figs.items()}
             self._figure_box.children = (*self._retired, *self.figures.values())
             self._controls_box.children = rows
             return
         self.status.value = status
-        self.figures = {name: _widget_figure(as_figure(live_layout(f)), name) for name, f in figs.items()}
+        self.figures = {name: self._new_figure(f, name) for name, f in figs.items()}
         self.export_button = W.Button(description="export figures", icon="download",
                                       tooltip="write every figure (PDF, SVG, PNG, JSON sidecar, CSV) to a folder")
         self.export_width = W.Dropdown(options=[("single column (3.33 in)", "single"),
@@ -353,10 +366,25 @@ class Panel(abc.ABC):
         ctrl = list(self.controls.values())
         return [W.HBox(ctrl[i:i + 3], layout=W.Layout(flex_flow="row wrap")) for i in range(0, len(ctrl), 3)]
 
+    def _new_figure(self, fig, name: str):
+        """The widget of figure ``name``, laid out at the live width; a plotly one reports the room its view has."""
+        fw = _widget_figure(as_figure(live_layout(fig, self.live_width)), name)
+        if isinstance(fw, FigureWidget):
+            fw.observe(self._on_room, names="_view_width")
+        return fw
+
+    def _on_room(self, change) -> None:
+        """A figure's view reports the room the page gives it (px): the figures are laid out again at the live
+        width that room allows (:func:`live_width`), when that differs from the present one."""
+        w = live_width(int(change["new"] or 0))
+        if w != self.live_width:
+            self.live_width = w
+            self.update()
+
     def _add_figure(self, name: str, fig: go.Figure) -> go.FigureWidget:
         """A figure that appears later (e.g. the drift after the first run) joins the figure row."""
 
-        fw = _widget_figure(as_figure(live_layout(fig)), name)
+        fw = self._new_figure(fig, name)
         self.figures[name] = fw
         box = self._figure_box
         box.children = tuple(box.children) + (fw,)
@@ -408,7 +436,7 @@ class Panel(abc.ABC):
         try:
             with drafts():  # figures stay dicts of validated pieces until written into the widgets
                 figs, status = self.compute()
-                figs = {name: live_layout(f) for name, f in figs.items()}  # the layout rules, at every update
+                figs = {name: live_layout(f, self.live_width) for name, f in figs.items()}  # the rules, every update
         except ValueError as e:  # a parameter combination the analysis rejects: say so, keep the figures
             self.error = str(e)
             self.status.value = f"<span style='color:#D55E00'>{html_escape(e)}</span>"
@@ -422,7 +450,12 @@ class Panel(abc.ABC):
             if isinstance(self.figures.get(name), TokenWidget):
                 self.figures[name].show(fig)
             elif name in self.figures:
-                update_figure(self.figures[name], fig)
+                fw = self.figures[name]
+                # the size stays as drawn, unless the layout needs another (the page's room changed, or the content
+                # needs a taller canvas): the title and legend are placed for the height paper_layout chose
+                resized = isinstance(fig, Draft) and (fw.layout.width, fw.layout.height) != (
+                    fig.layout.get("width"), fig.layout.get("height"))
+                update_figure(fw, fig, keep=KEEP_SIZED if resized else KEEP_LAYOUT)
             else:
                 self._add_figure(name, fig)
         self.status.value = status
