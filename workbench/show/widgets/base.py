@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import abc
 import html
-import math
 import re
 import time
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,14 +13,14 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from workbench.analyse.params import PRIORITIES, EntroPrefillParams
-from workbench.checks import Constraint, Interval, check_int
-from workbench.constraints import PARAMS
+from workbench.checks import check_int
 from workbench.show import export
 from workbench.show.figure_engine import KEEP_LAYOUT, Draft, as_figure, drafts, update_figure
 from workbench.show.figure_widget import FigureWidget
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
+from workbench.show.widgets.sliders import SLIDERS, SliderSpec
 from workbench.show.widgets.state import CaptureState
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.show.widgets.values import accepts, widget_tree
@@ -83,103 +82,6 @@ def _widget_figure(fig, uirevision: str):
     if isinstance(fig, TokenView):
         return TokenWidget(fig)
     return FigureWidget(fig, uirevision=uirevision)
-
-
-# ----------------------------------------------------------------------------- sliders
-def _interval(c: Constraint) -> Interval | None:
-    if isinstance(c, Interval):
-        return c
-    return next((p for p in getattr(c, "parts", ()) if isinstance(p, Interval)), None)
-
-
-@dataclass(frozen=True)
-class SliderSpec:
-    """A slider's range: ``kind`` in ``float, log, int``; for ``log`` ``lo``/``hi`` are the values
-    (the widget works in base-10 exponents).
-
-    ``param`` names the parameter's constraint (``workbench.constraints.PARAMS[param]``, :attr:`constraint`):
-    ``lo``/``hi`` given as ``None`` are taken from it (an open end one ``step`` inside), and every range
-    (these, and the ``lo``/``hi`` a panel passes to :meth:`make`) must lie inside it (else ``ValueError``)."""
-
-    label: str
-    kind: str
-    lo: float | None
-    hi: float | None
-    step: float
-    value: float
-    param: str
-
-    def __post_init__(self):
-        iv = _interval(self.constraint)
-        for end in ("lo", "hi"):
-            if getattr(self, end) is None:
-                bound = None if iv is None else getattr(iv, end)
-                if bound is None:
-                    raise ValueError(f"{end}: the slider of {self.param} needs an explicit {end} "
-                                     f"({self.constraint.describe()} has no such bound)")
-                inside = iv.kind == "real" and (iv.lo_open if end == "lo" else iv.hi_open)
-                object.__setattr__(self, end, bound + (self.step if end == "lo" else -self.step) * inside)
-        self.check_range(self.lo, self.hi)
-
-    @property
-    def constraint(self) -> Constraint:
-        """The parameter's constraint, the same object its dataclass checks it with."""
-        return PARAMS[self.param]
-
-    def check_range(self, lo, hi) -> None:
-        """Refuse a slider range ``[lo, hi]`` that leaves the parameter's allowed set."""
-        for end, v in (("lo", lo), ("hi", hi)):
-            x = int(v) if self.kind == "int" else float(v)
-            if (self.kind == "int" and x != v) or not self.constraint.accepts(x):
-                raise ValueError(f"{end}: the slider of {self.param} must stay {self.constraint.describe()}, got {v!r}")
-
-    def make(self, value=None, *, continuous: bool = True, hi=None, lo=None) -> W.Widget:
-        v = self.value if value is None else value
-        lo = self.lo if lo is None else lo
-        hi = self.hi if hi is None else hi
-        self.check_range(lo, hi)
-        style = {"description_width": "170px"}  # a fixed label column: long labels do not squeeze the track
-        lay = W.Layout(width="440px")
-        if self.kind == "int":
-            return W.IntSlider(value=int(min(max(v, lo), hi)), min=int(lo), max=int(hi), step=int(self.step),
-                               description=self.label, continuous_update=continuous, style=style, layout=lay)
-        if self.kind == "log":
-            return W.FloatLogSlider(value=float(min(max(v, lo), hi)), base=10, min=math.log10(lo),
-                                    max=math.log10(hi), step=self.step, description=self.label,
-                                    continuous_update=continuous, style=style, layout=lay, readout_format=".3g")
-        return W.FloatSlider(value=float(min(max(v, lo), hi)), min=lo, max=hi, step=self.step,
-                             description=self.label, continuous_update=continuous, style=style, layout=lay,
-                             readout_format=".3g")
-
-
-#: Slider ranges, each inside the constraint of its parameter (``param``; ``None`` ends come from it). Layer,
-#: m₀, budget and the shift sizes get their upper bounds from the capture when a panel is built.
-SLIDERS: dict[str, SliderSpec] = {
-    "zeta": SliderSpec("ζ (group floor)", "float", None, None, 0.01, 0.5, "zeta"),
-    "tau": SliderSpec("τ (temperature)", "log", 1e-3, 10.0, 0.05, 1.0, "tau"),
-    "eps_s": SliderSpec("ε_s (smoothing)", "log", 1e-3, 10.0, 0.05, 0.1, "eps_s"),
-    "lam": SliderSpec("λ (concentration)", "float", None, 5.0, 0.05, 0.5, "lam"),
-    "target": SliderSpec("saving target (fraction of N)", "float", None, None, 0.01, 0.3, "target"),
-    "eps_row": SliderSpec("ε_row (row tolerance)", "log", 1e-3, None, 0.05, 0.05, "eps_row"),
-    "m0": SliderSpec("m₀ (kept chunks)", "int", None, 1, 1, 1, "m0"),
-    "layer": SliderSpec("layer", "int", None, 1, 1, 1, "layer"),
-    "delta": SliderSpec("δ (audit failure)", "log", 1e-4, 0.5, 0.05, 0.05, "delta"),
-    "m_a": SliderSpec("m_a (audit sample)", "int", None, 1024, 1, 32, "m_a"),
-    "eps_audit": SliderSpec("ε_audit", "float", None, None, 0.01, 0.1, "eps_audit"),
-    "d_max": SliderSpec("d_max (stability)", "float", None, None, 0.01, 0.5, "d_max"),
-    "streak": SliderSpec("streak", "int", None, 10, 1, 1, "streak"),
-    "seed": SliderSpec("seed", "int", None, 99, 1, 0, "seed"),
-    "page": SliderSpec("page size b", "int", None, 128, 1, 16, "page"),
-    "K": SliderSpec("pages kept K", "int", None, 64, 1, 8, "K"),
-    "defer_lam": SliderSpec("DeferKV λ", "float", -2.0, 2.0, 0.01, 0.1, "deferkv.lam"),
-    "budget": SliderSpec("eviction budget B", "int", None, 2, 1, 64, "budget"),  # lo: the protected count
-    "k": SliderSpec("top-k (recall)", "int", None, 2, 1, 32, "k"),  # hi: T
-    "ref_start": SliderSpec("reference from decode row", "int", None, 1, 1, 1, "ref_start"),  # hi: n
-    "W": SliderSpec("tail rows W", "int", None, 1, 1, 32, "W"),  # hi: the tail rows
-    "run_layer": SliderSpec("fixed l*", "int", None, 1, 1, 4, "run_layer"),  # hi: L-1 (E_l exists)
-    "ce_eps": SliderSpec("ε (shallow mass on j*)", "log", 1e-9, 10 ** -0.5, 0.25, 1e-3, "counterexample.eps"),
-    "ce_gamma": SliderSpec("γ (deep mass off j*)", "float", 0.001, 0.5, 0.001, 0.05, "counterexample.gamma"),
-}
 
 
 def html_escape(s) -> str:
