@@ -171,5 +171,10 @@ def run_block(model, l: int, hidden: torch.Tensor, position_ids: torch.Tensor) -
         vis &= p[:, None] // C == p[None, :] // C
     mask = torch.zeros(vis.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(
         ~vis, torch.finfo(hidden.dtype).min)[None, None]
-    out = layer(hidden, attention_mask=mask, position_embeddings=pe, position_ids=position_ids, use_cache=False)
+    extra = {}
+    att = getattr(layer, family_of(model).attn, None)
+    if att is not None and "cache_position" in inspect.signature(att.forward).parameters:
+        extra["cache_position"] = position_ids[0]  # Ministral-3 under 5.2 scales its queries by the position
+    out = layer(hidden, attention_mask=mask, position_embeddings=pe, position_ids=position_ids, use_cache=False,
+                **extra)
     return out[0] if isinstance(out, tuple) else out
