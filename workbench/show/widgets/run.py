@@ -404,13 +404,15 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         return dataclasses.replace(res, kv_bytes_before=per * L * (T + d), kv_bytes_after=res.dense_kv_bytes(per))
 
     def kv_per_position(self) -> int | None:
-        """``adapter.kv_bytes_per_position`` of the panel's model (``None``: its layers differ, bytes after a run)."""
-        return kv_bytes_per_position(unwrap_model(self.model)[0])
+        """``adapter.kv_bytes_per_position`` of the panel's model (``None``: its layers differ, or the panel has no
+        model, a preview-only panel on a synthetic capture: the bytes are known after a run)."""
+        return None if self.model is None else kv_bytes_per_position(unwrap_model(self.model)[0])
 
     def kv_note(self, prev) -> str:
         """The KV bytes a preview says the run will hold after eviction, and their share of the full cache."""
         if self.kv_per_position() is None:
-            return "KV bytes: known after a run (this model's layers do not all cache the same shape)"
+            return ("KV bytes: known after a run (" + ("no model in this panel" if self.model is None else
+                                                      "this model's layers do not all cache the same shape") + ")")
         return (f"KV bytes after eviction {prev.kv_bytes_after:,} "
                 f"({prev.kv_bytes_after / prev.kv_bytes_before:.0%} of the full cache's {prev.kv_bytes_before:,})")
 
