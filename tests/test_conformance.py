@@ -338,6 +338,20 @@ PARTIAL = {"lfm2": dict(layer_types=["conv", "full_attention", "conv", "full_att
            "bamba": dict(attn_layer_indices=[1, 3])}
 
 
+def _assert_pruning_and_eviction_refused(m, spans, T: int, why: str) -> None:
+    """A capture-only family: pruned prefill, the eviction session, one policy and ``run_policies`` all refuse,
+    with a message matching ``why``."""
+    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
+        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
+    from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy
+    with pytest.raises(ValueError, match="eviction " + why):
+        EvictionSession.prepare(m, spans, Needs(), 2)
+    with pytest.raises(ValueError, match="policy: SnapKV " + why):
+        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
+    with pytest.raises(ValueError, match="eviction " + why):
+        run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False)
+
+
 @pytest.mark.parametrize("family", sorted(PARTIAL))
 def test_hybrid_capture_only(family):
     """A hybrid (capture only): rows on its softmax layers equal the model's own eager attention on prompt and
@@ -369,15 +383,7 @@ def test_hybrid_capture_only(family):
         cap.require_all_layers("trace")
     _assert_capture_leaves_logits_unchanged(m, spans)
     why = rf"cannot run on {family}: .*a gather cannot shorten .*\(layers \[0, 2\] are not softmax attention"
-    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
-        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
-    from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy
-    with pytest.raises(ValueError, match="eviction " + why):
-        EvictionSession.prepare(m, spans, Needs(), 2)
-    with pytest.raises(ValueError, match="policy: SnapKV " + why):
-        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
-    with pytest.raises(ValueError, match="eviction " + why):
-        run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False)
+    _assert_pruning_and_eviction_refused(m, spans, T, why)
 
 
 # capture-only rows whose every layer has softmax attention: gemma3n_text (its last half reads the first half's KV),
@@ -414,15 +420,7 @@ def test_capture_only_every_layer(family):
     assert err <= TOL, err
     _assert_capture_leaves_logits_unchanged(m, spans)
     why = rf"cannot run on {family}: .*; only capture is supported \(every layer has rows\)"
-    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
-        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
-    from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy
-    with pytest.raises(ValueError, match="eviction " + why):
-        EvictionSession.prepare(m, spans, Needs(), 2)
-    with pytest.raises(ValueError, match="policy: SnapKV " + why):
-        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
-    with pytest.raises(ValueError, match="eviction " + why):
-        run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False)
+    _assert_pruning_and_eviction_refused(m, spans, T, why)
 
 
 def _model_cfg(family):

@@ -353,16 +353,24 @@ models.default_model_folder(progress=False, verify=True)
     assert stray(target.parent) == [] and sorted(os.listdir(target.parent)) == sorted([gguf.stem, f".{gguf.stem}.lock"])
 
 
-def _fake_kaleido(monkeypatch=None, block: bool = False):
-    """A stand-in for kaleido's writer (no Chromium): writes an SVG and a PNG, or blocks (``READY``)."""
+# kaleido's writer stood in for (no Chromium): an SVG and a PNG header per file; source text, so that the report
+# children (:data:`FAKE_KALEIDO`) and this process (:func:`_fake_kaleido`) run the same code
+FAKE_WRITER = '''
+from pathlib import Path
+def _write(specs, cancel_on_error=True):
+    for s in specs:
+        Path(s["path"]).write_bytes(b"<svg width='1' height='1'></svg>" if s["path"].endswith(".svg")
+                                    else b"\\x89PNG\\r\\n\\x1a\\n")
+'''
+
+
+def _fake_kaleido(monkeypatch=None):
+    """A stand-in for kaleido's writer (no Chromium): writes an SVG and a PNG (:data:`FAKE_WRITER`, the one the
+    report children use)."""
+    ns: dict = {}
+    exec(FAKE_WRITER, ns)
     fake = types.ModuleType("kaleido")
-
-    def write(specs, cancel_on_error=True):
-        for s in specs:
-            Path(s["path"]).write_bytes(b"<svg width='1' height='1'></svg>" if s["path"].endswith(".svg")
-                                        else b"\x89PNG\r\n\x1a\n")
-
-    fake.write_fig_from_object_sync = write
+    fake.write_fig_from_object_sync = ns["_write"]
     if monkeypatch is not None:
         monkeypatch.setitem(sys.modules, "kaleido", fake)
     return fake
@@ -418,14 +426,9 @@ def _report_args(out: Path) -> list[str]:
 # The report children render their figures with a stand-in for kaleido's writer (no Chromium; what these tests
 # check is the report's own writes and its resume; a real export's kill is case 21, a real report is
 # tests/test_report.py): ~11 s of the ~25 s of each tiny report.
-FAKE_KALEIDO = '''
+FAKE_KALEIDO = FAKE_WRITER + '''
 import sys, types
-from pathlib import Path
 _fake = types.ModuleType("kaleido")
-def _write(specs, cancel_on_error=True):
-    for s in specs:
-        Path(s["path"]).write_bytes(b"<svg width='1' height='1'></svg>" if s["path"].endswith(".svg")
-                                    else b"\\x89PNG\\r\\n\\x1a\\n")
 _fake.write_fig_from_object_sync = _write
 sys.modules["kaleido"] = _fake
 from workbench.show import kaleido_server as _ks
