@@ -406,7 +406,9 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
     def kv_per_position(self) -> int | None:
         """``adapter.kv_bytes_per_position`` of the panel's model (``None``: its layers differ, or the panel has no
         model, a preview-only panel on a synthetic capture: the bytes are known after a run)."""
-        return None if self.model is None else kv_bytes_per_position(unwrap_model(self.model)[0])
+        if not hasattr(self, "_kv_per_position"):  # the panel's model is fixed: read its config once
+            self._kv_per_position = None if self.model is None else kv_bytes_per_position(unwrap_model(self.model)[0])
+        return self._kv_per_position
 
     def kv_note(self, prev) -> str:
         """The KV bytes a preview says the run will hold after eviction, and their share of the full cache."""
