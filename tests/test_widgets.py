@@ -400,6 +400,8 @@ def test_front_end_messages_are_strict_json(tiny, monkeypatch):
     import plotly.basewidget as bw
     from plotly.serializers import _py_to_js
 
+    from workbench.show.figure_widget import _to_js
+
     lm, spans, cap = tiny
     sent = []
     orig = bw.BaseFigureWidget._send_update_msg
@@ -423,10 +425,76 @@ def test_front_end_messages_are_strict_json(tiny, monkeypatch):
     assert len(sent) > 20
     for p in panels:
         for name, fw in p.figures.items():
-            state = _py_to_js({"data": fw._widget_data, "layout": fw._widget_layout}, None)
+            to_js = fw.trait_metadata("_widget_data", "to_json") if hasattr(fw, "_widget_data") else None
+            state = (to_js or _py_to_js)({"data": fw._widget_data, "layout": fw._widget_layout}, None)
             _json.dumps(state, allow_nan=False, default=lambda o: "<buffer>")
     for msg in sent:
-        _json.dumps(_py_to_js(msg, None), allow_nan=False, default=lambda o: "<buffer>")
+        _json.dumps(_to_js(msg, None), allow_nan=False, default=lambda o: "<buffer>")
+
+
+def _sent(fw) -> list[tuple[dict, list]]:
+    """Spy on a FigureWidget's comm: every message it sends, as ``(data, buffers)``."""
+    out = []
+    fw.comm.send = lambda data=None, metadata=None, buffers=None: out.append((data, list(buffers or [])))
+    return out
+
+
+def _at(state, path):
+    for k in path:
+        state = state[k]
+    return state
+
+
+def test_figure_arrays_travel_as_binary_buffers():
+    """Numeric arrays reach the browser as binary buffers, 2-D ones included (issue 24): a heatmap's ``z``
+    ``[rows, columns]`` as one buffer per row (plotly's serializer sends it as JSON lists of numbers), int64 as
+    int32 (or float64 where a value does not fit int32), NaN kept; strings stay JSON. Checked on the comm's
+    first state and on a ``plotly_update`` message, values decoded from the buffers as the browser reads them."""
+    from ipywidgets.widgets.widget import _remove_buffers
+
+    from workbench.show.figure_engine import update_figure
+    from workbench.show.figure_widget import FigureWidget
+
+    rng = np.random.default_rng(0)
+    z = rng.random((7, 5))
+    z[2, 3] = np.nan
+    big = np.array([0, 2**40, -3], dtype=np.int64)
+    fw = FigureWidget([go.Heatmap(z=z, x=np.arange(5, dtype=np.int64), y=list("abcdefg")),
+                       go.Scatter(x=big, y=np.linspace(0, 1, 3), text=["p", "q", "r"])])
+
+    def decoded(state, paths, buffers):
+        """{path: array} as the front end makes them: each buffer a typed array of its dtype."""
+        return {tuple(pth): np.frombuffer(bytes(b), dtype=_at(state, pth[:-1])["dtype"])
+                for pth, b in zip(paths, buffers)}
+
+    state, paths, buffers = _remove_buffers(fw.get_state())
+    got = decoded(state, paths, buffers)
+    rows = [got[("_widget_data", 0, "z", r, "buffer")] for r in range(7)]
+    np.testing.assert_array_equal(np.vstack(rows), z)                      # NaN in place (assert_array_equal: NaN == NaN)
+    assert {str(a.dtype) for a in rows} == {"float64"}
+    x = got[("_widget_data", 0, "x", "buffer")]
+    assert x.dtype == np.int32 and x.tolist() == list(range(5))
+    bx = got[("_widget_data", 1, "x", "buffer")]
+    assert bx.dtype == np.float64 and bx.tolist() == [0.0, 2.0**40, -3.0]  # does not fit int32: exact as float64
+    assert state["_widget_data"][0]["y"] == list("abcdefg") and state["_widget_data"][1]["text"] == ["p", "q", "r"]
+    # plotly's own serializer, for contrast: the 2-D z as nested JSON lists, the int64 x as a list
+    plain = go.FigureWidget(go.Heatmap(z=z, x=np.arange(5, dtype=np.int64)))
+    pstate, _, pbuf = _remove_buffers(plain.get_state())
+    assert isinstance(pstate["_widget_data"][0]["z"][0], list) and isinstance(pstate["_widget_data"][0]["x"], list)
+
+    # a slider move's update: the new z travels as buffers too
+    msgs = _sent(fw)
+    z2 = rng.random((7, 5))
+    assert update_figure(fw, go.Figure([go.Heatmap(z=z2, x=np.arange(5, dtype=np.int64), y=list("abcdefg")),
+                                        go.Scatter(x=big, y=np.linspace(0, 2, 3), text=["p", "q", "r"])]))
+    upd = [(d, b) for d, b in msgs if "_py2js_update" in d["state"] and d["state"]["_py2js_update"]]
+    assert len(upd) == 1
+    data, bufs = upd[0]
+    got = decoded(data["state"], data["buffer_paths"], bufs)
+    zrows = sorted((k for k in got if "z" in k), key=lambda k: k[-2])
+    assert len(zrows) == 7
+    np.testing.assert_array_equal(np.vstack([got[k] for k in zrows]), z2)
+    assert sum(memoryview(b).nbytes for b in bufs) >= z2.nbytes
 
 
 def test_every_widget_opens_its_comm_with_what_it_shows(tiny, monkeypatch):

@@ -9,8 +9,10 @@ import copy
 import hashlib
 
 import ipywidgets as W
+import numpy as np
 import plotly.graph_objects as go
 import traitlets
+from plotly.serializers import _js_to_py, _py_to_js
 
 __all__ = ["FigureWidget"]
 
@@ -109,6 +111,49 @@ export default () => {
 """
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def _typed(a: np.ndarray) -> np.ndarray | None:
+    """``a`` as an array the browser can take as a typed array (C-contiguous; int64 as int32 where every value
+    fits, else float64; float16 as float32), or ``None`` for other kinds (strings, objects, booleans, dates)."""
+    if a.dtype.kind not in "uif" or a.ndim not in (1, 2):
+        return None
+    if a.dtype.kind in "ui" and a.dtype.itemsize == 8:
+        fits = a.size == 0 or (int(a.min()) >= _INT32.min and int(a.max()) <= _INT32.max)
+        a = a.astype(np.int32) if fits else a.astype(np.float64)
+    elif a.dtype == np.float16:
+        a = a.astype(np.float32)
+    return np.ascontiguousarray(a)
+
+
+def _buffer(a: np.ndarray) -> dict:
+    return {"buffer": memoryview(a), "dtype": str(a.dtype), "shape": a.shape}
+
+
+def _to_js(v, widget_manager):
+    """The Python → browser serializer of every figure trait: numeric arrays travel as binary buffers (issue 24).
+
+    plotly's own (``plotly.serializers._py_to_js``) sends a 1-D float or int32 array as one binary buffer, but a
+    2-D array (a heatmap's ``z``, ``[rows, columns]``) and any int64 array as JSON lists of numbers, written by
+    Python and parsed by the browser number by number. Here a 2-D numeric array is sent as a list of its rows,
+    each one binary buffer (plotly's front end makes each a typed array, and plotly.js takes a list of typed
+    rows as a 2-D ``z``), and an int64 array as int32 (float64 when a value does not fit). NaN stays NaN (a
+    gap), where JSON has no NaN. Everything else is plotly's serializer's."""
+    if isinstance(v, dict):
+        return {k: _to_js(x, widget_manager) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_to_js(x, widget_manager) for x in v]
+    if isinstance(v, np.ndarray):
+        a = _typed(v)
+        if a is not None:
+            return _buffer(a) if a.ndim == 1 else [_buffer(row) for row in a]
+    return _py_to_js(v, widget_manager)
+
+
+_SERIALIZERS = {"to_json": _to_js, "from_json": _js_to_py}
+
+
 class _PlotlyBundle(W.Widget):
     """plotly's widget bundle (its JavaScript source) as one model-only widget per kernel: the figures'
     loader imports it from here once per page (:data:`_LOADER_ESM`)."""
@@ -141,12 +186,21 @@ class FigureWidget(go.FigureWidget):
     the comm is opened after plotly's ``__init__``, so the model is born with the figure and any view
     draws it; later edits reach every view as messages, as before. Its ES module is :data:`_LOADER_ESM`
     (plotly's bundle once per page and kernel, not once per figure; no model left deaf by anywidget's 2 s
-    limit), tested in Node by ``tests/test_figure_loader.py``.
+    limit), tested in Node by ``tests/test_figure_loader.py``. Numeric arrays, 2-D ones included, travel as
+    binary buffers (:func:`_to_js`), not as JSON numbers.
 
     Shapes: as ``go.FigureWidget``. ``uirevision``: written into the figure before the comm opens.
     """
 
     _esm = _LOADER_ESM
+    # plotly's Python → browser traits with the binary serializer (:func:`_to_js`); the same names, types and sync
+    _widget_layout = traitlets.Dict().tag(sync=True, **_SERIALIZERS)
+    _widget_data = traitlets.List().tag(sync=True, **_SERIALIZERS)
+    _py2js_addTraces = traitlets.Dict(allow_none=True).tag(sync=True, **_SERIALIZERS)
+    _py2js_restyle = traitlets.Dict(allow_none=True).tag(sync=True, **_SERIALIZERS)
+    _py2js_relayout = traitlets.Dict(allow_none=True).tag(sync=True, **_SERIALIZERS)
+    _py2js_update = traitlets.Dict(allow_none=True).tag(sync=True, **_SERIALIZERS)
+    _py2js_animate = traitlets.Dict(allow_none=True).tag(sync=True, **_SERIALIZERS)
     _bundle_model = traitlets.Unicode().tag(sync=True)
     _bundle_sha = traitlets.Unicode().tag(sync=True)
     #: hidden in the page (a panel that shows a new capture hides its previous figures, then closes them later:
