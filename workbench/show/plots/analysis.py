@@ -452,7 +452,10 @@ def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None 
                            xanchor="left", xshift=2, font=dict(color=REMOVED))
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="d_l", range=[0, 1.05], row=2, col=1, secondary_y=False)
-    fig.update_yaxes(title_text="streak", rangemode="tozero", showgrid=False, dtick=1, row=2, col=1, secondary_y=True)
+    # whole numbers, at most three ticks in this short row (dtick = 1 stacked 30 labels when every layer is stable)
+    top = np.nanmax(f("streak"), initial=0.0)
+    fig.update_yaxes(title_text="streak", rangemode="tozero", showgrid=False,
+                     dtick=max(1, math.ceil(top / 2)) if np.isfinite(top) else 1, row=2, col=1, secondary_y=True)
     fig.update_yaxes(title_text="audit bound", row=3, col=1)
     fig.update_yaxes(showticklabels=False, showline=False, ticks="", showgrid=False, row=4, col=1)
     fig.update_xaxes(title_text="monitored layer", row=4, col=1)
