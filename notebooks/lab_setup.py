@@ -8,6 +8,9 @@ CPU), ``cpu``, ``cuda``, ``cuda:1`` ...
 Memory: each kernel holds its own copy of the model (about 1.0 GB resident for the default model with a
 capture, CPU fp32). Notebooks that share one kernel (JupyterLab: *Kernel ▸ Change Kernel…* → the other
 notebook's running kernel) share one model: ``load()`` returns the model already loaded in this kernel.
+
+Figures: importing this module makes ``workbench.show.outputs``' renderer plotly's default, so a figure shown as a
+cell's output is laid out for the screen like the panels' figures.
 """
 from __future__ import annotations
 
@@ -16,6 +19,11 @@ import os
 from workbench.capture import RowSet, run_capture
 from workbench.run.examples import load_example
 from workbench.run.models import load_model
+from workbench.show.outputs import use_laid_out_outputs
+
+# a workbench figure left as a cell's output is laid out by the panels' rules (title, legend, axis titles at a fixed
+# width) instead of being stretched by plotly to the output area after its layout was decided
+use_laid_out_outputs()
 
 _LOADED: dict = {}  # (model, device, kw) -> LoadedModel, so that notebooks sharing a kernel share one model
 

@@ -316,6 +316,29 @@ def artifacts(request, tmp_path) -> Path:
     return folder
 
 
+class _Phases:
+    """Where a browser test's time goes (issue 23: the browser tests are the suite's critical path): named
+    phases and each slider's moves, in seconds, written as ``<tag>-timings.json`` beside the screenshots."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.phases: list[tuple[str, float]] = []
+        self.sliders: list[tuple[str, float]] = []   # (slider label, seconds: its moves, waits and checks)
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases.append((name, round(time.monotonic() - t, 2)))
+
+    def write(self, path: Path) -> None:
+        with contextlib.suppress(OSError):
+            path.write_text(json.dumps({"total_s": round(time.monotonic() - self.t0, 2), "phases": self.phases,
+                                        "sliders": self.sliders}, indent=1))
+
+
 # ----------------------------------------------------------------------------- browser helpers
 # The output area (one cell's outputs) holding the panel: the one with a slider labelled like `label`.
 _PANEL_JS = """(label) => {
@@ -853,7 +876,7 @@ def _type_value(page, slider, value: str) -> None:
                                timeout=10_000, polling=250)
 
 
-def _slider_moves(page, area, i: int, sliders: list[str], at_end=None) -> list[str]:
+def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _Phases | None = None) -> list[str]:
     """Move each slider (last first: an earlier slider at an extreme can make a later one inert, ζ = 1: τ has
     no effect) to its low end (``Home``), or the high end when Home does not change its value, and check that
     panel ``i``'s figures or status changed; the other end when that end is inert (a bound can make one end
@@ -861,7 +884,8 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None) -> list[s
     panel has settled at an end that redrew it) the slider then goes to its other end too, and ``at_end`` is
     called there: every slider visits both ends (the layout checks). A moved slider stays where it is while
     the next one is tried; a slider that changes nothing from there is tried again from the notebook's state
-    (every moved slider typed back to the notebook's value). Returns the sliders that changed nothing."""
+    (every moved slider typed back to the notebook's value). Returns the sliders that changed nothing.
+    ``phases``: each slider's time is recorded there (:class:`_Phases`)."""
     def locate(label):
         return area.locator(".widget-hslider").filter(has=page.locator(".widget-label", has_text=label)).first
 
@@ -869,10 +893,20 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None) -> list[s
     moved: list[str] = []
 
     def restore(fp0: str) -> None:
-        for label in moved:
-            _type_value(page, locate(label), start[label])
+        """Type every moved slider back to the notebook's value, the last moved first (a range that follows
+        another slider, 09's K ≤ the page count of b, would clamp a value typed back before its bound), and
+        once more if the panel is not back (a clamp this order missed). The panel must show the notebook's
+        state again: the same values draw the same figures and status."""
+        for attempt in range(2):
+            for label in reversed(moved):
+                _type_value(page, locate(label), start[label])
+            if _changed(page, i, fp0, 20 if attempt == 0 else 90, same=True):
+                break
+        else:
+            now = {lb: locate(lb).locator(".widget-readout").first.inner_text() for lb in sliders}
+            raise AssertionError(f"panel {i}: typed back to the notebook's values {start} (they read {now}), "
+                                 "the panel did not return to the notebook's figures and status")
         moved.clear()
-        _changed(page, i, fp0, 90, same=True)   # the panel shows the notebook's state again
 
     def try_slider(label) -> bool | None:
         slider = locate(label)
@@ -911,13 +945,19 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None) -> list[s
     fp0, _ = _settled(page, i)
     unchanged = []
     for label in reversed(sliders):
+        t = time.monotonic()
         ok = try_slider(label)
         if ok is False and moved != [label]:      # not from the notebook's state: once more from there
             restore(fp0)
             ok = try_slider(label)
         if ok is False:
             unchanged.append(label)
+        if phases is not None:
+            phases.sliders.append((label.strip(), round(time.monotonic() - t, 2)))
+    t = time.monotonic()
     restore(fp0)
+    if phases is not None:
+        phases.sliders.append(("(typed back)", round(time.monotonic() - t, 2)))
     return unchanged
 
 
@@ -953,19 +993,17 @@ def _set_width(page, width: int) -> None:
 def _layout_problems(page, where: str, root=None) -> dict[str, list[str]]:
     """The layout rule (:func:`_layout_rules.layout_problems`) on every shown plotly plot of the page (or of the
     element ``root``, a panel's output area): ``{"<where> @ <window width> px, figure <n> (<kind>)": problems}``.
-    Only the panels' live figures (widgets) are checked; each must be laid out at a fixed width (``autosize`` off:
-    the panel lays it out in Python at the live width, plotly must not resize it). A plain plotly output of a cell
-    (plotly sizes it to the output area; ``live_layout`` does not lay it out) is left out: notebook 02's
-    ``head_weights`` output overprints its title with its legend (9 entries in two rows) in both windows."""
+    Each must be laid out at a fixed width (``autosize`` off): a panel's live figure by its panel at the live width,
+    a plain plotly output of a cell by the notebooks' renderer (``workbench.show.outputs``, at ``OUTPUT_WIDTH``);
+    plotly must not resize either."""
     figs = page.evaluate(LIVE_BOXES_JS, root)
     width = page.viewport_size["width"]
     out = {}
     for j, d in enumerate(figs):
-        if not d["widget"]:
-            continue         # a plain plotly output of a cell, not a panel's live figure (not laid out by live_layout)
         bad = layout_problems(d) + ([] if d["fixed"] else ["not laid out at a fixed width (autosize)"])
         if bad:
-            out[f"{where} @ {width} px, figure {j} ({d['figure']})"] = bad
+            kind = "panel" if d["widget"] else "output"
+            out[f"{where} @ {width} px, figure {j} ({d['figure']}, {kind})"] = bad
     return out
 
 
@@ -974,13 +1012,15 @@ def _report(problems: dict[str, list[str]]) -> str:
                      for k, v in list(problems.items())[:20])
 
 
-def _layout_sweep(page, panels: list[dict], tag: str, artifacts: Path, each_panel=None) -> dict[str, list[str]]:
+def _layout_sweep(page, panels: list[dict], tag: str, artifacts: Path, each_panel=None,
+                  phases: _Phases | None = None) -> dict[str, list[str]]:
     """The live layout checks of one notebook page (issue 24), run once: every shown plotly plot of the page
     after Run All at :data:`WIDE` and at :data:`NARROW` px; then, at the narrow width, each panel's sliders to
     both ends (:func:`_slider_moves`) with the panel's plots checked at every end; at the end the whole page
     again at both widths. ``each_panel(p, area)`` runs after a panel's sliders (toggles, export). Screenshots:
     ``<tag>-panel<i>-wide.png`` (after Run All), ``-before.png`` and ``-after.png`` (narrow, around the
     moves). Returns the problems found (an empty dict: none); asserts that every slider changed something.
+    ``phases`` (:class:`_Phases`): where the time went.
 
     How the live width is decided: in Python, by the panel (``Panel`` applies ``paper_layout`` at its
     ``live_width``, ``autosize`` off), from the room the browser gives the figures: each figure's view reports
@@ -991,12 +1031,15 @@ def _layout_sweep(page, panels: list[dict], tag: str, artifacts: Path, each_pane
     So the two widths draw different layouts. The moves run at the narrow one (the tighter layout, and the
     cuts by the page); at 660 px every slider end is checked in-process by ``tests/test_live_layout.py``, and
     here after Run All and after the moves."""
-    problems = _layout_problems(page, "after Run All")
-    areas = [page.locator(".jp-OutputArea").filter(has=page.locator(".widget-hslider")).nth(p["i"]) for p in panels]
-    for p, area in zip(panels, areas):
-        area.scroll_into_view_if_needed()
-        area.screenshot(path=str(artifacts / f"{tag}-panel{p['i']}-wide.png"))
-    _set_width(page, NARROW)
+    phases = phases or _Phases()
+    with phases.phase("layout after Run All, wide"):
+        problems = _layout_problems(page, "after Run All")
+        areas = [page.locator(".jp-OutputArea").filter(has=page.locator(".widget-hslider")).nth(p["i"]) for p in panels]
+        for p, area in zip(panels, areas):
+            area.scroll_into_view_if_needed()
+            area.screenshot(path=str(artifacts / f"{tag}-panel{p['i']}-wide.png"))
+    with phases.phase("to the narrow width"):
+        _set_width(page, NARROW)
     try:
         problems.update(_layout_problems(page, "after Run All"))
         for p, area in zip(panels, areas):
@@ -1007,14 +1050,17 @@ def _layout_sweep(page, panels: list[dict], tag: str, artifacts: Path, each_pane
             def at_end(label, value, i=p["i"], handle=handle):
                 problems.update(_layout_problems(page, f"panel {i}, {label.strip()} = {value.strip()}", handle))
 
-            unchanged = _slider_moves(page, area, p["i"], p["sliders"], at_end=at_end)
+            with phases.phase(f"panel {p['i']}: {len(p['sliders'])} sliders"):
+                unchanged = _slider_moves(page, area, p["i"], p["sliders"], at_end=at_end, phases=phases)
             assert not unchanged, f"{tag}: sliders {unchanged} changed neither a figure nor the status"
             if each_panel is not None:
-                each_panel(p, area)
+                with phases.phase(f"panel {p['i']}: toggles and export"):
+                    each_panel(p, area)
             area.screenshot(path=str(artifacts / f"{tag}-panel{p['i']}-after.png"))
         problems.update(_layout_problems(page, "after the sliders"))
     finally:
-        _set_width(page, WIDE)
+        with phases.phase("to the wide width"):
+            _set_width(page, WIDE)
     problems.update(_layout_problems(page, "after the sliders"))
     return problems
 
@@ -1045,14 +1091,6 @@ def _wait_done(page, timeout_s: float) -> None:
         arg=_ERROR_SEL, timeout=timeout_s * 1000, polling=1000)
 
 
-# Overprints the live layout check found and that are not fixed yet (issue 24): notebook → the figure. Only these, only
-# in the narrow window, turn the test into an expected failure (everything else in the test has passed by then):
-# the audit panel's layer trace (``trace_layers``) at the 568 px live width, after a slider move, draws tick labels
-# on tick labels (after Run All at that width it does not; the in-process check, tests/test_live_layout.py, does not
-# see it on a synthetic capture)
-KNOWN_OVERPRINTS = {"05": "trace_layers", "06": "trace_layers"}
-
-
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_NOTEBOOKS, ids=[n[:2] for n in ALL_NOTEBOOKS])
@@ -1065,13 +1103,18 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
     tag = name[:2]
     for old in artifacts.glob(f"nb{tag}-*.png"):
         old.unlink()
-    with _notebook_page(lab, name) as page:
+    phases = _Phases()
+    with contextlib.ExitStack() as stack:
+        stack.callback(phases.write, artifacts / f"nb{tag}-timings.json")
+        with phases.phase("open and start Run All"):
+            page = stack.enter_context(_notebook_page(lab, name))
         page.on("console", lambda m: console.append(m.text) if m.type == "error" else None)
         # an uncaught error of the page, e.g. "[anywidget] Failed to initialize model." (issue 24: that model
         # then drops every later message, its figure deaf to the sliders)
         page.on("pageerror", lambda e: console.append(f"uncaught: {e}"))
         try:
-            _wait_done(page, RUN_ALL_TIMEOUT_S)
+            with phases.phase("Run All"):
+                _wait_done(page, RUN_ALL_TIMEOUT_S)
         except PlaywrightTimeout:
             page.screenshot(path=str(artifacts / f"nb{tag}-timeout.png"), full_page=True)
             raise
@@ -1107,13 +1150,9 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
                 for ext in (".pdf", ".svg", ".png", ".json", ".csv"):
                     assert any(f.endswith(ext) for f in files), (folder, files)
 
-        problems = _layout_sweep(page, panels, f"nb{tag}", artifacts, each_panel=toggles_and_export)
+        problems = _layout_sweep(page, panels, f"nb{tag}", artifacts, each_panel=toggles_and_export, phases=phases)
         bad = [c for c in console if "favicon" not in c]
         assert not bad, f"{name}: console errors: {bad[:5]}"
-        known = KNOWN_OVERPRINTS.get(tag)
-        if problems and known and all(f"@ {NARROW} px" in k and f"({known})" in k for k in problems):
-            pytest.xfail(f"{name}: known overprint (not fixed yet), {known} at the narrow live width after a slider "
-                         "move:\n" + _report(problems)[:1500])
         assert not problems, f"{name}: text overprinted or clipped in the live figures:\n" + _report(problems)
 
 

@@ -156,3 +156,37 @@ def test_wrap_text_and_drop_title():
     paper_layout(d, 240, 180, preset="single", title=False)
     assert d["layout"]["title"] == {"text": ""}
     assert d["layout"]["margin"]["t"] < 12
+
+
+@pytest.mark.slow
+def test_plain_outputs_are_laid_out(figures, page, tmp_path):
+    """A figure shown as a cell's plain output (``workbench.show.outputs``: the notebooks' renderer) is laid out by
+    the panels' rules at :data:`OUTPUT_WIDTH`: fixed size, and no overlap, overflow or text on a plot area, for
+    every figure function. The control: notebook 02's head weights as plotly draws them without it (its own
+    layout at that width), the legend over the title (issue 24)."""
+    import plotly.graph_objects as go
+
+    from workbench.show.kaleido_server import render_all
+    from workbench.show.outputs import OUTPUT_WIDTH, LaidOutRenderer
+
+    def problems_of(d, tag):
+        size = ex.resolve_size(None, d["layout"]["width"], height=d["layout"].get("height") or 450, scale=1.0)
+        svg = tmp_path / f"{tag}.svg"
+        svg.write_bytes(render_all(d, ("svg",), size)["svg"])
+        return layout_problems(boxes(page, svg))
+
+    problems, n = {}, 0
+    for name, fig in figures.items():
+        if not isinstance(fig, go.Figure):
+            continue                                     # the HTML token views are no plotly output
+        d = LaidOutRenderer().to_mimebundle(fig.to_dict())["application/vnd.plotly.v1+json"]
+        assert d["layout"]["width"] == OUTPUT_WIDTH and d["layout"]["autosize"] is False, name
+        assert d["layout"]["meta"]["figure"] == fig.layout.meta["figure"], name
+        bad = problems_of(d, name)
+        n += 1
+        if bad:
+            problems[name] = bad
+    assert n >= 25 and not problems, "\n".join(f"{k}: " + "; ".join(b[:6]) for k, b in problems.items())
+    raw = figures["head_weights"].to_dict()
+    raw["layout"].update(width=OUTPUT_WIDTH, autosize=False)
+    assert problems_of(raw, "control"), "the control: plotly's own layout of head_weights at this width overprints"

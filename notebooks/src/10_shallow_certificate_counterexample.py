@@ -27,6 +27,9 @@ import torch
 
 from workbench.analyse.counterexample import ShallowCounterexample, deletion_sweep
 from workbench.show import plots
+from workbench.show.outputs import use_laid_out_outputs
+
+use_laid_out_outputs()   # figures shown as outputs are laid out for the screen (the other notebooks: lab_setup)
 
 ce = ShallowCounterexample(eps=1e-3, gamma=0.05)  # V = 2, β = 0.1; T = 8 positions, j* = 3
 T, j_star, V = ce.T, ce.j_star, ce.V
