@@ -56,7 +56,7 @@ XDIST_GROUPS = {"test_browser.py": "browser", "test_report.py": "report", "test_
                 "test_notebooks.py": "notebooks", "test_figure_layout.py": "browser-2", "test_compare_mode.py": "compare"}
 # The browser tests split in two groups of about equal length (each group's worker starts its own JupyterLab
 # server): the notebooks below run in ``browser-2``, the others (and the T = 32k layout test, ~90 s) in ``browser``.
-BROWSER_2 = ("08", "05", "00", "09", "01", "02", "07", "10", "synthetic", "token")
+BROWSER_2 = ("08", "05", "00", "01", "02", "10", "synthetic", "token")
 
 
 def _sources(item) -> list[str]:

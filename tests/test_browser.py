@@ -884,7 +884,8 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
     panel has settled at an end that redrew it) the slider then goes to its other end too, and ``at_end`` is
     called there: every slider visits both ends (the layout checks). A moved slider stays where it is while
     the next one is tried; a slider that changes nothing from there is tried again from the notebook's state
-    (every moved slider typed back to the notebook's value). Returns the sliders that changed nothing.
+    (every moved slider typed back to the notebook's value), and once more there with four times the inert wait
+    (a redraw held up by a loaded CPU; 08's page and layer sliders were judged inert once in a loaded run). Returns the sliders that changed nothing.
     ``phases``: each slider's time is recorded there (:class:`_Phases`)."""
     def locate(label):
         return area.locator(".widget-hslider").filter(has=page.locator(".widget-label", has_text=label)).first
@@ -908,7 +909,7 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
                                  "the panel did not return to the notebook's figures and status")
         moved.clear()
 
-    def try_slider(label) -> bool | None:
+    def try_slider(label, inert_s: float = INERT_S) -> bool | None:
         slider = locate(label)
         before, sent = _settled(page, i)
         readout = slider.locator(".widget-readout").first.inner_text()
@@ -925,18 +926,18 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
         if value() == readout:
             return None  # a one-value slider (e.g. one decode row)
         moved.append(label)
-        if _changed(page, i, before, 90, inert_s=INERT_S, sent=sent):
+        if _changed(page, i, before, 90, inert_s=inert_s, sent=sent):
             if at_end is not None:             # there, then at the other end
                 fp, sent = _settled(page, i)
                 at_end(label, value())
                 handle.press("End" if first == "Home" else "Home")
-                if _changed(page, i, fp, 90, inert_s=INERT_S, sent=sent):
+                if _changed(page, i, fp, 90, inert_s=inert_s, sent=sent):
                     _settled(page, i)
                     at_end(label, value())
             return True
         _, sent = _settled(page, i)
         handle.press("End")
-        ok = _changed(page, i, before, 90, inert_s=INERT_S, sent=sent)
+        ok = _changed(page, i, before, 90, inert_s=inert_s, sent=sent)
         if ok and at_end is not None:          # the state at Home (inert) is the one checked before
             _settled(page, i)
             at_end(label, value())
@@ -950,6 +951,9 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
         if ok is False and moved != [label]:      # not from the notebook's state: once more from there
             restore(fp0)
             ok = try_slider(label)
+        if ok is False:                           # a loaded CPU can hold a redraw past INERT_S: once more, patient
+            restore(fp0)
+            ok = try_slider(label, inert_s=4 * INERT_S)
         if ok is False:
             unchanged.append(label)
         if phases is not None:
