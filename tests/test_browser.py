@@ -429,13 +429,17 @@ def _run_all_from_menu(page) -> None:
     item = page.locator(".lm-Menu .lm-Menu-item[data-command='runmenu:run-all']").first
     item.wait_for(state="visible", timeout=10_000)
     item.click()
-    # without a running kernel JupyterLab asks for one: accept the notebook's own (python3)
+    # without a running kernel JupyterLab asks for one: accept the notebook's own. Wait for that dialog or for the
+    # first cell to start (a prompt reading [*] or [n]), not a fixed 3 s for a dialog that does not come (3 s of
+    # every browser test: _open has waited for the kernel)
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function(
+            "() => !!document.querySelector('.jp-Dialog') || Array.from(document.querySelectorAll("
+            "'.jp-CodeCell .jp-InputPrompt')).some(c => /\\[[\\d*]+\\]/.test(c.textContent))",
+            timeout=10_000, polling=100)
     dialog = page.locator(".jp-Dialog", has_text="Select Kernel")
-    try:
-        dialog.wait_for(state="visible", timeout=3_000)
-    except PlaywrightTimeout:
-        return
-    dialog.locator(".jp-mod-accept").first.click()
+    if dialog.count() and dialog.first.is_visible():
+        dialog.locator(".jp-mod-accept").first.click()
 
 
 def _panel(page, label: str):
@@ -1092,7 +1096,7 @@ def _wait_done(page, timeout_s: float) -> None:
         " const cells = Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'));"
         " const done = cells.length > 0 && cells.every(c => /\\[\\d+\\]/.test(c.textContent)) && k.status === 'idle';"
         " return done || Array.from(document.querySelectorAll(errSel)).some(e => e.textContent.includes('Traceback')); }",
-        arg=_ERROR_SEL, timeout=timeout_s * 1000, polling=1000)
+        arg=_ERROR_SEL, timeout=timeout_s * 1000, polling=250)
 
 
 @pytest.mark.model
