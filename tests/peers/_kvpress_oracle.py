@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -177,12 +178,28 @@ def jaccard(a: list[list[set]], kept) -> list[float]:
     return out
 
 
-def near_tie_cells(a: list[list[set]], kept, scores, protected, rtol: float = 1e-5) -> tuple[int, int]:
-    """``(cells that differ, of them cells where every differing position is a near-tie)``: a differing
-    position's workbench score lies within ``rtol`` (relative) of the lowest kept unprotected score. Exact
-    ties happen: RoPE preserves norms, so at layer 0 every repeat of a token has the same key norm, and
-    float rounding alone orders them."""
-    differ = ties = 0
+class TieCells(NamedTuple):
+    """How the cells whose kept sets differ differ (see :func:`near_tie_cells`)."""
+
+    differ: int  # cells whose kept sets differ
+    exact: int   # of them, cells that differ only among bit-equal scores at the cut (the order rule, not the scoring)
+    near: int    # of them, cells that differ only among scores within ``rtol`` of the cut (two roundings)
+
+
+def near_tie_cells(a: list[list[set]], kept, scores, protected, rtol: float = 1e-5,
+                   tiebreak_free: bool = True) -> TieCells:
+    """Classify the cells where kvpress's sets ``a`` and the workbench's ``kept [L, G, B]`` differ.
+
+    *Exact*: every differing position's workbench score (float64, as ``select_keep`` ranks) equals the lowest
+    kept unprotected score bit for bit, so the sets differ only by which of equal scores fill the last slots:
+    torch.topk's order among equal values is unspecified, the workbench's is its documented rule (lower position
+    first; checked here when the policy has no tie-break key, ``tiebreak_free``, and an exact cell that breaks
+    it raises). Such ties happen: RoPE preserves norms, so at layer 0 every repeat of a token has the same key
+    norm. Exact ties are not a scoring difference and are not capped.
+    *Near*: every differing position lies within ``rtol`` (relative) of that cut but not all bit-equal: two
+    implementations rounding one formula differently; the callers cap these.
+    """
+    differ = exact = near = 0
     for l, row in enumerate(a):
         for g, theirs in enumerate(row):
             ours = _members(kept[l, g])
@@ -193,6 +210,12 @@ def near_tie_cells(a: list[list[set]], kept, scores, protected, rtol: float = 1e
             s = scores[l, g].double()
             free = [p for p in ours if not protected[p]]
             cut = float(s[free].min())
-            if all(abs(float(s[p]) - cut) <= rtol * max(abs(cut), 1e-12) for p in diff):
-                ties += 1
-    return differ, ties
+            if all(float(s[p]) == cut for p in diff):
+                if tiebreak_free and ours - theirs and theirs - ours:
+                    assert max(ours - theirs) < min(theirs - ours), (
+                        f"layer {l} KV head {g}: among equal scores the workbench kept {sorted(ours - theirs)}, "
+                        f"not the lower positions (kvpress kept {sorted(theirs - ours)})")
+                exact += 1
+            elif all(abs(float(s[p]) - cut) <= rtol * max(abs(cut), 1e-12) for p in diff):
+                near += 1
+    return TieCells(differ, exact, near)

@@ -46,11 +46,11 @@ def pytest_terminal_summary(terminalreporter):
     if not ROWS:
         return
     df = pd.DataFrame(ROWS)
-    for c in ("refused", "tie_cells", "identical_tokens"):
+    for c in ("refused", "exact_ties", "near_ties", "identical_tokens"):
         df[c] = df[c].fillna(0) if c in df else 0
     agg = df.groupby(["policy", "ratio"], sort=False).agg(
         prompts=("prompt", "nunique"), refused=("refused", "sum"), cells=("cells", "sum"), jaccard_mean=("jaccard_mean", "mean"),
-        jaccard_min=("jaccard_min", "min"), tie_cells=("tie_cells", "sum"), identical_tokens=("identical_tokens", "sum"))
+        jaccard_min=("jaccard_min", "min"), exact_ties=("exact_ties", "sum"), near_ties=("near_ties", "sum"), identical_tokens=("identical_tokens", "sum"))
     agg["identical_tokens"] = (agg["identical_tokens"].astype(int).astype(str) + "/"
                                + (agg["prompts"] - agg["refused"]).astype(str))
     terminalreporter.write_sep("=", "kvpress parity (workbench policy <-> kvpress press, per layer x KV head)")

@@ -1,10 +1,13 @@
 """Parity with NVIDIA kvpress 0.5.5, live, on the default model (peer environment: ``make test-peers``).
 
 Each workbench policy in a kvpress-aligned configuration keeps, per layer and KV head, exactly the
-positions the press keeps (a cell may differ only by an exact tie that float rounding orders: KNorm at
-layer 0, where RoPE gives every repeat of a token the same key norm), and generates the same tokens, on the needle prompt and two SQuAD prompts
-at compression ratios 0.5 / 0.75 / 0.9 (budget ``B = int(T · (1 − ratio))``, kvpress's rule). Where the
-defaults differ the difference is one formula, and a test here names it. Where the budget is below a
+positions the press keeps, and generates the same tokens, on the needle prompt and two SQuAD prompts at
+compression ratios 0.5 / 0.75 / 0.9 (budget ``B = int(T · (1 − ratio))``, kvpress's rule). A cell may differ
+only among scores equal bit for bit at the cut, in any number of cells: that is no scoring difference, only
+the order among equal values, which torch.topk leaves unspecified and the workbench fixes (lower position
+first, checked); KNorm at layer 0 has them, since RoPE gives every repeat of a token the same key norm. Or, in
+at most one cell per prompt and ratio, among scores within 1e-5 of the cut (two roundings of one formula).
+Where the defaults differ the difference is one formula, and a test here names it. Where the budget is below a
 policy's protected window (SnapKV's W at ratio 0.9 on a short prompt) kvpress silently keeps part of the
 window and nothing else; the workbench refuses the budget, and the table counts those cells as refused.
 
@@ -103,14 +106,18 @@ def test_aligned_policy_keeps_what_kvpress_keeps(case, ratio, smollm, sessions, 
             continue
         res = sess.run(policy, B)
         jac = jaccard(theirs, res.kept_prompt)
-        differ, ties = near_tie_cells(theirs, res.kept_prompt, sess.evidence.scores_of(policy), policy.protected(T))
+        ties = near_tie_cells(theirs, res.kept_prompt, sess.evidence.scores_of(policy), policy.protected(T),
+                              tiebreak_free=policy.tiebreak(sess.evidence) is None)
         ids = greedy(model, tok, cache, first, T, N_NEW)
         ROWS.append({"policy": name, "ratio": ratio, "prompt": pname, "cells": len(jac),
-                     "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "tie_cells": ties,
-                     "identical_tokens": ids == res.ids, "refused": 0})
-        # identical kept sets, except cells that differ only by exact ties (float rounding orders them)
-        assert differ == ties, f"{name} {pname} ratio {ratio}: {differ - ties} cells differ beyond near-ties"
-        assert ties <= 1, f"{name} {pname} ratio {ratio}: {ties} tie cells"
+                     "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "exact_ties": ties.exact,
+                     "near_ties": ties.near, "identical_tokens": ids == res.ids, "refused": 0})
+        # identical kept sets, except cells that differ only among equal scores at the cut (torch.topk's order
+        # among them is unspecified; near_tie_cells checks the workbench's rule) or, in at most one cell, among
+        # scores that two roundings of one formula put within 1e-5 of it
+        assert ties.differ == ties.exact + ties.near, \
+            f"{name} {pname} ratio {ratio}: {ties.differ - ties.exact - ties.near} cells differ beyond ties"
+        assert ties.near <= 1, f"{name} {pname} ratio {ratio}: {ties.near} near-tie cells"
         assert ids == res.ids, f"{name} {pname} ratio {ratio}: tokens differ"
 
 
@@ -222,13 +229,14 @@ def test_adakv_keeps_what_adakvpress_keeps(ratio, smollm, sessions, recordings):
             for lay in layers:
                 lay.self_attn.masked_key_indices = None
         jac = jaccard(theirs, res.kept_prompt)
-        differ, ties = near_tie_cells(theirs, res.kept_prompt, sess.evidence.scores_of(policy), policy.protected(T))
+        ties = near_tie_cells(theirs, res.kept_prompt, sess.evidence.scores_of(policy), policy.protected(T),
+                              tiebreak_free=policy.tiebreak(sess.evidence) is None)
         ROWS.append({"policy": "adakv (snapkv avg)", "ratio": ratio, "prompt": pname, "cells": len(jac),
-                     "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "tie_cells": ties,
-                     "identical_tokens": ids == res.ids, "refused": 0})
+                     "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "exact_ties": ties.exact,
+                     "near_ties": ties.near, "identical_tokens": ids == res.ids, "refused": 0})
         counts = (res.kept_prompt >= 0).sum(-1)
         assert [[len(c) for c in row] for row in theirs] == counts.tolist(), f"adakv {pname} {ratio}: budgets differ"
-        assert differ == ties and ties <= 1, f"adakv {pname} ratio {ratio}: {differ} cells differ ({ties} near-ties)"
+        assert ties.differ == ties.exact + ties.near and ties.near <= 1, f"adakv {pname} ratio {ratio}: {ties}"
         assert ids == res.ids, f"adakv {pname} ratio {ratio}: tokens differ"
 
 
@@ -251,6 +259,6 @@ def test_pyramidkv_keeps_what_pyramidkvpress_keeps(smollm, sessions, recordings)
     res = sess.run(ours, B)
     jac = jaccard(theirs, res.kept_prompt)
     ROWS.append({"policy": "pyramidkv (snapkv avg)", "ratio": ratio, "prompt": "needle", "cells": len(jac),
-                 "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "tie_cells": 0,
+                 "jaccard_mean": sum(jac) / len(jac), "jaccard_min": min(jac), "exact_ties": 0, "near_ties": 0,
                  "identical_tokens": ids == res.ids, "refused": 0})
     assert sum(jac) / len(jac) >= 0.99 and min(jac) >= 0.97  # one slot of >= 64 per layer at most
