@@ -1021,14 +1021,15 @@ def _report(problems: dict[str, list[str]]) -> str:
 
 
 def _layout_sweep(page, panels: list[dict], tag: str, artifacts: Path, each_panel=None,
-                  phases: _Phases | None = None) -> dict[str, list[str]]:
+                  phases: _Phases | None = None, console: list[str] | None = None) -> dict[str, list[str]]:
     """The live layout checks of one notebook page (issue 24), run once: every shown plotly plot of the page
     after Run All at :data:`WIDE` and at :data:`NARROW` px; then, at the narrow width, each panel's sliders to
     both ends (:func:`_slider_moves`) with the panel's plots checked at every end; at the end the whole page
     again at both widths. ``each_panel(p, area)`` runs after a panel's sliders (toggles, export). Screenshots:
     ``<tag>-panel<i>-wide.png`` (after Run All), ``-before.png`` and ``-after.png`` (narrow, around the
     moves). Returns the problems found (an empty dict: none); asserts that every slider changed something.
-    ``phases`` (:class:`_Phases`): where the time went.
+    ``phases`` (:class:`_Phases`): where the time went. ``console``: the page's console messages so far, quoted
+    when a slider changes nothing (a widget model that failed to initialize drops every later message).
 
     How the live width is decided: in Python, by the panel (``Panel`` applies ``paper_layout`` at its
     ``live_width``, ``autosize`` off), from the room the browser gives the figures: each figure's view reports
@@ -1060,7 +1061,8 @@ def _layout_sweep(page, panels: list[dict], tag: str, artifacts: Path, each_pane
 
             with phases.phase(f"panel {p['i']}: {len(p['sliders'])} sliders"):
                 unchanged = _slider_moves(page, area, p["i"], p["sliders"], at_end=at_end, phases=phases)
-            assert not unchanged, f"{tag}: sliders {unchanged} changed neither a figure nor the status"
+            assert not unchanged, (f"{tag}: sliders {unchanged} changed neither a figure nor the status; console: "
+                                   f"{[c for c in console or [] if 'favicon' not in c][:5]}")
             if each_panel is not None:
                 with phases.phase(f"panel {p['i']}: toggles and export"):
                     each_panel(p, area)
@@ -1158,7 +1160,8 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
                 for ext in (".pdf", ".svg", ".png", ".json", ".csv"):
                     assert any(f.endswith(ext) for f in files), (folder, files)
 
-        problems = _layout_sweep(page, panels, f"nb{tag}", artifacts, each_panel=toggles_and_export, phases=phases)
+        problems = _layout_sweep(page, panels, f"nb{tag}", artifacts, each_panel=toggles_and_export, phases=phases,
+                                 console=console)
         bad = [c for c in console if "favicon" not in c]
         assert not bad, f"{name}: console errors: {bad[:5]}"
         assert not problems, f"{name}: text overprinted or clipped in the live figures:\n" + _report(problems)
@@ -1176,7 +1179,7 @@ def test_long_capture_layout_in_browser(lab, artifacts):
         _assert_drawn(page, "long_32k")
         panels = _panels(page)
         assert len(panels) == 3, panels                 # heads, pages, tokens
-        problems = _layout_sweep(page, panels, "long", artifacts)
+        problems = _layout_sweep(page, panels, "long", artifacts, console=console)
         assert not problems, "T = 32k: text overprinted or clipped in the live figures:\n" + _report(problems)
     bad = [c for c in console if c.startswith(("error", "uncaught")) and "favicon" not in c]
     assert not bad, f"console errors: {bad[:5]}"

@@ -525,8 +525,9 @@ def test_every_widget_opens_its_comm_with_what_it_shows(tiny, monkeypatch):
         """Each figure's comm opened with what the widget holds now (no edit since)."""
         for name, fw in figures.items():
             state = opened[fw._model_id]
-            if isinstance(fw, Wd.TokenWidget):
-                assert state["html"] == fw.view.html() and state["html"], name
+            if isinstance(fw, Wd.TokenWidget):  # a box: its HTML widget's comm opens with the view's HTML
+                assert state["children"] == [f"IPY_MODEL_{fw._shown.model_id}", f"IPY_MODEL_{fw._relay.model_id}"]
+                assert opened[fw._shown.model_id]["value"] == fw.view.html() and fw.html == fw.view.html(), name
                 continue
             assert isinstance(fw, FigureWidget), name
             assert len(state["_widget_data"]) == len(fw.data) >= 1, name
