@@ -161,6 +161,30 @@ LONG_CELLS = [
     "TokenPanel(cap, layer=1).widget",
 ]
 
+#: a heads panel and a token panel, for :func:`test_widget_models_anywidget_gave_up_on_still_follow_the_sliders`
+DEAF_CELLS = SYNTHETIC_CELLS[:1] + [
+    "from workbench.show.widgets import TokenPanel\nspans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)\n"
+    "cap = Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0)\n"
+    "heads = HeadsPanel(cap, layer=1)\ntokens = TokenPanel(cap, layer=1)",
+    "heads.widget",
+    "tokens.widget",
+]
+
+# The page's first three anywidget models (the heads panel's two figures, the token view's click relay) get an
+# initialization limit that has passed before their module can load, where anywidget's is 2 s: anywidget gives up on
+# them ("[anywidget] Failed to initialize model") and they drop every message from the kernel, as a page busy for
+# over 2 s makes them do by chance.
+DEAF_FIRST_JS = """(() => {
+  const timeout = AbortSignal.timeout.bind(AbortSignal);
+  let left = 3;
+  AbortSignal.timeout = (ms) => {
+    if (ms !== 2000 || left <= 0) return timeout(ms);
+    left -= 1;
+    const c = new AbortController();
+    queueMicrotask(() => c.abort());
+    return c.signal;
+  };
+})();"""
 
 # ----------------------------------------------------------------------------- server
 def _synthetic_notebook(path: Path, cells=SYNTHETIC_CELLS) -> None:
@@ -216,6 +240,7 @@ def lab_server(tmp_path: Path):
     _synthetic_notebook(root / "policy.ipynb", POLICY_CELLS)
     _synthetic_notebook(root / "prompt.ipynb", PROMPT_CELLS)
     _synthetic_notebook(root / "long_32k.ipynb", LONG_CELLS)
+    _synthetic_notebook(root / "deaf.ipynb", DEAF_CELLS)
     for nb in sorted(POOLING_NB.parent.glob("[0-9][0-9]_*.ipynb")):  # every notebook (the panel tests open them)
         shutil.copy(nb, root / nb.name)
     shutil.copy(POOLING_NB.parent / "lab_setup.py", root / "lab_setup.py")  # the notebooks' shared set-up
@@ -473,12 +498,15 @@ def _head_weights_ok(z: list[list[float]], zeta: float, r: int) -> tuple[float, 
 
 
 @contextlib.contextmanager
-def _notebook_page(lab, name: str, console: list | None = None):
+def _notebook_page(lab, name: str, console: list | None = None, init_script: str | None = None):
     """A chromium page (in the module's browser context) showing notebook ``name`` after Run ▸ Run All Cells;
-    closes the page and shuts the kernels down afterwards. ``console``: a list that collects the page's console warnings and errors."""
+    closes the page and shuts the kernels down afterwards. ``console``: a list that collects the page's console
+    warnings and errors. ``init_script``: JavaScript run in the page before JupyterLab's."""
     base, token, _, context = lab
     page = context.new_page()
     try:
+        if init_script is not None:
+            page.add_init_script(init_script)
         page.set_default_timeout(60_000)
         if console is not None:
             page.on("console", lambda m: console.append(f"{m.type}: {m.text}")
@@ -564,6 +592,51 @@ def test_synthetic_panel_layer_slider(lab, artifacts):
         assert layer.locator(".widget-readout").first.inner_text(timeout=10_000).strip() == "2"
         panel.screenshot(path=str(artifacts / "synthetic-panel-after.png"))
         _layout_rule_sees_an_overprint(page, panel)
+
+
+def test_widget_models_anywidget_gave_up_on_still_follow_the_sliders(lab, artifacts):
+    """Models that anywidget gave up on (:data:`DEAF_FIRST_JS`: the heads panel's two figures and the token view's
+    click relay, as a page busy for over 2 s leaves them by chance) drop every message from the kernel. The figures
+    report themselves deaf (their probe, ``figure_widget._LOADER_ESM``) and the panel puts new widgets in their place
+    (a warning in the console each): the heads panel follows ζ. The token view's HTML is a standard widget and its
+    relay only sends: it follows the layer slider, and a click on a token makes it the query row."""
+    console: list[str] = []
+    with _notebook_page(lab, "deaf.ipynb", console, init_script=DEAF_FIRST_JS) as page:
+        _wait_done(page, RUN_ALL_TIMEOUT_S)
+        assert not _kernel_errors(page), _kernel_errors(page)
+        deadline = time.monotonic() + 60
+        while sum("failed to initialize (the page was busy)" in c for c in console) < 2 and time.monotonic() < deadline:
+            page.wait_for_timeout(250)
+        assert sum("failed to initialize (the page was busy)" in c for c in console) == 2, console
+        assert sum("[anywidget] Failed to initialize model" in c for c in console) >= 1, console  # they were deaf
+        _wait_panel(page, "ζ", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.meta.zeta === 0.5)",
+                    60, artifacts / "deaf-not-rendered.png")
+        panel = _panel(page, "ζ")
+        panel.screenshot(path=str(artifacts / "deaf-heads-before.png"))
+        zeta, handle = _slider_handle(page, "ζ")
+        handle.focus()
+        handle.press("Home")
+        _wait_figures(page, "ζ", "figs.length === 2 && figs.some(f => f.meta.figure === 'head_heatmap' && "
+                                 "Math.abs(f.meta.zeta - 0.01) < 1e-9)", timeout_s=30)
+        panel.screenshot(path=str(artifacts / "deaf-heads-after.png"))
+
+        before = page.evaluate(_TOKENS_JS)
+        assert before is not None and "layer 1" in before["title"], before
+        layer, handle = _slider_handle(page, "layer")              # the last: the token panel's
+        handle.focus()
+        handle.press("End")
+        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && /layer 3/.test(t.title); }",
+                               arg=_TOKENS_JS, timeout=30_000, polling=250)
+        page.locator(".jp-OutputArea", has=page.locator(".wb-token-widget")).last.scroll_into_view_if_needed()
+        target = page.evaluate(_TOKENS_JS)["spans"][-3]
+        page.mouse.click(target["x"], target["y"])
+        page.wait_for_function("(js) => { const t = eval('(' + js + ')')(); return !!t && t.query !== null; }",
+                               arg=_TOKENS_JS, timeout=30_000, polling=250)
+        # the captured row nearest the clicked token is the query row (TokenPanel.click; ties: the earlier row)
+        menu = page.locator(".widget-dropdown", has=page.locator(".widget-label", has_text="query row")).last
+        rows = [int(t.rsplit("@", 1)[1]) for t in menu.locator("option").all_inner_texts() if "@" in t]
+        want = min(rows, key=lambda p: (abs(p - target["pos"]) * 2 + (p > target["pos"]), p))
+        assert page.evaluate(_TOKENS_JS)["query"] == want, (target["pos"], rows)
 
 
 # Overprint a shown figure of a panel by hand (the first one with a title): the title moved onto the plot area, a

@@ -10,7 +10,9 @@ What it must do, and what is checked here:
 - ``render`` draws with plotly's view of that model;
 - ``_hidden`` hides the figure's element and shows it again (its view stays: a panel that shows a new capture);
 - the room the page gives the view (the width of the box that holds it) is reported as ``_view_width`` once the
-  element is in the page and whenever it changes by 4 px or more (a panel lays its figures out again there).
+  element is in the page and whenever it changes by 4 px or more (a panel lays its figures out again there);
+- each model sends one probe; one whose answer never comes while the bundle's widget's does (a model anywidget gave
+  up on) reports itself deaf, once; a healthy one never does.
 """
 from __future__ import annotations
 
@@ -51,8 +53,12 @@ URL.revokeObjectURL = () => {};
 
 let fetches = 0, release;
 const holderLoaded = new Promise((r) => { release = r; });
-const manager = {get_model: async (id) => { fetches += 1; await holderLoaded;
-  return {get: (k) => (k === 'source' ? process.env.BUNDLE : undefined), id}; }};
+// the bundle's widget: a plain model with its source; custom messages from the kernel reach its 'msg:custom' handlers
+const holder = {get: (k) => (k === 'source' ? (fetches += 1, process.env.BUNDLE) : undefined), id: 'h1', handlers: [],
+  on(ev, f) { if (ev === 'msg:custom') this.handlers.push(f); },
+  off(ev, f) { this.handlers = this.handlers.filter((g) => g !== f); },
+  emit(content) { for (const f of [...this.handlers]) f(content); }};
+const manager = {get_model: async (id) => { await holderLoaded; return holder; }};  // the bundle's source: read once
 
 class Model {  // what anywidget hands the module: get/set/on, change events when a value changes
   constructor(id) { this.id = id; this.attrs = {_bundle_model: 'IPY_MODEL_h1', _bundle_sha: 'abc'};
@@ -62,6 +68,7 @@ class Model {  // what anywidget hands the module: get/set/on, change events whe
     if (JSON.stringify(old) !== JSON.stringify(v)) for (const f of this.handlers['change:' + k] || []) f(); }
   on(ev, f) { (this.handlers[ev] ??= []).push(f); }
   save_changes() { this.saved = (this.saved || 0) + 1; }
+  send(content) { (this.sent ??= []).push(content); }
 }
 const edit = (m, name, k) => { m.set(name, {k}); m.set(name, null); };  // plotly sends a message, then None
 
@@ -102,7 +109,16 @@ for (const f of frames.splice(0)) f();
 room.push(D.get('_view_width'));
 box.clientWidth = 570; observers[0].f(); room.push(D.get('_view_width'));   // 2 px: not reported
 box.clientWidth = 968; observers[0].f(); room.push(D.get('_view_width'));
-console.log(JSON.stringify({room, saved: D.saved, observed: observers.length === 1 && observers[0].e === box,
+// the probe: every model sent one; the kernel answers a healthy model on the model, then on the bundle's widget;
+// a deaf model (anywidget gave up on it) drops its answer, so only the bundle's widget's arrives
+const probes = [A, B, C, D].map((m) => m.sent && m.sent.filter((c) => c.event === 'probe').length);
+const answer = (m, deaf) => { const id = m.sent.find((c) => c.event === 'probe').id;
+  if (!deaf) m.set('_probe', id); holder.emit({ack: id}); };
+answer(A, false); answer(B, true); holder.emit({ack: 'another figure'});
+await new Promise((r) => setTimeout(r, 1300));
+const deaf = [A, B].map((m) => m.sent.filter((c) => c.event === 'deaf').length);
+console.log(JSON.stringify({probes, deaf, listening: holder.handlers.length,
+  room, saved: D.saved, observed: observers.length === 1 && observers[0].e === box,
   returned: returned === undefined ? 'undefined' : typeof returned, fetches,
   log: LOG, drawn: [elA.drawn, elB.drawn, elC.drawn], display: [shownC, hiddenC, elC.style.display]}));
 """
@@ -117,6 +133,9 @@ def test_loader_in_node(tmp_path):
     r = json.loads(out.stdout.strip().splitlines()[-1])
     log = [tuple(x) for x in r["log"]]
     assert r["returned"] == "undefined"                       # ready at once: nothing awaited in initialize
+    # one probe per model; the deaf one (its answer dropped) says so once, the healthy one never; each model stops
+    # listening on the bundle's widget once its own answer came (C and D: not answered here)
+    assert r["probes"] == [1, 1, 1, 1] and r["deaf"] == [0, 1] and r["listening"] == 2
     assert r["fetches"] == 1 and log.count(("bundle evaluated",)) == 1
     assert r["drawn"] == ["A", "B", "C"]
     assert r["display"] == ["", "none", ""]                   # _hidden hides the figure's element, and shows it again

@@ -681,3 +681,33 @@ def test_figures_follow_the_room_the_page_reports():
     assert set(widths().values()) == {MIN_FIGURE_WIDTH}
     first._view_width = 1300
     assert set(widths().values()) == {FIGURE_WIDTH}
+
+
+def test_a_deaf_figure_is_replaced_by_a_new_widget(monkeypatch):
+    """The page's probe (``figure_widget._LOADER_ESM``): a figure answers it on its own model (``_probe``), then on the
+    bundle's widget (``{"ack": id}``, a plain model anywidget never holds); when the page reports the figure's model
+    deaf (anywidget gave up on it: it drops every message), the panel puts a new widget of the same figure in its
+    place, in the figure row too, closes the deaf one, and the new one follows the sliders."""
+    from workbench.capture.data import Capture
+    from workbench.run.spans import PromptSpans
+
+    spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)
+    panel = Wd.HeadsPanel(Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0), layer=1)
+    name, old = next(iter(panel.figures.items()))
+    acks = []
+    monkeypatch.setattr(type(old._holder), "send", lambda self, content, buffers=None: acks.append(content))
+    old._from_page(old, {"event": "probe", "id": "p1"}, [])
+    assert old._probe == "p1" and acks == [{"ack": "p1"}]
+    others = {n: fw for n, fw in panel.figures.items() if n != name}
+    old._from_page(old, {"event": "deaf"}, [])
+    new = panel.figures[name]
+    assert new is not old and old.comm is None and new.comm is not None
+    assert panel._figure_box.children.count(new) == 1 and old not in panel._figure_box.children
+    assert all(panel.figures[n] is fw for n, fw in others.items())          # the others stay as they are
+    assert_shows(new, go.Figure(old))
+    assert new.layout.uirevision == name and new.layout.width == old.layout.width
+    old._from_page(old, {"event": "deaf"}, [])                              # a second report: nothing more
+    assert panel.figures[name] is new
+    z = np.asarray(new.data[0].z, dtype=float).copy()
+    panel.set(zeta=0.05)
+    assert not np.allclose(np.asarray(new.data[0].z, dtype=float), z)     # the new widget follows the sliders

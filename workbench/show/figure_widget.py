@@ -72,6 +72,32 @@ function roomOf(model, el) {
   return () => observer && observer.disconnect();
 }
 
+// A model that anywidget gave up on (not ready 2 s after it was made, "[anywidget] Failed to initialize model":
+// its tiny module's import outlasted by a busy page) drops every message from the kernel for good: its figure stays
+// as first drawn, deaf to every slider. So each model asks once: it sends a probe, and the kernel answers on this
+// model (``_probe``) and then on the bundle's widget, a plain ipywidgets model that anywidget never holds. The
+// bundle's answer with none on this model means deaf: the model says so (``deaf``), its panel puts a new widget of
+// the same figure in its place (widgets.base.Panel), and the console says what happened.
+function probe(model) {
+  const id = Math.random().toString(36).slice(2) + Date.now().toString(36);
+  let heard = false;
+  model.on('change:_probe', () => { if (model.get('_probe') === id) heard = true; });
+  return model.widget_manager.get_model(model.get('_bundle_model').slice('IPY_MODEL_'.length)).then((holder) => {
+    const onAck = (content) => {
+      if (!content || content.ack !== id) return;
+      if (holder.off) holder.off('msg:custom', onAck);
+      setTimeout(() => {  // this model's answer came first (one channel, in order); a second for its handlers
+        if (heard) return;
+        console.warn('[workbench] the widget model of a figure failed to initialize (the page was busy): it cannot '
+          + 'follow its sliders; its panel puts a new one in its place');
+        model.send({event: 'deaf'});
+      }, 1000);
+    };
+    holder.on('msg:custom', onAck);
+    model.send({event: 'probe', id});
+  });
+}
+
 export default () => {
   let inner = null;  // plotly's widget for this model, once its initialize has run
   let ready = null;  // a promise of it
@@ -82,6 +108,7 @@ export default () => {
   };
   return {
     initialize({model}) {
+      probe(model);
       const entry = bundle(model);
       const early = [];    // edits that arrive before plotly's model listens: replayed, in order
       const keep = (name) => () => { if (!inner) early.push([name, model.get(name)]); };
@@ -185,8 +212,9 @@ class FigureWidget(go.FigureWidget):
     loaded CPU (notebook 04's chunk-priority and envelope figures, 3 runs in 9 under load; issue 24). Here
     the comm is opened after plotly's ``__init__``, so the model is born with the figure and any view
     draws it; later edits reach every view as messages, as before. Its ES module is :data:`_LOADER_ESM`
-    (plotly's bundle once per page and kernel, not once per figure; no model left deaf by anywidget's 2 s
-    limit), tested in Node by ``tests/test_figure_loader.py``. Numeric arrays, 2-D ones included, travel as
+    (plotly's bundle once per page and kernel, not once per figure, so its module loads in milliseconds; a model
+    anywidget still gives up on, the page busy for over 2 s, reports itself deaf through its probe and its panel
+    replaces it: :meth:`on_deaf`), tested in Node by ``tests/test_figure_loader.py``. Numeric arrays, 2-D ones included, travel as
     binary buffers (:func:`_to_js`), not as JSON numbers.
 
     Shapes: as ``go.FigureWidget``. ``uirevision``: written into the figure before the comm opens.
@@ -209,6 +237,8 @@ class FigureWidget(go.FigureWidget):
     #: the width (px) of the box that holds the figure's view in the page, as the view measured it (0: not yet);
     #: a panel lays its figures out again at the live width this allows (``widgets.base.live_width``)
     _view_width = traitlets.Int(0).tag(sync=True)
+    #: the answer to the page's probe (:data:`_LOADER_ESM`: a model that never hears it is deaf)
+    _probe = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, data=None, layout=None, *, uirevision: str | None = None, **kw):
         self._open_later = True
@@ -219,9 +249,29 @@ class FigureWidget(go.FigureWidget):
                 self._widget_layout = copy.deepcopy(self._layout_obj._props)  # no comm yet: nothing is sent
             holder, self._bundle_sha = _plotly_bundle()
             self._bundle_model = f"IPY_MODEL_{holder.model_id}"
+            self._holder = holder
+            self._deaf: list = []
         finally:
             self._open_later = False
         self.open()
+        self.on_msg(self._from_page)
+
+    def on_deaf(self, fn) -> None:
+        """Call ``fn(widget)`` when the page reports this widget's browser model deaf (:data:`_LOADER_ESM`'s
+        probe): it drops every message, so the figure cannot change there; a panel replaces the widget."""
+        self._deaf.append(fn)
+
+    def _from_page(self, _widget, content, _buffers) -> None:
+        """The page's probe: answered on this model, then on the bundle's widget (never deaf); its report that
+        this model is deaf: the ``on_deaf`` callbacks."""
+        if not isinstance(content, dict):
+            return
+        if content.get("event") == "probe":
+            self._probe = str(content.get("id", ""))
+            self._holder.send({"ack": self._probe})
+        elif content.get("event") == "deaf":
+            for fn in list(self._deaf):
+                fn(self)
 
     def open(self) -> None:
         """Open the comm, except while ``__init__`` is still building the figure."""
