@@ -711,3 +711,7 @@ def test_a_deaf_figure_is_replaced_by_a_new_widget(monkeypatch):
     z = np.asarray(new.data[0].z, dtype=float).copy()
     panel.set(zeta=0.05)
     assert not np.allclose(np.asarray(new.data[0].z, dtype=float), z)     # the new widget follows the sliders
+    panel.set_capture(Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=1, concentration=2.0))
+    shown = dict(panel.figures)
+    new._from_page(new, {"event": "deaf"}, [])                              # set aside by the new capture: kept
+    assert panel.figures == shown and new.comm is not None
