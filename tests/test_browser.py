@@ -607,7 +607,8 @@ def test_widget_models_anywidget_gave_up_on_still_follow_the_sliders(lab, artifa
         deadline = time.monotonic() + 60
         while sum("failed to initialize (the page was busy)" in c for c in console) < 2 and time.monotonic() < deadline:
             page.wait_for_timeout(250)
-        assert sum("failed to initialize (the page was busy)" in c for c in console) == 2, console
+        # the two deafened figures (a replacement made deaf by chance on a loaded page is replaced again)
+        assert sum("failed to initialize (the page was busy)" in c for c in console) >= 2, console
         assert sum("[anywidget] Failed to initialize model" in c for c in console) >= 1, console  # they were deaf
         _wait_panel(page, "ζ", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.meta.zeta === 0.5)",
                     60, artifacts / "deaf-not-rendered.png")
