@@ -654,16 +654,22 @@ def _assert_every_shown_control_moves_something(panel) -> None:
 
 
 
+def _synthetic_capture(seed: int = 0):
+    """A small synthetic capture of a 5-chunk prompt (no model)."""
+    from workbench.capture.data import Capture
+    from workbench.run.spans import PromptSpans
+
+    spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)
+    return Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=seed, concentration=2.0)
+
+
 def test_figures_follow_the_room_the_page_reports():
     """A figure's view reports the width of the box that holds it (``_view_width``): the panel lays every figure out
     again at :func:`~workbench.show.widgets.base.live_width` of it (the room, capped at ``FIGURE_WIDTH``, floored at
     ``MIN_FIGURE_WIDTH``), the paper rules applied there; a slider move afterwards keeps that width."""
-    from workbench.capture.data import Capture
-    from workbench.run.spans import PromptSpans
     from workbench.show.widgets.base import FIGURE_WIDTH, MIN_FIGURE_WIDTH
 
-    spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)
-    panel = Wd.HeadsPanel(Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0), layer=1)
+    panel = Wd.HeadsPanel(_synthetic_capture(), layer=1)
     widths = lambda: {n: fw.layout.width for n, fw in panel.figures.items()}  # noqa: E731
     assert set(widths().values()) == {FIGURE_WIDTH} and panel.live_width == FIGURE_WIDTH
     heights = {n: fw.layout.height for n, fw in panel.figures.items()}
@@ -688,11 +694,7 @@ def test_a_deaf_figure_is_replaced_by_a_new_widget(monkeypatch):
     bundle's widget (``{"ack": id}``, a plain model anywidget never holds); when the page reports the figure's model
     deaf (anywidget gave up on it: it drops every message), the panel puts a new widget of the same figure in its
     place, in the figure row too, closes the deaf one, and the new one follows the sliders."""
-    from workbench.capture.data import Capture
-    from workbench.run.spans import PromptSpans
-
-    spans = PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2)
-    panel = Wd.HeadsPanel(Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0), layer=1)
+    panel = Wd.HeadsPanel(_synthetic_capture(), layer=1)
     name, old = next(iter(panel.figures.items()))
     acks = []
     monkeypatch.setattr(type(old._holder), "send", lambda self, content, buffers=None: acks.append(content))
@@ -711,7 +713,7 @@ def test_a_deaf_figure_is_replaced_by_a_new_widget(monkeypatch):
     z = np.asarray(new.data[0].z, dtype=float).copy()
     panel.set(zeta=0.05)
     assert not np.allclose(np.asarray(new.data[0].z, dtype=float), z)     # the new widget follows the sliders
-    panel.set_capture(Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=1, concentration=2.0))
+    panel.set_capture(_synthetic_capture(seed=1))
     shown = dict(panel.figures)
     new._from_page(new, {"event": "deaf"}, [])                              # set aside by the new capture: kept
     assert panel.figures == shown and new.comm is not None

@@ -27,12 +27,15 @@ __all__ = ["FigureWidget"]
 _LOADER_ESM = """
 const PAGE = (globalThis.__workbenchPlotly ??= new Map());  // bundle sha256 -> {promise, module}, one per page
 
+// the bundle's widget (a plain ipywidgets model holding plotly's source)
+const holderOf = (model) => model.widget_manager.get_model(model.get('_bundle_model').slice('IPY_MODEL_'.length));
+
 function bundle(model) {
   const sha = model.get('_bundle_sha');
   let entry = PAGE.get(sha);
   if (!entry) {
     entry = {module: null};
-    entry.promise = model.widget_manager.get_model(model.get('_bundle_model').slice('IPY_MODEL_'.length))
+    entry.promise = holderOf(model)
       .then((holder) => {
         const url = URL.createObjectURL(new Blob([holder.get('source')], {type: 'text/javascript'}));
         return import(url).finally(() => URL.revokeObjectURL(url));
@@ -82,10 +85,10 @@ function probe(model) {
   const id = Math.random().toString(36).slice(2) + Date.now().toString(36);
   let heard = false;
   model.on('change:_probe', () => { if (model.get('_probe') === id) heard = true; });
-  return model.widget_manager.get_model(model.get('_bundle_model').slice('IPY_MODEL_'.length)).then((holder) => {
+  return holderOf(model).then((holder) => {
     const onAck = (content) => {
       if (!content || content.ack !== id) return;
-      if (holder.off) holder.off('msg:custom', onAck);
+      holder.off('msg:custom', onAck);
       setTimeout(() => {  // this model's answer came first (one channel, in order); a second for its handlers
         if (heard) return;
         console.warn('[workbench] the widget model of a figure failed to initialize (the page was busy): it cannot '

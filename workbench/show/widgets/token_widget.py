@@ -61,7 +61,6 @@ class TokenWidget(W.VBox):
         super().__init__([self._shown, self._relay], **kw)
         self.add_class("wb-token-widget")
         self.view = view
-        self.meta = dict(view.meta)
         self._click: list = []
         self._relay.on_msg(self._on_msg)
 
@@ -69,10 +68,13 @@ class TokenWidget(W.VBox):
     def html(self) -> str:
         return self._shown.value
 
+    @property
+    def meta(self) -> dict:
+        return self.view.meta
+
     def show(self, view: TokenView) -> None:
         """Draw ``view`` (one message: its HTML)."""
         self.view = _checked(view)
-        self.meta = dict(view.meta)
         self._shown.value = view.html()
 
     def on_token_click(self, fn) -> None:
