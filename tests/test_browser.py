@@ -895,7 +895,7 @@ _PANELS_JS = """([areasJs, fpJs]) => eval('(' + areasJs + ')')().map((a, i) => (
 # a slider move whose messages the kernel has handled, then this long with no kernel message and the panel
 # unchanged, changed nothing (counted from the kernel's reply, not from the key press: a loaded CPU can hold
 # a message for seconds before the kernel starts on it)
-INERT_S = float(os.environ.get("WORKBENCH_BROWSER_INERT_S", "3"))
+INERT_S = float(os.environ.get("WORKBENCH_BROWSER_INERT_S", "1.5"))
 
 # The page's kernel messages, counted once per kernel connection (JupyterLab's ``anyMessage`` signal): the
 # comm messages the page sent (a slider move, a plotly view's deltas), those the kernel has not yet answered
@@ -946,7 +946,7 @@ def _changed(page, i: int, before: str, timeout_s: float, same: bool = False, in
     return False
 
 
-def _settled(page, i: int, timeout_s: float = 60.0, quiet_s: float = 0.75) -> tuple[str, int]:
+def _settled(page, i: int, timeout_s: float = 60.0, quiet_s: float = 0.5) -> tuple[str, int]:
     """Panel ``i``'s fingerprint once every comm message is answered, the kernel idle and the fingerprint has
     held still for ``quiet_s`` (a redraw still in flight would otherwise count as the next slider's change),
     and the count of comm messages sent so far; bounded by ``timeout_s``."""
@@ -975,16 +975,18 @@ def _type_value(page, slider, value: str) -> None:
 
 
 def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _Phases | None = None) -> list[str]:
-    """Move each slider (last first: an earlier slider at an extreme can make a later one inert, ζ = 1: τ has
-    no effect) to its low end (``Home``), or the high end when Home does not change its value, and check that
-    panel ``i``'s figures or status changed; the other end when that end is inert (a bound can make one end
-    inert, e.g. m₀ = 0 with nothing removable). With ``at_end`` (called as ``at_end(label, readout)`` once the
-    panel has settled at an end that redrew it) the slider then goes to its other end too, and ``at_end`` is
-    called there: every slider visits both ends (the layout checks). A moved slider stays where it is while
-    the next one is tried; a slider that changes nothing from there is tried again from the notebook's state
-    (every moved slider typed back to the notebook's value), and once more there with four times the inert wait
-    (a redraw held up by a loaded CPU; 08's page and layer sliders were judged inert once in a loaded run). Returns the sliders that changed nothing.
-    ``phases``: each slider's time is recorded there (:class:`_Phases`)."""
+    """Move each slider, from the notebook's state, to its low end (``Home``), or the high end when Home does
+    not change its value, and check that panel ``i``'s figures or status changed; the other end when that end
+    is inert (a bound can make one end inert, e.g. m₀ = 0 with nothing removable). With ``at_end`` (called as
+    ``at_end(label, readout)`` once the panel has settled at an end that redrew it) the slider then goes to its
+    other end too, and ``at_end`` is called there: every slider visits both ends (the layout checks). A slider
+    that changes nothing is tried once more with four times the inert wait (a redraw held up by a loaded CPU;
+    08's page and layer sliders were judged inert once in a loaded run). After each slider it is typed back to
+    the notebook's value and the panel must show the notebook's state again, so that the next slider starts
+    from there (before session 9 a moved slider stayed where it was: ζ at an end made ε_row inert at both of
+    its ends, 8 s of inert waits before the retry from the notebook's state, 24 s of notebook 06's 105 s).
+    Returns the sliders that changed nothing. ``phases``: each slider's time and its steps (which end, changed
+    or inert, seconds) are recorded there (:class:`_Phases`)."""
     def locate(label):
         return area.locator(".widget-hslider").filter(has=page.locator(".widget-label", has_text=label)).first
 
@@ -993,12 +995,16 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
 
     def restore(fp0: str) -> None:
         """Type every moved slider back to the notebook's value, the last moved first (a range that follows
-        another slider, 09's K ≤ the page count of b, would clamp a value typed back before its bound), and
-        once more if the panel is not back (a clamp this order missed). The panel must show the notebook's
+        another slider, 09's K ≤ the page count of b, would clamp a value typed back before its bound), then
+        every other slider that no longer reads its value (K, clamped when b moved), and once more if the
+        panel is not back (a clamp this order missed). The panel must show the notebook's
         state again: the same values draw the same figures and status."""
         for attempt in range(2):
             for label in reversed(moved):
                 _type_value(page, locate(label), start[label])
+            for label in sliders:     # a value a moved slider's range clamped (09: K after b), typed after its bound
+                if locate(label).locator(".widget-readout").first.inner_text() != start[label]:
+                    _type_value(page, locate(label), start[label])
             if _changed(page, i, fp0, 20 if attempt == 0 else 90, same=True):
                 break
         else:
@@ -1024,38 +1030,48 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
         if value() == readout:
             return None  # a one-value slider (e.g. one decode row)
         moved.append(label)
-        if _changed(page, i, before, 90, inert_s=inert_s, sent=sent):
+        if _step(f"{first}: changed", _changed(page, i, before, 90, inert_s=inert_s, sent=sent)):
             if at_end is not None:             # there, then at the other end
                 fp, sent = _settled(page, i)
                 at_end(label, value())
                 handle.press("End" if first == "Home" else "Home")
-                if _changed(page, i, fp, 90, inert_s=inert_s, sent=sent):
+                if _step("other end: changed", _changed(page, i, fp, 90, inert_s=inert_s, sent=sent)):
                     _settled(page, i)
                     at_end(label, value())
             return True
         _, sent = _settled(page, i)
         handle.press("End")
-        ok = _changed(page, i, before, 90, inert_s=inert_s, sent=sent)
+        ok = _step("End: changed", _changed(page, i, before, 90, inert_s=inert_s, sent=sent))
         if ok and at_end is not None:          # the state at Home (inert) is the one checked before
             _settled(page, i)
             at_end(label, value())
+        return ok
+
+    steps: list = []
+    t_step = [time.monotonic()]
+
+    def _step(what: str, ok: bool) -> bool:
+        now = time.monotonic()
+        steps.append((what if ok else what.replace("changed", "inert"), round(now - t_step[0], 2)))
+        t_step[0] = now
         return ok
 
     fp0, _ = _settled(page, i)
     unchanged = []
     for label in reversed(sliders):
         t = time.monotonic()
+        steps.clear()
+        t_step[0] = t
         ok = try_slider(label)
-        if ok is False and moved != [label]:      # not from the notebook's state: once more from there
-            restore(fp0)
-            ok = try_slider(label)
         if ok is False:                           # a loaded CPU can hold a redraw past INERT_S: once more, patient
             restore(fp0)
             ok = try_slider(label, inert_s=4 * INERT_S)
         if ok is False:
             unchanged.append(label)
+        if moved:                                 # the next slider starts from the notebook's state
+            restore(fp0)
         if phases is not None:
-            phases.sliders.append((label.strip(), round(time.monotonic() - t, 2)))
+            phases.sliders.append((label.strip(), round(time.monotonic() - t, 2), list(steps)))
     t = time.monotonic()
     restore(fp0)
     if phases is not None:
