@@ -750,7 +750,7 @@ def test_registered_policy_in_the_eviction_panel(lab, artifacts):
         area.screenshot(path=str(artifacts / "policy-before.png"))
         area.locator(".widget-button", has_text="Run eviction").first.click()
         page.wait_for_function("(a) => /mean-key, B = 20/.test(a.textContent) && /full cache/.test(a.textContent)",
-                               arg=area.element_handle(), timeout=RUN_ALL_TIMEOUT_S * 1000, polling=500)
+                               arg=area.element_handle(), timeout=RUN_ALL_TIMEOUT_S * 1000, polling=200)
         assert "run failed" not in area.inner_text()
         area.screenshot(path=str(artifacts / "policy-after.png"))
     bad = _console_problems(console)
@@ -896,6 +896,8 @@ _PANELS_JS = """([areasJs, fpJs]) => eval('(' + areasJs + ')')().map((a, i) => (
 # unchanged, changed nothing (counted from the kernel's reply, not from the key press: a loaded CPU can hold
 # a message for seconds before the kernel starts on it)
 INERT_S = float(os.environ.get("WORKBENCH_BROWSER_INERT_S", "1.5"))
+#: how often a slider move's wait reads the panel's fingerprint and message counts (s)
+POLL_S = 0.1
 
 # The page's kernel messages, counted once per kernel connection (JupyterLab's ``anyMessage`` signal): the
 # comm messages the page sent (a slider move, a plotly view's deltas), those the kernel has not yet answered
@@ -942,11 +944,11 @@ def _changed(page, i: int, before: str, timeout_s: float, same: bool = False, in
         if (inert_s is not None and sent is not None and settled and m["sent"] > sent
                 and m["quiet_ms"] >= inert_s * 1000):
             return False
-        time.sleep(0.25)
+        time.sleep(POLL_S)
     return False
 
 
-def _settled(page, i: int, timeout_s: float = 60.0, quiet_s: float = 0.5) -> tuple[str, int]:
+def _settled(page, i: int, timeout_s: float = 60.0, quiet_s: float = 0.3) -> tuple[str, int]:
     """Panel ``i``'s fingerprint once every comm message is answered, the kernel idle and the fingerprint has
     held still for ``quiet_s`` (a redraw still in flight would otherwise count as the next slider's change),
     and the count of comm messages sent so far; bounded by ``timeout_s``."""
@@ -959,7 +961,7 @@ def _settled(page, i: int, timeout_s: float = 60.0, quiet_s: float = 0.5) -> tup
             return fp, m["sent"]
         if time.monotonic() > deadline:
             return fp, m["sent"]
-        time.sleep(0.25)
+        time.sleep(POLL_S)
 
 
 def _type_value(page, slider, value: str) -> None:
@@ -971,7 +973,7 @@ def _type_value(page, slider, value: str) -> None:
     page.keyboard.press("Enter")
     with contextlib.suppress(PlaywrightTimeout):
         page.wait_for_function("([el, v]) => el.textContent.trim() === v", arg=[ro.element_handle(), value.strip()],
-                               timeout=10_000, polling=250)
+                               timeout=10_000, polling=100)
 
 
 def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _Phases | None = None) -> list[str]:
@@ -1258,12 +1260,12 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
                     "(a) => { const p = a.querySelector('.widget-inline-hbox progress, .progress'); "
                     "const d = Array.from(a.querySelectorAll('.widget-label')).map(e => e.textContent).join('|'); "
                     "return /done|failed|cancelled/.test(d); }",
-                    arg=area.element_handle(), timeout=RUN_ALL_TIMEOUT_S * 1000, polling=500)
+                    arg=area.element_handle(), timeout=RUN_ALL_TIMEOUT_S * 1000, polling=200)
                 box.uncheck()
             if p["export"]:
                 area.locator("button", has_text="export figures").first.click()
                 page.wait_for_function("(a) => /files in|export failed/.test(a.textContent)", arg=area.element_handle(),
-                                       timeout=180_000, polling=500)
+                                       timeout=180_000, polling=200)
                 text = area.inner_text()
                 assert "export failed" not in text, text[-1000:]
                 folder = Path(text.split("files in", 1)[1].split(":", 1)[0].strip())
