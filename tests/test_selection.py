@@ -427,18 +427,50 @@ def test_tie_tolerance_ignores_float_noise(k, seed):
 
 def test_lp_failure_is_reported_not_silent(monkeypatch):
     """A failed LP falls back to U = N and says so in lp_status and the verdict."""
-    from types import SimpleNamespace
-
     from workbench.analyse import selection as Sel
 
     Sel._LP_MEMO.clear()
-    monkeypatch.setattr(Sel, "linprog", lambda *a, **k: SimpleNamespace(status=4, message="numerical trouble",
-                                                                        ineqlin=None))
+    from workbench.analyse import lp as LP
+
+    class Stuck(LP._highs._Highs):          # the solver gives up (a status HiGHS can return), not optimal
+        def getModelStatus(self):
+            return LP._highs.HighsModelStatus.kIterationLimit
+
+    monkeypatch.setattr(LP._highs, "_Highs", Stuck)
     n, m = np.array([4, 6]), np.array([[0.3, 0.4]])
     res = GreedySelection(target_tokens=3, eps_row=0.5, m0=0).select([0.0, 1.0], n, m)
-    assert res.U == 10.0 and res.lp_status.startswith("failed: HiGHS status 4")
+    assert res.U == 10.0 and res.lp_status.startswith("failed: HiGHS status Iteration limit reached")
     assert "LP certificate failed" in res.verdict and res.to_frame().attrs["lp_status"] == res.lp_status
     Sel._LP_MEMO.clear()
     monkeypatch.undo()
     ok = GreedySelection(target_tokens=3, eps_row=0.5, m0=0).select([0.0, 1.0], n, m)
     assert ok.lp_status == "optimal" and "LP certificate" not in ok.verdict
+
+
+@PROPS
+@given(problems())
+def test_highs_row_duals_equal_linprogs(problem):
+    """:func:`workbench.analyse.lp.highs_row_duals` (scipy's HiGHS called directly, issue 24) solves the LP of
+    :func:`_lp_solve` as ``linprog(method="highs")`` does: the same status, and duals that are optimal for the
+    same LP (the certificate they price equals linprog's value; on a degenerate LP the two may pick different
+    optimal duals, so the prices themselves are compared only through the certificate)."""
+    from workbench.analyse.lp import highs_row_duals
+
+    n, m, eps, m0, _ = problem
+    k = len(n)
+    A_ub, b_ub = np.vstack([m, np.ones((1, k))]), np.concatenate([eps, [k - m0]])
+    res = linprog(-n, A_ub=A_ub, b_ub=b_ub, bounds=[(0, 1)] * k, method="highs")
+    duals, status = highs_row_duals(-n, A_ub, b_ub)
+    assert (status == "optimal") == (res.status == 0)
+    prices = np.maximum(-duals, 0.0)
+    assert duals.shape == (len(b_ub),) and np.all(duals <= 1e-12)
+    U = certificate(n, m, eps, m0, prices[:-1], float(prices[-1]))
+    assert U == pytest.approx(-res.fun, rel=1e-9, abs=1e-9)
+
+
+def test_highs_row_duals_say_when_there_is_no_optimum():
+    """An infeasible LP (and so any status but optimal) gives no duals and a status naming HiGHS's."""
+    from workbench.analyse.lp import highs_row_duals
+
+    duals, status = highs_row_duals(np.array([-1.0, -2.0]), np.array([[1.0, 1.0]]), np.array([-1.0]))
+    assert duals is None and status == "failed: HiGHS status Infeasible; trivial bound U = N used"

@@ -12,7 +12,7 @@ heuristic; the certificate
     U_l(y, t) = Σ_a y_a ε_a + t (k − m0) + Σ_i [n_i − Σ_a y_a m_ai − t]_+   (y, t >= 0)
 
 is an upper bound on ``D*_l`` for any nonnegative prices. Prices from the LP relaxation
-(``0 <= x <= 1``, scipy HiGHS) minimise ``U`` over all nonnegative prices, and then ``U`` equals the
+(``0 <= x <= 1``, scipy's HiGHS: :mod:`workbench.analyse.lp`) minimise ``U`` over all nonnegative prices, and then ``U`` equals the
 LP value. ``U < target`` proves the target infeasible; a greedy miss alone proves nothing. The
 solver's status is reported in every result (``lp_status``); a failed LP falls back to the trivial
 bound ``U = N`` and the verdict says so.
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import torch
-from scipy.optimize import linprog
 
+from workbench.analyse.lp import highs_row_duals
 from workbench.analyse.priorities import chunk_sums_idx, take_last
 from workbench.analyse.rows import check_rows
 from workbench.checks import check_fields, check_target, check_target_tokens
@@ -169,7 +169,8 @@ def lp_certificate(n, m, eps, m0: int) -> tuple[float, torch.Tensor, float]:
 
 
 def lp_certificate_status(n, m, eps, m0: int) -> tuple[float, torch.Tensor, float, str]:
-    """Certificate with prices from the LP relaxation of (14) (``0 <= x <= 1``, scipy HiGHS).
+    """Certificate with prices from the LP relaxation of (14) (``0 <= x <= 1``, HiGHS:
+    :func:`workbench.analyse.lp.highs_row_duals`).
 
     The row prices ``y`` and count price ``t`` are the duals of the row and count constraints (tiny
     negative values clipped to 0); ``U`` is then evaluated with ``certificate`` so it is a valid bound
@@ -218,16 +219,13 @@ def _lp_solve(n: np.ndarray, m: np.ndarray, e: np.ndarray, m0: int) -> tuple[flo
     A_ub = np.vstack([m[active], np.ones((1, k))])
     b_ub = np.concatenate([e[active], [float(k - m0)]])
     try:
-        res = linprog(-n, A_ub=A_ub, b_ub=b_ub, bounds=[(0.0, 1.0)] * k, method="highs")
+        duals, status = highs_row_duals(-n, A_ub, b_ub)
     except (ValueError, RuntimeError) as exc:  # a solver crash is reported like a solver failure
-        res, status = None, f"failed: {type(exc).__name__}: {exc}; trivial bound U = N used"
-    if res is not None and res.status == 0 and res.ineqlin is not None:
-        duals = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
+        duals, status = None, f"failed: {type(exc).__name__}: {exc}; trivial bound U = N used"
+    if duals is not None:
+        duals = np.maximum(-duals, 0.0)
         y[active] = duals[:-1]
         t = float(duals[-1])
-        status = "optimal"
-    elif res is not None:
-        status = f"failed: HiGHS status {res.status} ({res.message}); trivial bound U = N used"
     U = certificate(n, m, e, m0, y, t)
     U0 = float(n.sum())  # U(0, 0): never worse than the trivial bound
     if U0 < U:
