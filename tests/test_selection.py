@@ -447,7 +447,7 @@ def test_lp_failure_is_reported_not_silent(monkeypatch):
     assert ok.lp_status == "optimal" and "LP certificate" not in ok.verdict
 
 
-@PROPS
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_highs_row_duals_equal_linprogs(problem):
     """:func:`workbench.analyse.lp.highs_row_duals` (scipy's HiGHS called directly, issue 24) solves the LP of
