@@ -64,3 +64,26 @@ def test_resume_runs_the_missing_cells_of_an_item_together(smollm, tmp_path):
     new = resumed[resumed["p_policy"].isin(["snapkv", "deferkv"])].set_index("p_policy")
     assert dict(new["batched"]) == {"snapkv": 2, "deferkv": 2}  # the two missing cells decoded together
     assert int(new["shared_paid"].sum()) == 1
+
+
+def test_the_answer_rows_are_captured_only_for_a_policy_that_needs_them(smollm, monkeypatch):
+    """The shared prefill takes every policy's evidence, but the full-cache answer's rows (the oracle's, a
+    capturing decode of ``max_new_tokens`` steps) only when a cell's policy needs them (session 9: they were
+    taken for every item); the other cells' answers are the same with and without an oracle cell beside them."""
+    from workbench.rerun.eviction import EvictionSession
+
+    seen = []
+    prepare = EvictionSession.prepare.__func__
+
+    def spy(cls, model, prompt, needs, *a, **kw):
+        seen.append(needs)
+        return prepare(cls, model, prompt, needs, *a, **kw)
+
+    monkeypatch.setattr(EvictionSession, "prepare", classmethod(spy))
+    without = sweep(smollm, [ITEM], GRID, max_new_tokens=6, progress=False, reference=False)
+    grid = {"evict": {"policy": [*POLICIES, "oracle"], "budget_frac": [0.5]}}
+    beside = sweep(smollm, [ITEM], grid, max_new_tokens=6, progress=False, reference=False)
+    assert [n.answer for n in seen] == [False, True]
+    assert all(n.decode1 and n.keys and n.colsum for n in seen)   # every other policy's evidence, both times
+    others = comparable(beside[beside["p_policy"] != "oracle"])[COLS].reset_index(drop=True)
+    assert others.equals(comparable(without)[COLS].reset_index(drop=True))

@@ -7,6 +7,7 @@ stop rule of :mod:`workbench.run.generate`.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Sequence
@@ -84,7 +85,8 @@ def evict_cells(lm, item: TaskItem, cells: Sequence[dict]) -> list[dict | Except
     refused.
 
     Timing rule: ``shared_s`` is the shared prefill's wall time (with its evidence capture and the
-    full-cache decode the evidence needs), the same for every cell of the item; ``shared_paid`` marks the
+    full-cache decode the evidence needs: the first decode step, or the whole answer when a cell's policy needs
+    its rows), the same for every cell of the item; ``shared_paid`` marks the
     first cell, which the sweep charges with the call's ``wall_s``; ``method_s`` is a cell's own work: the
     time of its batch (scoring, evicting and decoding every distinct setting of it) divided by the
     settings it holds; ``batched`` is the largest decode batch the cell was part of (1: it decoded alone,
@@ -102,7 +104,13 @@ def evict_cells(lm, item: TaskItem, cells: Sequence[dict]) -> list[dict | Except
     lengths = {int(cells[i]["max_new_tokens"]) for i in jobs}
     if len(lengths) != 1:
         raise ValueError(f"max_new_tokens: the cells of one item decode one length, got {sorted(lengths)}")
-    union = Needs.of([pol for pol, _ in jobs.values()], Needs.of(every_policy()))  # one prefill serves every cell
+    # one prefill serves every cell, with every policy's evidence: a cell's scores never depend on which other
+    # cells share its item (a resumed sweep, one cell alone). All but the full-cache answer's rows (``answer``:
+    # the oracle's), taken only when a cell needs them: they cost a capturing decode of max_new_tokens steps, and
+    # no other policy reads past the first decode row (the policy contract checks each policy on evidence cut to
+    # what it declares: workbench.rerun.eviction.contract)
+    every = dataclasses.replace(Needs.of(every_policy()), answer=False)
+    union = Needs.of([pol for pol, _ in jobs.values()], every)
     t0 = time.perf_counter()
     sess = EvictionSession.prepare(lm, prompt, union, lengths.pop(), reusable=True, progress=False)
     shared_s = time.perf_counter() - t0
