@@ -5,8 +5,8 @@ variables; ``linprog(method="highs")`` spends ~1.7 ms on it, almost all in its i
 around the solver, and an ``ε_row`` slider move solves one LP per monitored layer (29 on the default model:
 ~50 ms of a move). :func:`highs_row_duals` hands the same LP to the same solver (scipy's own HiGHS build,
 ``scipy.optimize._highspy._core``, the object ``linprog`` itself creates) for ~0.35 ms. That module is private
-to scipy (since 1.15): if it moves, this import fails loudly, and ``tests/test_selection.py`` checks the duals
-and statuses against ``linprog`` on random LPs.
+to scipy (since 1.15): if it moves, this import fails loudly, and ``tests/test_selection.py`` checks the statuses
+and the certified values against ``linprog``'s on random LPs.
 """
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ heuristic; the certificate
     U_l(y, t) = Σ_a y_a ε_a + t (k − m0) + Σ_i [n_i − Σ_a y_a m_ai − t]_+   (y, t >= 0)
 
 is an upper bound on ``D*_l`` for any nonnegative prices. Prices from the LP relaxation
-(``0 <= x <= 1``, scipy's HiGHS: :mod:`workbench.analyse.lp`) minimise ``U`` over all nonnegative prices, and then ``U`` equals the
-LP value. ``U < target`` proves the target infeasible; a greedy miss alone proves nothing. The
+(``0 <= x <= 1``, scipy's HiGHS: :mod:`workbench.analyse.lp`) minimise ``U`` over all nonnegative
+prices, and then ``U`` equals the LP value. ``U < target`` proves the target infeasible; a greedy miss alone proves nothing. The
 solver's status is reported in every result (``lp_status``); a failed LP falls back to the trivial
 bound ``U = N`` and the verdict says so.
 
