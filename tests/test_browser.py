@@ -1278,6 +1278,13 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
                 files = sorted(f.name for f in folder.iterdir())
                 for ext in (".pdf", ".svg", ".png", ".json", ".csv"):
                     assert any(f.endswith(ext) for f in files), (folder, files)
+                # the links beside the button must not squeeze its label (it read "⬇ …" at the narrow width)
+                cut = area.locator("button", has_text="export figures").first.evaluate(
+                    "b => b.scrollWidth > b.clientWidth + 1")
+                assert not cut, f"{name}: the export button's label is cut once its links show"
+                over = area.locator(".widget-html", has_text="files in").first.evaluate(
+                    "h => h.scrollWidth > h.clientWidth + 1")
+                assert not over, f"{name}: the export's links run past the panel's edge"
 
         problems = _layout_sweep(page, panels, f"nb{tag}", artifacts, each_panel=toggles_and_export, phases=phases,
                                  console=console)

@@ -245,13 +245,17 @@ class Panel(abc.ABC):
             return
         self.status.value = status
         self.figures = {name: self._new_figure(f, name) for name, f in figs.items()}
+        # the button and the width keep their size when the links beside them grow (they had squeezed the
+        # button to "⬇ …" in a narrow window); the links take the rest of the row and wrap
         self.export_button = W.Button(description="export figures", icon="download",
-                                      tooltip="write every figure (PDF, SVG, PNG, JSON sidecar, CSV) to a folder")
+                                      tooltip="write every figure (PDF, SVG, PNG, JSON sidecar, CSV) to a folder",
+                                      layout=W.Layout(width="auto", flex="0 0 auto"))
         self.export_width = W.Dropdown(options=[("single column (3.33 in)", "single"),
                                                 ("double column (7 in)", "double"), ("both widths", "both")],
-                                       value="single", description="width", layout=W.Layout(width="260px"),
+                                       value="single", description="width",
+                                       layout=W.Layout(width="260px", flex="0 0 auto"),
                                        tooltip="the paper width of the exported files (layout and fonts follow)")
-        self.export_links = W.HTML()
+        self.export_links = W.HTML(layout=W.Layout(flex="1 1 auto", min_width="0"))
         self.export_button.on_click(lambda _b: self.export_clicked())
         self._figure_box = W.HBox(list(self.figures.values()), layout=W.Layout(flex_flow="row wrap"))
         self._controls_box = W.VBox(rows)
@@ -399,7 +403,9 @@ class Panel(abc.ABC):
         paths = [p for ps in out.values() for p in ps]
         links = " ".join(f"<a href='{html_escape(p.as_posix())}' target='_blank'>{html_escape(p.name)}</a>"
                          for p in paths)
-        self.export_links.value = (f"{len(paths)} files in <code>{html_escape(folder.resolve())}</code>: {links}")
+        # a long folder path breaks anywhere rather than run past the panel's edge
+        self.export_links.value = (f"<div style='overflow-wrap:anywhere'>{len(paths)} files in "
+                                   f"<code>{html_escape(folder.resolve())}</code>: {links}</div>")
         return paths
 
     def export_all(self, folder, **kw):
