@@ -1002,9 +1002,8 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
         panel is not back (a clamp this order missed). The panel must show the notebook's
         state again: the same values draw the same figures and status."""
         for attempt in range(2):
-            for label in reversed(moved):
-                _type_value(page, locate(label), start[label])
-            for label in sliders:     # a value a moved slider's range clamped (09: K after b), typed after its bound
+            # the moved sliders first (the bounds), then any value their ranges clamped (09: K after b)
+            for label in [*reversed(moved), *(lb for lb in sliders if lb not in moved)]:
                 if locate(label).locator(".widget-readout").first.inner_text() != start[label]:
                     _type_value(page, locate(label), start[label])
             if _changed(page, i, fp0, 20 if attempt == 0 else 90, same=True):
@@ -1049,13 +1048,14 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
             at_end(label, value())
         return ok
 
-    steps: list = []
-    t_step = [time.monotonic()]
+    steps: list = []      # the present slider's (what, seconds since the step before)
+    since = time.monotonic()
 
     def _step(what: str, ok: bool) -> bool:
+        nonlocal since
         now = time.monotonic()
-        steps.append((what if ok else what.replace("changed", "inert"), round(now - t_step[0], 2)))
-        t_step[0] = now
+        steps.append((what if ok else what.replace("changed", "inert"), round(now - since, 2)))
+        since = now
         return ok
 
     fp0, _ = _settled(page, i)
@@ -1063,7 +1063,7 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
     for label in reversed(sliders):
         t = time.monotonic()
         steps.clear()
-        t_step[0] = t
+        since = t
         ok = try_slider(label)
         if ok is False:                           # a loaded CPU can hold a redraw past INERT_S: once more, patient
             restore(fp0)
