@@ -168,15 +168,25 @@ DEAF_CELLS = SYNTHETIC_CELLS[:1] + [
     + "heads = HeadsPanel(cap, layer=1)\ntokens = TokenPanel(cap, layer=1)",
     "heads.widget",
     "tokens.widget",
+    # a figure outside any panel, changed in the kernel before the page can say its model is deaf, and a slider of its own
+    "import ipywidgets as W\nimport plotly.graph_objects as go\nfrom workbench.show.figure_widget import FigureWidget\n"
+    "from workbench.show.plots import update_figure\n"
+    "def solo_fig(k):\n"
+    "    return go.Figure(go.Bar(x=['a', 'b', 'c'], y=[k, k + 1, k + 2]),\n"
+    "                     layout={'title': {'text': f'solo {k}'}, 'meta': {'solo': k}, 'width': 400, 'height': 300})\n"
+    "solo = FigureWidget(solo_fig(0))\nupdate_figure(solo, solo_fig(1))\n"
+    "solo_k = W.IntSlider(1, min=1, max=5, description='solo k')\n"
+    "solo_k.observe(lambda c: update_figure(solo, solo_fig(c['new'])), names='value')\n"
+    "W.VBox([solo_k, solo])",
 ]
 
-# The page's first three anywidget models (the heads panel's two figures, the token view's click relay) get an
-# initialization limit that has passed before their module can load, where anywidget's is 2 s: anywidget gives up on
-# them ("[anywidget] Failed to initialize model") and they drop every message from the kernel, as a page busy for
-# over 2 s makes them do by chance.
+# The page's first four anywidget models (the heads panel's two figures, the token view's click relay, the figure
+# outside a panel) get an initialization limit that has passed before their module can load, where anywidget's is 2 s:
+# anywidget gives up on them ("[anywidget] Failed to initialize model") and they drop every message from the kernel,
+# as a page busy for over 2 s makes them do by chance.
 DEAF_FIRST_JS = """(() => {
   const timeout = AbortSignal.timeout.bind(AbortSignal);
-  let left = 3;
+  let left = 4;
   AbortSignal.timeout = (ms) => {
     if (ms !== 2000 || left <= 0) return timeout(ms);
     left -= 1;
@@ -595,24 +605,37 @@ def test_synthetic_panel_layer_slider(lab, artifacts):
 
 
 def test_widget_models_anywidget_gave_up_on_still_follow_the_sliders(lab, artifacts):
-    """Models that anywidget gave up on (:data:`DEAF_FIRST_JS`: the heads panel's two figures and the token view's
-    click relay, as a page busy for over 2 s leaves them by chance) drop every message from the kernel. The figures
-    report themselves deaf (their probe, ``figure_widget._LOADER_ESM``) and the panel puts new widgets in their place
-    (a warning in the console each): the heads panel follows ζ. The token view's HTML is a standard widget and its
-    relay only sends: it follows the layer slider, and a click on a token makes it the query row."""
+    """Models that anywidget gave up on (:data:`DEAF_FIRST_JS`: the heads panel's two figures, the token view's
+    click relay and a figure outside any panel, as a page busy for over 2 s leaves them by chance) drop every message
+    of their comm. The figures report themselves deaf (their probe, ``figure_widget._LOADER_ESM``; a warning in the
+    console each), and the kernel sends each its figure as it is now and every later change through the bundle's
+    widget: the heads panel follows ζ; the figure outside a panel shows the change made before the page knew it was
+    deaf, then follows its slider. The token view's HTML is a standard widget and its relay only sends: it follows
+    the layer slider, and a click on a token makes it the query row."""
     console: list[str] = []
     with _notebook_page(lab, "deaf.ipynb", console, init_script=DEAF_FIRST_JS) as page:
         _wait_done(page, RUN_ALL_TIMEOUT_S)
         assert not _kernel_errors(page), _kernel_errors(page)
-        def replaced() -> int:
+        def deaf() -> int:
             return sum(_RECOVERED in c for c in console)
 
         deadline = time.monotonic() + 60
-        while replaced() < 2 and time.monotonic() < deadline:
+        while deaf() < 3 and time.monotonic() < deadline:
             page.wait_for_timeout(250)
-        # the two deafened figures (a replacement made deaf by chance on a loaded page is replaced again)
-        assert replaced() >= 2, console
+        assert deaf() == 3, console                          # the three deafened figures, each once
         assert any(_GAVE_UP in c for c in console), console  # they were deaf
+        # the figure outside a panel: the kernel's change made before the page said it was deaf, then its slider
+        _wait_panel(page, "solo k", "figs.length === 1 && figs[0].title === 'solo 1' && figs[0].meta.solo === 1", 60,
+                    artifacts / "deaf-solo-not-resent.png")
+        solo, handle = _slider_handle(page, "solo k")
+        handle.focus()
+        handle.press("End")
+        _wait_figures(page, "solo k", "figs.length === 1 && figs[0].title === 'solo 5' && figs[0].meta.solo === 5",
+                      timeout_s=30)
+        bars = page.evaluate("""(label) => { const a = (""" + _PANEL_JS + """)(label);
+          const gd = a.querySelector('.js-plotly-plot'); return [gd.data.length, Array.from(gd.data[0].y)]; }""",
+                             "solo k")
+        assert bars == [1, [5, 6, 7]], bars                 # one trace (the first replaced, not doubled), its values
         _wait_panel(page, "ζ", "figs.length === 2 && figs.every(f => f.z && f.z.length > 0 && f.meta.zeta === 0.5)",
                     60, artifacts / "deaf-not-rendered.png")
         panel = _panel(page, "ζ")
@@ -853,8 +876,8 @@ def test_prompt_panel_feeds_the_heads_priority_and_token_panels(lab, artifacts):
 # JupyterLab's own start-up notes on a loaded machine (not the notebook's output)
 _LAB_START = re.compile(r"Plugin @jupyterlab/\S+ (is taking too long to activate|.*took [\d.]+ ?ms to activate)")
 # A page busy for over 2 s can leave a widget model that anywidget gave up on ("[anywidget] Failed to initialize
-# model", an uncaught error at each message that reaches it); a figure's model then reports itself deaf and its panel
-# replaces it, with this warning (figure_widget._LOADER_ESM). Recovered, that is no failure.
+# model", an uncaught error at each message that reaches it); a figure's model then reports itself deaf, with this
+# warning, and its kernel relays its changes to it (figure_widget._LOADER_ESM). Recovered, that is no failure.
 _RECOVERED = "[workbench] the widget model of a figure failed to initialize"
 _GAVE_UP = "[anywidget] Failed to initialize model"
 

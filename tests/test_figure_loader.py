@@ -12,7 +12,9 @@ What it must do, and what is checked here:
 - the room the page gives the view (the width of the box that holds it) is reported as ``_view_width`` once the
   element is in the page and whenever it changes by 4 px or more (a panel lays its figures out again there);
 - each model sends one probe; one whose answer never comes while the bundle's widget's does (a model anywidget gave
-  up on) reports itself deaf, once; a healthy one never does.
+  up on) reports itself deaf, once, with what it shows (its trace count and layout keys), and from then on sets on
+  itself, in order, the states the kernel relays to it through the bundle's widget (binary buffers put back); a
+  healthy one says it heard its answer and never reports itself deaf.
 """
 from __future__ import annotations
 
@@ -37,7 +39,9 @@ export default () => {
       m = model;
       globalThis.LOG.push(['initialize', model.id]);
       for (const n of ['_py2js_restyle', '_py2js_relayout', '_py2js_update'])
-        model.on('change:' + n, () => { const v = model.get(n); if (v !== null) globalThis.LOG.push(['edit', model.id, n, v.k]); });
+        model.on('change:' + n, () => { const v = model.get(n); if (v === null) return;
+          globalThis.LOG.push(['edit', model.id, n, v.k]);
+          if (v.z) globalThis.LOG.push(['buffer', model.id, v.z.constructor.name, Array.from(new Uint8Array(v.z.buffer, v.z.byteOffset, v.z.byteLength))]); });
     },
     render({el}) { globalThis.LOG.push(['render', m.id]); el.drawn = m.id; },
   };
@@ -57,14 +61,16 @@ const holderLoaded = new Promise((r) => { release = r; });
 const holder = {get: (k) => (k === 'source' ? (fetches += 1, process.env.BUNDLE) : undefined), id: 'h1', handlers: [],
   on(ev, f) { if (ev === 'msg:custom') this.handlers.push(f); },
   off(ev, f) { this.handlers = this.handlers.filter((g) => g !== f); },
-  emit(content) { for (const f of [...this.handlers]) f(content); }};
+  emit(content, buffers = []) { for (const f of [...this.handlers]) f(content, buffers); }};
 const manager = {get_model: async (id) => { await holderLoaded; return holder; }};  // the bundle's source: read once
 
 class Model {  // what anywidget hands the module: get/set/on, change events when a value changes
   constructor(id) { this.id = id; this.attrs = {_bundle_model: 'IPY_MODEL_h1', _bundle_sha: 'abc'};
     this.handlers = {}; this.widget_manager = manager; }
   get(k) { return this.attrs[k] ?? null; }
-  set(k, v) { const old = this.get(k); this.attrs[k] = v;
+  set(k, v) {  // one trait, or an object of traits (as a comm's update sets them)
+    if (typeof k === 'object') { for (const [n, x] of Object.entries(k)) this.set(n, x); return; }
+    const old = this.get(k); this.attrs[k] = v;
     if (JSON.stringify(old) !== JSON.stringify(v)) for (const f of this.handlers['change:' + k] || []) f(); }
   on(ev, f) { (this.handlers[ev] ??= []).push(f); }
   save_changes() { this.saved = (this.saved || 0) + 1; }
@@ -81,7 +87,7 @@ edit(A, '_py2js_restyle', 1); edit(A, '_py2js_relayout', 2); edit(A, '_py2js_res
 edit(B, '_py2js_update', 4);
 LOG.push(['holder released']);
 release();
-const elA = {}, elB = {};
+const elA = {}, elB = {style: {}};
 await wA.render({model: A, el: elA});
 await wB.render({model: B, el: elB});
 edit(A, '_py2js_restyle', 5);                       // after the load: plotly's model has it, once
@@ -117,7 +123,17 @@ const answer = (m, deaf) => { const id = m.sent.find((c) => c.event === 'probe')
 answer(A, false); answer(B, true); holder.emit({ack: 'another figure'});
 await new Promise((r) => setTimeout(r, 1300));
 const deaf = [A, B].map((m) => m.sent.filter((c) => c.event === 'deaf').length);
-console.log(JSON.stringify({probes, deaf, listening: holder.handlers.length,
+const heard = [A, B].map((m) => m.sent.filter((c) => c.event === 'heard').length);
+const report = B.sent.find((c) => c.event === 'deaf');
+// the kernel relays to the deaf model: states in order, a buffer put back where it was taken out; another id's: not B's
+const idB = B.sent.find((c) => c.event === 'probe').id;
+LOG.push(['relay']);
+holder.emit({relay: ['someone else'], states: [{_py2js_restyle: {k: 8}}, {_py2js_restyle: null}], buffer_paths: []});
+holder.emit({relay: [idB], states: [{_py2js_restyle: {k: 7, z: null}}, {_py2js_restyle: null}, {_hidden: true}],
+             buffer_paths: [[0, '_py2js_restyle', 'z']]}, [new Uint8Array([9, 8, 7, 6]).buffer]);
+const hiddenB = elB.style && elB.style.display;
+console.log(JSON.stringify({probes, deaf, heard, report: {traces: report.traces, keys: report.layout_keys,
+  same: report.id === idB}, hiddenB, listening: holder.handlers.length,
   room, saved: D.saved, observed: observers.length === 1 && observers[0].e === box,
   returned: returned === undefined ? 'undefined' : typeof returned, fetches,
   log: LOG, drawn: [elA.drawn, elB.drawn, elC.drawn], display: [shownC, hiddenC, elC.style.display]}));
@@ -135,7 +151,13 @@ def test_loader_in_node(tmp_path):
     assert r["returned"] == "undefined"                       # ready at once: nothing awaited in initialize
     # one probe per model; the deaf one (its answer dropped) says so once, the healthy one never; each model stops
     # listening on the bundle's widget once its own answer came (C and D: not answered here)
-    assert r["probes"] == [1, 1, 1, 1] and r["deaf"] == [0, 1] and r["listening"] == 2
+    # (A says it heard its answer); the deaf one keeps listening there, for what the kernel relays to it
+    assert r["probes"] == [1, 1, 1, 1] and r["deaf"] == [0, 1] and r["heard"] == [1, 0] and r["listening"] == 3
+    assert r["report"] == {"traces": 0, "keys": [], "same": True}     # what it shows: the stand-in has no figure
+    assert r["hiddenB"] == "none"                                        # a relayed _hidden, as a comm's would
+    # a relayed message to B: its states set in order (the buffer back in place, as a DataView); another id's ignored
+    j = log.index(("relay",))
+    assert log[j + 1:] == [("edit", "B", "_py2js_restyle", 7), ("buffer", "B", "DataView", [9, 8, 7, 6])]
     assert r["fetches"] == 1 and log.count(("bundle evaluated",)) == 1
     assert r["drawn"] == ["A", "B", "C"]
     assert r["display"] == ["", "none", ""]                   # _hidden hides the figure's element, and shows it again
@@ -146,6 +168,7 @@ def test_loader_in_node(tmp_path):
     assert a == [("initialize", "A"), ("edit", "A", "_py2js_restyle", 1), ("edit", "A", "_py2js_relayout", 2),
                  ("edit", "A", "_py2js_restyle", 3), ("render", "A"), ("edit", "A", "_py2js_restyle", 5)]
     assert [e for e in log if e[1:2] == ("B",)] == [("initialize", "B"), ("edit", "B", "_py2js_update", 4),
-                                                    ("render", "B")]
+                                                    ("render", "B"), ("edit", "B", "_py2js_restyle", 7),
+                                                    ("buffer", "B", "DataView", [9, 8, 7, 6])]
     assert [e for e in log if e[1:2] == ("C",)] == [("initialize", "C"), ("edit", "C", "_py2js_update", 6),
                                                     ("render", "C")]

@@ -3,6 +3,7 @@ functions give for the new parameters; analytic sliders never call the model; ru
 once per distinct parameter set; out-of-range values are clamped to valid parameters."""
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -689,31 +690,74 @@ def test_figures_follow_the_room_the_page_reports():
     assert set(widths().values()) == {FIGURE_WIDTH}
 
 
-def test_a_deaf_figure_is_replaced_by_a_new_widget(monkeypatch):
+def _relayed(content: dict, buffers: list) -> list[dict]:
+    """A relayed message's states with their buffers put back (what ``_LOADER_ESM``'s ``relayed`` does in the page)."""
+    states = copy.deepcopy(content["states"])
+    for path, buf in zip(content["buffer_paths"], buffers, strict=True):
+        obj = states
+        for k in path[:-1]:
+            obj = obj[k]
+        obj[path[-1]] = buf
+    return states
+
+
+def _array(v) -> np.ndarray:
+    """A serialized array (``{"buffer", "dtype", "shape"}``, a list of such rows, or plain numbers) as numpy."""
+    if isinstance(v, dict) and "buffer" in v:
+        return np.frombuffer(v["buffer"], dtype=v["dtype"]).reshape(v["shape"])
+    if isinstance(v, list) and v and isinstance(v[0], dict):
+        return np.stack([_array(r) for r in v])
+    return np.asarray(v, dtype=float)
+
+
+def test_a_deaf_figure_gets_its_figure_and_every_change_through_the_bundles_widget(monkeypatch):
     """The page's probe (``figure_widget._LOADER_ESM``): a figure answers it on its own model (``_probe``), then on the
-    bundle's widget (``{"ack": id}``, a plain model anywidget never holds); when the page reports the figure's model
-    deaf (anywidget gave up on it: it drops every message), the panel puts a new widget of the same figure in its
-    place, in the figure row too, closes the deaf one, and the new one follows the sliders."""
+    bundle's widget (``{"ack": id}``, a plain model anywidget never holds). When the page reports an instance of the
+    figure's model deaf (anywidget gave up on it: it drops every message of its comm), the kernel sends that instance
+    the figure as it is now (its traces replaced, its layout replaced, stale layout keys removed) and from then on
+    every change, through the bundle's widget; its own comm is spared while no instance can hear it, and used again
+    once one can (a reloaded page)."""
     panel = Wd.HeadsPanel(_synthetic_capture(), layer=1)
-    name, old = next(iter(panel.figures.items()))
-    acks = []
-    monkeypatch.setattr(type(old._holder), "send", lambda self, content, buffers=None: acks.append(content))
-    old._from_page(old, {"event": "probe", "id": "p1"}, [])
-    assert old._probe == "p1" and acks == [{"ack": "p1"}]
-    others = {n: fw for n, fw in panel.figures.items() if n != name}
-    old._from_page(old, {"event": "deaf"}, [])
-    new = panel.figures[name]
-    assert new is not old and old.comm is None and new.comm is not None
-    assert panel._figure_box.children.count(new) == 1 and old not in panel._figure_box.children
-    assert all(panel.figures[n] is fw for n, fw in others.items())          # the others stay as they are
-    assert_shows(new, go.Figure(old))
-    assert new.layout.uirevision == name and new.layout.width == old.layout.width
-    old._from_page(old, {"event": "deaf"}, [])                              # a second report: nothing more
-    assert panel.figures[name] is new
-    z = np.asarray(new.data[0].z, dtype=float).copy()
-    panel.set(zeta=0.05)
-    assert not np.allclose(np.asarray(new.data[0].z, dtype=float), z)     # the new widget follows the sliders
-    panel.set_capture(_synthetic_capture(seed=1))
-    shown = dict(panel.figures)
-    new._from_page(new, {"event": "deaf"}, [])                              # set aside by the new capture: kept
-    assert panel.figures == shown and new.comm is not None
+    fw = panel.figures["heads"] if "heads" in panel.figures else next(iter(panel.figures.values()))
+    relays, comm = [], []
+    monkeypatch.setattr(type(fw._holder), "send", lambda self, content, buffers=None: relays.append((content, buffers)))
+    monkeypatch.setattr(fw, "_send", lambda msg, buffers=None: comm.append(msg))
+    fw._from_page(fw, {"event": "probe", "id": "p1"}, [])
+    assert fw._probe == "p1" and relays == [({"ack": "p1"}, None)]
+    assert [m["state"] for m in comm] == [{"_probe": "p1"}]              # probing: the comm is used
+    relays.clear(), comm.clear()
+    fw._from_page(fw, {"event": "deaf", "id": "p1", "traces": 5, "layout_keys": ["title", "gone"]}, [])
+    assert comm == [] and len(relays) == 1 and relays[0][0]["relay"] == ["p1"]
+    states = _relayed(*relays[0])
+    names = [next(iter(st)) for st in states]
+    assert names == ["_py2js_deleteTraces", "_py2js_deleteTraces", "_py2js_addTraces", "_py2js_addTraces",
+                     "_py2js_relayout", "_py2js_relayout", "_hidden"]
+    assert [st[n] for st, n in zip(states, names, strict=True)][1::2][:3] == [None, None, None]
+    assert states[0]["_py2js_deleteTraces"]["delete_inds"] == [0, 1, 2, 3, 4]
+    added = states[2]["_py2js_addTraces"]["trace_data"]
+    assert any(t.z is not None for t in fw.data)
+    assert [t["type"] for t in added] == [t.type for t in fw.data]
+    for t, trace in zip(added, fw.data, strict=True):
+        if trace.z is not None:
+            np.testing.assert_array_equal(_array(t["z"]), np.asarray(trace.z, dtype=float))
+    relayout = states[4]["_py2js_relayout"]["relayout_data"]
+    assert relayout["gone"] is None and "title" in relayout
+    assert relayout["title"]["text"] == fw.layout.title.text and relayout["width"] == fw.layout.width
+    assert states[2]["_py2js_addTraces"]["trace_edit_id"] == fw._last_trace_edit_id   # its view's deltas are taken
+    assert states[-1] == {"_hidden": False}
+    relays.clear()
+    panel.set(zeta=0.05)                                                 # a slider: the change goes through the relay
+    assert comm == [] and relays, relays
+    sent = [st for c, b in relays for st in _relayed(c, b)]
+    assert all(c["relay"] == ["p1"] for c, _ in relays)
+    update = next(st["_py2js_update"] for st in sent if st.get("_py2js_update"))
+    zs = [z for z in update["style_data"].get("z", [])]
+    assert zs and any(np.array_equal(_array(z), np.asarray(t.z, dtype=float)) for z in zs for t in fw.data
+                      if t.z is not None)
+    assert {"_py2js_update": None} in sent                                # then None, as plotly sends it
+    relays.clear(), comm.clear()
+    fw._from_page(fw, {"event": "probe", "id": "p2"}, [])                 # a reloaded page: a healthy instance
+    fw._from_page(fw, {"event": "heard", "id": "p2"}, [])
+    panel.set(zeta=0.5)
+    assert any("_py2js_update" in m["state"] for m in comm)              # the comm again, for p2
+    assert any(c.get("relay") == ["p1"] for c, _ in relays)              # and still the relay, for p1

@@ -76,11 +76,13 @@ function roomOf(model, el) {
 }
 
 // A model that anywidget gave up on (not ready 2 s after it was made, "[anywidget] Failed to initialize model":
-// its tiny module's import outlasted by a busy page) drops every message from the kernel for good: its figure stays
+// its tiny module's import outlasted by a busy page) drops every message of its comm for good: its figure would stay
 // as first drawn, deaf to every slider. So each model asks once: it sends a probe, and the kernel answers on this
 // model (``_probe``) and then on the bundle's widget, a plain ipywidgets model that anywidget never holds. The
-// bundle's answer with none on this model means deaf: the model says so (``deaf``), its panel puts a new widget of
-// the same figure in its place (widgets.base.Panel), and the console says what happened.
+// bundle's answer with none on this model means deaf: the model says so (``deaf``, with what it shows), and from
+// then on the kernel sends it the whole figure once and every later change through the bundle's widget
+// (FigureWidget.send_state), which this model sets on itself (``relayed``); the console says what happened. A model
+// that heard its answer says so (``heard``).
 function probe(model) {
   const id = Math.random().toString(36).slice(2) + Date.now().toString(36);
   let heard = false;
@@ -90,15 +92,32 @@ function probe(model) {
       if (!content || content.ack !== id) return;
       holder.off('msg:custom', onAck);
       setTimeout(() => {  // this model's answer came first (one channel, in order); a second for its handlers
-        if (heard) return;
-        console.warn('[workbench] the widget model of a figure failed to initialize (the page was busy): it cannot '
-          + 'follow its sliders; its panel puts a new one in its place');
-        model.send({event: 'deaf'});
+        if (heard) return model.send({event: 'heard', id});
+        console.warn('[workbench] the widget model of a figure failed to initialize (the page was busy): its kernel '
+          + "now sends its changes through the bundle's widget");
+        holder.on('msg:custom', (c, buffers) => relayed(model, id, c, buffers));
+        model.send({event: 'deaf', id, traces: (model.get('_widget_data') || []).length,
+          layout_keys: Object.keys(model.get('_widget_layout') || {})});
       }, 1000);
     };
     holder.on('msg:custom', onAck);
     model.send({event: 'probe', id});
   });
+}
+
+// A message the kernel relays to deaf models (FigureWidget._relay): ``states`` to set in order, their binary buffers
+// put back at ``buffer_paths``, as this model's own comm would have set them (ipywidgets' put_buffers).
+function relayed(model, id, content, buffers) {
+  if (!content || !Array.isArray(content.relay) || !content.relay.includes(id)) return;
+  const states = content.states;
+  (content.buffer_paths || []).forEach((path, i) => {
+    let obj = states;
+    for (const k of path.slice(0, -1)) obj = obj[k];
+    const b = buffers[i];
+    obj[path[path.length - 1]] = b instanceof DataView ? b
+      : ArrayBuffer.isView(b) ? new DataView(b.buffer, b.byteOffset, b.byteLength) : new DataView(b);
+  });
+  for (const state of states) model.set(state);
 }
 
 export default () => {
@@ -184,6 +203,31 @@ def _to_js(v, widget_manager):
 _SERIALIZERS = {"to_json": _to_js, "from_json": _js_to_py}
 
 
+def _split_buffers(value, path=()) -> tuple:
+    """``value`` (a serialized state: dicts and lists) with every binary buffer (``memoryview``, ``bytes``) taken out
+    and ``None`` in its place; the path of each (keys and indexes) and the buffers, in the same order. The page puts
+    them back where they were (:data:`_LOADER_ESM`'s ``relayed``)."""
+    if isinstance(value, (memoryview, bytes, bytearray)):
+        return None, [list(path)], [value]
+    paths, buffers = [], []
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out[k], p, b = _split_buffers(v, (*path, k))
+            paths += p
+            buffers += b
+        return out, paths, buffers
+    if isinstance(value, (list, tuple)):
+        out = []
+        for i, v in enumerate(value):
+            x, p, b = _split_buffers(v, (*path, i))
+            out.append(x)
+            paths += p
+            buffers += b
+        return out, paths, buffers
+    return value, paths, buffers
+
+
 class _PlotlyBundle(W.Widget):
     """plotly's widget bundle (its JavaScript source) as one model-only widget per kernel: the figures'
     loader imports it from here once per page (:data:`_LOADER_ESM`)."""
@@ -216,8 +260,9 @@ class FigureWidget(go.FigureWidget):
     the comm is opened after plotly's ``__init__``, so the model is born with the figure and any view
     draws it; later edits reach every view as messages, as before. Its ES module is :data:`_LOADER_ESM`
     (plotly's bundle once per page and kernel, not once per figure, so its module loads in milliseconds; a model
-    anywidget still gives up on, the page busy for over 2 s, reports itself deaf through its probe and its panel
-    replaces it: :meth:`on_deaf`), tested in Node by ``tests/test_figure_loader.py``. Numeric arrays, 2-D ones included, travel as
+    anywidget still gives up on, the page busy for over 2 s, reports itself deaf through its probe and is sent the
+    figure and its changes through the bundle's widget: :meth:`send_state`), tested in Node by
+    ``tests/test_figure_loader.py``. Numeric arrays, 2-D ones included, travel as
     binary buffers (:func:`_to_js`), not as JSON numbers.
 
     Shapes: as ``go.FigureWidget``. ``uirevision``: written into the figure before the comm opens.
@@ -232,6 +277,13 @@ class FigureWidget(go.FigureWidget):
     _py2js_relayout = traitlets.Dict(allow_none=True).tag(sync=True, **_SERIALIZERS)
     _py2js_update = traitlets.Dict(allow_none=True).tag(sync=True, **_SERIALIZERS)
     _py2js_animate = traitlets.Dict(allow_none=True).tag(sync=True, **_SERIALIZERS)
+    # plotly's browser → Python traits, not echoed back (ipywidgets' echo would reach a deaf model's comm: :meth:`send_state`)
+    _js2py_traceDeltas = traitlets.Dict(allow_none=True).tag(sync=True, echo_update=False, **_SERIALIZERS)
+    _js2py_layoutDelta = traitlets.Dict(allow_none=True).tag(sync=True, echo_update=False, **_SERIALIZERS)
+    _js2py_restyle = traitlets.Dict(allow_none=True).tag(sync=True, echo_update=False, **_SERIALIZERS)
+    _js2py_relayout = traitlets.Dict(allow_none=True).tag(sync=True, echo_update=False, **_SERIALIZERS)
+    _js2py_update = traitlets.Dict(allow_none=True).tag(sync=True, echo_update=False, **_SERIALIZERS)
+    _js2py_pointsCallback = traitlets.Dict(allow_none=True).tag(sync=True, echo_update=False, **_SERIALIZERS)
     _bundle_model = traitlets.Unicode().tag(sync=True)
     _bundle_sha = traitlets.Unicode().tag(sync=True)
     #: hidden in the page (a panel that shows a new capture hides its previous figures, then closes them later:
@@ -239,12 +291,13 @@ class FigureWidget(go.FigureWidget):
     _hidden = traitlets.Bool(False).tag(sync=True)
     #: the width (px) of the box that holds the figure's view in the page, as the view measured it (0: not yet);
     #: a panel lays its figures out again at the live width this allows (``widgets.base.live_width``)
-    _view_width = traitlets.Int(0).tag(sync=True)
+    _view_width = traitlets.Int(0).tag(sync=True, echo_update=False)
     #: the answer to the page's probe (:data:`_LOADER_ESM`: a model that never hears it is deaf)
     _probe = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, data=None, layout=None, *, uirevision: str | None = None, **kw):
         self._open_later = True
+        self._instances: dict[str, str] = {}  # the page's instances of this model: probe id -> probing, heard, deaf
         try:
             super().__init__(data, layout, **kw)
             if uirevision is not None:
@@ -253,28 +306,71 @@ class FigureWidget(go.FigureWidget):
             holder, self._bundle_sha = _plotly_bundle()
             self._bundle_model = f"IPY_MODEL_{holder.model_id}"
             self._holder = holder
-            self._deaf: list = []
         finally:
             self._open_later = False
         self.open()
         self.on_msg(self._from_page)
 
-    def on_deaf(self, fn) -> None:
-        """Call ``fn(widget)`` when the page reports this widget's browser model deaf (:data:`_LOADER_ESM`'s
-        probe): it drops every message, so the figure cannot change there; a panel replaces the widget."""
-        self._deaf.append(fn)
-
     def _from_page(self, _widget, content, _buffers) -> None:
-        """The page's probe: answered on this model, then on the bundle's widget (never deaf); its report that
-        this model is deaf: the ``on_deaf`` callbacks."""
-        if not isinstance(content, dict):
+        """The page's instances of this model (:data:`_LOADER_ESM`): each sends a probe, answered on this model and then
+        on the bundle's widget (never deaf), and then says whether it heard its answer (``heard``) or not (``deaf``: a
+        model anywidget gave up on, which drops every message of its comm). A deaf one gets the whole figure at once
+        (:meth:`_resync`) and every later change through the bundle's widget (:meth:`send_state`)."""
+        if not isinstance(content, dict) or content.get("event") not in ("probe", "heard", "deaf"):
             return
-        if content.get("event") == "probe":
-            self._probe = str(content.get("id", ""))
-            self._holder.send({"ack": self._probe})
-        elif content.get("event") == "deaf":
-            for fn in list(self._deaf):
-                fn(self)
+        pid = str(content.get("id", ""))
+        if content["event"] == "probe":
+            self._instances[pid] = "probing"
+            self._probe = pid
+            self._holder.send({"ack": pid})
+        elif content["event"] == "heard":
+            self._instances[pid] = "heard"
+        else:
+            self._instances[pid] = "deaf"
+            self._resync(pid, content)
+
+    def send_state(self, key=None) -> None:
+        """Send the state (or the traits ``key``) to the page: on this model's comm, as ``ipywidgets`` does, unless every
+        instance of the model in the page is deaf; and to each deaf instance through the bundle's widget
+        (:meth:`_relay`)."""
+        deaf = [pid for pid, s in self._instances.items() if s == "deaf"]
+        plain = not deaf or len(deaf) < len(self._instances)
+        if plain:
+            super().send_state(key)
+        if deaf:
+            state = self.get_state(key=key)
+            if not plain and self._property_lock:  # what super() keeps up to date while the page sets a trait
+                for name, value in state.items():
+                    if name in self._property_lock:
+                        self._property_lock[name] = value
+            if state:
+                self._relay(deaf, [state])
+
+    def _resync(self, pid: str, content: dict) -> None:
+        """The figure as it is now, to the deaf instance ``pid``, which shows the figure it was born with: its traces
+        (``content["traces"]``: how many it has) replaced by the present ones, its layout by the present one (keys it
+        has that the figure no longer has: removed), its ``_hidden``, as plotly's own messages (the edit ids are the
+        last ones, so the deltas its view sends back are taken)."""
+        fig = {"data": self._data, "layout": self._layout}  # plotly's own: numpy arrays stay arrays (buffers)
+        t, lay = self._last_trace_edit_id, self._last_layout_edit_id
+        n = int(content.get("traces") or 0)
+        stale = [k for k in content.get("layout_keys") or [] if k not in fig["layout"]]
+        edits = []
+        if n:
+            edits.append(("_py2js_deleteTraces", {"delete_inds": list(range(n)), "trace_edit_id": t,
+                                                  "layout_edit_id": lay}))
+        if fig["data"]:
+            edits.append(("_py2js_addTraces", {"trace_data": fig["data"], "trace_edit_id": t, "layout_edit_id": lay}))
+        edits.append(("_py2js_relayout", {"relayout_data": {**dict.fromkeys(stale), **fig["layout"]},
+                                          "layout_edit_id": lay, "source_view_id": None}))
+        states = [s for name, msg in edits for s in ({name: _to_js(msg, None)}, {name: None})]
+        self._relay([pid], [*states, {"_hidden": self._hidden}])
+
+    def _relay(self, pids: list[str], states: list[dict]) -> None:
+        """Set ``states`` (serialized, as :meth:`get_state` gives them), in order, on the page's instances ``pids``
+        through the bundle's widget, their binary buffers sent as buffers (:func:`_split_buffers`)."""
+        states, paths, buffers = _split_buffers(states)
+        self._holder.send({"relay": list(pids), "states": states, "buffer_paths": paths}, buffers)
 
     def open(self) -> None:
         """Open the comm, except while ``__init__`` is still building the figure."""

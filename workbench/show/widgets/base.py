@@ -277,18 +277,7 @@ class Panel(abc.ABC):
         fw = _widget_figure(as_figure(live_layout(fig, self.live_width)), name)
         if isinstance(fw, FigureWidget):
             fw.observe(self._on_room, names="_view_width")
-            fw.on_deaf(lambda w, name=name: self._replace_deaf(name, w))
         return fw
-
-    def _replace_deaf(self, name: str, old: FigureWidget) -> None:
-        """Figure ``name``'s browser model is deaf (:meth:`FigureWidget.on_deaf`: anywidget gave up on it while the
-        page was busy): a new widget of the same figure takes its place in the panel, and the deaf one is closed."""
-        if self.figures.get(name) is not old or old not in self._figure_box.children:
-            return  # set aside since (a new capture), or not in the figure row: nothing shown to replace
-        new = self._new_figure(go.Figure(old), name)
-        self.figures[name] = new
-        self._figure_box.children = tuple(new if c is old else c for c in self._figure_box.children)
-        old.close()
 
     def _on_room(self, change) -> None:
         """A figure's view reports the room the page gives it (px): the figures are laid out again at the live
