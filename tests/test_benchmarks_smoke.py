@@ -20,8 +20,10 @@ import gpu  # noqa: E402
 
 SCRIPTS = sorted(p for p in BENCH.glob("[a-z]*.py"))
 # writes that are not results: a worker's claim file (study.py), the resume cache of finished prompts
-# (eviction_field.py), the study's kept-tokens, leap, ranks and conclusions parquet (its summary carries the metadata)
-OTHER_WRITES = {("study.py", "fdopen"), ("study.py", "atomic_write_bytes"), ("eviction_field.py", "open")}
+# (eviction_field.py), the study's kept-tokens, leap, ranks and conclusions parquet (its summary carries the metadata),
+# the mutants and the trial profile written into mutation.py's throwaway worktree
+OTHER_WRITES = {("study.py", "fdopen"), ("study.py", "atomic_write_bytes"), ("eviction_field.py", "open"),
+                ("mutation.py", "write_text")}
 
 
 def _head() -> str | None:
