@@ -17,7 +17,7 @@ from workbench.analyse.selection import VERDICT_INFEASIBLE, mass_table
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 
-PROPS = settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ----------------------------------------------------------------------------- stability
@@ -49,7 +49,7 @@ def test_hoeffding_b_by_hand():
     assert hoeffding_b(1, 0.5, 1, 1) == pytest.approx(math.sqrt(math.log(2) / 2))
 
 
-@settings(max_examples=examples(2000), deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.integers(1, 10_000), st.floats(1e-6, 0.999), st.integers(1, 40), st.integers(1, 64))
 def test_hoeffding_b_gives_the_stated_failure_probability(m_a, delta, J, H):
     # P(eta > eta_hat + b) <= exp(-2 m_a b^2) = delta / (J H)   (paper, after (17))
@@ -360,7 +360,7 @@ def check_trace_invariants(cap, p, tr):
     assert list(df["executed"]) == [first is None or l <= first for l in df["layer"]]
 
 
-@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.integers(1, 9), min_size=1, max_size=7),
     st.integers(0, 2**31 - 1),

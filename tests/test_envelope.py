@@ -22,10 +22,10 @@ from workbench.analyse.pooling import HeadPooling
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 
-PROP = settings(max_examples=examples(2000), deadline=None, database=None)
-PROP_CAPTURE = settings(max_examples=examples(600), deadline=None, database=None,
+PROP = settings(max_examples=examples(500), deadline=None, database=None)
+PROP_CAPTURE = settings(max_examples=examples(150), deadline=None, database=None,
                         suppress_health_check=[HealthCheck.too_slow])  # 3 removal sets × 1–2 layers each
-PROP_1000 = settings(max_examples=examples(1000), deadline=None, database=None)
+PROP_1000 = settings(max_examples=examples(250), deadline=None, database=None)
 # Each example draws a seed (plus at most two categorical choices) and builds the rest with numpy.
 seeds = st.integers(0, 2**32 - 1)
 

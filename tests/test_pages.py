@@ -21,7 +21,7 @@ from workbench.analyse.pages import (
 )
 from workbench.analyse.pooling import HeadPooling
 
-SETTINGS = settings(max_examples=examples(60), deadline=None)
+SETTINGS = settings(max_examples=examples(15), deadline=None)
 
 
 def _rows(seed: int, L: int, H: int, T: int, conc: float) -> torch.Tensor:

@@ -20,8 +20,8 @@ from workbench.run.spans import PromptSpans
 # rest with numpy: hypothesis' per-draw overhead, not the code under test, dominates otherwise.
 # Case counts: reference test 1000 examples × 1–36 heads; bound (6) and sink-head tests 500 examples
 # × 4 independent layers; collision tests 1000 examples × 1–6 heads; the tied-siblings sharpness 1000.
-PROP_1000 = settings(max_examples=examples(1000), deadline=None, database=None)
-PROP_BATCH = settings(max_examples=examples(500), deadline=None, database=None)  # 4 independent cases per example
+PROP_1000 = settings(max_examples=examples(250), deadline=None, database=None)
+PROP_BATCH = settings(max_examples=examples(125), deadline=None, database=None)  # 4 independent cases per example
 
 seeds = st.integers(0, 2**32 - 1)
 

@@ -20,12 +20,12 @@ from workbench.analyse.priorities import (
 )
 from workbench.run.spans import PromptSpans
 
-PROP = settings(max_examples=examples(2000), deadline=None, database=None)
+PROP = settings(max_examples=examples(500), deadline=None, database=None)
 # Each example draws a layout (k, seed) and a seed from hypothesis and builds the rest with numpy
 # (hypothesis' per-draw overhead otherwise dominates). Secondary properties check every chunk of
 # 1–3 layers per example, so 600–1000 examples are still thousands of chunk-level cases.
-PROP_1000 = settings(max_examples=examples(1000), deadline=None, database=None)
-PROP_600 = settings(max_examples=examples(600), deadline=None, database=None)
+PROP_1000 = settings(max_examples=examples(250), deadline=None, database=None)
+PROP_600 = settings(max_examples=examples(150), deadline=None, database=None)
 seeds = st.integers(0, 2**32 - 1)
 
 

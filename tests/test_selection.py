@@ -23,7 +23,7 @@ from workbench.analyse.selection import (
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 
-PROPS = settings(max_examples=examples(2000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -129,7 +129,7 @@ def test_certificate_random_prices_bounds_optimum(prob, seed):
     assert U >= D_star - 1e-9 * (1 + y.sum() + t)
 
 
-@settings(max_examples=examples(1000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), st.integers(0, 2**32 - 1))
 def test_lp_certificate_is_valid_and_tightest(prob, seed):
     n, m, eps, m0, _ = prob
@@ -152,7 +152,7 @@ def test_lp_certificate_is_valid_and_tightest(prob, seed):
     assert U <= certificate(n, m, eps, m0, y3, max(t + rng.normal(0, 0.1), 0.0)) + tol
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(75), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_lp_certificate_equals_lp_value(prob):
     # in exact arithmetic U(y*, t*) is the LP value (weak duality gives >=, optimality gives <=);
@@ -193,7 +193,7 @@ def test_greedy_feasible_below_optimum_and_stops_correctly(prob, seed):
         assert res.D - n[last] < res.target_tokens
 
 
-@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(125), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(), _SEED)
 def test_verdict_proves_infeasibility_only_when_true(prob, seed):
     n, m, eps, m0, S = prob
@@ -257,7 +257,7 @@ def test_count_constraint_keeps_m0_chunks():
     assert res.verdict.startswith(VERDICT_INFEASIBLE)
 
 
-@settings(max_examples=examples(300), deadline=None)
+@settings(max_examples=examples(75), deadline=None)
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=14), st.integers(0, 14))
 def test_lp_only_count_constraint_equals_top_sizes(sizes, m0):
     n = np.array(sizes, dtype=np.float64)
@@ -447,7 +447,7 @@ def test_lp_failure_is_reported_not_silent(monkeypatch):
     assert ok.lp_status == "optimal" and "LP certificate" not in ok.verdict
 
 
-@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(75), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_highs_row_duals_equal_linprogs(problem):
     """:func:`workbench.analyse.lp.highs_row_duals` (scipy's HiGHS called directly, issue 24) solves the LP of

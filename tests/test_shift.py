@@ -16,7 +16,7 @@ from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 
 
-@settings(max_examples=examples(80), deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(seed=st.integers(0, 10_000), T=st.integers(1, 30), conc=st.sampled_from([0.1, 1.0, 10.0, 60.0]))
 def test_jsd_bounds_symmetry(seed, T, conc):
     g = torch.Generator().manual_seed(seed)
@@ -127,7 +127,7 @@ def test_errors():
         shift_rows(cap, W=9)
 
 
-@settings(max_examples=examples(40), deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(seed=st.integers(0, 10_000), T=st.integers(2, 40), k=st.integers(1, 40), levels=st.integers(1, 4))
 def test_topk_recall_equals_stable_sort_reference(seed, T, k, levels):
     """With many ties (values from a few levels), the recall equals a stable-sort reference."""
@@ -158,7 +158,7 @@ def test_adjacent_jsd_equals_pairwise():
     assert torch.allclose(adjacent_jsd(P), jsd(P[..., :-1, :], P[..., 1:, :]), atol=1e-13)
 
 
-@settings(max_examples=examples(25), deadline=None)
+@settings(max_examples=examples(6), deadline=None)
 @given(seed=st.integers(0, 10_000), k=st.integers(1, 40), levels=st.integers(1, 5), W=st.integers(1, 6),
        ref_start=st.integers(1, 4))
 def test_memoised_analysis_equals_direct(seed, k, levels, W, ref_start):
@@ -186,7 +186,7 @@ def test_memoised_analysis_equals_direct(seed, k, levels, W, ref_start):
         assert torch.equal(res.recall_group, topk_recall(Pg, refg, kk))
 
 
-@settings(max_examples=examples(40), deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(seed=st.integers(0, 10_000), T=st.integers(1, 30), levels=st.integers(1, 4))
 def test_hits_every_k_equals_topk_recall(seed, T, levels):
     """The all-k intersection counts equal ``k · topk_recall`` at every k (many ties)."""

@@ -23,6 +23,7 @@ def test_wilson_hand_values():
     assert all(math.isnan(v) for v in wilson_ci(0, 0))
 
 
+@settings(max_examples=examples(25))
 @given(st.integers(1, 400), st.floats(0.0, 1.0))
 def test_wilson_contains_the_estimate_and_stays_in_unit_interval(n, f):
     k = int(round(f * n))
@@ -52,7 +53,7 @@ def test_bootstrap_coverage_of_a_mean():
 
 
 @given(st.lists(st.floats(-5, 5, allow_nan=False), min_size=2, max_size=30))
-@settings(max_examples=examples(40), deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 def test_bootstrap_interval_brackets_the_mean_range(x):
     lo, hi = bootstrap_ci(x, n_boot=200)
     assert min(x) - 1e-9 <= lo <= hi <= max(x) + 1e-9
@@ -68,7 +69,7 @@ def test_bootstrap_degenerate_cases():
 
 
 @given(st.integers(0, 60), st.integers(0, 60))
-@settings(max_examples=examples(60), deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 def test_mcnemar_against_scipy(b, c):
     m = mcnemar(b, c)
     if b + c == 0:

@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 from workbench.analyse.pooling import HeadPooling
 from workbench.analyse.streaming import collision_direct, collision_streaming
 
-PROP = settings(max_examples=examples(2000), deadline=None, database=None)
+PROP = settings(max_examples=examples(500), deadline=None, database=None)
 seeds = st.integers(0, 2**32 - 1)
 
 
@@ -79,7 +79,7 @@ def test_streaming_equals_direct_adversarial(z, tile):
     assert_close(sum_sq.numpy(), ref, rtol=1e-10, atol=0)
 
 
-@settings(max_examples=examples(300), deadline=None, database=None)  # every tile size 1..K per example: ≈ 7000 cases
+@settings(max_examples=examples(75), deadline=None, database=None)  # every tile size 1..K per example: ≈ 7000 cases
 @given(K=st.integers(1, 48), seed=seeds, scale=st.sampled_from([0.1, 5.0, 1e3]))
 def test_all_tile_sizes_agree(K, seed, scale):
     rng = np.random.default_rng(seed)
