@@ -12,6 +12,7 @@ import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
 import traitlets
+from ipywidgets.widgets.widget import _remove_buffers  # what send_state uses: buffers out, their paths kept
 from plotly.serializers import _js_to_py, _py_to_js
 
 __all__ = ["FigureWidget"]
@@ -203,31 +204,6 @@ def _to_js(v, widget_manager):
 _SERIALIZERS = {"to_json": _to_js, "from_json": _js_to_py}
 
 
-def _split_buffers(value, path=()) -> tuple:
-    """``value`` (a serialized state: dicts and lists) with every binary buffer (``memoryview``, ``bytes``) taken out
-    and ``None`` in its place; the path of each (keys and indexes) and the buffers, in the same order. The page puts
-    them back where they were (:data:`_LOADER_ESM`'s ``relayed``)."""
-    if isinstance(value, (memoryview, bytes, bytearray)):
-        return None, [list(path)], [value]
-    paths, buffers = [], []
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            out[k], p, b = _split_buffers(v, (*path, k))
-            paths += p
-            buffers += b
-        return out, paths, buffers
-    if isinstance(value, (list, tuple)):
-        out = []
-        for i, v in enumerate(value):
-            x, p, b = _split_buffers(v, (*path, i))
-            out.append(x)
-            paths += p
-            buffers += b
-        return out, paths, buffers
-    return value, paths, buffers
-
-
 class _PlotlyBundle(W.Widget):
     """plotly's widget bundle (its JavaScript source) as one model-only widget per kernel: the figures'
     loader imports it from here once per page (:data:`_LOADER_ESM`)."""
@@ -368,8 +344,9 @@ class FigureWidget(go.FigureWidget):
 
     def _relay(self, pids: list[str], states: list[dict]) -> None:
         """Set ``states`` (serialized, as :meth:`get_state` gives them), in order, on the page's instances ``pids``
-        through the bundle's widget, their binary buffers sent as buffers (:func:`_split_buffers`)."""
-        states, paths, buffers = _split_buffers(states)
+        through the bundle's widget, their binary buffers sent as buffers, as ipywidgets' own ``send_state`` takes them
+        out (``_remove_buffers``; the page puts them back: :data:`_LOADER_ESM`'s ``relayed``)."""
+        states, paths, buffers = _remove_buffers(states)
         self._holder.send({"relay": list(pids), "states": states, "buffer_paths": paths}, buffers)
 
     def open(self) -> None:
