@@ -1,5 +1,7 @@
 """The one home of the figure layout rule (issue 24): no two text boxes overlap, none leaves its figure, and no
-title, legend entry or axis title sits on a plot area. Two readers feed it the same boxes:
+title, legend entry or axis title sits on a plot area, and no tick label of a whole-number index axis (layers,
+heads, positions) falls between whole numbers (plotly's 0.5, 1.5 … on a 4-layer heatmap).
+Two readers feed it the same boxes:
 
 - :data:`BOXES_JS`: an exported SVG file opened on its own in chromium (``tests/test_figure_layout.py``,
   ``tests/test_live_layout.py``), in the SVG's viewBox units;
@@ -98,9 +100,30 @@ LIVE_BOXES_JS = """(root) => {
     if (nb) cut(nb, 'the notebook', false);    // it scrolls vertically: only its width cuts
     const lay = gd.layout || {}, full = gd._fullLayout || {};   // full: what plotly drew with (a relayout of the
     const meta = (lay.meta && typeof lay.meta === 'object') ? lay.meta : {};   // size resets layout.autosize)
+    // the linear axes whose every trace's index coordinates (a heatmap's both, a bar's categories, a line's x;
+    // plotly's x0 + dx·i where none are given) are whole numbers: no tick label may fall between them
+    const index = (t, c) => {
+      const k = t.type || 'scatter';
+      if (!(k === 'heatmap' || (k === 'scatter' || k === 'scattergl') && c === 'x'
+            || k === 'bar' && c === (t.orientation === 'h' ? 'y' : 'x'))) return null;
+      if (t[c] != null) return Array.from(t[c]);
+      const n = k === 'heatmap' ? (c === 'x' ? ((t.z || [])[0] || []).length : (t.z || []).length)
+                                : (t[c === 'x' ? 'y' : 'x'] || []).length;
+      return Array.from({length: n}, (_, i) => +(t[c + '0'] || 0) + +(t['d' + c] || 1) * i);
+    };
+    const isWhole = {};
+    for (const t of gd.data || []) for (const c of ['x', 'y']) {
+      const id = t[c + 'axis'] || c, v = index(t, c);
+      isWhole[id] = (isWhole[id] !== false) && v !== null
+        && v.every(x => typeof x === 'number' && (!Number.isFinite(x) || Number.isInteger(x)));
+    }
+    const whole = Object.keys(isWhole).filter(id => {
+      const ax = full[id[0] + 'axis' + id.slice(1)] || {};
+      return isWhole[id] && ax.type === 'linear' && ax.tickmode !== 'array';
+    });
     out.push({figure: meta.figure || ((lay.title && lay.title.text) || '').slice(0, 40), w: r0.width, h: r0.height,
               fixed: full.autosize === false && typeof lay.width === 'number', widget: !!gd.closest('.jupyter-widgets'),
-              texts, plots, clipped});
+              texts, plots, clipped, whole});
   }
   return out;
 }"""
@@ -120,15 +143,64 @@ def kind(cls: str) -> str:
     return "tick" if any("tick" in x for x in c) else "other"
 
 
+def whole_axes(fig_dict: dict) -> set[str]:
+    """The axis ids (``"x"``, ``"y2"`` …) of ``fig_dict`` whose every trace's index coordinates (a heatmap's both, a
+    bar's categories, a line's x; plotly's ``x0 + dx·i`` where none are given) are whole numbers, on linear axes
+    without explicit ticks: what :data:`LIVE_BOXES_JS` returns as ``whole`` for a live figure."""
+    import numpy as np
+
+    lay, state = fig_dict.get("layout") or {}, {}
+    for t in fig_dict.get("data") or []:
+        k = t.get("type") or "scatter"
+        for c in "xy":
+            ax_id = t.get(c + "axis") or c
+            if not (k == "heatmap" or k in ("scatter", "scattergl") and c == "x"
+                    or k == "bar" and c == ("y" if t.get("orientation") == "h" else "x")):
+                state[ax_id] = False
+                continue
+            if t.get(c) is not None:
+                v = t[c]
+            else:
+                n = np.shape(t["z"])[1 if c == "x" else 0] if k == "heatmap" else len(t.get("y" if c == "x" else "x"))
+                v = [float(t.get(c + "0", 0)) + float(t.get("d" + c, 1)) * i for i in range(n)]
+            try:
+                a = np.asarray(v, dtype=float)
+                ok = bool(np.all(~np.isfinite(a) | (a == np.round(a))))
+            except (TypeError, ValueError):
+                ok = False
+            state[ax_id] = state.get(ax_id, True) and ok
+    out = set()
+    for ax_id, ok in state.items():
+        ax = lay.get(ax_id[0] + "axis" + ax_id[1:]) or {}
+        if ok and ax.get("type") in (None, "-", "linear") and ax.get("tickmode") != "array" and ax.get("tickvals") is None:
+            out.add(ax_id)
+    return out
+
+
+def _between_whole(text: str) -> bool:
+    """Whether a tick label is a number that is not whole (``0.5``, ``−1.5``)."""
+    try:
+        v = float(text.replace("\u2212", "-").replace(",", "").strip())
+    except ValueError:
+        return False
+    return v != round(v)
+
+
 def _overlap(a, b) -> float:
     return min(min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]), min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]))
 
 
 def layout_problems(d: dict) -> list[str]:
     """Every overlap and overflow of the text boxes ``d`` (``{w, h, texts, plots}`` from :data:`BOXES_JS` or one
-    figure of :data:`LIVE_BOXES_JS`; the latter's ``clipped`` entries are problems too)."""
+    figure of :data:`LIVE_BOXES_JS`; the latter's ``clipped`` entries are problems too), and every tick label between
+    whole numbers on an axis of ``d["whole"]`` (:data:`LIVE_BOXES_JS`, or :func:`whole_axes` of the figure)."""
     out = [f"clipped by the page: {c}" for c in d.get("clipped", ())]
     boxes = d["texts"]
+    whole = set(d.get("whole") or ())
+    for a in boxes:
+        ax = next((x[:-4] for x in a["cls"].split() if re.fullmatch(r"[xy]\d*tick", x)), None)
+        if ax in whole and kind(a["cls"]) == "tick" and _between_whole(a["text"]):
+            out.append(f"a tick between whole numbers on the index axis {ax}: {a['text']!r}")
     for i, a in enumerate(boxes):
         if a["x0"] < -TOL or a["y0"] < -TOL or a["x1"] > d["w"] + TOL or a["y1"] > d["h"] + TOL:
             out.append(f"outside the {d['w']:.0f}x{d['h']:.0f} canvas: {kind(a['cls'])} {a['text'][:40]!r} at "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from _all_figures import FIGURE_FUNCTIONS, all_figures
-from _layout_rules import BOXES_JS, layout_problems
+from _layout_rules import BOXES_JS, layout_problems, whole_axes
 from _layout_rules import kind as _kind
 
 from workbench.show import export as ex
@@ -112,6 +112,7 @@ def test_no_text_overlaps_at_export_width(figures, page, tmp_path, width):
     for name, fig in figures.items():
         ex.export(fig, tmp_path / f"{name}-{width}", width=width, formats=("svg",), csv=False, sidecar=False)
         d = boxes(page, tmp_path / f"{name}-{width}.svg")
+        d["whole"] = whole_axes(fig.to_dict()) if hasattr(fig, "to_dict") else set()
         assert len(d["texts"]) >= 3, f"{name}: no text read from the SVG"
         # the table and the HTML token views (every token_attention* and kept_compare* figure) have no plotly plot area
         assert d["plots"] or name == "kv_bytes_table" or name.startswith(("token_attention", "kept_compare")), (
@@ -190,3 +191,52 @@ def test_plain_outputs_are_laid_out(figures, page, tmp_path):
     raw = figures["head_weights"].to_dict()
     raw["layout"].update(width=OUTPUT_WIDTH, autosize=False)
     assert problems_of(raw, "control"), "the control: plotly's own layout of head_weights at this width overprints"
+
+
+@pytest.mark.slow
+def test_index_axes_of_few_layers_get_whole_ticks(page, tmp_path, monkeypatch):
+    """The layer and position axes of the heatmaps (``head_heatmap``, ``sink_mass_heatmap``) and the heads panel's
+    live figures at L = 2, 3, 4, 5, 8 layers: no tick label between whole numbers, exported at both column widths
+    and laid out live at 660 and 420 px (the layout rule's ``whole`` check). The control: without
+    ``paper_layout._whole_ticks`` plotly labels the 4-layer axis 0.5, 1.5 … and the rule says so."""
+    import plotly.graph_objects as go
+    from _all_figures import synthetic_inputs
+
+    from workbench.show import paper_layout as pl
+    from workbench.show import widgets as Wd
+    from workbench.show.kaleido_server import render_all
+
+    def problems(L: int, tag: str) -> dict:
+        sp, cap, params, tr = synthetic_inputs(L=L, H_Q=6, G=2)
+        figs = {"head_heatmap": plots.head_heatmap(tr.pooling, "w", model_id=cap.model_id, params=params),
+                "sink_mass_heatmap": plots.sink_mass_heatmap(cap)}
+        out = {}
+        for name, fig in figs.items():
+            assert whole_axes(fig.to_dict()) >= {"y"}, (name, whole_axes(fig.to_dict()))  # the layer axis
+            for width in ("single", "double"):
+                ex.export(fig, tmp_path / f"{tag}{L}-{name}-{width}", width=width, formats=("svg",), csv=False,
+                          sidecar=False)
+                d = {**boxes(page, tmp_path / f"{tag}{L}-{name}-{width}.svg"), "whole": whole_axes(fig.to_dict())}
+                out.update({f"L={L} {name} ({width})": b for b in [layout_problems(d)] if b})
+        for room in (0, 420):
+            panel = Wd.HeadsPanel(cap)
+            if room:
+                next(fw for fw in panel.figures.values() if isinstance(fw, Wd.base.FigureWidget))._view_width = room
+            for name, fw in panel.figures.items():
+                if not isinstance(fw, Wd.base.FigureWidget):
+                    continue
+                d = go.Figure(fw).to_dict()
+                svg = tmp_path / f"{tag}{L}-live{room}-{name}.svg"
+                svg.write_bytes(render_all(d, ("svg",), ex.resolve_size(None, d["layout"]["width"],
+                                                                     height=d["layout"]["height"], scale=1.0))["svg"])
+                bad = layout_problems({**boxes(page, svg), "whole": whole_axes(d)})
+                out.update({f"L={L} heads panel {name} @ {room or 660} px": bad} if bad else {})
+        return out
+
+    found = {}
+    for L in (2, 3, 4, 5, 8):
+        found.update(problems(L, "fix"))
+    assert not found, "\n".join(f"{k}: " + "; ".join(b[:4]) for k, b in found.items())
+    monkeypatch.setattr(pl, "_whole_ticks", lambda *a: None)
+    control = problems(4, "control")
+    assert any("between whole numbers" in b for bs in control.values() for b in bs), control

@@ -17,7 +17,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import pytest
 from _all_figures import synthetic_inputs
-from _layout_rules import layout_problems
+from _layout_rules import layout_problems, whole_axes
 from test_figure_layout import boxes
 from test_figure_layout import page as page  # noqa: F401 - the chromium page fixture
 
@@ -56,7 +56,7 @@ def _problems(panel, pg, tmp_path, tag) -> dict:
         size = ex.resolve_size(None, lay["width"], height=lay["height"], scale=1.0)
         svg = tmp_path / f"{tag}-{name}.svg"
         svg.write_bytes(render_all(d, ("svg",), size)["svg"])
-        bad = layout_problems(boxes(pg, svg))
+        bad = layout_problems({**boxes(pg, svg), "whole": whole_axes(d)})
         if bad:
             out[f"{tag}/{name}"] = bad
     return out

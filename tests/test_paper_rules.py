@@ -116,3 +116,23 @@ def test_log_axes_get_full_size_ticks():
     fixed.update_xaxes(dtick="D2")
     d, _, _ = _laid(fixed)
     assert d["layout"]["xaxis"]["dtick"] == "D2" and "tickvals" not in d["layout"]["xaxis"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 12, 30])
+def test_whole_index_axes_get_fewer_ticks_than_twice_their_span(n):
+    """A heatmap over ``n`` layers (its y from 0, its cells one step wide: span n) and a line over x = 0 … n−1 (span
+    n − 1): ``nticks`` stays under twice the span, so that plotly's rough step exceeds 0.5 (it rounds to 1, 2, 5 …:
+    the rendered labels are checked in ``test_figure_layout``); a value axis (the line's y) and an explicit tick
+    array keep their ticks."""
+    heat = {"data": [{"type": "heatmap", "z": np.random.default_rng(0).random((n, 6)).tolist()}], "layout": {}}
+    paper_layout(heat, 660, 400, preset=None, title=True)
+    y = heat["layout"].get("yaxis", {})
+    assert y.get("nticks", 10) < 2 * n or (n >= 5 and "nticks" not in y), y      # plotly's own default: 5-10
+    line = {"data": [{"type": "scatter", "x": list(range(n)), "y": [0.5 * i for i in range(n)]}], "layout": {}}
+    paper_layout(line, 660, 400, preset=None, title=True)
+    x = line["layout"].get("xaxis", {})
+    assert 1 <= x.get("nticks", 10) < max(2 * (n - 1), 2) or (n >= 6 and "nticks" not in x), x
+    assert "nticks" not in line["layout"].get("yaxis", {})
+    fixed = {"data": heat["data"], "layout": {"yaxis": {"tickmode": "array", "tickvals": [0]}}}
+    paper_layout(fixed, 660, 400, preset=None, title=True)
+    assert "nticks" not in fixed["layout"]["yaxis"]

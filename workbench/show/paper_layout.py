@@ -26,6 +26,8 @@ a single column. The rules, on a figure dict whose fonts are already scaled to t
 - **No text under 7 pt** at a column preset: axis titles shrink to 7 pt at most, then wrap; a table whose
   columns do not fit at 7 pt is split into stacked tables that repeat its key columns (``trace.meta["keys"]``);
   log axes get full-size 1-2-5, 1-3 or decade ticks (plotly's in-between digits are drawn smaller).
+- **Whole numbers**: no tick between the whole-number index coordinates of an auto-ticked axis (layers, positions: plotly
+  put 0.5, 1.5 … on a 4-layer heatmap); ``nticks`` under twice the span makes plotly's step 1, 2, 5 … (``_whole_ticks``).
 
 A figure asks for its own height at each preset through ``layout.meta["aspect"]`` (``{"single": h/w,
 "double": h/w}``; multi-panel figures are taller than the default 0.75 / 0.45): see
@@ -187,6 +189,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
         _limit_ticks(cb, frac * plot_h, _font(cb.get("tickfont"), base * 0.85) * 2.0)
         if isinstance(cb.get("title"), dict) and cb["title"].get("text"):
             cb["title"]["side"] = "right"
+    _whole_ticks(fig_dict, lay, plot_w, plot_h)
     _log_ticks(fig_dict, lay)
     if floor:
         _floor_fonts(fig_dict, floor)
@@ -359,6 +362,59 @@ def _log_ticks(fig_dict: dict, lay: dict) -> None:
             ax["dtick"] = 1
         else:
             ax.update(tickmode="array", tickvals=ticks, ticktext=[f"{x:g}" for x in ticks])
+
+
+def _coords(t: dict, c: str) -> np.ndarray | None:
+    """Trace ``t``'s index coordinates along ``c`` (``"x"`` or ``"y"``: a heatmap's both, a bar's categories, a line's
+    x), plotly's defaults (``x0 + dx·i``) where it gives none; ``None`` where not numbers or not index coordinates."""
+    kind = t.get("type") or "scatter"
+    if not (kind == "heatmap" or kind in ("scatter", "scattergl") and c == "x"
+            or kind == "bar" and c == ("y" if t.get("orientation") == "h" else "x")):
+        return None
+    try:
+        if t.get(c) is not None:
+            return _array(t[c])
+        if kind == "heatmap":   # z: [rows, columns], a list, an array or plotly's typed-array spec
+            z = t.get("z")
+            shape = [int(k) for k in str(z["shape"]).split(",")] if isinstance(z, dict) else np.shape(z)
+            n = shape[1 if c == "x" else 0] if len(shape) == 2 else None
+        else:
+            n = len(_array(t["y" if c == "x" else "x"]))
+        return None if n is None else float(t.get(c + "0", 0)) + float(t.get("d" + c, 1)) * np.arange(n)
+    except (TypeError, ValueError, IndexError, KeyError):
+        return None
+
+
+def _whole_ticks(fig_dict: dict, lay: dict, plot_w: float, plot_h: float) -> None:
+    """Auto-ticked linear axes whose every coordinate is a whole number: where their ``nticks`` (or plotly's default
+    for the axis length, 5-10) reaches twice the span, ``nticks`` under it, so that plotly's rough step (span /
+    nticks) exceeds 0.5 and rounds to 1, 2, 5 … (ticks from 0): no tick at 0.5, 1.5 … A heatmap's cells widen the
+    span by a step (counted: the estimate stays at or under plotly's); one value: nticks 1. Explicit ticks, log, date, category keep theirs."""
+    refs = {t.get(c + "axis") or c for t in fig_dict.get("data") or [] if isinstance(t, dict) for c in "xy"}
+    for key in {k for k in lay if re.fullmatch(r"[xy]axis\d*", k)} | {r[0] + "axis" + r[1:] for r in refs}:
+        m, ax = re.fullmatch(r"([xy])axis(\d*)", key), lay.get(key, {})
+        if not m or not isinstance(ax, dict) or ax.get("type") not in (None, "-", "linear") \
+                or ax.get("tickmode") in ("array", "linear") or ax.get("dtick") is not None \
+                or ax.get("tickvals") is not None:
+            continue
+        c, ref = m.group(1), m.group(1) + m.group(2)
+        on = [t for t in fig_dict.get("data") or [] if isinstance(t, dict) and (t.get(c + "axis") or c) == ref]
+        vals = [_coords(t, c) for t in on]
+        if not on or any(v is None for v in vals):
+            continue
+        v = np.concatenate(vals)
+        if not (v := v[np.isfinite(v)]).size or not np.all(v == np.round(v)):
+            continue
+        rng = ax.get("range")
+        if isinstance(rng, (list, tuple)) and len(rng) == 2 and None not in rng:
+            span = abs(float(rng[1]) - float(rng[0]))
+        else:
+            span = float(v.max() - v.min()) + (1.0 if any(t.get("type") == "heatmap" for t in on) else 0.0)
+        dom = ax.get("domain") or [0, 1]
+        length, per = (dom[1] - dom[0]) * (plot_w if c == "x" else plot_h), (80 if c == "x" else 40)
+        n0 = ax["nticks"] if isinstance(ax.get("nticks"), int) and ax["nticks"] > 0 else min(max(length / per, 4), 9) + 1
+        if n0 > (cap := max(1, math.ceil(2 * span) - 1)):
+            lay.setdefault(key, ax)["nticks"] = cap
 
 
 def _array(v) -> np.ndarray:
