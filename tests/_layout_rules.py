@@ -106,13 +106,13 @@ LIVE_BOXES_JS = """(root) => {
       const k = t.type || 'scatter';
       if (!(k === 'heatmap' || (k === 'scatter' || k === 'scattergl') && c === 'x'
             || k === 'bar' && c === (t.orientation === 'h' ? 'y' : 'x'))) return null;
-      if (t[c] != null) return Array.from(t[c]);
+      if (t[c] != null) return typeof t[c].length === 'number' ? Array.from(t[c]) : null;
       const n = k === 'heatmap' ? (c === 'x' ? ((t.z || [])[0] || []).length : (t.z || []).length)
                                 : (t[c === 'x' ? 'y' : 'x'] || []).length;
       return Array.from({length: n}, (_, i) => +(t[c + '0'] || 0) + +(t['d' + c] || 1) * i);
     };
     const isWhole = {};
-    for (const t of gd.data || []) for (const c of ['x', 'y']) {
+    for (const t of gd._fullData || []) for (const c of ['x', 'y']) {   // decoded: gd.data may hold {bdata} specs
       const id = t[c + 'axis'] || c, v = index(t, c);
       isWhole[id] = (isWhole[id] !== false) && v !== null
         && v.every(x => typeof x === 'number' && (!Number.isFinite(x) || Number.isInteger(x)));
