@@ -180,13 +180,13 @@ DEAF_CELLS = SYNTHETIC_CELLS[:1] + [
     "W.VBox([solo_k, solo])",
 ]
 
-# The page's first four anywidget models (the heads panel's two figures, the token view's click relay, the figure
-# outside a panel) get an initialization limit that has passed before their module can load, where anywidget's is 2 s:
+# The page's three anywidget models (the heads panel's two figures and the figure outside a panel; the token view has
+# none: its HTML and its click box are standard widgets) get an initialization limit that has passed before their module can load, where anywidget's is 2 s:
 # anywidget gives up on them ("[anywidget] Failed to initialize model") and they drop every message from the kernel,
 # as a page busy for over 2 s makes them do by chance.
 DEAF_FIRST_JS = """(() => {
   const timeout = AbortSignal.timeout.bind(AbortSignal);
-  let left = 4;
+  let left = 3;
   AbortSignal.timeout = (ms) => {
     if (ms !== 2000 || left <= 0) return timeout(ms);
     left -= 1;
@@ -605,13 +605,13 @@ def test_synthetic_panel_layer_slider(lab, artifacts):
 
 
 def test_widget_models_anywidget_gave_up_on_still_follow_the_sliders(lab, artifacts):
-    """Models that anywidget gave up on (:data:`DEAF_FIRST_JS`: the heads panel's two figures, the token view's
-    click relay and a figure outside any panel, as a page busy for over 2 s leaves them by chance) drop every message
+    """Models that anywidget gave up on (:data:`DEAF_FIRST_JS`: the heads panel's two figures and a figure outside
+    any panel, as a page busy for over 2 s leaves them by chance) drop every message
     of their comm. The figures report themselves deaf (their probe, ``figure_widget._LOADER_ESM``; a warning in the
     console each), and the kernel sends each its figure as it is now and every later change through the bundle's
     widget: the heads panel follows ζ; the figure outside a panel shows the change made before the page knew it was
-    deaf, then follows its slider. The token view's HTML is a standard widget and its relay only sends: it follows
-    the layer slider, and a click on a token makes it the query row."""
+    deaf, then follows its slider. The token view (a standard HTML widget and a hidden standard text box for its
+    clicks) follows the layer slider, and a click on a token makes it the query row."""
     console: list[str] = []
     with _notebook_page(lab, "deaf.ipynb", console, init_script=DEAF_FIRST_JS) as page:
         _wait_done(page, RUN_ALL_TIMEOUT_S)

@@ -165,7 +165,7 @@ def test_token_panel_click_sets_the_query_row(syn):
     assert isinstance(w, Wd.TokenWidget) and "class=\"tk" in w.html and w.meta["figure"] == "token_attention"
     r = int(cap.rows_of("tail")[3])
     pos = int(cap.row_pos[r])
-    w._on_msg(w, {"event": "click", "position": pos}, [])       # what the front end sends on a click
+    w._relay.value = f"{pos}:1700000000000"      # what the front end sets on a click: the position, the time
     q = panel.controls["query"].value
     assert int(cap.row_pos[q]) == pos and w.view.meta["query_pos"] == pos and w.meta["query_pos"] == pos
     assert np.allclose(w.view.values, cap.attn[2, 0, q, : sp.T].double().numpy())

@@ -528,7 +528,7 @@ def test_every_widget_opens_its_comm_with_what_it_shows(tiny, monkeypatch):
             state = opened[fw._model_id]
             if isinstance(fw, Wd.TokenWidget):  # a box: its HTML widget's comm opens with the view's HTML
                 assert state["children"] == [f"IPY_MODEL_{fw._shown.model_id}", f"IPY_MODEL_{fw._relay.model_id}"]
-                assert opened[fw._shown.model_id]["value"] == fw.view.html() and fw.html == fw.view.html(), name
+                assert opened[fw._shown.model_id]["value"] == fw.html and fw.view.html() in fw.html, name
                 continue
             assert isinstance(fw, FigureWidget), name
             assert len(state["_widget_data"]) == len(fw.data) >= 1, name

@@ -1,47 +1,40 @@
-"""The token view's widget: a :class:`TokenView`'s HTML in a standard ``ipywidgets.HTML``, and a one-line
-``anywidget`` that reports clicks on its tokens.
+"""The token view's widget: a :class:`TokenView`'s HTML in a standard ``ipywidgets.HTML``, and a hidden standard
+``ipywidgets.Text`` that carries clicks on its tokens to the kernel. No anywidget, no front-end module of its own.
 
 The HTML (tokens as spans, see :mod:`workbench.show.token_view`) is the value of an ``ipywidgets.HTML``: every
 redraw (a slider move) is a standard widget update. It used to be the state of an anywidget, whose front end drops
 every message of a model that is not ready 2 s after it was created ("[anywidget] Failed to initialize model"): a
-token view created while the page was busy (plotly's bundle evaluating, the figures of the cells above drawing)
-stayed deaf to every later slider (CI, stop 35: the 32k token panel's page and layer sliders). The click relay is
-an anywidget that only *sends*: a click on a token of its box (``.wb-token-widget``) goes to the kernel as
-``{"event": "click", "position": p}``, which works whether or not its model ever became ready. The hover text is
-each span's ``title`` (token, position, value, chunk). No plotly, so no per-token colour warnings and nothing
-clipped.
+token view created while the page was busy stayed deaf to every later slider (CI, stop 35). The click relay was
+an anywidget too: under the same load it still sent its clicks, but anywidget's rejected promise showed as an
+uncaught page error (notebook 08's compare view, session 11). Now the live HTML is wrapped in one element whose
+``onclick`` (:data:`_ONCLICK`) writes ``"<position>:<time>"`` into the hidden text box of the same token box
+(``.wb-token-widget``) and fires its ``input`` event: ipywidgets' own text view sends the value (``continuous_update``),
+and the kernel calls the click handlers with the position. The exported HTML (``TokenView.html()``) has no handler.
+The hover text is each span's ``title`` (token, position, value, chunk).
 """
 from __future__ import annotations
 
-import anywidget
+import html
+
 import ipywidgets as W
 
 from workbench.show.token_view import TokenView
 
 __all__ = ["TokenWidget"]
 
-# One listener per view of the relay, on the document: a click on a token inside the token box that holds this
-# view (so several views of one widget, or several token views, each report their own clicks once).
-_RELAY_ESM = """
-function render({ model, el }) {
-  el.style.display = 'none';
-  const onClick = (e) => {
-    const t = e.target && e.target.closest ? e.target.closest('.tk[data-pos]') : null;
-    const box = t && t.closest('.wb-token-widget');
-    if (!box || !box.contains(el)) return;
-    model.send({event: 'click', position: Number(t.dataset.pos)});
-  };
-  document.addEventListener('click', onClick);
-  return () => document.removeEventListener('click', onClick);
-}
-export default { render };
-"""
+# On the live view's wrapper: a click on a token (``.tk[data-pos]``) sets the hidden text box of the token box that
+# holds this view (so several views, or several token views, each report their own clicks), with the time so that a
+# second click on the same token is a change too.
+_ONCLICK = ("const t = event.target.closest && event.target.closest('.tk[data-pos]');"
+            " const b = this.closest('.wb-token-widget');"
+            " const i = b && b.querySelector('.wb-token-click input');"
+            " if (t && i) { i.value = t.dataset.pos + ':' + Date.now();"
+            " i.dispatchEvent(new Event('input', {bubbles: true})); }")
 
 
-class _ClickRelay(anywidget.AnyWidget):
-    """Sends ``{"event": "click", "position": p}`` for a click on a token of the box it sits in (no state)."""
-
-    _esm = _RELAY_ESM
+def _live(view: TokenView) -> str:
+    """``view``'s HTML wrapped in the element whose click handler reports tokens (:data:`_ONCLICK`)."""
+    return f'<div class="wb-token-live" onclick="{html.escape(_ONCLICK, quote=True)}">{view.html()}</div>'
 
 
 def _checked(view) -> TokenView:
@@ -56,16 +49,18 @@ class TokenWidget(W.VBox):
 
     def __init__(self, view: TokenView, **kw):
         view = _checked(view)
-        self._shown = W.HTML(value=view.html())  # the comm opens with the view's HTML
-        self._relay = _ClickRelay()
+        self._shown = W.HTML(value=_live(view))  # the comm opens with the view's HTML
+        self._relay = W.Text(value="", continuous_update=True, layout=W.Layout(display="none"))
+        self._relay.add_class("wb-token-click")
         super().__init__([self._shown, self._relay], **kw)
         self.add_class("wb-token-widget")
         self.view = view
         self._click: list = []
-        self._relay.on_msg(self._on_msg)
+        self._relay.observe(self._on_click, "value")
 
     @property
     def html(self) -> str:
+        """The HTML shown (the view's, in its click wrapper)."""
         return self._shown.value
 
     @property
@@ -75,12 +70,14 @@ class TokenWidget(W.VBox):
     def show(self, view: TokenView) -> None:
         """Draw ``view`` (one message: its HTML)."""
         self.view = _checked(view)
-        self._shown.value = view.html()
+        self._shown.value = _live(view)
 
     def on_token_click(self, fn) -> None:
         self._click.append(fn)
 
-    def _on_msg(self, _widget, content, _buffers) -> None:
-        if isinstance(content, dict) and content.get("event") == "click":
+    def _on_click(self, change) -> None:
+        """The hidden text box's new value, ``"<position>:<time>"`` (:data:`_ONCLICK`): the handlers get the position."""
+        pos, _, _ = str(change["new"]).partition(":")
+        if pos.isdigit():
             for fn in self._click:
-                fn(int(content["position"]))
+                fn(int(pos))
