@@ -386,10 +386,11 @@ def _coords(t: dict, c: str) -> np.ndarray | None:
 
 
 def _whole_ticks(fig_dict: dict, lay: dict, plot_w: float, plot_h: float) -> None:
-    """Auto-ticked linear axes whose every coordinate is a whole number: where their ``nticks`` (or plotly's default
-    for the axis length, 5-10) reaches twice the span, ``nticks`` under it, so that plotly's rough step (span /
-    nticks) exceeds 0.5 and rounds to 1, 2, 5 … (ticks from 0): no tick at 0.5, 1.5 … A heatmap's cells widen the
-    span by a step (counted: the estimate stays at or under plotly's); one value: nticks 1. Explicit ticks, log, date, category keep theirs."""
+    """Auto-ticked linear axes whose every index coordinate (:func:`_coords`) is a whole number: where their ``nticks``
+    (or plotly's default for the axis length, 5-10) reaches twice the span, ``nticks`` under it, so that plotly's
+    rough step (span / nticks) exceeds 0.5 and rounds to 1, 2, 5 … (ticks from 0): no tick at 0.5, 1.5 … A heatmap's
+    cells widen the span by a step (counted: the estimate stays at or under plotly's); one value: ``nticks`` 1.
+    Explicit ticks, and log, date and category axes, keep theirs."""
     refs = {t.get(c + "axis") or c for t in fig_dict.get("data") or [] if isinstance(t, dict) for c in "xy"}
     for key in {k for k in lay if re.fullmatch(r"[xy]axis\d*", k)} | {r[0] + "axis" + r[1:] for r in refs}:
         m, ax = re.fullmatch(r"([xy])axis(\d*)", key), lay.get(key, {})
