@@ -145,36 +145,21 @@ def kind(cls: str) -> str:
 
 def whole_axes(fig_dict: dict) -> set[str]:
     """The axis ids (``"x"``, ``"y2"`` …) of ``fig_dict`` whose every trace's index coordinates (a heatmap's both, a
-    bar's categories, a line's x; plotly's ``x0 + dx·i`` where none are given) are whole numbers, on linear axes
-    without explicit ticks: what :data:`LIVE_BOXES_JS` returns as ``whole`` for a live figure."""
+    bar's categories, a line's x; plotly's ``x0 + dx·i`` where none are given: ``paper_layout._coords``, which also
+    decodes plotly's ``{bdata}`` arrays) are whole numbers, on linear axes without explicit ticks: what
+    :data:`LIVE_BOXES_JS` returns as ``whole`` for a live figure."""
     import numpy as np
+
+    from workbench.show.paper_layout import _coords
 
     lay, state = fig_dict.get("layout") or {}, {}
     for t in fig_dict.get("data") or []:
-        k = t.get("type") or "scatter"
         for c in "xy":
-            ax_id = t.get(c + "axis") or c
-            if not (k == "heatmap" or k in ("scatter", "scattergl") and c == "x"
-                    or k == "bar" and c == ("y" if t.get("orientation") == "h" else "x")):
-                state[ax_id] = False
-                continue
-            if t.get(c) is not None:
-                v = t[c]
-            else:
-                n = np.shape(t["z"])[1 if c == "x" else 0] if k == "heatmap" else len(t.get("y" if c == "x" else "x"))
-                v = [float(t.get(c + "0", 0)) + float(t.get("d" + c, 1)) * i for i in range(n)]
-            try:
-                a = np.asarray(v, dtype=float)
-                ok = bool(np.all(~np.isfinite(a) | (a == np.round(a))))
-            except (TypeError, ValueError):
-                ok = False
-            state[ax_id] = state.get(ax_id, True) and ok
-    out = set()
-    for ax_id, ok in state.items():
-        ax = lay.get(ax_id[0] + "axis" + ax_id[1:]) or {}
-        if ok and ax.get("type") in (None, "-", "linear") and ax.get("tickmode") != "array" and ax.get("tickvals") is None:
-            out.add(ax_id)
-    return out
+            v = _coords(t, c)
+            ok = v is not None and bool(np.all(~np.isfinite(v) | (v == np.round(v))))
+            state[t.get(c + "axis") or c] = state.get(t.get(c + "axis") or c, True) and ok
+    return {ax_id for ax_id, ok in state.items() if ok and (ax := lay.get(ax_id[0] + "axis" + ax_id[1:]) or {})
+            .get("type") in (None, "-", "linear") and ax.get("tickmode") != "array" and ax.get("tickvals") is None}
 
 
 def _between_whole(text: str) -> bool:
