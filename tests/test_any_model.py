@@ -1,7 +1,10 @@
 """Each failure seen with models other than SmolLM2 (issue 13), one test each, on tiny random models."""
 from __future__ import annotations
 
+import inspect
 import math
+import sys
+import types
 import warnings
 
 import pytest
@@ -310,3 +313,52 @@ def test_gemma3_multimodal_model_runs_on_its_language_model():
     full = run_full(m, spans, max_new_tokens=3)
     res = run_policies(m, spans, every_policy(n_sink=2, recent=2), [T], 3, progress=False)
     assert all(r.error is None and r.ids == full.generated_ids for r in res), [(r.policy, r.error) for r in res]
+
+
+# ----------------------------------------------------------------------------- transformers >= 5.25: kernels wrappers
+def _modelling_module(monkeypatch, **functions):
+    """A stand-in modelling module holding ``functions``, and an attention class defined in it."""
+    mod = types.ModuleType("wb_fake_modelling")
+    mod.__dict__.update(functions)
+    mod.Attention = type("Attention", (torch.nn.Module,), {"__module__": mod.__name__})
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    return mod.Attention()
+
+
+def test_a_kernels_wrapped_function_is_read_as_the_models_own(monkeypatch):
+    """transformers 5.25 decorates ``apply_rotary_pos_emb`` with ``kernels``' hub wrapper, an ``nn.Module`` whose
+    signature is ``(*args, **kwargs)``: read that way, the rotary probe called it with the wrong arguments."""
+    kernels = pytest.importorskip("kernels")
+
+    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        return q * cos + sin, k * cos - sin
+
+    wrapped = kernels.use_kernel_forward_from_hub("wb_test_rotary")(apply_rotary_pos_emb)
+    assert isinstance(wrapped, torch.nn.Module)
+    att = _modelling_module(monkeypatch, apply_rotary_pos_emb=wrapped)
+    fn = adapter.own_modelling_function(att, "apply_rotary_pos_emb")
+    assert fn is apply_rotary_pos_emb
+    x, c, s = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(fn(x, x, c, s)[0], wrapped(x, x, c, s)[0], rtol=0, atol=0)
+
+
+def test_an_unknown_function_wrapper_is_refused_by_name(monkeypatch):
+    class Opaque(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return args
+
+    att = _modelling_module(monkeypatch, apply_rotary_pos_emb=Opaque())
+    with pytest.raises(TypeError, match=r"Attention's apply_rotary_pos_emb is a .*Opaque module that wraps no function"):
+        adapter.own_modelling_function(att, "apply_rotary_pos_emb")
+    with pytest.raises(TypeError, match="Attention's modelling module has no eager_attention_forward"):
+        adapter.own_modelling_function(att, "eager_attention_forward")
+
+
+def test_the_real_rotary_function_is_a_plain_function_with_its_own_signature():
+    """On every transformers this project runs (with or without ``kernels``), the probe reads the tiny Llama's
+    own ``apply_rotary_pos_emb`` as a function taking ``(q, k, cos, sin, ...)``."""
+    m = _model("llama")
+    att = families.decoder_layers(m)[0].self_attn
+    fn = adapter.own_modelling_function(att, "apply_rotary_pos_emb")
+    assert inspect.isfunction(fn)
+    assert list(inspect.signature(fn).parameters)[:4] == ["q", "k", "cos", "sin"]

@@ -161,18 +161,40 @@ def read_attention_call(module, query, key, value, attention_mask, kwargs) -> At
 _EAGER: dict = {}
 
 
+def _plain_function(fn, name: str, owner: str) -> Callable:
+    """``fn`` itself, or, where the ``kernels`` package (a dependency of transformers >= 5.25) turned the modelling
+    module's function into a ``torch.nn.Module`` that dispatches to a hub kernel, the function it wraps: the model's
+    own torch code, with its own signature. ``TypeError`` when such a wrapper holds no function we can find."""
+    if not isinstance(fn, torch.nn.Module):
+        return fn
+    forward = getattr(type(fn), "forward", None)
+    inner = inspect.getclosurevars(forward).nonlocals.get("func") if inspect.isfunction(forward) else None
+    if not inspect.isfunction(inner):
+        raise TypeError(
+            f"model: {owner}'s {name} is a {type(fn).__module__}.{type(fn).__qualname__} module that wraps no "
+            "function the workbench can read (a kernels or transformers version it does not know)"
+        )
+    return inner
+
+
+def own_modelling_function(module, name: str) -> Callable:
+    """The function ``name`` (``eager_attention_forward``, ``apply_rotary_pos_emb``) of the modelling module that
+    defines ``module``'s class or, failing that, a base class's: each family's own code, never Llama's. A function
+    that ``kernels`` wrapped in a hub-kernel module is unwrapped to the model's own torch function."""
+    cls = type(module)
+    for klass in cls.__mro__:
+        fn = getattr(sys.modules.get(klass.__module__), name, None)
+        if fn is not None:
+            return _plain_function(fn, name, cls.__name__)
+    raise TypeError(f"model: {cls.__name__}'s modelling module has no {name}")
+
+
 def own_eager_function(module) -> Callable:
     """The ``eager_attention_forward`` of the modelling module that defines ``module``'s class (Gemma-2's
     soft-capping, gpt-oss's learned sinks, each family's own scaling kept), never Llama's."""
     cls = type(module)
     if cls not in _EAGER:
-        for klass in cls.__mro__:
-            fn = getattr(sys.modules.get(klass.__module__), "eager_attention_forward", None)
-            if fn is not None:
-                _EAGER[cls] = fn
-                break
-        else:
-            raise TypeError(f"model: {cls.__name__}'s modelling module has no eager_attention_forward")
+        _EAGER[cls] = own_modelling_function(module, "eager_attention_forward")
     return _EAGER[cls]
 
 

@@ -13,13 +13,12 @@ reason (:func:`unavailable`).
 from __future__ import annotations
 
 import inspect
-import sys
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from workbench.run import families
+from workbench.run import adapter, families
 from workbench.run.families import decoder_layers, family_of, layers_owner
 
 __all__ = ["RotaryMaps", "rotary_maps", "rope_on_layer", "unavailable"]
@@ -79,11 +78,7 @@ def rope_on_layer(model, l: int) -> bool:
 
 
 def _own_apply(att):
-    for klass in type(att).__mro__:
-        fn = getattr(sys.modules.get(klass.__module__), "apply_rotary_pos_emb", None)
-        if fn is not None:
-            return fn
-    raise TypeError(f"model: {type(att).__name__}'s modelling module has no apply_rotary_pos_emb")
+    return adapter.own_modelling_function(att, "apply_rotary_pos_emb")
 
 
 def _layer_pe(model, l: int, positions: Tensor, x: Tensor):
