@@ -65,7 +65,7 @@ def with_settings(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     ok = df["error"].map(lambda e: not (isinstance(e, str) and e)) if "error" in df.columns else True
     d = df[ok].copy()
-    d["setting"] = [setting_label(r) for _, r in d.iterrows()] if len(d) else []
+    d["setting"] = [setting_label({"method": m, "params": p}) for m, p in zip(d["method"], d["params"])] if len(d) else []
     return d
 
 
@@ -89,9 +89,11 @@ def cluster_paired(a, b, cluster, level: float = 0.95):
     return paired(per["a"].to_numpy(), per["b"].to_numpy(), level), len(per)
 
 
-def _scores(d: pd.DataFrame, setting: str, metric: str) -> pd.Series:
-    s = d[d["setting"] == setting].drop_duplicates("item_id").set_index("item_id")[metric]
-    return pd.to_numeric(s, errors="coerce").dropna().astype(float)
+def _scores(d: pd.DataFrame, metric: str) -> dict[str, pd.Series]:
+    """Each setting's scores in ``d``: ``{setting: float Series indexed by item_id}`` (an item's first row, in the
+    rows' order; non-numeric scores dropped), computed in one pass over the settings."""
+    return {s: pd.to_numeric(g.drop_duplicates("item_id").set_index("item_id")[metric], errors="coerce")
+            .dropna().astype(float) for s, g in d.groupby("setting", sort=False)}
 
 
 def reference_check(df: pd.DataFrame, metric: str = "contains", *, min_accuracy: float = MIN_REFERENCE_ACCURACY,
@@ -162,13 +164,15 @@ def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.
         scopes.append((f"all tasks (pooled over {len(scopes)})", d))
     rows = []
     for scope, g in scopes:
+        scores = _scores(g, metric)
+        # the independent units: prompts sharing a fact or a haystack (one cluster) count once, by their mean
+        cluster_of = g.drop_duplicates("item_id").set_index("item_id")["cluster"]
         for a, b in _pairs(g):
-            sa, sb = _scores(g, a, metric), _scores(g, b, metric)
+            sa, sb = scores[a], scores[b]
             common = sa.index.intersection(sb.index)
             if not len(common):
                 continue
-            # the independent units: prompts sharing a fact or a haystack (one cluster) count once, by their mean
-            of = g.drop_duplicates("item_id").set_index("item_id")["cluster"].reindex(common)
+            of = cluster_of.reindex(common)
             units = pd.DataFrame({"a": sa[common].to_numpy(), "b": sb[common].to_numpy(), "c": of.to_numpy()})
             r, n_clusters = cluster_paired(units["a"], units["b"], units["c"], level)
             row = dict(scope=scope, a=a, b=b, metric=metric, **{k: v for k, v in r.to_dict().items()
