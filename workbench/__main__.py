@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 from workbench.capture import RowSet, run_capture
@@ -100,19 +101,24 @@ KERNEL = "attn-workbench"  # the kernel every notebook names (installed by ``mak
 
 
 def lab_command(*, notebook_dir: str = "notebooks", port: int = 8888, ip: str = "127.0.0.1", token: str | None = None,
-                uid: int | None = None) -> tuple[list[str], str]:
-    """JupyterLab's command line and its URL. Always with a token (``token``, else ``$JUPYTER_TOKEN``, else a
-    random one); ``--allow-root`` when the user id is 0 (a container), since Jupyter refuses root otherwise."""
+                uid: int | None = None) -> tuple[list[str], str, dict[str, str]]:
+    """JupyterLab's command line, its URL and the environment to start it with. Always with a token (``token``,
+    else ``$JUPYTER_TOKEN``, else a random one), handed over in ``$JUPYTER_TOKEN`` of that environment, never on
+    the command line (which every local user reads with ``ps``; a process's environment only its owner and root
+    read); ``--allow-root`` when the user id is 0 (a container), since Jupyter refuses root otherwise. The token
+    is URL-encoded in the URL."""
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"port: must be an integer in [1, 65535], got {port!r}")
     token = token or os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(16)
     uid = os.getuid() if uid is None and hasattr(os, "getuid") else uid
     cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebook_dir}", f"--port={port}", f"--ip={ip}",
-           "--no-browser", f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0"]
+           "--no-browser", "--ServerApp.port_retries=0"]
     if uid == 0:
         cmd.append("--allow-root")
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN_FILE"}  # the file would not win over ours
+    env["JUPYTER_TOKEN"] = token
     host = "127.0.0.1" if ip in ("0.0.0.0", "*", "") else ip
-    return cmd, f"http://{host}:{port}/lab?token={token}"
+    return cmd, f"http://{host}:{port}/lab?token={urllib.parse.quote(token, safe='')}", env
 
 
 def kernel_installed(name: str = KERNEL) -> bool:
@@ -143,7 +149,7 @@ def port_free(ip: str, port: int) -> bool:
 
 def _lab(args) -> int:
     try:
-        cmd, url = lab_command(notebook_dir=args.notebook_dir, port=args.port, ip=args.ip, token=args.token)
+        cmd, url, env = lab_command(notebook_dir=args.notebook_dir, port=args.port, ip=args.ip, token=args.token)
     except ValueError as e:
         print(f"python -m workbench lab: error: {e}", file=sys.stderr)
         return 2
@@ -159,7 +165,7 @@ def _lab(args) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0 if ok else 1
-    os.execv(cmd[0], cmd)
+    os.execve(cmd[0], cmd, env)
     return 0  # pragma: no cover - execv does not return
 
 
