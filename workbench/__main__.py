@@ -81,10 +81,15 @@ def _report(args) -> int:
     except CLI_ERRORS as e:  # bad data (an items file, a filler), an unwritable --out: say where, in one line
         print(_one_line("report", e), file=sys.stderr)
         _exit(2)
-    except KeyboardInterrupt:
-        print("python -m workbench report: interrupted before the sweep; nothing to report", file=sys.stderr)
+    except KeyboardInterrupt:  # after the sweep has begun run_report writes a partial report itself
+        store = cfg.out / "tables" / "sweep.parquet"
+        print("python -m workbench report: interrupted before the report was written; " + (
+            f"the finished cells in {store} are kept: re-run the same command to resume" if store.is_file() else
+            "nothing to report"), file=sys.stderr)
         _exit(130)
     print(res.summary())
+    if res.export_error:  # the tables and the page are written: a warning, not a failure
+        print(f"python -m workbench report: warning: {res.export_error}", file=sys.stderr)
     if res.partial:  # every file is written; a Chromium still starting must not hold the exit
         _exit(130)
     return 0
