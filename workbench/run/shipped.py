@@ -38,7 +38,7 @@ from workbench.run import model_folder
 from workbench.run.model_folder import package_dir
 from workbench.util import cache_dir
 
-__all__ = ["ShippedModel", "SHIPPED", "shipped_folder", "part_files", "assemble_gguf", "check_gguf"]
+__all__ = ["ShippedModel", "SHIPPED", "shipped_folder", "part_files", "assemble_gguf", "check_gguf", "slot_mismatch"]
 
 
 @dataclass(frozen=True)
@@ -226,6 +226,37 @@ def _adopt(folder: Path) -> str | None:
     return None
 
 
+def slot_mismatch(m: ShippedModel, folder: Path) -> str | None:
+    """Why the folder in ``m``'s cache slot is not ``m``'s conversion, else None: its manifest names another model
+    or another GGUF checksum than :data:`SHIPPED` (a folder copied under this name), or its ``config.json`` has
+    another geometry (layers, heads, KV heads, head dimension). A folder without a manifest or config is left to
+    the manifest check (absent: built; an older workbench's: adopted when its sizes match)."""
+    try:
+        man = json.loads((folder / model_folder.MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        man = None
+    if isinstance(man, dict):
+        if man.get("model", m.name if "sizes" in man else None) != m.name:
+            return f"its manifest is of the model {man.get('model')!r}, not {m.name}"
+        if "files" in man and man.get("gguf_sha256") != m.sha256:
+            return f"its manifest records the GGUF sha256 {man.get('gguf_sha256')!r}, not {m.name}'s {m.sha256}"
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return "its config.json is not a JSON object"
+    heads = cfg.get("num_attention_heads")
+    head_dim = cfg.get("head_dim") or (cfg.get("hidden_size") // heads if isinstance(cfg.get("hidden_size"), int)
+                                       and isinstance(heads, int) and heads else None)
+    got = (cfg.get("num_hidden_layers"), heads, cfg.get("num_key_value_heads"), head_dim)
+    want = (m.layers, m.heads, m.kv_heads, m.head_dim)
+    if got != want:
+        return (f"its config.json has (layers, heads, KV heads, head dimension) = {got}, {m.name} has {want} "
+                f"(another model's folder)")
+    return None
+
+
 def _convert(m: ShippedModel, gguf: Path, out: Path) -> None:
     model_folder.convert_gguf(gguf, out)
     cfg = json.loads((out / "config.json").read_text())
@@ -249,7 +280,8 @@ def shipped_folder(name: str, progress: bool = True, install: bool = True, *, ve
     """The converted HF folder of the shipped model ``name`` (a key of :data:`SHIPPED`), building it once:
     install the missing wheels, assemble and check the GGUF, convert, record every file's size and sha256
     (:func:`workbench.run.model_folder.cached_folder`, as for the default model). Every call compares the sizes
-    with the manifest, ``verify=True`` (``prepare``) also the checksums; a damaged folder is rebuilt, a folder of
+    with the manifest, ``verify=True`` (``prepare``) also the checksums, and the folder with ``m``'s table entry
+    (:func:`slot_mismatch`: another model copied under this name); a damaged or mismatched folder is rebuilt, a folder of
     an older workbench (sizes alone) is kept when its sizes match; temp files of a killed build are swept at
     the next call."""
     m = SHIPPED[name]
@@ -257,4 +289,5 @@ def shipped_folder(name: str, progress: bool = True, install: bool = True, *, ve
     info = {"model": m.name, "title": m.title, "gguf_sha256": m.sha256, "wheels": m.requirements, "license": m.license}
     return model_folder.cached_folder(
         target, lambda tmp: _build(m, tmp, install), verify=verify, progress=progress, info=info, adopt=_adopt,
+        incomplete=lambda folder: slot_mismatch(m, folder),
         doing=f"Preparing {m.name}: assembling {m.n_parts} parts, checking, converting to {target}")
