@@ -180,3 +180,62 @@ def test_cli_says_what_an_interrupt_kept(cli_report, tmp_path, capsys):
     assert cli_report(warned) == 0  # the tables and the page are written: a warning, not a failure
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["python -m workbench report: warning: figure export failed twice at 'x' (E: y); 3 figure(s) ..."]
+
+
+# the command line in a child: figures by a stand-in writer; the first os.replace onto report.html holds still
+# (printing READY) so that a real SIGTERM arrives while the page is being written
+CHILD = '''
+import os, sys, time, types
+from pathlib import Path
+fake = types.ModuleType("kaleido")
+def _write(specs, cancel_on_error=True):
+    for s in specs:
+        Path(s["path"]).write_bytes(b"<svg width='1' height='1'></svg>" if s["path"].endswith(".svg") else b"PNG")
+fake.write_fig_from_object_sync = _write
+sys.modules["kaleido"] = fake
+from workbench.show import kaleido_server as ks
+ks.ensure_server = lambda **kw: None
+ks.shutdown_server = lambda: None
+_real = os.replace
+def _replace(a, b):
+    if os.environ.get("WB_HOLD") and str(b).endswith("report.html") and not getattr(_replace, "held", False):
+        _replace.held = True
+        print("READY", file=sys.stderr, flush=True)
+        time.sleep(600)
+    return _real(a, b)
+os.replace = _replace
+from workbench.__main__ import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.slow  # two tiny reports in children (~30 s each: the model loads in each)
+def test_sigterm_while_the_page_is_written_gives_a_partial_report_then_the_command_finishes(tmp_path):
+    import os
+    import signal
+    import subprocess
+
+    out = tmp_path / "rep"
+    args = ["report", "--tiny", "--n-squad", "0", "--methods", "full", "--data", "sample", "--no-progress",
+            "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    p = subprocess.Popen([sys.executable, "-c", CHILD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**env, "WB_HOLD": "1"})
+    try:
+        for line in p.stderr:
+            if "READY" in line:
+                p.send_signal(signal.SIGTERM)
+                break
+        stdout, stderr = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, stderr[-3000:]
+    assert "PARTIAL report (the HTML page was interrupted" in stdout and "before the sweep" not in stderr
+    page = (out / "report.html").read_text()
+    assert "PARTIAL REPORT" in page and "interrupted during the HTML page" in page
+    assert json.loads((out / "manifest.json").read_text())["partial"] is True
+    r = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "PARTIAL" not in r.stdout and "PARTIAL REPORT" not in (out / "report.html").read_text()
+    assert json.loads((out / "manifest.json").read_text())["partial"] is False
