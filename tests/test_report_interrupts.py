@@ -190,12 +190,14 @@ from pathlib import Path
 fake = types.ModuleType("kaleido")
 def _write(specs, cancel_on_error=True):
     for s in specs:
-        Path(s["path"]).write_bytes(b"<svg width='1' height='1'></svg>" if s["path"].endswith(".svg") else b"PNG")
+        Path(s["path"]).write_bytes(b"<svg width='1' height='1'></svg>" if s["path"].endswith(".svg")
+                                    else b"\\x89PNG\\r\\n\\x1a\\n")
 fake.write_fig_from_object_sync = _write
 sys.modules["kaleido"] = fake
-from workbench.show import kaleido_server as ks
-ks.ensure_server = lambda **kw: None
-ks.shutdown_server = lambda: None
+from workbench.show import export as ex, kaleido_server as ks
+for _m in (ks, ex):
+    _m.ensure_server = lambda **kw: None
+    _m.shutdown_server = lambda: None
 _real = os.replace
 def _replace(a, b):
     if os.environ.get("WB_HOLD") and str(b).endswith("report.html") and not getattr(_replace, "held", False):
@@ -238,4 +240,5 @@ def test_sigterm_while_the_page_is_written_gives_a_partial_report_then_the_comma
     r = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "PARTIAL" not in r.stdout and "PARTIAL REPORT" not in (out / "report.html").read_text()
+    assert "warning" not in r.stderr and all(json.loads((out / "manifest.json").read_text())["figures"].values())
     assert json.loads((out / "manifest.json").read_text())["partial"] is False

@@ -14,7 +14,9 @@ The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
    reply with EM / F1 / contains (:func:`workbench.study.sweep.sweep`), each family with its own
    ``max_new_tokens`` (``tasks.TASK_MAX_NEW_TOKENS``; replies that use them all are flagged ``hit_cap``).
    The sweep writes ``tables/sweep.parquet`` after every cell and resumes from it: a re-run recomputes no
-   finished cell, and an interrupted run (Ctrl-C, SIGTERM) still writes a report marked **partial**.
+   finished cell, and a run interrupted (Ctrl-C, SIGTERM) at any stage from the sweep on (the needle eviction,
+   the figure export, the tables, the page) still writes a report from the finished cells, marked **partial**
+   with the stage; the same command resumes it.
    Figures: accuracy vs budget, accuracy / KV-bytes table (per task).
    **What this study shows** (:mod:`workbench.study.conclusions`, at the top of the page): each seed claim the
    sweep can speak to (DeferKV vs SnapKV per budget and family, EntroPrefill per preset) with n, effect, CI, p and
@@ -245,8 +247,9 @@ def _run_sweep(cfg: ReportConfig, lm, items, path: Path) -> tuple[pd.DataFrame, 
 
 def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     """Run the study of ``cfg`` and write the report (see the module docstring); ``lm``: a loaded model to
-    use instead of loading ``cfg.model``. An interrupted sweep still writes the report, marked partial
-    (``ReportResult.partial``; the figures are then not exported), and a re-run resumes it."""
+    use instead of loading ``cfg.model``. An interrupt from the sweep on still writes the report from the finished
+    cells, marked partial (``ReportResult.partial``, ``.interrupted``: the stage; no figure export), and a re-run
+    resumes it; a figure export that fails twice leaves ``ReportResult.export_error`` (one line), not a failure."""
 
     cfg = cfg or ReportConfig()
     t_start = time.perf_counter()
@@ -345,8 +348,8 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
             html_path, manifest, table_files = write()
         except KeyboardInterrupt:
             interrupted, partial = interrupted or at[0], True
+            html_path, manifest, table_files = write()  # first: stopping a Chromium cut mid-render may take a while
             _stop_server(server_thread)
-            html_path, manifest, table_files = write()
     except BaseException:
         _stop_server(server_thread)
         raise
