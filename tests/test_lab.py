@@ -14,18 +14,38 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_command_line_as_root_and_as_user():
-    cmd, url = cli.lab_command(port=8899, token="abc", uid=0)
+    cmd, url, env = cli.lab_command(port=8899, token="abc", uid=0)
     assert cmd[1:4] == ["-m", "jupyter", "lab"] and "--allow-root" in cmd
-    assert "--IdentityProvider.token=abc" in cmd and "--port=8899" in cmd and "--no-browser" in cmd
+    assert env["JUPYTER_TOKEN"] == "abc" and "--port=8899" in cmd and "--no-browser" in cmd
     assert "--notebook-dir=notebooks" in cmd
     assert url == "http://127.0.0.1:8899/lab?token=abc"
-    cmd, _ = cli.lab_command(token="abc", uid=1000)
+    cmd, _, _ = cli.lab_command(token="abc", uid=1000)
     assert "--allow-root" not in cmd
-    cmd, url = cli.lab_command(uid=1000, ip="0.0.0.0")      # a random token when none is given
-    tok = next(a for a in cmd if a.startswith("--IdentityProvider.token=")).split("=", 1)[1]
+    cmd, url, env = cli.lab_command(uid=1000, ip="0.0.0.0")      # a random token when none is given
+    tok = env["JUPYTER_TOKEN"]
     assert len(tok) == 32 and url.endswith(tok) and url.startswith("http://127.0.0.1:8888/")
     with pytest.raises(ValueError, match=r"^port: must be an integer in \[1, 65535\]"):
         cli.lab_command(port=0)
+
+
+def test_token_stays_off_the_command_line_and_is_url_encoded(monkeypatch):
+    # any local user reads a command line with ps; the token goes to JupyterLab in its environment instead
+    monkeypatch.setenv("JUPYTER_TOKEN_FILE", "/elsewhere")
+    cmd, url, env = cli.lab_command(token="a b;x&y", uid=1000)
+    assert not any("a b;x&y" in a or "token" in a.lower() for a in cmd), cmd
+    assert env["JUPYTER_TOKEN"] == "a b;x&y" and "JUPYTER_TOKEN_FILE" not in env
+    assert url == "http://127.0.0.1:8888/lab?token=a%20b%3Bx%26y"
+
+
+def test_lab_starts_jupyter_with_the_token_in_its_environment(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "kernel_installed", lambda name=cli.KERNEL: True)
+    monkeypatch.setattr(cli, "port_free", lambda ip, port: True)
+    seen = {}
+    monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: seen.update(path=path, argv=argv, env=env))
+    monkeypatch.setattr(cli.os, "execv", lambda *a: pytest.fail("started without its environment"))
+    assert cli.main(["lab", "--port", "8778", "--token", "a b;x"]) == 0
+    assert seen["env"]["JUPYTER_TOKEN"] == "a b;x" and not any("a b;x" in a for a in seen["argv"])
+    assert "JupyterLab: http://127.0.0.1:8778/lab?token=a%20b%3Bx" in capsys.readouterr().out
 
 
 def test_dry_run_prints_url_and_command(capsys, monkeypatch):

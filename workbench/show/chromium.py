@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.show.kaleido_server import browser_path
+from workbench.show.kaleido_server import browser_path, sandbox
 from workbench.util import private_temp_dir
 
 __all__ = ["ChromiumSession", "CHROMIUM_TIMEOUT_S", "NO_CHROMIUM"]
@@ -61,7 +61,7 @@ class ChromiumSession:
         to_r, to_w = os.pipe()  # we write commands, Chromium reads them on its fd 3
         from_r, from_w = os.pipe()  # Chromium writes replies on its fd 4, we read them
         cmd = [exe, *_FLAGS, f"--user-data-dir={prof}", "about:blank"]
-        if hasattr(os, "geteuid") and os.geteuid() == 0:
+        if not sandbox()[0]:  # says why, once
             cmd.insert(1, "--no-sandbox")
         try:
             self._proc = subprocess.Popen([sys.executable, "-c", _ON_FDS_3_4, str(to_r), str(from_w), *cmd],

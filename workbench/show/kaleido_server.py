@@ -15,6 +15,7 @@ import queue
 import re
 import shutil
 import struct
+import sys
 import threading
 import zlib
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from workbench.choices import EXPORT_FORMATS
 from workbench.util import private_temp_dir
 
 __all__ = ["FORMATS", "RENDER_TIMEOUT_S", "browser_path", "ensure_server", "shutdown_server", "server_running",
-           "render_all", "RenderSize"]
+           "render_all", "RenderSize", "sandbox", "NO_SANDBOX_ENV"]
 
 FORMATS = EXPORT_FORMATS  # ("pdf", "svg", "png")
 EXPORT_TMP_PREFIX = "workbench-export-"  # kaleido's private folders in the system temp: <prefix><pid>-<random>
@@ -64,6 +65,36 @@ def browser_path() -> str | None:
     return None
 
 
+NO_SANDBOX_ENV = "WORKBENCH_NO_SANDBOX"  # "1": run Chromium without its sandbox (a container whose seccomp forbids it)
+_USERNS_FILES = ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces")
+_SAID: set[str] = set()
+
+
+def sandbox(*, say: bool = True) -> tuple[bool, str | None]:
+    """Whether Chromium can run inside its sandbox here: ``(True, None)``, or ``(False, why)`` as root (Chromium
+    refuses its sandbox to root), without unprivileged user namespaces (the sandbox is built on them), or with
+    ``$WORKBENCH_NO_SANDBOX=1``. ``say``: print ``why`` on stderr, once per process and reason, since an
+    unsandboxed browser is a weaker boundary the user should know of (never a silent ``--no-sandbox``)."""
+    why = None
+    if os.environ.get(NO_SANDBOX_ENV, "") not in ("", "0"):
+        why = f"${NO_SANDBOX_ENV} is set"
+    elif hasattr(os, "geteuid") and os.geteuid() == 0:
+        why = "this process runs as root, and Chromium refuses its sandbox to root (export as a normal user to have it)"
+    else:
+        for f in _USERNS_FILES:
+            try:
+                off = Path(f).read_text().strip() == "0"
+            except OSError:
+                continue
+            if off:
+                why = f"this kernel allows no unprivileged user namespaces ({f} is 0), on which the sandbox is built"
+                break
+    if why is not None and say and why not in _SAID:
+        _SAID.add(why)
+        print(f"figure export: Chromium runs without its sandbox: {why}", file=sys.stderr, flush=True)
+    return why is None, why
+
+
 def _server():
     import kaleido
 
@@ -84,7 +115,6 @@ def ensure_server(*, timeout_s: float = RENDER_TIMEOUT_S) -> None:
 
     Raises RuntimeError when no Chromium is found or it does not start within ``timeout_s``.
     """
-    import kaleido
 
     with _LOCK:
         if server_running():
@@ -96,18 +126,33 @@ def ensure_server(*, timeout_s: float = RENDER_TIMEOUT_S) -> None:
             raise RuntimeError("figure export needs Chromium: install Debian's chromium (apt-get install chromium "
                                "fonts-liberation fonts-dejavu-core) or set BROWSER_PATH to a Chromium binary")
         os.environ.setdefault("BROWSER_PATH", path)
-        # one tab per format: the formats of a figure render at the same time (kaleido reloads a tab after
-        # each render, ~0.3 s, so three formats one after another took ~1.2 s)
-        kaleido.start_sync_server(n=len(FORMATS), mathjax=False, timeout=timeout_s, silence_warnings=True)
-        _STATE["running"] = True
-        if not _STATE["atexit"]:
-            atexit.register(shutdown_server)
-            _STATE["atexit"] = True
-        try:  # the first render starts Chromium; a dead server thread would block forever, so wait with a limit
-            _call(_probe_figure(), dict(format="svg", width=16, height=16, scale=1.0), timeout_s=timeout_s)
-        except BaseException:
-            shutdown_server()
-            raise
+        sandboxed, _ = sandbox()
+        try:
+            _start(sandboxed, timeout_s)
+        except Exception as e:  # noqa: BLE001 - a sandbox this system cannot give: said, then started without
+            if not sandboxed:
+                raise
+            print(f"figure export: Chromium did not start in its sandbox ({' '.join(str(e).split())[:200]}); "
+                  f"running it without (set {NO_SANDBOX_ENV}=1 to skip the attempt)", file=sys.stderr, flush=True)
+            _start(False, timeout_s)
+
+
+def _start(sandboxed: bool, timeout_s: float) -> None:
+    import kaleido
+
+    # one tab per format: the formats of a figure render at the same time (kaleido reloads a tab after
+    # each render, ~0.3 s, so three formats one after another took ~1.2 s)
+    kaleido.start_sync_server(n=len(FORMATS), mathjax=False, timeout=timeout_s, silence_warnings=True,
+                              enable_sandbox=sandboxed)
+    _STATE["running"] = True
+    if not _STATE["atexit"]:
+        atexit.register(shutdown_server)
+        _STATE["atexit"] = True
+    try:  # the first render starts Chromium; a dead server thread would block forever, so wait with a limit
+        _call(_probe_figure(), dict(format="svg", width=16, height=16, scale=1.0), timeout_s=timeout_s)
+    except BaseException:
+        shutdown_server()
+        raise
 
 
 def shutdown_server() -> None:

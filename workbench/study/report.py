@@ -14,7 +14,9 @@ The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
    reply with EM / F1 / contains (:func:`workbench.study.sweep.sweep`), each family with its own
    ``max_new_tokens`` (``tasks.TASK_MAX_NEW_TOKENS``; replies that use them all are flagged ``hit_cap``).
    The sweep writes ``tables/sweep.parquet`` after every cell and resumes from it: a re-run recomputes no
-   finished cell, and an interrupted run (Ctrl-C, SIGTERM) still writes a report marked **partial**.
+   finished cell, and a run interrupted (Ctrl-C, SIGTERM) at any stage from the sweep on (the needle eviction,
+   the figure export, the tables, the page) still writes a report from the finished cells, marked **partial**
+   with the stage; the same command resumes it.
    Figures: accuracy vs budget, accuracy / KV-bytes table (per task).
    **What this study shows** (:mod:`workbench.study.conclusions`, at the top of the page): each seed claim the
    sweep can speak to (DeferKV vs SnapKV per budget and family, EntroPrefill per preset) with n, effect, CI, p and
@@ -56,16 +58,12 @@ from tqdm.auto import tqdm
 
 import workbench.study.datasets as datasets
 import workbench.study.findings as fnd
+import workbench.study.report_parts as parts
 import workbench.study.tasks as tasks
-from workbench.analyse.params import EntroPrefillParams
-from workbench.analyse.procedure import trace
-from workbench.capture import RowSet, run_capture
-from workbench.rerun import eviction
-from workbench.run.examples import load_example
 from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
-from workbench.show.export import csv_bytes, prompt_hash, versions
+from workbench.show.export import csv_bytes, versions
 from workbench.study.conclusions import conclusions
 from workbench.study.kvpress_runs import write_kvpress_runs
 from workbench.study.report_config import (
@@ -76,6 +74,7 @@ from workbench.study.report_config import (
     ReportConfig,
     ReportResult,
 )
+from workbench.study.report_export import export_figures
 from workbench.study.report_html import write_html
 from workbench.study.storage import check_writable, read_resumable
 from workbench.study.sweep import expand_grid, read_sweep, sweep
@@ -218,12 +217,6 @@ def _sweep_figures(df: pd.DataFrame, model_id: str) -> dict:
             "kv_bytes_table": plots.kv_bytes_table(d, by=by, metrics=["em", "f1", "contains"], model_id=model_id)}
 
 
-def _needle_sentence(item) -> str:
-    doc = item.documents[item.answer_doc]
-    m = re.search(r"The secret number of the [^.]*? is \d+\.", doc)
-    return m.group(0) if m else item.answers[0]
-
-
 def _run_sweep(cfg: ReportConfig, lm, items, path: Path) -> tuple[pd.DataFrame, bool]:
     """The study's sweep, one call per decode length (each family its own ``max_new_tokens``), resuming from
     and writing to ``path`` after every cell, under one progress bar with an ETA over the whole study.
@@ -254,8 +247,9 @@ def _run_sweep(cfg: ReportConfig, lm, items, path: Path) -> tuple[pd.DataFrame, 
 
 def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     """Run the study of ``cfg`` and write the report (see the module docstring); ``lm``: a loaded model to
-    use instead of loading ``cfg.model``. An interrupted sweep still writes the report, marked partial
-    (``ReportResult.partial``; the figures are then not exported), and a re-run resumes it."""
+    use instead of loading ``cfg.model``. An interrupt from the sweep on still writes the report from the finished
+    cells, marked partial (``ReportResult.partial``, ``.interrupted``: the stage; no figure export), and a re-run
+    resumes it; a figure export that fails twice leaves ``ReportResult.export_error`` (one line), not a failure."""
 
     cfg = cfg or ReportConfig()
     t_start = time.perf_counter()
@@ -265,13 +259,11 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     check_writable(out, "out", folder=True)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     # Chromium starts while the model loads (figure export needs it at the end)
-    server_error: list[BaseException] = []
-
     def start_server():
         try:
             ex.ensure_server()
-        except BaseException as e:  # noqa: BLE001 - re-raised at export time
-            server_error.append(e)
+        except BaseException:  # noqa: BLE001 - the export starts it again, and says why in one line if it fails
+            pass
 
     server_thread = threading.Thread(target=start_server, daemon=True, name="report-kaleido")
     server_thread.start()
@@ -294,72 +286,97 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     try:
         if lm is None:
             lm = timed("load_model", lambda: load_model(cfg.model, device=cfg.device, progress=cfg.progress))
-        figures_c, tables_c, notes_c, prompt_info = timed("capture_analysis", lambda: _capture_part(cfg, lm))
+        figures_c, tables_c, notes_c, prompt_info = timed("capture_analysis", lambda: parts.capture_part(cfg, lm))
         figures.update(figures_c)
         tables.update(tables_c)
         notes.update(notes_c)
 
         items, sources = _items(cfg, lm.tokenizer, user)
         df, partial = timed("sweep", lambda: _run_sweep(cfg, lm, items, out / "tables" / "sweep.parquet"))
-        tables["items"] = items_frame(items)
-        tables["sweep"] = df
-        tables["summary"] = summary_table(df)
-        _findings(df, tables, notes, info_extra)
-        mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
-        notes["sweep"] = (f"{len(items)} prompts × methods {list(cfg.methods)} (evict: policies {list(cfg.policies)} "
-                          f"at budget fractions {list(cfg.budget_fracs)}), max_new_tokens {mnt} (per task); "
-                          f"{len(df)} runs, {int(df['error'].map(lambda e: isinstance(e, str)).sum()) if len(df) else 0}"
-                          f" with errors, {int(df['hit_cap'].sum()) if len(df) else 0} replies hit the cap.")
-        if len(df):
-            figures.update(_sweep_figures(df, lm.model_id))
-            notes["accuracy_vs_budget"] = ("Mean contains-accuracy ± its standard error over prompts; n per "
-                                           "point: " + _n_note(df) + ". Confidence intervals: the accuracy table.")
-            notes["kv_bytes_table"] = "Means per task (tasks are not pooled) with the n of each row."
-
-        needles = [it for it in items if it.task == "needle"]
-        if needles and not partial:
-            f_n, t_n, note = timed("needle_eviction", lambda: _needle_part(cfg, lm, needles[0]))
-            figures.update(f_n)
-            tables.update(t_n)
-            notes["needle_survival"] = note
-
+        # from here every cell is in the sweep's parquet: an interrupt at any later stage still writes the report
+        # from them, marked partial, and the same command resumes (no cell runs twice)
+        interrupted = "the sweep" if partial else None
+        at = ["the tables"]
         fig_files: dict = {}
-        if partial:  # an interrupted run writes its page quickly: no figure export
-            _stop_server(server_thread)
-        else:
-            server_thread.join()
-            if server_error:
-                raise server_error[0]
-            widths = {n: cfg.widths.get(n, export_width(n, f)) for n, f in figures.items()}
-            fig_files = timed("export", lambda: ex.export_all(figures, out / "figures", widths=widths,
-                                                              prompt_hash=prompt_info.get("prompt_hash"),
-                                                              progress=cfg.progress))
+        export_error: list[str] = []
 
-        t0 = time.perf_counter()
-        table_files = {name: write_table(t, out / "tables", name) for name, t in tables.items() if name != "sweep"}
-        if len(df):  # the sweep's own parquet stays the resumable store; its csv is written beside it
-            csv = out / "tables" / "sweep.csv"
-            atomic_write_bytes(csv, csv_bytes(df))
-            table_files["sweep"] = [csv, out / "tables" / "sweep.parquet"]
-        kvpress_dirs = write_kvpress_runs(df, out / "kvpress") if len(df) else []  # read beside kvpress's runs
-        info_extra["kvpress_runs"] = [str(p.relative_to(out)) for p in kvpress_dirs]
-        timings["tables_html"] = time.perf_counter() - t0
-        timings["total"] = time.perf_counter() - t_start
-        info = {**_run_info(cfg, lm, prompt_info, timings), "sources": sources, "partial": partial, **info_extra}
-        html_path = write_html(out / "report.html", figures, tables, fig_files, table_files, info, notes)
-        timings["total"] = time.perf_counter() - t_start
-        manifest = out / "manifest.json"
-        man = {**info, "timings": timings, "html": html_path.name,
-               "figures": {n: [str(p.relative_to(out)) for p in ps] for n, ps in fig_files.items()},
-               "tables": {n: [str(p.relative_to(out)) for p in ps] for n, ps in table_files.items()}}
-        atomic_write_bytes(manifest, (json.dumps(jsonable(man), indent=2, ensure_ascii=False) + "\n").encode())
+        def write() -> tuple[Path, Path, dict]:
+            at[0] = "the tables"
+            t0 = time.perf_counter()
+            table_files = {name: write_table(t, out / "tables", name) for name, t in tables.items() if name != "sweep"}
+            if len(df):  # the sweep's own parquet stays the resumable store; its csv is written beside it
+                csv = out / "tables" / "sweep.csv"
+                atomic_write_bytes(csv, csv_bytes(df))
+                table_files["sweep"] = [csv, out / "tables" / "sweep.parquet"]
+            kvpress_dirs = write_kvpress_runs(df, out / "kvpress") if len(df) else []  # read beside kvpress's runs
+            info_extra["kvpress_runs"] = [str(p.relative_to(out)) for p in kvpress_dirs]
+            timings["tables_html"] = time.perf_counter() - t0
+            timings["total"] = time.perf_counter() - t_start
+            info = {**_run_info(cfg, lm, prompt_info, timings), "sources": sources, "partial": partial,
+                    "interrupted": interrupted, "export_error": export_error[0] if export_error else None,
+                    **info_extra}
+            at[0] = "the HTML page"
+            html_path = write_html(out / "report.html", figures, tables, fig_files, table_files, info, notes)
+            timings["total"] = time.perf_counter() - t_start
+            manifest = out / "manifest.json"
+            man = {**info, "timings": timings, "html": html_path.name,
+                   "figures": {n: [str(p.relative_to(out)) for p in ps] for n, ps in fig_files.items()},
+                   "tables": {n: [str(p.relative_to(out)) for p in ps] for n, ps in table_files.items()}}
+            atomic_write_bytes(manifest, (json.dumps(jsonable(man), indent=2, ensure_ascii=False) + "\n").encode())
+            return html_path, manifest, table_files
+
+        try:
+            _sweep_tables(cfg, lm, items, df, figures, tables, notes, info_extra)
+            needles = [it for it in items if it.task == "needle"]
+            if needles and not partial:
+                at[0] = "the needle eviction"
+                f_n, t_n, note = timed("needle_eviction", lambda: parts.needle_part(cfg, lm, needles[0]))
+                figures.update(f_n)
+                tables.update(t_n)
+                notes["needle_survival"] = note
+            if partial:  # an interrupted run writes its page quickly: no figure export
+                _stop_server(server_thread)
+            else:
+                at[0] = "the figure export"
+                server_thread.join()  # a Chromium that failed to start is retried by the export
+                widths = {n: cfg.widths.get(n, export_width(n, f)) for n, f in figures.items()}
+                files, err = timed("export", lambda: export_figures(
+                    figures, out / "figures", widths=widths, prompt_hash=prompt_info.get("prompt_hash"),
+                    progress=cfg.progress))
+                fig_files.update(files)
+                export_error.extend([err] if err else [])
+            html_path, manifest, table_files = write()
+        except KeyboardInterrupt:
+            interrupted, partial = interrupted or at[0], True
+            html_path, manifest, table_files = write()  # first: stopping a Chromium cut mid-render may take a while
+            _stop_server(server_thread)
     except BaseException:
         _stop_server(server_thread)
         raise
     finally:
         torch.set_num_threads(threads_before)
     return ReportResult(out=out, html=html_path, manifest=manifest, figures=fig_files, tables=table_files,
-                        timings=timings, partial=partial)
+                        timings=timings, partial=partial, interrupted=interrupted,
+                        export_error=export_error[0] if export_error else None)
+
+
+def _sweep_tables(cfg: ReportConfig, lm, items, df: pd.DataFrame, figures: dict, tables: dict, notes: dict,
+                  info_extra: dict) -> None:
+    """The sweep's tables, findings, notes and figures (into ``figures``, ``tables``, ``notes``, ``info_extra``)."""
+    tables["items"] = items_frame(items)
+    tables["sweep"] = df
+    tables["summary"] = summary_table(df)
+    _findings(df, tables, notes, info_extra)
+    mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
+    notes["sweep"] = (f"{len(items)} prompts × methods {list(cfg.methods)} (evict: policies {list(cfg.policies)} "
+                      f"at budget fractions {list(cfg.budget_fracs)}), max_new_tokens {mnt} (per task); "
+                      f"{len(df)} runs, {int(df['error'].map(lambda e: isinstance(e, str)).sum()) if len(df) else 0}"
+                      f" with errors, {int(df['hit_cap'].sum()) if len(df) else 0} replies hit the cap.")
+    if len(df):
+        figures.update(_sweep_figures(df, lm.model_id))
+        notes["accuracy_vs_budget"] = ("Mean contains-accuracy ± its standard error over prompts; n per "
+                                       "point: " + _n_note(df) + ". Confidence intervals: the accuracy table.")
+        notes["kv_bytes_table"] = "Means per task (tasks are not pooled) with the n of each row."
 
 
 def _stop_server(server_thread: threading.Thread, wait_s: float = 20.0) -> None:
@@ -408,59 +425,6 @@ def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict) -> None:
                        "being the batch time divided by the batch size; amortised_s = method_s + shared_s / sharing "
                        "(cells of the prompt that evict from the same prefill); the 'shared eviction prefill' row "
                        "is that step alone.")
-
-
-def _capture_part(cfg: ReportConfig, lm):
-
-    prompt = load_example().build(lm.tokenizer, max_context=lm.shape.max_context)
-    cap = run_capture(lm, prompt, RowSet(tail=cfg.capture_tail, n_decode=cfg.capture_decode), progress=cfg.progress)
-    params = EntroPrefillParams(**{k: v for k, v in cfg.entroprefill.items() if k != "layer"})
-    tr = trace(cap, params)
-    tf = tr.to_frame()
-    valid = [int(l) for l in tf.loc[tf["valid"].astype(bool), "layer"]]
-    layer = tr.l_star if tr.l_star is not None and tr.l_star >= 0 else (valid[-1] if valid else cap.L - 1)
-    pool = tr.pooling
-    head = int(pool.w[layer].argmax()) if getattr(pool, "w", None) is not None else 0
-    figs = {
-        "sink_mass": plots.sink_mass_heatmap(cap),
-        "attention_strip": plots.attention_strip(cap, layer, head),
-        "head_weights": plots.head_heatmap(pool, "w", model_id=cap.model_id),
-        "chunk_priorities": plots.chunk_priorities(tr.priorities, cap.spans, layer, removed=tr, model_id=cap.model_id),
-        "trace_layers": plots.trace_layers(tr),
-    }
-    if tr.selections:
-        figs["certificate"] = plots.certificate(tr)
-    tabs = {"trace": tr.to_frame(), "priorities": tr.priorities.to_frame(), "head_pooling": pool.to_frame()}
-    answer = lm.tokenizer.decode(cap.generated_ids) if cap.generated_ids else ""
-    notes = {"trace": f"{tr.decision} (capture of the bundled example: T = {cap.T}, k = {cap.spans.k} chunks, "
-                      f"greedy continuation {answer!r}; figures at layer {layer}, head {head})",
-             "sink_mass": "Attention mass the observer rows put on the first tokens (sinks), per layer and head.",
-             "attention_strip": f"Layer {layer}, head {head} (its largest head weight w), mean of the observer rows.",
-             "head_weights": "Head weights w of the sink-isolated Rényi pooling (SPEC §2).",
-             "chunk_priorities": f"Chunk priorities S, ℓ, κ at layer {layer}; removed chunks in vermillion.",
-             "trace_layers": "The per-layer 7-step decision (validity, D_l, U_l, stability streak, audit).",
-             "certificate": "Greedy removal D_l against the dual certificate U_l, per monitored layer."}
-    info = {"prompt_hash": prompt_hash(prompt), "example_T": cap.T, "decision": tr.decision, "layer": layer,
-            "head": head}
-    return figs, tabs, notes, info
-
-
-def _needle_part(cfg: ReportConfig, lm, item):
-
-    prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
-    pols = [eviction.policy_from_params("full")] + [eviction.policy_from_params(p) for p in cfg.policies]
-    budgets = sorted({eviction.resolve_budget(prompt.T, budget_frac=f) for f in cfg.budget_fracs})
-    results = eviction.run_policies(lm, prompt, pols, budgets, cfg.max_new_tokens or max_new_tokens_for(item.task),
-                                      progress=cfg.progress)
-    sentence = _needle_sentence(item)
-    positions = eviction.token_positions(prompt, lm.tokenizer, sentence)
-    surv = eviction.survival_table(results, positions, answer=item.answers[0])
-    surv.insert(0, "item_id", item.item_id)
-    figs = {"kept_positions": plots.kept_positions(results, prompt, highlight=positions, model_id=lm.model_id)}
-    note = (f"Needle {sentence!r} ({len(positions)} tokens) in a {prompt.T}-token haystack; every policy at budgets "
-            f"{budgets} from one shared prefill; kept_mean = fraction of needle tokens kept (mean over layers and KV "
-            f"groups); correct = the answer {item.answers[0]!r} occurs in the reply.")
-    return figs, {"needle_survival": surv}, note
 
 
 def _run_info(cfg: ReportConfig, lm, prompt_info: dict, timings: dict) -> dict:

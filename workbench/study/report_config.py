@@ -126,7 +126,10 @@ class ReportConfig:
 @dataclass
 class ReportResult:
     """What :func:`run_report` wrote: ``html``, ``figures`` ``{name: [paths]}``, ``tables``
-    ``{name: [csv, parquet]}``, ``manifest`` and the per-stage ``timings`` (seconds)."""
+    ``{name: [csv, parquet]}``, ``manifest`` and the per-stage ``timings`` (seconds). ``partial``: the run was
+    interrupted (``interrupted`` says during what: ``"the sweep"``, ``"the needle eviction"``, ``"the figure
+    export"``, ``"the tables"`` or ``"the HTML page"``); ``export_error``: one line when figure files could not
+    be written (the tables and the page are)."""
 
     out: Path
     html: Path
@@ -135,11 +138,16 @@ class ReportResult:
     tables: dict
     timings: dict
     partial: bool = False
+    interrupted: str | None = None
+    export_error: str | None = None
 
     def summary(self) -> str:
         n_fig = sum(len(v) for v in self.figures.values())
         n_tab = sum(len(v) for v in self.tables.values())
-        head = "PARTIAL report (the sweep was interrupted; re-run to resume)\n" if self.partial else ""
+        head = (f"PARTIAL report ({self.interrupted or 'the sweep'} was interrupted; re-run the same command to "
+                f"resume)\n" if self.partial else "")
+        if self.export_error:
+            head += f"WARNING: {self.export_error}\n"
         return (f"{head}wrote {self.html}\n  figures: {self.out / 'figures'} ({len(self.figures)} figures, {n_fig} files)\n"
                 f"  tables:  {self.out / 'tables'} ({len(self.tables)} tables, {n_tab} files)\n"
                 f"  manifest: {self.manifest}\n  total {self.timings.get('total', float('nan')):.1f} s")

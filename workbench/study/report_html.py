@@ -134,9 +134,15 @@ def write_html(path, figures: dict, tables: dict, fig_files: dict, table_files: 
     parts.append("<dl class='meta'>" + "".join(f"<dt>{e(k)}</dt><dd>{e(str(v))}</dd>" for k, v in meta.items())
                  + "</dl>")
     if info.get("partial"):
-        parts.append("<p class='partial' id='partial'>PARTIAL REPORT: the sweep was interrupted before every cell "
-                     "finished; the numbers below come from the finished cells only. Re-run the same command to "
+        stage = info.get("interrupted") or "the sweep"
+        what = ("the sweep was interrupted before every cell finished; the numbers below come from the finished "
+                "cells only" if stage == "the sweep" else
+                f"the run was interrupted during {stage}, after every cell of the sweep had finished; what that "
+                "stage and the ones after it add (figure files, the needle table) may be missing")
+        parts.append(f"<p class='partial' id='partial'>PARTIAL REPORT: {e(what)}. Re-run the same command to "
                      "resume (finished cells are not recomputed).</p>")
+    if info.get("export_error"):
+        parts.append(f"<p class='partial' id='export-error'>FIGURE FILES MISSING: {e(info['export_error'])}</p>")
     parts.append(_conclusions_html(tables.get("conclusions"), info.get("conclusions", {})))
     parts.append(_provenance_html(info.get("sources", [])))
     parts.append(_reference_html(tables.get("reference_check"), info.get("reference_warnings", [])))
