@@ -109,6 +109,16 @@ def test_gated_query_rows_are_still_checked(tmp_path):
         model_folder.check_folder(d)
 
 
+def test_gated_query_from_the_config_when_no_model_can_be_built(tmp_path, monkeypatch):
+    """Without a model built from the config (transformers cannot build one), the gate is read from the config's
+    ``attn_output_gate`` (the field of Qwen's published configs); without either the gated rows are refused."""
+    monkeypatch.setattr(load_checks, "skeleton_shapes", lambda folder, c: None)
+    d = _save(_tiny("qwen3_5_text"), tmp_path)
+    with pytest.raises(ValueError, match=r"q_proj.weight has shape \[128, 64\].* needs \[64, 64\]"):
+        model_folder.check_folder(d)
+    model_folder.check_folder(_edit_config(d, attn_output_gate=True))
+
+
 # ----------------------------------------------------------------------------- non-causal attention
 @pytest.mark.parametrize("family, value", [("gemma3_text", True), ("gemma4_text", "all")])
 def test_bidirectional_config_is_refused_naming_the_field(family, value, tmp_path):

@@ -4,8 +4,12 @@
 (:func:`workbench.run.families.family_of`) from the raw ``model_type`` before transformers parses the config,
 and reads the headers of the safetensors weights (the JSON header only, never a weight): every file must be
 exactly as long as its header says (a truncated copy is named), and the tensor names and shapes must match
-the config (layer count, query and KV heads, head and hidden sizes, vocabulary). A mismatch is a
-``ValueError`` naming the folder, the file and what differs, with the mend (:data:`MEND`).
+the config (layer count, query and KV heads, head and hidden sizes, vocabulary), then every tensor the model
+its config describes holds under the same name (built on the meta device by its own modelling class,
+:func:`workbench.run.load_checks.skeleton_shapes`: a gated ``q_proj`` of query and output gate, the MLP's
+``intermediate_size``). A mismatch is a ``ValueError`` naming the folder, the file and what differs, with the
+mend (:data:`MEND`). The raw config's own refusals (non-causal attention, a norm epsilon ``<= 0``) are
+:func:`workbench.run.load_checks.check_config`'s.
 
 The converted folders in the cache (the default model, the research models of :mod:`workbench.run.shipped`)
 carry a manifest (:data:`MANIFEST`) of their files' sizes and sha256 checksums, recorded at conversion:
