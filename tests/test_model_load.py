@@ -100,6 +100,24 @@ def test_gated_attention_loads_and_captures_exactly(family, tmp_path):
     assert soft == [1, 3] and (cap.attn[soft] - ref).abs().max().item() <= TOL
 
 
+def test_gated_attention_saved_under_the_multimodal_prefix_loads(tmp_path):
+    """Qwen3.5's published weights sit under ``model.language_model.`` (renamed at load): the gate is still read
+    per layer from the modelling class, and the weights come back."""
+    if families.version_refusal("qwen3_5_text"):
+        pytest.skip(families.version_refusal("qwen3_5_text"))
+    m = _tiny("qwen3_5_text")
+    d = _save(m, tmp_path)
+    sd = load_file(d / "model.safetensors")
+    renamed = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+               for k, v in sd.items()}
+    assert "model.language_model.layers.1.self_attn.q_proj.weight" in renamed
+    save_file(renamed, d / "model.safetensors", metadata={"format": "pt"})
+    lm = _load(d)
+    ids = torch.tensor([[5, 9, 17, 33]])
+    with torch.no_grad():
+        assert torch.equal(lm.model(ids).logits, m(ids).logits)
+
+
 def test_gated_query_rows_are_still_checked(tmp_path):
     """The gate is read from the modelling class, not assumed: a gated folder whose config says other heads is
     refused naming the gate's rows."""

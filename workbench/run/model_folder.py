@@ -144,7 +144,7 @@ def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]],
     them); ``expected``: the shapes of the model the config describes (:func:`workbench.run.load_checks.
     skeleton_shapes`), which tell a gated ``q_proj`` (query and output gate) from a plain one."""
     c = _text_config(cfg)
-    expected = expected or {}
+    built = _per_layer(expected or {})
     L = _first(c, "num_hidden_layers", "n_layer", "num_layers")
     H = _first(c, "num_attention_heads", "n_head")
     G = _first(c, "num_key_value_heads", default=H)
@@ -182,7 +182,7 @@ def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]],
             if not (k.endswith("." + suffix) and len(shape) == 2):
                 continue
             gate = ""
-            if suffix == "q_proj.weight" and _gated_query(c, expected.get(k), rows):
+            if suffix == "q_proj.weight" and _gated_query(c, built.get((int(m.group(1)), k[m.end():])), rows):
                 rows, gate = 2 * rows, " (query and output gate: 2 · num_attention_heads · head_dim rows)"
             if shape[0] != rows or shape[1] != D:
                 raise _bad(folder, f"does not match its config: {k} has shape {shape}, the config ({field} = "
@@ -194,13 +194,24 @@ def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]],
                                f"hidden_size = {D}) needs [{V}, {D}]")
 
 
+def _per_layer(shapes: dict[str, list[int]]) -> dict:
+    """``shapes`` keyed by ``(layer, name inside the layer)`` for a decoder layer's tensors (a checkpoint saved
+    under another prefix, ``model.language_model.layers.3.…``, renamed at load, is still matched), by the full
+    name for the others."""
+    return {((int(m.group(1)), k[m.end():]) if (m := _LAYER.match(k)) else k): v for k, v in shapes.items()}
+
+
 def _check_against_model(folder: Path, c: dict, shapes: dict[str, list[int]], expected: dict[str, list[int]]) -> None:
-    """Every tensor of the folder that the model its config describes holds under the same name has that
-    tensor's shape (the MLP's ``intermediate_size``, norms, biases: what the field-by-field check does not name)."""
-    for k in sorted(set(shapes) & set(expected)):
-        if shapes[k] != expected[k]:
-            raise _bad(folder, f"does not match its config: {k} has shape {shapes[k]}, the model its config describes "
-                               f"({_fields_for(c, k)}) needs {expected[k]}")
+    """Every tensor of the folder that the model its config describes holds under the same name (in the same
+    layer) has that tensor's shape: the MLP's ``intermediate_size``, norms, biases, what the field-by-field check
+    does not name. Tensors of three or more dimensions (fused experts) are left to the load, which may
+    transpose them from the checkpoint's layout."""
+    want = _per_layer(expected)
+    for k, shape in sorted(shapes.items()):
+        key = next(iter(_per_layer({k: shape})))
+        if len(shape) <= 2 and key in want and shape != want[key]:
+            raise _bad(folder, f"does not match its config: {k} has shape {shape}, the model its config describes "
+                               f"({_fields_for(c, k)}) needs {want[key]}")
 
 
 # config fields that size a tensor, by the part of the model it belongs to (named in a shape mismatch)
