@@ -1,7 +1,7 @@
 """Exact attention-row capture through transformers' attention interface (SPEC §1).
 
-``capture_attention`` registers a wrapper around the model's own attention implementation (sdpa,
-eager or flash; under eager the model's own modelling module's eager function, never Llama's) and
+``capture_attention`` registers a wrapper around the model's own attention implementation (sdpa
+or eager; under eager the model's own modelling module's eager function, never Llama's) and
 selects it with ``model.set_attn_implementation``. The wrapper calls the original kernel unchanged (so
 the model's outputs are unchanged) and, from the same post-RoPE ``query [B, H_Q, q, d]`` and
 ``key [B, G, S, d]``, the same scaling, soft-capping, mask and learned sinks (gpt-oss ``s_aux``: rows then

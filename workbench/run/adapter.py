@@ -22,7 +22,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging as hf_logging
 
-from workbench.run import families
+from workbench.run import families, load_checks
 from workbench.run.families import decoder_layers, final_norm, layers_owner  # noqa: F401  (re-exported)
 
 CAPTURE_PREFIX = "workbench_capture_"
@@ -99,7 +99,29 @@ def check_supported(model) -> families.Family:
         raise TypeError(f"model: {type(model).__name__} does not use transformers' attention interface; the "
                         f"workbench captures attention through it. Supported families: "
                         f"{', '.join(families.supported_families())}")
+    why = attention_refusal(model)
+    if why:
+        raise TypeError(f"model: {type(model).__name__} is refused: {why}")
     return fam
+
+
+def attention_refusal(model) -> str | None:
+    """Why the built model's attention cannot be read exactly (``None`` when it can): an attention module of a
+    softmax layer with ``is_causal = False`` (a non-causal model whose config did not say so), or an attention
+    implementation the capture cannot read (:data:`workbench.run.load_checks.REFUSED_IMPLEMENTATIONS`)."""
+    impl = current_attn_implementation(model)
+    impl = impl[len(CAPTURE_PREFIX):] if impl.startswith(CAPTURE_PREFIX) else impl
+    why = load_checks.implementation_refusal(impl)
+    if why:
+        return f"attn_implementation = {impl!r}: {why}"
+    blocks = decoder_layers(model)
+    attn = families.family_of(model).attn
+    causal = {l: getattr(getattr(blocks[l], attn, None), "is_causal", True) for l in families.softmax_layers(model)}
+    open_ = [l for l, c in causal.items() if c is False]
+    if open_:
+        return (f"the attention of layers {open_} is not causal (is_causal = False: every position attends the later "
+                f"ones too), while attention rows, pruned prefill and eviction are defined for causal attention")
+    return None
 
 
 def supports_attention_interface(model) -> bool:

@@ -4,8 +4,12 @@
 (:func:`workbench.run.families.family_of`) from the raw ``model_type`` before transformers parses the config,
 and reads the headers of the safetensors weights (the JSON header only, never a weight): every file must be
 exactly as long as its header says (a truncated copy is named), and the tensor names and shapes must match
-the config (layer count, query and KV heads, head and hidden sizes, vocabulary). A mismatch is a
-``ValueError`` naming the folder, the file and what differs, with the mend (:data:`MEND`).
+the config (layer count, query and KV heads, head and hidden sizes, vocabulary), then every tensor the model
+its config describes holds under the same name (built on the meta device by its own modelling class,
+:func:`workbench.run.load_checks.skeleton_shapes`: a gated ``q_proj`` of query and output gate, the MLP's
+``intermediate_size``). A mismatch is a ``ValueError`` naming the folder, the file and what differs, with the
+mend (:data:`MEND`). The raw config's own refusals (non-causal attention, a norm epsilon ``<= 0``) are
+:func:`workbench.run.load_checks.check_config`'s.
 
 The converted folders in the cache (the default model, the research models of :mod:`workbench.run.shipped`)
 carry a manifest (:data:`MANIFEST`) of their files' sizes and sha256 checksums, recorded at conversion:
@@ -25,7 +29,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from workbench.run import adapter, families
+from workbench.run import adapter, families, load_checks
 from workbench.util import atomic_dir, atomic_write_bytes, file_lock, file_sha256, sweep_stale_temp
 
 __all__ = ["MANIFEST", "MEND", "SIZES_ONLY", "check_folder", "read_config", "weight_headers", "make_manifest",
@@ -134,8 +138,13 @@ def weight_headers(folder: Path) -> dict[str, list[int]] | None:
     return out
 
 
-def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]]) -> None:
+def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]],
+                  expected: dict[str, list[int]] | None = None) -> None:
+    """The folder's layer count, attention and embedding shapes against its config's fields (the message names
+    them); ``expected``: the shapes of the model the config describes (:func:`workbench.run.load_checks.
+    skeleton_shapes`), which tell a gated ``q_proj`` (query and output gate) from a plain one."""
     c = _text_config(cfg)
+    built = _per_layer(expected or {})
     L = _first(c, "num_hidden_layers", "n_layer", "num_layers")
     H = _first(c, "num_attention_heads", "n_head")
     G = _first(c, "num_key_value_heads", default=H)
@@ -170,14 +179,61 @@ def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]]) -> None
         else:
             want_l = want
         for suffix, (rows, field, value) in want_l.items():
-            if k.endswith("." + suffix) and len(shape) == 2 and (shape[0] != rows or shape[1] != D):
+            if not (k.endswith("." + suffix) and len(shape) == 2):
+                continue
+            gate = ""
+            if suffix == "q_proj.weight" and _gated_query(c, built.get((int(m.group(1)), k[m.end():])), rows):
+                rows, gate = 2 * rows, " (query and output gate: 2 · num_attention_heads · head_dim rows)"
+            if shape[0] != rows or shape[1] != D:
                 raise _bad(folder, f"does not match its config: {k} has shape {shape}, the config ({field} = "
                                    f"{value}, num_key_value_heads = {G}, head_dim = {d}, hidden_size = {D}) needs "
-                                   f"[{rows}, {D}]")
+                                   f"[{rows}, {D}]{gate}")
     for k, shape in shapes.items():
         if k.endswith(("embed_tokens.weight", "embed_in.weight", "wte.weight")) and V and shape != [V, D]:
             raise _bad(folder, f"does not match its config: {k} has shape {shape}, the config (vocab_size = {V}, "
                                f"hidden_size = {D}) needs [{V}, {D}]")
+
+
+def _per_layer(shapes: dict[str, list[int]]) -> dict:
+    """``shapes`` keyed by ``(layer, name inside the layer)`` for a decoder layer's tensors (a checkpoint saved
+    under another prefix, ``model.language_model.layers.3.…``, renamed at load, is still matched), by the full
+    name for the others."""
+    return {((int(m.group(1)), k[m.end():]) if (m := _LAYER.match(k)) else k): v for k, v in shapes.items()}
+
+
+def _check_against_model(folder: Path, c: dict, shapes: dict[str, list[int]], expected: dict[str, list[int]]) -> None:
+    """Every tensor of the folder that the model its config describes holds under the same name (in the same
+    layer) has that tensor's shape: the MLP's ``intermediate_size``, norms, biases, what the field-by-field check
+    does not name. Tensors of three or more dimensions (fused experts) are left to the load, which may
+    transpose them from the checkpoint's layout."""
+    want = _per_layer(expected)
+    for k, shape in sorted(shapes.items()):
+        key = next(iter(_per_layer({k: shape})))
+        if len(shape) <= 2 and key in want and shape != want[key]:
+            raise _bad(folder, f"does not match its config: {k} has shape {shape}, the model its config describes "
+                               f"({_fields_for(c, k)}) needs {want[key]}")
+
+
+# config fields that size a tensor, by the part of the model it belongs to (named in a shape mismatch)
+_MLP_FIELDS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+               "intermediate_size_mlp", "ffn_hidden_size", "hidden_size")
+_GEOMETRY = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+
+
+def _fields_for(c: dict, name: str) -> str:
+    mlp = any(p in name for p in (".mlp.", ".feed_forward.", ".block_sparse_moe.", "experts", "gate_proj", "up_proj",
+                                  "down_proj", ".fc1.", ".fc2.", ".c_fc.", "dense_h_to_4h", "dense_4h_to_h"))
+    fields = [f"{f} = {c[f]}" for f in (_MLP_FIELDS if mlp else _GEOMETRY) if f in c]
+    return ", ".join(fields) or "its geometry"
+
+
+def _gated_query(c: dict, built: list[int] | None, rows: int) -> bool:
+    """Whether ``q_proj`` holds the query and a per-head output gate (Qwen3-Next, Qwen3.5: ``2·H·d`` rows, the
+    gate split from the query and applied as ``sigmoid`` to the attention output): read from the modelling class
+    (the projection the model its config describes builds), else from the config's ``attn_output_gate``."""
+    if built:
+        return built[0] == 2 * rows
+    return bool(c.get("attn_output_gate"))
 
 
 def check_folder(folder: Path) -> dict:
@@ -185,9 +241,13 @@ def check_folder(folder: Path) -> dict:
     config. ``TypeError`` for a refused family, ``ValueError`` naming the folder for anything else."""
     cfg = read_config(folder)
     check_family(cfg)
+    load_checks.check_config(folder, _text_config(cfg))
     shapes = weight_headers(folder)
     if shapes is not None:
-        _check_shapes(folder, cfg, shapes)
+        expected = load_checks.skeleton_shapes(folder, _text_config(cfg))
+        _check_shapes(folder, cfg, shapes, expected)
+        if expected:
+            _check_against_model(folder, _text_config(cfg), shapes, expected)
     return cfg
 
 

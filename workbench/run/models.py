@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from workbench.checks import check_device
 from workbench.constraints import PARAMS
-from workbench.run import adapter, families, model_folder, shipped
+from workbench.run import adapter, families, load_checks, model_folder, shipped
 from workbench.util import cache_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -166,17 +166,23 @@ def load_model(
             (nothing is downloaded from a hub).
         device: ``"auto"`` (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...
         dtype: ``"auto"`` (fp32 on CPU, bf16 on GPU), or a torch dtype / its name.
-        attn_implementation: the model's own kernel (``"sdpa"``, ``"eager"``, ``"flash_attention_2"``).
-            Families that transformers runs exactly only on ``eager`` (Gemma-2, gpt-oss) are switched to it
-            with a warning.
+        attn_implementation: the model's own kernel, ``"sdpa"`` or ``"eager"``. Families that transformers runs
+            exactly only on ``eager`` (Gemma-2, gpt-oss) are switched to it with a warning. ``"flex_attention"``
+            and the flash-attention kernels are refused with the reason (no dense mask for the capture to read:
+            :data:`workbench.run.load_checks.REFUSED_IMPLEMENTATIONS`).
 
     Raises:
         TypeError: for an architecture outside :data:`workbench.run.families.FAMILIES` (the message lists
-            the supported families); a model is refused here, never at its first capture.
+            the supported families), or non-causal attention; a model is refused here, never at its first capture.
+        ValueError: for a folder that does not hold the model its config describes (:mod:`workbench.run.
+            load_checks`: shapes, a norm epsilon, weights the load leaves missing, unexpected or non-finite).
         device_map: passed through (e.g. ``"auto"`` for a model larger than one GPU).
     """
 
     PARAMS["attn_implementation"].check("attn_implementation", attn_implementation)
+    why = load_checks.implementation_refusal(attn_implementation)
+    if why:
+        raise ValueError(f"attn_implementation: {attn_implementation!r} is refused: {why}")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if spec is None:
@@ -229,11 +235,15 @@ def load_model(
         if device_map is not None:
             kwargs["device_map"] = device_map
         with adapter.transformers_progress(progress):
-            model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+            model, info = AutoModelForCausalLM.from_pretrained(source, output_loading_info=True, **kwargs)
     except OSError:
         if folder is None:
             raise ValueError(_not_found(spec)) from None
         raise
+    why = load_checks.loading_refusal(info) or load_checks.nonfinite_refusal(model)
+    if why:
+        raise ValueError(f"spec: the model folder {source} does not hold the model its config describes: {why}; "
+                         f"a weight the load leaves random, unused or non-finite would make every number wrong")
     if device_map is None:
         model.to(dev)
     model.eval()
