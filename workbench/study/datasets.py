@@ -408,6 +408,9 @@ def load_filler(path: str | os.PathLike) -> Texts:
         raise ValueError(f"filler: {path} is not UTF-8 text ({e})") from None
     if not text.strip():
         raise ValueError(f"filler: {path} is empty")
+    from workbench.study.tasks.haystack import check_filler_text  # tasks import this module
+
+    check_filler_text(text, f"filler: {path}")
     return _labelled(Texts, {path.stem: text}, label=f"filler:{path.name}", kind="file", path=str(path),
                      sha256=hashlib.sha256(raw).hexdigest(), size=f"{len(text)} characters",
                      description="a text file given by the user as needle filler")
