@@ -269,3 +269,37 @@ def test_a_haystack_whose_first_sentence_exceeds_the_budget_is_refused_not_an_in
     with pytest.raises(ValueError, match=r"^lengths: the haystack's first sentence \(\d+ tokens\) is longer than "
                                          r"the budget"):
         tasks.needle(smollm.tokenizer, {"x": long_sentence + " " + long_sentence}, lengths=(64,), depths=(0.5,))
+
+
+# ----------------------------------------------------------------------------- --items: keys, copies, nesting
+def _items_file(tmp_path, *lines: str) -> Path:
+    f = tmp_path / "its.jsonl"
+    f.write_text("".join(line + "\n" for line in lines))
+    return f
+
+
+def test_items_duplicate_json_key_is_refused_naming_file_line_and_key(tmp_path):
+    good = json.dumps(ITEM)
+    twice = good[:-1] + ', "query": "What is the name of the dog?"}'
+    f = _items_file(tmp_path, good.replace('"cat"', '"cat0"'), twice)
+    with pytest.raises(ValueError, match=r"^items: its.jsonl line 2: duplicate key 'query' in a JSON object"):
+        tasks.load_items(f)
+    nested = json.dumps({**ITEM, "meta": {}})[:-2] + '"a": 1, "a": 2}}'
+    with pytest.raises(ValueError, match=r"^items: its.jsonl line 1: duplicate key 'a'"):
+        tasks.load_items(_items_file(tmp_path, nested))
+
+
+def test_items_identical_without_ids_are_refused_not_counted_twice(tmp_path):
+    no_id = {k: v for k, v in ITEM.items() if k != "item_id"}
+    f = _items_file(tmp_path, json.dumps(no_id), "", json.dumps(no_id))
+    with pytest.raises(ValueError, match=r"^items: its.jsonl line 3: the same item as line 1 \(task 'pets'"):
+        tasks.load_items(f)
+    other = {**no_id, "task": "other-task"}  # the same content in another task is another unit
+    assert [i.task for i in tasks.load_items(_items_file(tmp_path, json.dumps(no_id), json.dumps(other)))] == [
+        "pets", "other-task"]
+
+
+def test_items_deep_json_is_a_clear_error_with_file_and_line(tmp_path):
+    f = _items_file(tmp_path, json.dumps(ITEM), "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"^items: its.jsonl line 2: not a TaskItem: its JSON is nested too deeply"):
+        tasks.load_items(f)
