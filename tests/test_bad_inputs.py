@@ -632,3 +632,29 @@ def test_case19_lab_on_a_busy_port_refuses_before_printing_a_url(capsys, monkeyp
     assert "http://" not in cap.out
     assert f"lab: error: port: {port} on 127.0.0.1 is already in use" in cap.err and "--port" in cap.err
     assert cli.port_free("127.0.0.1", port)  # released: free again
+
+
+# ----------------------------------------------------------------------------- a truncated tokenizer, a missing extra
+def test_a_truncated_tokenizer_json_is_named_with_its_path(tmp_path):
+    src = default_model_folder(progress=False)
+    d = tmp_path / "copy"
+    d.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and f.name != "tokenizer.json":
+            (d / f.name).symlink_to(f)  # the weights are not copied: the check comes before they are read
+    raw = (src / "tokenizer.json").read_bytes()
+    (d / "tokenizer.json").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match=rf"^spec: the tokenizer file {re.escape(str(d / 'tokenizer.json'))} is not "
+                                         r"valid JSON \(line \d+, column \d+: .*truncated or damaged copy"):
+        load_model(d, device="cpu", progress=False)
+
+
+def test_importing_the_kvpress_bridge_without_kvpress_says_how_to_install_it(monkeypatch):
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "kvpress", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "workbench.interop.kvpress", raising=False)
+    with pytest.raises(ImportError, match=r"needs NVIDIA kvpress, an optional extra that is not installed: "
+                                          r"pip install -e '\.\[kvpress\]'") as e:
+        importlib.import_module("workbench.interop.kvpress")
+    assert "pip install 'kvpress>=0.5.5'" in str(e.value) and e.value.name == "kvpress"

@@ -180,10 +180,29 @@ def _check_shapes(folder: Path, cfg: dict, shapes: dict[str, list[int]]) -> None
                                f"hidden_size = {D}) needs [{V}, {D}]")
 
 
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """The tokenizer's JSON files that are there parse (a truncated copy is named with its path, not left to
+    the tokenizer library's bare ``JSONDecodeError``)."""
+    for name in TOKENIZER_JSON:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else e.reason
+            raise ValueError(f"spec: the tokenizer file {path} is not valid JSON ({where}; a truncated or damaged "
+                             f"copy?); {MEND}") from None
+
+
 def check_folder(folder: Path) -> dict:
     """Check ``folder`` against its config before any weight is read (see the module docstring); returns the
     config. ``TypeError`` for a refused family, ``ValueError`` naming the folder for anything else."""
     cfg = read_config(folder)
+    check_tokenizer_files(folder)
     check_family(cfg)
     shapes = weight_headers(folder)
     if shapes is not None:
