@@ -1,10 +1,18 @@
 """Saved captures: bit-identical round trip, atomic writes, clear errors."""
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+import struct
+
 import pytest
 import torch
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
 
 import workbench.capture.data as cd
+from workbench.capture.checksum import KEYS, PLACEHOLDER, seal
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 
@@ -78,17 +86,6 @@ def test_row_selection():
 
 
 # ----------------------------------------------------------------------------- the whole file is checksummed
-import dataclasses  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import struct  # noqa: E402
-
-from safetensors.torch import load as safetensors_load  # noqa: E402
-from safetensors.torch import save as safetensors_save  # noqa: E402
-
-from workbench.capture.checksum import KEYS, PLACEHOLDER, seal  # noqa: E402
-
-
 def _cap() -> Capture:
     spans = PromptSpans.synthetic([3, 4, 5], answer_doc=1)
     cap = Capture.synthetic(spans, L=2, H_Q=4, G=2, extra_rows={"decode": [spans.T, spans.T + 1]})

@@ -7,8 +7,8 @@ No model is loaded: sweeps run a method that only answers, on a fake model (as i
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import warnings
 from pathlib import Path
