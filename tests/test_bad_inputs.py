@@ -30,6 +30,7 @@ from workbench.analyse.pooling import HeadPooling
 from workbench.analyse.procedure import trace
 from workbench.analyse.selection import GreedySelection, mass_table
 from workbench.capture import RowSet, run_capture
+from workbench.capture.checksum import KEYS, PLACEHOLDER, seal
 from workbench.capture.data import Capture
 from workbench.capture.identity import check_model_match
 from workbench.checks import check_device
@@ -436,18 +437,19 @@ def test_case5_a_one_bit_flip_in_attn_is_named_on_load(ctx, tmp_path):
         Capture.load(path)
 
 
-def test_case5_old_captures_without_checksums_load_with_a_warning(ctx, tmp_path):
+def test_case5_old_captures_without_a_header_checksum_are_refused_with_recapture(ctx, tmp_path):
+    """A format-1 file (tensors checksummed, header not) cannot be verified: refused, never loaded silently."""
     path = tmp_path / "old.safetensors"
     raw = ctx.cap.to_safetensors()
     n = struct.unpack("<Q", raw[:8])[0]
-    table = json.loads(raw[8:8 + n])
-    meta = table.pop("__metadata__")
-    meta.pop("sha256")
-    tensors = safetensors_load(raw)
-    path.write_bytes(safetensors_save(tensors, metadata=meta))
-    with pytest.warns(UserWarning, match=rf"^path: {re.escape(str(path))} has no tensor checksums"):
-        back = Capture.load(path)
-    assert torch.equal(back.attn, ctx.cap.attn)
+    meta = json.loads(raw[8:8 + n])["__metadata__"]
+    for key in KEYS:
+        meta.pop(key)
+    meta["format"] = "workbench.capture/1"
+    path.write_bytes(safetensors_save(safetensors_load(raw), metadata=meta))
+    with pytest.raises(ValueError, match=rf"^path: {re.escape(str(path))} was written by an older workbench "
+                                         r"\(capture format 1\): its header is not checksummed.*re-capture it"):
+        Capture.load(path)
 
 
 @pytest.mark.parametrize("change,pattern", [
@@ -549,8 +551,9 @@ def test_case18_bad_tensor_keys_and_non_json_params_are_named(ctx, tmp_path):
     sums = json.loads(meta["sha256"])
     sums["hidden.x"] = hashlib.sha256(raw["hidden.x"].numpy().tobytes()).hexdigest()
     meta["sha256"] = json.dumps(sums)
+    meta.update(dict.fromkeys(KEYS, PLACEHOLDER))
     path = tmp_path / "hx.safetensors"
-    path.write_bytes(safetensors_save(raw, metadata=meta))
+    path.write_bytes(seal(safetensors_save(raw, metadata=meta)))  # a consistent file holding an unknown tensor
     with pytest.raises(ValueError, match=rf"^path: {re.escape(str(path))} has an unexpected tensor 'hidden.x'"):
         Capture.load(path)
     bad = dataclasses.replace(ctx.cap, params={"rows": {"tail": object()}})
@@ -629,3 +632,29 @@ def test_case19_lab_on_a_busy_port_refuses_before_printing_a_url(capsys, monkeyp
     assert "http://" not in cap.out
     assert f"lab: error: port: {port} on 127.0.0.1 is already in use" in cap.err and "--port" in cap.err
     assert cli.port_free("127.0.0.1", port)  # released: free again
+
+
+# ----------------------------------------------------------------------------- a truncated tokenizer, a missing extra
+def test_a_truncated_tokenizer_json_is_named_with_its_path(tmp_path):
+    src = default_model_folder(progress=False)
+    d = tmp_path / "copy"
+    d.mkdir()
+    for f in src.iterdir():
+        if f.is_file() and f.name != "tokenizer.json":
+            (d / f.name).symlink_to(f)  # the weights are not copied: the check comes before they are read
+    raw = (src / "tokenizer.json").read_bytes()
+    (d / "tokenizer.json").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match=rf"^spec: the tokenizer file {re.escape(str(d / 'tokenizer.json'))} is not "
+                                         r"valid JSON \(line \d+, column \d+: .*truncated or damaged copy"):
+        load_model(d, device="cpu", progress=False)
+
+
+def test_importing_the_kvpress_bridge_without_kvpress_says_how_to_install_it(monkeypatch):
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "kvpress", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "workbench.interop.kvpress", raising=False)
+    with pytest.raises(ImportError, match=r"needs NVIDIA kvpress, an optional extra that is not installed: "
+                                          r"pip install -e '\.\[kvpress\]'") as e:
+        importlib.import_module("workbench.interop.kvpress")
+    assert "pip install 'kvpress>=0.5.5'" in str(e.value) and e.value.name == "kvpress"

@@ -1,10 +1,18 @@
 """Saved captures: bit-identical round trip, atomic writes, clear errors."""
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+import struct
+
 import pytest
 import torch
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
 
 import workbench.capture.data as cd
+from workbench.capture.checksum import KEYS, PLACEHOLDER, seal
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 
@@ -75,3 +83,172 @@ def test_row_selection():
         cap.rows_of("nope")
     with pytest.raises(ValueError, match="positions"):
         cap.rows_at([0])
+
+
+# ----------------------------------------------------------------------------- the whole file is checksummed
+def _cap() -> Capture:
+    spans = PromptSpans.synthetic([3, 4, 5], answer_doc=1)
+    cap = Capture.synthetic(spans, L=2, H_Q=4, G=2, extra_rows={"decode": [spans.T, spans.T + 1]})
+    return dataclasses.replace(cap, model_id="tiny (llama, L=2, H_Q=4, G=2, d=16)", generated_ids=[5, 7],
+                               params={**cap.params, "vocab": 128, "rows": {"tail": 4}})
+
+
+def _header(path) -> dict:
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n])["__metadata__"]
+
+
+def _edited(path, out, reseal: bool = False, **fields):
+    """``path`` rewritten with metadata ``fields`` changed, as a user editing the header would (the recorded
+    checksum kept); ``reseal`` recomputes it (a consistent file, to reach the checks after the checksum)."""
+    meta = {**_header(path), **fields}
+    if reseal:
+        meta.update(dict.fromkeys(KEYS, PLACEHOLDER))
+    data = safetensors_save(safetensors_load(path.read_bytes()), metadata=meta)
+    out.write_bytes(seal(data) if reseal else data)
+    return out
+
+
+def _header_refusal(path) -> str:
+    return rf"^path: {re.escape(str(path))} .*header"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("model_id", ""),
+    ("model_id", "other (llama, L=2, H_Q=4, G=2, d=16)"),
+    ("generated_ids", "[999999999, 7]"),
+    ("params", json.dumps({"tail": -5})),
+    ("version", ""),
+    ("row_kind", None),  # set below: one row relabelled
+    ("spans", None),  # set below: a chunk boundary moved by one token
+])
+def test_an_edited_header_field_is_refused_naming_file_and_header(tmp_path, field, value):
+    cap = _cap()
+    path = cap.save(tmp_path / "c.safetensors")
+    if field == "spans":
+        s = cap.spans
+        chunks = list(s.chunks)
+        chunks[1] = (chunks[1][0] + 1, chunks[1][1])
+        value = dataclasses.replace(s, chunks=tuple(chunks)).to_json()
+    if field == "row_kind":
+        value = json.dumps(["audit"] + cap.row_kind[1:])
+    bad = _edited(path, tmp_path / "edited.safetensors", **{field: value})
+    with pytest.raises(ValueError, match=_header_refusal(bad)):
+        Capture.load(bad)
+
+
+def test_any_changed_header_byte_is_refused_naming_file_and_header(tmp_path):
+    path = _cap().save(tmp_path / "c.safetensors")
+    raw = path.read_bytes()
+    end = 8 + struct.unpack("<Q", raw[:8])[0]
+    bad = tmp_path / "bad.safetensors"
+    for i in range(end):
+        b = bytearray(raw)
+        b[i] ^= 0x01
+        bad.write_bytes(bytes(b))
+        with pytest.raises(ValueError, match=_header_refusal(bad)):
+            Capture.load(bad)
+
+
+def test_a_changed_tensor_byte_is_named(tmp_path):
+    path = _cap().save(tmp_path / "c.safetensors")
+    raw = bytearray(path.read_bytes())
+    n = struct.unpack("<Q", raw[:8])[0]
+    off = json.loads(raw[8:8 + n])["vnorm_max"]["data_offsets"][0]
+    raw[8 + n + off + 2] ^= 0x40
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=rf"^path: {re.escape(str(path))} is damaged: tensor 'vnorm_max' does not"):
+        Capture.load(path)
+
+
+@pytest.mark.parametrize("fmt,pattern", [
+    ("workbench.capture/-1", r"unknown capture format tag 'workbench.capture/-1' in its header"),
+    ("workbench.capture/0", r"unknown capture format tag 'workbench.capture/0' in its header"),
+    ("workbench.capture/2x", r"unknown capture format tag 'workbench.capture/2x' in its header"),
+    ("workbench.capture/1", r"older workbench \(capture format 1\).*re-capture"),
+    ("workbench.capture/3", r"newer workbench \(capture format version 3 in its header"),
+])
+def test_an_unknown_format_version_is_refused(tmp_path, fmt, pattern):
+    path = _cap().save(tmp_path / "c.safetensors")
+    bad = _edited(path, tmp_path / "f.safetensors", reseal=True, format=fmt)
+    with pytest.raises(ValueError, match=rf"^path: {re.escape(str(bad))} .*{pattern}"):
+        Capture.load(bad)
+
+
+def test_ids_outside_the_recorded_vocabulary_are_refused_even_with_a_valid_checksum(tmp_path):
+    path = _cap().save(tmp_path / "c.safetensors")
+    bad = _edited(path, tmp_path / "g.safetensors", reseal=True, generated_ids="[999999999]")
+    with pytest.raises(ValueError, match=r"generated_ids must be token ids in \[0, 128\) .*got 999999999$"):
+        Capture.load(bad)
+    with pytest.raises(ValueError, match=r"^capture: spans.input_ids must be token ids in \[0, 20\)"):
+        dataclasses.replace(_cap(), params={"vocab": 20}).save(tmp_path / "v.safetensors")
+    with pytest.raises(ValueError, match=r"^capture: params\['vocab'\] must be the model's vocabulary size"):
+        dataclasses.replace(_cap(), params={"vocab": 0}).save(tmp_path / "v.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors", "g.safetensors"]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_a_file_without_its_header_or_file_checksum_is_refused(tmp_path, key):
+    path = _cap().save(tmp_path / "c.safetensors")
+    meta = _header(path)
+    meta.pop(key)
+    bad = tmp_path / "n.safetensors"
+    bad.write_bytes(safetensors_save(safetensors_load(path.read_bytes()), metadata=meta))
+    with pytest.raises(ValueError, match=rf"^path: {re.escape(str(bad))} is damaged: its header holds no {key} checksum"):
+        Capture.load(bad)
+
+
+# ----------------------------------------------------------------------------- a capture reused with a model
+@pytest.fixture(scope="module")
+def tiny_and_capture():
+    from workbench.capture import RowSet, run_capture
+    from workbench.run.models import tiny_model
+
+    tiny = tiny_model("llama", vocab=128, L=2, H_Q=4, G=2, d=16)
+    spans = PromptSpans.synthetic([3, 4, 5])
+    return tiny, run_capture(tiny, spans, RowSet(n_decode=2), progress=False)
+
+
+def test_a_real_capture_records_its_vocabulary_and_round_trips(tiny_and_capture, tmp_path):
+    tiny, cap = tiny_and_capture
+    assert cap.params["vocab"] == 128 and len(cap.generated_ids) == 2
+    _same(cap, Capture.load(cap.save(tmp_path / "c.safetensors")))
+
+
+@pytest.mark.parametrize("model_id", ["", "synthetic", "tiny"])
+def test_a_capture_without_a_model_identity_is_refused_with_a_model(tiny_and_capture, model_id):
+    from workbench.rerun.eviction import EvictionSession, StreamingLLM
+    from workbench.rerun.prune import run_pruned
+
+    tiny, cap = tiny_and_capture
+    bad = dataclasses.replace(cap, model_id=model_id)
+    pattern = rf"^prompt: the capture's model identity {re.escape(repr(model_id))} does not say which model"
+    with pytest.raises(ValueError, match=pattern):
+        run_pruned(tiny, bad, max_new_tokens=1, progress=False)
+    with pytest.raises(ValueError, match=pattern):
+        EvictionSession.prepare(tiny, bad, StreamingLLM().needs(), 1, progress=False)
+    run_pruned(tiny, bad, layer=1, removed=[0], max_new_tokens=1, progress=False, allow_foreign=True)
+
+
+def test_a_capture_of_another_model_is_refused_naming_both_ids(tiny_and_capture):
+    from workbench.capture.hooks import model_identity
+    from workbench.rerun.prune import run_pruned
+
+    tiny, cap = tiny_and_capture
+    other = "other (llama, L=3, H_Q=4, G=2, d=16)"
+    with pytest.raises(ValueError, match=rf"^prompt: the capture was made with {re.escape(repr(other))}, not with "
+                                         rf"this model {re.escape(repr(model_identity(tiny)))}"):
+        run_pruned(tiny, dataclasses.replace(cap, model_id=other), max_new_tokens=1, progress=False)
+    run_pruned(tiny, cap, layer=1, removed=[0], max_new_tokens=1, progress=False)  # its own model: fine
+
+
+def test_generated_ids_outside_the_models_vocabulary_are_refused(tiny_and_capture):
+    from workbench.capture.identity import check_model_match
+
+    tiny, cap = tiny_and_capture
+    bad = dataclasses.replace(cap, generated_ids=[999_999_999], params={k: v for k, v in cap.params.items()
+                                                                         if k != "vocab"})
+    with pytest.raises(ValueError, match=r"^prompt: the capture's generated token id 999999999 is outside this "
+                                         r"model's vocabulary \(size 128\)"):
+        check_model_match(tiny, None, bad, allow_foreign=True)

@@ -371,3 +371,44 @@ def test_csv_bytes_round_trips_exactly():
     assert list(back.s) == list(df.s)
     for odd in (pd.DataFrame({"v": [1, "a", [1, 2]]}), pd.DataFrame({"ids": [[1, 2], [3]]})):  # pandas writes these
         assert csv_bytes(odd) == odd.to_csv(index=False).encode()
+
+
+# ----------------------------------------------------------------------------- stems, formats, widths, long names
+@pytest.mark.parametrize("last", ["..", ".", "", ".hidden"])
+def test_stems_that_are_dots_or_hidden_are_refused(tmp_path, last):
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError, match=r"^path: must end with a file stem \(folder/stem\) that is not '\.' or"):
+        ex.export(scatter(), f"{out}/sub/{last}", formats=("svg",))
+    assert list(tmp_path.rglob("*")) == [out]  # nothing beside or above the folder
+
+
+@pytest.mark.parametrize("formats", [(), []])
+def test_no_format_is_refused_naming_formats_and_the_allowed_values(tmp_path, formats):
+    with pytest.raises(ValueError, match=r"^formats: must be one of \['pdf', 'svg', 'png'\] or a non-empty sequence"):
+        ex.export(scatter(), tmp_path / "fig", formats=formats)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("n", [251, 260, 300])
+def test_a_stem_too_long_for_its_file_names_is_refused_before_writing(tmp_path, n):
+    with pytest.raises(ValueError, match=r"^path: the file stem is too long: .* of \d+ bytes, and a file name holds at "
+                                         r"most 255; use a stem of at most 250 bytes"):
+        ex.export(scatter(), tmp_path / ("s" * n), formats=("svg",))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_longest_stem_allowed_is_written(tmp_path):
+    """250 bytes + ".json": a 255-byte name, whose temporary name must fit too."""
+    got = ex.export(scatter(), tmp_path / ("s" * 250), formats=("svg",))
+    assert sorted(len(p.name) for p in got) == [254, 254, 255]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in got)
+
+
+def test_numpy_widths_are_accepted_like_numbers(tmp_path):
+    import numpy as np
+
+    for w in (np.float32(300), np.float64(300), np.int64(300)):
+        assert ex.resolve_size(scatter(), w).width == 300
+    got = ex.export(scatter(), tmp_path / "np", width=np.float32(300), formats=("svg",), csv=False, sidecar=False)
+    assert [p.name for p in got] == ["np.svg"]

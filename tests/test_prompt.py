@@ -55,9 +55,29 @@ def test_sink_inside_chunk_protects_whole_chunk(smollm):
     assert q.spans.protected_mask()[first[0]:first[1]].all()
 
 
-def test_no_documents_is_ordinary_inference(smollm):
-    p = build_prompt(smollm.tokenizer, [], Q)
-    assert p.spans.k == 0 and p.spans.N == 0 and p.spans.protected_mask().all()
+def test_no_documents_is_refused(smollm):
+    """A prompt without documents has nothing to prune or evict: refused by name (it used to build with k = 0)."""
+    for docs in ([], ()):
+        with pytest.raises(ValueError, match=r"^documents: must hold at least one document"):
+            build_prompt(smollm.tokenizer, docs, Q)
+
+
+@pytest.mark.parametrize("query", ["\x00", "\u200d" * 20, " \ufeff\x07 "])
+def test_a_query_without_visible_text_is_refused_like_a_document(smollm, query):
+    with pytest.raises(ValueError, match=r"^query: has no visible text"):
+        build_prompt(smollm.tokenizer, DOCS, query)
+    assert build_prompt(smollm.tokenizer, DOCS, "\u200dWho?\x00").spans.k == len(DOCS)  # text around them is fine
+
+
+@pytest.mark.parametrize("where,kw,pattern", [
+    ("query", dict(query="Who \ud800?"), r"^query: holds a lone surrogate U\+D800 at character 4"),
+    ("document", dict(documents=["fine.", "bad \udcff"]), r"^documents: document 1 holds a lone surrogate U\+DCFF"),
+    ("instruction", dict(instruction="\ud83d"), r"^instruction: holds a lone surrogate U\+D83D at character 0"),
+])
+def test_a_lone_surrogate_is_a_named_error_not_a_tokenizer_type_error(smollm, where, kw, pattern):
+    args = {"documents": DOCS, "query": Q, **kw}
+    with pytest.raises(ValueError, match=pattern):
+        build_prompt(smollm.tokenizer, args.pop("documents"), args.pop("query"), **args)
 
 
 def test_plain_format_without_chat_template(smollm):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import warnings
 from pathlib import Path
@@ -226,3 +227,79 @@ def test_case16_unknown_entroprefill_field_is_named(tmp_path):
     with pytest.raises(ValueError, match="zeta"):
         ReportConfig(out=tmp_path / "r", entroprefill={"zeta": 0})
     assert Path(tmp_path / "r").exists() is False
+
+
+# ----------------------------------------------------------------------------- --filler without usable passages
+CHAT = "<|im_start|>user\nWhat is the capital of France<|im_end|>\n<|im_start|>assistant\nParis<|im_end|>\n"
+
+
+@pytest.mark.parametrize("name,text,pattern", [
+    ("nul", "\x00" * 5000, r"has no usable passage: no sentence holds a letter or a digit"),
+    ("control", "\x01\x02\x03. \x07\x08!\n" * 50, r"has no usable passage: no sentence holds a letter or a digit"),
+    ("emoji", "\U0001F600\U0001F680. " * 200, r"has no usable passage: no sentence holds a letter or a digit"),
+    ("one line", "It was a dark night.\n" + "word " * 2_000_000,
+     r"line 2: a sentence of 9999999 characters with no sentence boundary"),
+    ("chat template", CHAT * 100, r"line 1: a sentence of \d+ characters with no sentence boundary"),
+])
+def test_filler_without_usable_passages_is_refused(tmp_path, name, text, pattern):
+    from workbench.study import datasets
+
+    f = tmp_path / "filler.txt"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=rf"^filler: {re.escape(str(f))} {pattern}"):
+        datasets.load_filler(f)
+
+
+def test_report_filler_refusal_is_one_cli_line(tmp_path):
+    import sys
+
+    f = tmp_path / "emoji.txt"
+    f.write_text("\U0001F600 " * 100)
+    r = subprocess.run([sys.executable, "-m", "workbench", "report", "--filler", str(f), "--out", str(tmp_path / "rep"),
+                        "--no-progress"], capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).resolve().parents[1])
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1, r.stderr
+    assert "filler: " in err[0] and "has no usable passage" in err[0] and "Traceback" not in r.stderr, err
+    assert not (tmp_path / "rep").exists()
+
+
+def test_a_haystack_whose_first_sentence_exceeds_the_budget_is_refused_not_an_index_error(smollm):
+    long_sentence = " ".join(f"w{i}" for i in range(400)) + "."
+    with pytest.raises(ValueError, match=r"^lengths: the haystack's first sentence \(\d+ tokens\) is longer than "
+                                         r"the budget"):
+        tasks.needle(smollm.tokenizer, {"x": long_sentence + " " + long_sentence}, lengths=(64,), depths=(0.5,))
+
+
+# ----------------------------------------------------------------------------- --items: keys, copies, nesting
+def _items_file(tmp_path, *lines: str) -> Path:
+    f = tmp_path / "its.jsonl"
+    f.write_text("".join(line + "\n" for line in lines))
+    return f
+
+
+def test_items_duplicate_json_key_is_refused_naming_file_line_and_key(tmp_path):
+    good = json.dumps(ITEM)
+    twice = good[:-1] + ', "query": "What is the name of the dog?"}'
+    f = _items_file(tmp_path, good.replace('"cat"', '"cat0"'), twice)
+    with pytest.raises(ValueError, match=r"^items: its.jsonl line 2: duplicate key 'query' in a JSON object"):
+        tasks.load_items(f)
+    nested = json.dumps({**ITEM, "meta": {}})[:-2] + '"a": 1, "a": 2}}'
+    with pytest.raises(ValueError, match=r"^items: its.jsonl line 1: duplicate key 'a'"):
+        tasks.load_items(_items_file(tmp_path, nested))
+
+
+def test_items_identical_without_ids_are_refused_not_counted_twice(tmp_path):
+    no_id = {k: v for k, v in ITEM.items() if k != "item_id"}
+    f = _items_file(tmp_path, json.dumps(no_id), "", json.dumps(no_id))
+    with pytest.raises(ValueError, match=r"^items: its.jsonl line 3: the same item as line 1 \(task 'pets'"):
+        tasks.load_items(f)
+    other = {**no_id, "task": "other-task"}  # the same content in another task is another unit
+    assert [i.task for i in tasks.load_items(_items_file(tmp_path, json.dumps(no_id), json.dumps(other)))] == [
+        "pets", "other-task"]
+
+
+def test_items_deep_json_is_a_clear_error_with_file_and_line(tmp_path):
+    f = _items_file(tmp_path, json.dumps(ITEM), "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match=r"^items: its.jsonl line 2: not a TaskItem: its JSON is nested too deeply"):
+        tasks.load_items(f)

@@ -220,7 +220,7 @@ _P: dict[str, Constraint] = {
     "export.fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
     "export.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),
     "export.width": AnyOf(Choice(WIDTH_PRESETS), _PX, Seq(_WIDTH_ONE, nonempty=True)),
-    "export.formats": AnyOf(Choice(EXPORT_FORMATS), Seq(Choice(EXPORT_FORMATS), nonempty=False, distinct=True)),
+    "export.formats": AnyOf(Choice(EXPORT_FORMATS), Seq(Choice(EXPORT_FORMATS), nonempty=True, distinct=True)),
     "export.params": optional(InstanceOf(Mapping, "a mapping")),
     "export.data": optional(InstanceOf(_is_frame, "a pandas DataFrame")),
     "export.scale": _PX,

@@ -96,6 +96,8 @@ def _tmp_home(parent: Path) -> Path:
 def _mk(parent: Path, name: str, folder: bool) -> tuple[int | None, str]:
     """A temp file (fd, path) or folder (None, path) in ``parent``'s temp home; retried when another
     writer removes the empty home in between."""
+    # the temp name must fit where the target's fits (255 bytes): keep a long target's start only
+    name = name.encode()[:160].decode(errors="ignore")
     for attempt in range(5):
         home = _tmp_home(parent)
         try:

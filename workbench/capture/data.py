@@ -9,11 +9,9 @@ The key axis covers the prompt and, for decode rows, the generated tokens (``K =
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_save
 
 from workbench._version import __version__
+from workbench.capture.checksum import FILE_KEY, HEADER_KEY, KEYS, PLACEHOLDER, file_digests, seal, tensor_sha256
 from workbench.capture.synthetic import synthetic_rows
 from workbench.checks import check_choice
 from workbench.choices import ROW_DTYPES, ROW_KINDS, SYNTHETIC_STRUCTURES, RowDtype, RowKind, SyntheticStructure
@@ -30,33 +29,23 @@ from workbench.run.spans import PromptSpans
 from workbench.util import atomic_write_bytes
 
 FORMAT_PREFIX = "workbench.capture/"
-FORMAT_VERSION = 1
+# 2: the whole file (header and tensors) is checksummed; files of format 1 only checksummed their tensors
+FORMAT_VERSION = 2
+_FORMAT_TAG = re.compile(re.escape(FORMAT_PREFIX) + r"(\d+)")
 TENSOR_NAMES = ("attn", "row_pos", "head_group", "vnorm_max", "learned_sink")
 
 
-def tensor_sha256(t: torch.Tensor) -> str:
-    """sha256 of a tensor's bytes (row-major, its own dtype), as stored in a capture file."""
-    flat = t.detach().contiguous().reshape(-1)
-    return hashlib.sha256(flat.view(torch.uint8).numpy() if flat.numel() else b"").hexdigest()
-
-
-def _verify_checksums(tensors: dict, recorded: str | None, path: Path) -> None:
-    """Every tensor against its recorded sha256 (a file without checksums, written by an older workbench,
-    loads with a warning)."""
-    if recorded is None:
-        warnings.warn(f"path: {path} has no tensor checksums (written by an older workbench); it is loaded "
-                      "unverified: save it again to add them", stacklevel=3)
-        return
+def _verify_tensors(tensors: dict, recorded: str | None, path: Path) -> None:
+    """Name the first tensor whose bytes differ from its recorded sha256 (called once the whole-file
+    checksum has failed, to say which part changed)."""
     try:
-        sums = json.loads(recorded)
-        assert isinstance(sums, dict)
-    except (json.JSONDecodeError, AssertionError):
-        raise ValueError(f"path: {path} is a damaged workbench capture (unreadable sha256 checksums)") from None
-    if set(sums) != set(tensors):
-        raise ValueError(f"path: {path} is a damaged workbench capture: its tensors {sorted(tensors)} are not the "
-                         f"ones its checksums list {sorted(sums)}")
+        sums = json.loads(recorded) if recorded is not None else None
+    except json.JSONDecodeError:
+        sums = None
+    if not isinstance(sums, dict):
+        return
     for name, t in tensors.items():
-        if tensor_sha256(t) != sums[name]:
+        if name in sums and tensor_sha256(t) != sums[name]:
             raise ValueError(f"path: {path} is damaged: tensor {name!r} does not match its sha256 checksum (the "
                              "file changed after it was written); capture it again")
 
@@ -223,8 +212,9 @@ class Capture:
 
     # ----- persistence -----
     def to_safetensors(self, *, validate: bool = True) -> bytes:
-        """The file :meth:`save` writes: safetensors bytes with a JSON header holding the spans, the parameters
-        and a sha256 checksum of every tensor (``meta["sha256"]``, verified by :meth:`load`).
+        """The file :meth:`save` writes: safetensors bytes with a JSON header holding the spans, the parameters,
+        a sha256 checksum of every tensor (``meta["sha256"]``), of the header (``meta["header_sha256"]``) and of
+        the whole file (``meta["file_sha256"]``, :mod:`workbench.capture.checksum`); :meth:`load` verifies them.
         ``validate=False`` skips :meth:`validate` (only to write deliberately damaged files in tests)."""
         if validate:
             self.validate("capture")
@@ -247,13 +237,14 @@ class Capture:
             "version": self.version,
             "generated_ids": json.dumps(list(self.generated_ids)),
             "sha256": json.dumps({k: tensor_sha256(v) for k, v in sorted(tensors.items())}),
+            **dict.fromkeys(KEYS, PLACEHOLDER),
         }
-        return safetensors_save(tensors, metadata=meta)
+        return seal(safetensors_save(tensors, metadata=meta))
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write to ``path`` (safetensors with a JSON header and a sha256 checksum of every tensor). Validated
-        first exactly as :meth:`load` validates (nothing is written for a capture ``load`` would refuse).
-        Atomic: a failed write leaves nothing."""
+        """Write to ``path`` (safetensors with a JSON header, a sha256 checksum of every tensor and one of the
+        whole file). Validated first exactly as :meth:`load` validates (nothing is written for a capture
+        ``load`` would refuse). Atomic: a failed write leaves nothing."""
         path = Path(path)
         data = self.to_safetensors()
         atomic_write_bytes(path, data)  # our own temp file: never safetensors'
@@ -261,14 +252,14 @@ class Capture:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Capture":
-        """Read a capture written by :meth:`save`, verify every tensor's sha256 checksum and :meth:`validate`
-        it (shapes, spans, kinds, groups, version). A file written before checksums existed loads with a
-        warning (it cannot be verified).
+        """Read a capture written by :meth:`save`, verify the whole file's sha256 checksum (header and
+        tensors) and :meth:`validate` it (shapes, spans, kinds, groups, version, token ids).
 
         Raises:
-            ValueError: naming ``path`` when the file is not a workbench capture, was written by a newer
-                workbench (a newer format version or workbench version), has a tensor that does not match its
-                checksum (the tensor is named), or is inconsistent (the field is named).
+            ValueError: naming ``path`` when the file is not a workbench capture, its header is damaged or was
+                edited, a tensor does not match its checksum (the tensor is named), it was written by a newer
+                workbench (a newer format version or workbench version) or by an older one whose header
+                carries no checksum (capture it again), or it is inconsistent (the field is named).
         """
         path = Path(path)
         try:
@@ -277,24 +268,43 @@ class Capture:
         except FileNotFoundError:
             raise
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-            raise ValueError(f"path: {path} is not a workbench capture file ({type(e).__name__}: {e})") from None
+            raise ValueError(f"path: {path} is not a workbench capture file, or its header is damaged "
+                             f"({type(e).__name__}: {e})") from None
         fmt = meta.get("format", "")
         if not fmt.startswith(FORMAT_PREFIX):
-            raise ValueError(f"path: {path} is not a workbench capture file (format tag {fmt or None!r})")
-        try:
-            ver = int(fmt[len(FORMAT_PREFIX):])
-        except ValueError:
-            raise ValueError(f"path: {path} has an unreadable capture format tag {fmt!r}") from None
-        if ver > FORMAT_VERSION:
-            raise ValueError(f"path: {path} was written by a newer workbench (capture format version {ver}, "
-                             f"version {meta.get('version') or '?'}); this one reads version {FORMAT_VERSION}: "
-                             "upgrade attn-workbench to read it")
-        _check_version(meta.get("version", ""), f"path: {path}")
+            raise ValueError(f"path: {path} is not a workbench capture file (format tag {fmt or None!r} in its "
+                             "header)")
+        m = _FORMAT_TAG.fullmatch(fmt)
+        ver = int(m.group(1)) if m else None
+        if ver is not None and ver > FORMAT_VERSION:
+            raise ValueError(f"path: {path} was written by a newer workbench (capture format version {ver} in its "
+                             f"header, version {meta.get('version') or '?'}); this one reads version "
+                             f"{FORMAT_VERSION}: upgrade attn-workbench to read it")
+        if ver == 1:
+            raise ValueError(f"path: {path} was written by an older workbench (capture format 1): its header is "
+                             "not checksummed, so an edit to its spans, ids or parameters cannot be detected; "
+                             "re-capture it with this workbench (run_capture, then save)")
+        if ver != FORMAT_VERSION:
+            raise ValueError(f"path: {path} has an unknown capture format tag {fmt!r} in its header; this "
+                             f"workbench reads {FORMAT_PREFIX}{FORMAT_VERSION}")
+        recorded, actual = file_digests(path)
+        missing = [k for k in KEYS if recorded[k] is None]
+        if missing:
+            raise ValueError(f"path: {path} is damaged: its header holds no {' or '.join(missing)} checksum; "
+                             "capture it again")
+        if recorded[HEADER_KEY] != actual[HEADER_KEY]:
+            raise ValueError(f"path: {path} is damaged: its header does not match its sha256 checksum (the spans, "
+                             "ids, parameters or tensor table changed after it was written); capture it again")
         try:
             t = load_file(str(path))
         except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
-            raise ValueError(f"path: {path} is a damaged workbench capture ({type(e).__name__}: {e})") from None
-        _verify_checksums(t, meta.get("sha256"), path)
+            raise ValueError(f"path: {path} is a damaged workbench capture: its header's tensor table does not "
+                             f"match the file ({type(e).__name__}: {e})") from None
+        if recorded[FILE_KEY] != actual[FILE_KEY]:
+            _verify_tensors(t, meta.get("sha256"), path)
+            raise ValueError(f"path: {path} is damaged: its tensor bytes do not match the file's sha256 checksum "
+                             "(the file changed after it was written); capture it again")
+        _check_version(meta.get("version", ""), f"path: {path}")
         hidden = {}
         for k, v in t.items():
             if k in TENSOR_NAMES:
@@ -330,8 +340,9 @@ class Capture:
         ``[0, T)`` and decode rows in ``[T-1, K)``; ``row_kind`` ``R`` labels from ``ROW_KINDS``;
         ``head_group [H_Q]`` equal to ``h // r`` (every KV group of ``r = H_Q / G`` heads);
         ``vnorm_max [L, G]``; the spans inside ``[0, T)`` (:meth:`PromptSpans.validate`); hidden states
-        ``[T, D]``; generated ids integers; ``params`` JSON (the field that is not is named); ``version`` empty
-        or not newer than this workbench.
+        ``[T, D]``; generated ids integers; ``params`` JSON (the field that is not is named); the prompt and
+        generated ids inside the vocabulary when ``params["vocab"]`` records it; ``version`` empty or not newer
+        than this workbench.
         """
 
         def bad(field_, msg):
@@ -387,6 +398,14 @@ class Capture:
         unjson = _not_json(self.params, "params")
         if unjson is not None:
             bad(unjson[0], f"must be JSON (numbers, strings, lists, dicts with string keys), got {unjson[1]}")
+        V = self.params.get("vocab")
+        if V is not None:
+            if not isinstance(V, int) or isinstance(V, bool) or V < 1:
+                bad("params['vocab']", f"must be the model's vocabulary size, an integer >= 1, got {V!r}")
+            for name, ids in (("spans.input_ids", self.spans.input_ids), ("generated_ids", self.generated_ids)):
+                top = max(ids, default=-1)
+                if top >= V:
+                    bad(name, f"must be token ids in [0, {V}) (the vocabulary of {self.model_id!r}), got {top}")
         _check_version(self.version, where)
         return self
 

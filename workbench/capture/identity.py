@@ -4,9 +4,11 @@ A capture's spans hold token ids of the tokenizer that built them, and a capture
 that made it (``model_id``: name and config fingerprint ``(type, L, H_Q, G, d)``). Running those ids
 through another model gives numbers that look fine and mean nothing. :func:`check_model_match` refuses:
 
-- token ids ``>= `` the model's vocabulary size (always: they are not tokens of this model);
+- token ids ``>= `` the model's vocabulary size, in the prompt or among a capture's generated ids
+  (always: they are not tokens of this model);
 - spans built by a tokenizer whose fingerprint differs from the model's tokenizer (when both are known);
-- a :class:`~workbench.capture.data.Capture` whose config fingerprint differs from the model's,
+- a :class:`~workbench.capture.data.Capture` whose config fingerprint differs from the model's, or
+  whose ``model_id`` carries no fingerprint (blank or synthetic: nothing says which model made it),
 
 unless ``allow_foreign=True`` is passed (then only the vocabulary range is checked). The check costs a
 few microseconds: the fingerprint samples the vocabulary, it does not hash it.
@@ -46,6 +48,10 @@ def check_model_match(model, tokenizer, prompt, *, allow_foreign: bool = False) 
     if V and top >= V:
         raise ValueError(f"prompt: token id {top} is outside this model's vocabulary (size {V}): the prompt was "
                          "tokenised for another model; rebuild it with this model's tokenizer")
+    gen = getattr(prompt, "generated_ids", None) if hasattr(prompt, "attn") else None
+    if V and gen and max(gen) >= V:
+        raise ValueError(f"prompt: the capture's generated token id {max(gen)} is outside this model's vocabulary "
+                         f"(size {V}): it was made with another model")
     if allow_foreign:
         return
     want = (getattr(spans, "extra", None) or {}).get(TOKENIZER_KEY)
@@ -54,9 +60,13 @@ def check_model_match(model, tokenizer, prompt, *, allow_foreign: bool = False) 
         if have != want:
             raise ValueError(f"prompt: built with another tokenizer (fingerprint {want}, this model's {have}); "
                              "rebuild the prompt with this model's tokenizer, or pass allow_foreign=True")
-    cap_id = getattr(prompt, "model_id", None)
-    if isinstance(cap_id, str) and hasattr(prompt, "attn"):
-        theirs, ours = config_fingerprint(cap_id), config_fingerprint(model_identity(model))
-        if theirs and theirs != ours:
-            raise ValueError(f"prompt: the capture was made with {cap_id!r}, not with this model {ours}; "
+    if hasattr(prompt, "attn"):
+        cap_id, mine = getattr(prompt, "model_id", None), model_identity(model)
+        theirs = config_fingerprint(cap_id) if isinstance(cap_id, str) else ""
+        if not theirs:  # no fingerprint (blank, edited or synthetic): nothing says it is this model's
+            raise ValueError(f"prompt: the capture's model identity {cap_id!r} does not say which model made it "
+                             f"(expected a name and fingerprint like {mine!r}); use a capture of this model, "
+                             "or pass allow_foreign=True")
+        if theirs != config_fingerprint(mine):
+            raise ValueError(f"prompt: the capture was made with {cap_id!r}, not with this model {mine!r}; "
                              "use the model it was captured with, or pass allow_foreign=True")

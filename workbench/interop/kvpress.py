@@ -54,20 +54,27 @@ from types import MappingProxyType
 from typing import ClassVar
 
 import torch
-from kvpress import (
-    CapPress,
-    CompactorPress,
-    CriticalKVPress,
-    CURPress,
-    ExpectedAttentionPress,
-    LagKVPress,
-    ObservedAttentionPress,
-    PyramidKVPress,
-    ScorerPress,
-    SnapKVPress,
-    StreamingLLMPress,
-    TOVAPress,
-)
+
+try:
+    from kvpress import (
+        CapPress,
+        CompactorPress,
+        CriticalKVPress,
+        CURPress,
+        ExpectedAttentionPress,
+        LagKVPress,
+        ObservedAttentionPress,
+        PyramidKVPress,
+        ScorerPress,
+        SnapKVPress,
+        StreamingLLMPress,
+        TOVAPress,
+    )
+except ModuleNotFoundError as e:
+    if e.name != "kvpress":  # kvpress is there but something it needs is not: its own error says what
+        raise
+    raise ImportError("workbench.interop.kvpress needs NVIDIA kvpress, an optional extra that is not installed: "
+                      "pip install -e '.[kvpress]' (or pip install 'kvpress>=0.5.5')", name="kvpress") from e
 
 from workbench.constraints import checks_for
 from workbench.rerun.eviction import REGISTRY, EvictionPolicy, Needs

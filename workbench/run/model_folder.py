@@ -236,10 +236,29 @@ def _gated_query(c: dict, built: list[int] | None, rows: int) -> bool:
     return bool(c.get("attn_output_gate"))
 
 
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """The tokenizer's JSON files that are there parse (a truncated copy is named with its path, not left to
+    the tokenizer library's bare ``JSONDecodeError``)."""
+    for name in TOKENIZER_JSON:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            json.loads(path.read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else e.reason
+            raise ValueError(f"spec: the tokenizer file {path} is not valid JSON ({where}; a truncated or damaged "
+                             f"copy?); {MEND}") from None
+
+
 def check_folder(folder: Path) -> dict:
     """Check ``folder`` against its config before any weight is read (see the module docstring); returns the
     config. ``TypeError`` for a refused family, ``ValueError`` naming the folder for anything else."""
     cfg = read_config(folder)
+    check_tokenizer_files(folder)
     check_family(cfg)
     load_checks.check_config(folder, _text_config(cfg))
     shapes = weight_headers(folder)

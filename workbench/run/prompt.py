@@ -60,12 +60,29 @@ class Prompt:
         return hashlib.sha256(str(self.spans.input_ids).encode()).hexdigest()[:16]
 
 
+def _no_surrogate(name: str, text: str) -> None:
+    """A lone surrogate (``"\\ud800"``, from a bad decode) is not text: no tokenizer can encode it."""
+    at = next((i for i, ch in enumerate(text) if unicodedata.category(ch) == "Cs"), None)
+    if at is not None:
+        raise ValueError(f"{name} holds a lone surrogate U+{ord(text[at]):04X} at character {at}, which is not text "
+                         "(a string decoded with errors='surrogateescape'?); pass valid Unicode text")
+
+
 def _check_inputs(documents, query, instruction, n_sink, W_p):
     check_str("query", query)
+    _no_surrogate("query:", query)
+    if not has_visible_text(query):
+        raise ValueError("query: has no visible text (only whitespace, zero-width or control characters such as "
+                         "NUL); the query must hold text")
     check_str("instruction", instruction, empty=True)
+    _no_surrogate("instruction:", instruction)
+    if not documents:
+        raise ValueError("documents: must hold at least one document (each is a candidate chunk), got none; "
+                         "a prompt without documents has nothing to prune or evict")
     for i, d in enumerate(documents):
         if not isinstance(d, str) or not d.strip():
             raise ValueError(f"documents: document {i} is empty; every document must be a non-empty string")
+        _no_surrogate(f"documents: document {i}", d)
         if not has_visible_text(d):
             raise ValueError(f"documents: document {i} has no visible text (only whitespace, zero-width or control "
                              f"characters such as NUL); every document must hold text")
@@ -191,8 +208,8 @@ def build_prompt(
 
     Args:
         tokenizer: a fast HF tokenizer (character offsets are required).
-        documents: the retrieved passages, one candidate chunk each (may be empty: ``k = 0``).
-        query: the user question.
+        documents: the retrieved passages, one candidate chunk each (at least one, each with visible text).
+        query: the user question (with visible text).
         instruction: the system instruction (protected).
         n_sink: number of sink positions (the first ``n_sink`` tokens), ``≥ 0``.
         W_p: number of proposal observers (the last ``W_p`` query tokens), ``1 … len(query)``;

@@ -33,6 +33,8 @@ import importlib.metadata as md
 import inspect
 import json
 import math
+import numbers
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -115,7 +117,7 @@ class ExportSize:
 def _positive_number(name: str, v, *, allow_none: bool = False) -> float | None:
     if v is None and allow_none:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:  # numpy too
         raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
     return float(v)
 
@@ -273,12 +275,28 @@ def _check_formats(formats) -> tuple[str, ...]:
 
 
 def _check_widths(width) -> list:
-    if isinstance(width, (str, int, float)) and not isinstance(width, bool):
+    if isinstance(width, (str, numbers.Real)) and not isinstance(width, bool):  # numpy floats and ints too
         return [width]
     if isinstance(width, (list, tuple)) and width:
         return list(width)
     raise ValueError(f"width: must be 'single', 'double', a number of px > 0, or a non-empty list of these, "
                      f"got {width!r}")
+
+
+NAME_MAX = 255  # bytes in one file name (Linux, macOS, Windows)
+
+
+def _check_name_length(stem: str, sizes, fmts, extra) -> None:
+    """Every file name the export makes (``stem[-tag].<format>``, and ``stem.<extra>``: csv, json, html) fits in
+    :data:`NAME_MAX` bytes; checked before anything is rendered or written."""
+    bases = [stem] if len(sizes) == 1 else [f"{stem}-{s.tag}" for s in sizes]
+    names = [f"{b}.{e}" for b in bases for e in fmts] + [f"{stem}.{e}" for e in extra]
+    longest = max(names, key=lambda n: len(n.encode()))
+    n = len(longest.encode())
+    if n > NAME_MAX:
+        room = NAME_MAX - (n - len(stem.encode()))
+        raise ValueError(f"path: the file stem is too long: it makes the file name {longest[:24] + '...'!r} of {n} "
+                         f"bytes, and a file name holds at most {NAME_MAX}; use a stem of at most {room} bytes")
 
 
 def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, params: Mapping | None = None,
@@ -340,8 +358,13 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
     if p.suffix.lower() in tuple(f".{f}" for f in FORMATS) + (".json", ".csv"):
         p = p.with_suffix("")
     stem = p.name
+    last = re.split(r"[/\\]", os.fspath(path))[-1]
+    if last in ("", ".", "..") or stem.startswith("."):  # "out/." is "out": the files would land beside the folder
+        raise ValueError(f"path: must end with a file stem (folder/stem) that is not '.' or '..' and does not start "
+                         f"with '.' (a hidden file, or files beside the folder), got {os.fspath(path)!r}")
     if not stem or not _STEM_OK.match(stem):
         raise ValueError(f"path: the file stem must be letters, digits, '_', '-', '+' or '.', got {stem!r}")
+    _check_name_length(stem, sizes, fmts, ["csv"] * csv + ["json"] * sidecar + ["html"] * isinstance(fig, TokenView))
     folder = p.parent
     folder.mkdir(parents=True, exist_ok=True)
 

@@ -28,6 +28,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workbench.study.tasks.haystack import check_filler_text
 from workbench.util import atomic_dir, atomic_write_bytes, cache_dir, file_lock, file_sha256
 
 REPO_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
@@ -408,6 +409,7 @@ def load_filler(path: str | os.PathLike) -> Texts:
         raise ValueError(f"filler: {path} is not UTF-8 text ({e})") from None
     if not text.strip():
         raise ValueError(f"filler: {path} is empty")
+    check_filler_text(text, f"filler: {path}")
     return _labelled(Texts, {path.stem: text}, label=f"filler:{path.name}", kind="file", path=str(path),
                      sha256=hashlib.sha256(raw).hexdigest(), size=f"{len(text)} characters",
                      description="a text file given by the user as needle filler")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from workbench.checks import check_int
 
 __all__ = ["Haystack", "split_sentences", "count_tokens", "group_passages", "check_lengths", "check_depth",
-           "SENTENCE_SPLIT"]
+           "check_filler_text", "SENTENCE_SPLIT", "MAX_SENTENCE_CHARS"]
 
 SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[a-z0-9][.!?])(?=[A-Z])")
 
@@ -21,6 +21,30 @@ def split_sentences(text: str) -> list[str]:
     ``accelerating.We``, are split too)."""
     text = " ".join(text.split())
     return [s.strip() for s in SENTENCE_SPLIT.split(text) if s.strip()]
+
+
+# a haystack is cut at sentence boundaries; a longer "sentence" (a file without them) cannot fit a length budget
+MAX_SENTENCE_CHARS = 2000
+
+
+def check_filler_text(text: str, where: str) -> None:
+    """``ValueError`` starting with ``where`` unless ``text`` can make a haystack: every sentence at most
+    :data:`MAX_SENTENCE_CHARS` characters (the first longer one is named by line), and at least one with a letter
+    or digit (text of control characters, NUL bytes or emoji only has no passage a needle can sit in)."""
+    pieces, pos = [], 0
+    for m in [*SENTENCE_SPLIT.finditer(text), None]:
+        pieces.append((pos, text[pos:m.start() if m else len(text)]))
+        pos = m.end() if m else pos
+    if not any(ch.isalnum() for _, piece in pieces for ch in piece):
+        raise ValueError(f"{where} has no usable passage: no sentence holds a letter or a digit (control characters, "
+                         "NUL bytes or symbols only); the text must be sentences of words")
+    for at, piece in pieces:
+        n = len(" ".join(piece.split()))
+        if n > MAX_SENTENCE_CHARS:
+            line = text.count("\n", 0, at + len(piece) - len(piece.lstrip())) + 1
+            raise ValueError(f"{where} line {line}: a sentence of {n} characters with no sentence boundary ('.', '!' "
+                             f"or '?' then a space) within {MAX_SENTENCE_CHARS}: a haystack is cut at sentence "
+                             f"boundaries; the text must be sentences of at most {MAX_SENTENCE_CHARS} characters")
 
 
 def count_tokens(tokenizer, text: str) -> int:
@@ -70,6 +94,10 @@ class Haystack:
             sents.append(s)
             counts.append(c)
             total += c
+        if not sents and stream:
+            first = count_tokens(tokenizer, " " + stream[self.start][1])
+            raise ValueError(f"lengths: the haystack's first sentence ({first} tokens) is longer than the budget of "
+                             f"{budget} tokens; use longer lengths or a text of shorter sentences")
         if not full:
             raise ValueError(f"lengths: the essays hold only ~{total} tokens, fewer than {budget}; "
                              "use shorter lengths or more essays (source='cache')")

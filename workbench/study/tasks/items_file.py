@@ -32,6 +32,33 @@ def _lines(raw: bytes, path: Path) -> list[str]:
     return out
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object's dict; a key given twice is refused (``json`` would keep the last one silently)."""
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise _DuplicateKey(k)
+        d[k] = v
+    return d
+
+
+def _parse(line: str, where: str):
+    try:
+        return json.loads(line, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise ValueError(f"{where}: duplicate key {e.args[0]!r} in a JSON object (JSON would keep only the last "
+                         "value); give each field once") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise ValueError(f"{where}: not a TaskItem: its JSON is nested too deeply to read (an item is one object "
+                         "of fields whose values are strings, lists of strings or integers)") from None
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)  # JSON true/false are not indices
 
@@ -63,23 +90,21 @@ def load_items(path) -> list[TaskItem]:
     and ``meta.source = "items:<file name>"`` unless it names its own source.
 
     Raises:
-        ValueError: naming the file, the line and the field (``items: f.jsonl line 3: answer_doc: ...``);
-            nothing is returned unless every line is valid.
+        ValueError: naming the file, the line and the field (``items: f.jsonl line 3: answer_doc: ...``), a key
+            given twice in a line, or an item whose content repeats an earlier line's in the same task (it would
+            count twice); nothing is returned unless every line is valid.
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"items: must be a readable JSONL file, got {str(path)!r}")
     raw = path.read_bytes()
     digest = hashlib.sha256(raw).hexdigest()
-    out, seen = [], set()
+    out, seen, same = [], set(), {}
     for i, line in enumerate(_lines(raw, path), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"items: {path.name} line {i}"
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        d = _parse(line, where)
         if not isinstance(d, dict):
             raise ValueError(f"{where}: must be a JSON object of TaskItem fields, got {type(d).__name__}")
         unknown = sorted(set(d) - set(ITEM_FIELDS))
@@ -103,6 +128,10 @@ def load_items(path) -> list[TaskItem]:
         if (item.task, base) in seen:
             raise ValueError(f"{where}: item_id: duplicate id {base!r} in task {item.task!r}")
         seen.add((item.task, base))
+        first = same.setdefault((item.task, item.content_digest()), i)
+        if first != i:  # one prompt twice would count as two independent units in the findings
+            raise ValueError(f"{where}: the same item as line {first} (task {item.task!r}: identical documents, "
+                             "query and answers); remove the copy, or change its content")
         out.append(item)
     if not out:
         raise ValueError(f"items: {path.name} holds no item")
