@@ -29,9 +29,11 @@ from dataclasses import dataclass
 import torch
 import transformers
 
+from workbench.run import derive
+
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
            "layer_window", "sliding_layers", "layer_chunk", "chunked_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
-           "position_refusal",
+           "position_refusal", "derived_family", "is_derived",
            "unavailable", "MIN_TRANSFORMERS", "version_refusal"]
 
 
@@ -263,8 +265,10 @@ def family_of(model) -> Family:
                         f"(vision, audio); the workbench loads decoder-only causal LMs and does not unwrap it. Save "
                         f"the language model on its own (its text_config and language_model weights) and load that. "
                         f"Supported families: {', '.join(supported_families())}")
+    if fam is None and mt not in REFUSED and derive.refusal(mt) is None:
+        fam = derived_family(mt)  # outside the table: derived from the modelling code, self-checked at load
     if fam is None:
-        why = REFUSED.get(mt, "its layout is not in the workbench's family table")
+        why = REFUSED.get(mt) or derive.refusal(mt)
         what = type(model).__name__.replace("Config", "")
         raise TypeError(f"model: the {mt!r} architecture ({what}) is not supported: {why}. "
                         f"Supported families: {', '.join(supported_families())}")
@@ -283,6 +287,26 @@ def family_of(model) -> Family:
                             f"{H}; multi-head latent attention expands its latent into one key per query head, so "
                             f"the model itself cannot run it")
     return fam
+
+
+_DERIVED: dict[str, Family] = {}
+
+
+def derived_family(model_type: str) -> Family:
+    """The :class:`Family` of a model type outside the table, derived from its modelling code
+    (:func:`workbench.run.derive.layout`; ``TypeError`` with the architecture's reason when it cannot be); MLA
+    layouts get the MLA row's rotary and bound reasons."""
+    if model_type not in _DERIVED:
+        kw = derive.layout(model_type)
+        if kw["mla"]:
+            kw.update(rotary=_MLA_ROPE, bound=_MLA_BOUND)
+        _DERIVED[model_type] = Family(**kw)
+    return _DERIVED[model_type]
+
+
+def is_derived(fam: Family) -> bool:
+    """Whether ``fam`` was derived from the modelling code (not a row of the table): checked at load."""
+    return fam not in FAMILIES
 
 
 def _check_gemma4(c, mt: str) -> None:
