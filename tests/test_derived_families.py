@@ -4,7 +4,7 @@ Each row builds a tiny random-weight model of a model type outside the hand-writ
 saves it to a folder with a tokenizer, loads it with ``load_model(folder)`` (which runs the derived family's
 self-check), and checks: captured rows (prompt tail and decode steps) equal the model's own eager
 ``output_attentions``; logits are bit-identical with capture on and off; every eviction policy at ``B ≥ T`` equals
-the full cache (capture-only rows: eviction and pruned prefill refused at the call, naming the reason). A few rows run
+the full cache (sparse attention is refused at load, and the test shows why). A few rows run
 by default; the others are ``slow`` (``WORKBENCH_SLOW=1``).
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from tokenizers import Tokenizer, models
 from transformers import AutoConfig, PreTrainedTokenizerFast
 
 from workbench.capture import RowSet, capture_attention, run_capture
-from workbench.rerun.eviction import SnapKV, every_policy, generate_with_policy, run_policies
-from workbench.rerun.prune import run_full, run_pruned
+from workbench.rerun.eviction import every_policy, run_policies
+from workbench.rerun.prune import run_full
 from workbench.run import adapter, derive, families, selfcheck
 from workbench.run.models import load_model, tiny_model
 from workbench.run.spans import PromptSpans
@@ -45,18 +45,17 @@ DERIVED = {
     "glm": dict(partial_rotary_factor=0.5),
     "nemotron": dict(),
     "bitnet": dict(),
-    "jetmoe": dict(num_local_experts=4, num_experts_per_tok=2, kv_channels=16),
     "cohere2_moe": dict(_MOE),
     "apertus1p5_text": dict(),
     "glm4_moe_lite": dict(_MLA, **_DS_MOE),
     "minicpm3": dict(_MLA),
 }
-CAPTURE_ONLY = {  # sparse attention: a lightning indexer with its own key cache
+SPARSE = {  # DeepSeek-V3.2 / GLM-5 sparse attention: a lightning indexer with its own key cache
     "deepseek_v32": dict(_MLA, **_DS_MOE, **_INDEXER),
     "glm_moe_dsa": dict(_MLA, **_DS_MOE, **_INDEXER),
 }
 MLA_TYPES = {"glm4_moe_lite", "minicpm3", "deepseek_v32", "glm_moe_dsa"}
-FAST = {"olmoe", "glm", "minicpm3", "deepseek_v32"}
+FAST = {"olmoe", "glm", "minicpm3"}
 SLOW_OK = bool(os.environ.get("WORKBENCH_SLOW"))
 
 
@@ -132,21 +131,32 @@ def test_derived_family_loads_and_is_exact(family, tmp_path):
         assert r.kv_bytes_after == r.kv_bytes_before
 
 
-@pytest.mark.parametrize("family", _rows(sorted(CAPTURE_ONLY)))
-def test_sparse_attention_is_capture_only(family, tmp_path):
-    """DeepSeek-V3.2 / GLM-5 sparse attention: capture is exact on the keys the indexer selects (the rows equal the
-    model's own eager attention, which masks the others), and pruned prefill and eviction are refused naming the
-    indexer's own key cache."""
-    assert derive.refusal(family) is None
-    lm = _load(family, CAPTURE_ONLY[family], tmp_path)
-    fam = families.family_of(lm.model)
-    assert families.is_derived(fam) and fam.mla and "lightning indexer" in fam.capture_only
-    spans = _spans()
-    _check_capture(lm, spans)
-    with pytest.raises(ValueError, match=f"cannot run on {family}: sparse attention: a lightning indexer"):
-        run_pruned(lm.model, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
-    with pytest.raises(ValueError, match=f"cannot run on {family}: sparse attention"):
-        generate_with_policy(lm.model, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
+@pytest.mark.parametrize("family", sorted(SPARSE))
+def test_sparse_attention_is_refused_for_its_reason(family, tmp_path):
+    """DeepSeek-V3.2 / GLM-5 sparse attention is refused at load, naming the reason, and the reason holds: under any
+    implementation name but 'eager' and 'sdpa' (the capture registers its own) the attention does not fold the
+    indexer's top-k selection into its mask, so the same kernel (sdpa, wrapped without any change) gives other
+    logits: a capture would change the model. The self-check on the built model refuses it too."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    assert derive.refusal(family).endswith("kernel attends every key, so capturing would change the model's own "
+                                           "computation")
+    m = _tiny(family, SPARSE[family])
+    x = torch.tensor([list(range(3, 40))])
+    sdpa = adapter.base_attention_function("sdpa")
+    AttentionInterface.register("renamed_sdpa", lambda *a, **k: sdpa(*a, **k))
+    AttentionMaskInterface.register("renamed_sdpa", ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    with torch.no_grad():
+        own = m(x).logits
+        m.set_attn_implementation("renamed_sdpa")
+        renamed = m(x).logits
+    assert (own - renamed).abs().max().item() > 1e-3  # the indexer's mask is dropped under another name
+    m.save_pretrained(tmp_path)
+    _tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(TypeError, match=f"'{family}' architecture .* not supported: .*sparse attention: a lightning "
+                                        "indexer"):
+        load_model(tmp_path, device="cpu", progress=False)
 
 
 def test_self_check_refuses_a_wrong_layout(monkeypatch):
@@ -191,6 +201,7 @@ def test_table_families_skip_the_self_check():
     ("bloom", "BloomForCausalLM: its attention (BloomAttention) computes the weights itself (ALiBi"),
     ("longcat_flash", "every block runs 2 attention modules"),
     ("dbrx", "its attention (DbrxAttention) sits inside another module of the block (norm_attn_norm.attn)"),
+    ("jetmoe", "JetMoeForCausalLM: mixture of attention heads (JetMoeAttention"),
 ])
 def test_refused_with_the_architectures_reason(model_type, reason, tmp_path):
     """Architectures the workbench cannot run exactly are refused at load from the config, with their own reason,

@@ -33,9 +33,10 @@ __all__ = ["layout", "refusal", "causal_lm_types", "BOUND", "HYBRID"]
 BOUND = "derived from the modelling code (the stability constants are verified only on the family table's blocks)"
 HYBRID = ("a gather cannot shorten a recurrent or convolution state, so pruned prefill and eviction would run on a "
           "state they did not compact")
-SPARSE = ("sparse attention: a lightning indexer picks the top-k keys of every query from a key cache of its own; "
-          "capture is exact on the keys it selects (the rows are the softmax the model computes under that mask), "
-          "and pruned prefill and eviction would leave the indexer's cache uncompacted")
+SPARSE = ("sparse attention: a lightning indexer picks the top-k keys of every query from a key cache of its own, "
+          "and the attention folds that selection into its mask only under the implementation names 'eager' and "
+          "'sdpa'; under any other (the workbench's capture registers its own) it passes the indices on and the "
+          "kernel attends every key, so capturing would change the model's own computation")
 
 # configuration fields a default config leaves empty although its own modelling code needs them, filled with the
 # geometry the defaults imply (a build of the layout only: nothing here reaches a user's model)
@@ -153,7 +154,7 @@ def _blocks(model, config):
     for name, mod in model.named_modules():
         if not isinstance(mod, torch.nn.ModuleList) or not len(mod) or not isinstance(mod[0], torch.nn.Module):
             continue
-        if not name.split(".")[-1] in ("layers", "h", "blocks", "layer", "block"):
+        if name.split(".")[-1] not in ("layers", "h", "blocks", "layer", "block"):
             continue
         score = (len(mod) == L, len(mod))
         if best is None or score > best[0]:
@@ -257,8 +258,15 @@ def _classify(mt: str) -> tuple[tuple | None, str | None]:
     a = getattr(blocks[min(softmax)], attn)
     kids = dict(a.named_children())
     mla = "kv_a_proj_with_mqa" in kids and "kv_b_proj" in kids
-    if "indexer" in kids and not mla:
-        return None, f"{cls_name}: {SPARSE} (on an attention the workbench does not read as latent)"
+    if "_attn_implementation in (" in _source(type(a)):
+        what = SPARSE if "indexer" in kids else ("its attention computes differently by the implementation's name "
+                                                 "(_attn_implementation in ...), so under the workbench's registered "
+                                                 "capture it would not compute what it computes under its own")
+        return None, f"{cls_name}: {what}"
+    if "experts" in kids:
+        return None, (f"{cls_name}: mixture of attention heads ({type(a).__name__}: its queries come from routed "
+                      f"experts beside one shared kv_proj), so the heads its kernel sees are not the config's "
+                      f"num_attention_heads / num_key_value_heads, which the capture allocates")
     if all(k in kids for k in ("q_proj", "k_proj", "v_proj")) or mla:
         qkv = "separate"
     elif "qkv_proj" in kids:
@@ -310,9 +318,7 @@ def _classify(mt: str) -> tuple[tuple | None, str | None]:
     elif getattr(tc, "no_rope_layers", None) is not None and not hasattr(a, "use_rope"):
         rotary = "derived family with NoPE layers its attention does not mark (use_rope), so the probe would misread"
     capture_only = ""
-    if "indexer" in kids:
-        capture_only = SPARSE
-    elif len(softmax) < len(blocks):
+    if len(softmax) < len(blocks):
         kinds = sorted(set(other.values())) or sorted({type(b).__name__ for i, b in enumerate(blocks)
                                                        if i not in softmax})
         capture_only = f"hybrid of {', '.join(kinds)} and softmax layers: {HYBRID}"

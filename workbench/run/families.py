@@ -248,7 +248,10 @@ def supported_families() -> list[str]:
 def _text_type(model) -> str:
     c = getattr(model, "config", model)  # a model or its config
     get = getattr(c, "get_text_config", None)
-    tc = get() if callable(get) else c
+    try:
+        tc = get() if callable(get) else c
+    except ValueError:  # several text configs (MusicGen: text encoder and decoder): the outer type decides
+        tc = c
     return str(getattr(c, "model_type", "") if getattr(c, "model_type", "") in _BY_TYPE else
                getattr(tc, "model_type", "unknown"))
 
@@ -258,6 +261,8 @@ def family_of(model) -> Family:
     has none."""
     mt = _text_type(model)
     fam = _BY_TYPE.get(mt)
+    if fam is None and mt not in REFUSED and derive.refusal(mt) is None:
+        fam = derived_family(mt)  # outside the table: derived from the modelling code, self-checked at load
     c = getattr(model, "config", model)
     outer = str(getattr(c, "model_type", "") or "")
     if fam is not None and outer and outer != mt and outer not in _BY_TYPE:
@@ -265,8 +270,6 @@ def family_of(model) -> Family:
                         f"(vision, audio); the workbench loads decoder-only causal LMs and does not unwrap it. Save "
                         f"the language model on its own (its text_config and language_model weights) and load that. "
                         f"Supported families: {', '.join(supported_families())}")
-    if fam is None and mt not in REFUSED and derive.refusal(mt) is None:
-        fam = derived_family(mt)  # outside the table: derived from the modelling code, self-checked at load
     if fam is None:
         why = REFUSED.get(mt) or derive.refusal(mt)
         what = type(model).__name__.replace("Config", "")
