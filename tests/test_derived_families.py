@@ -55,7 +55,15 @@ SPARSE = {  # DeepSeek-V3.2 / GLM-5 sparse attention: a lightning indexer with i
     "glm_moe_dsa": dict(_MLA, **_DS_MOE, **_INDEXER),
 }
 MLA_TYPES = {"glm4_moe_lite", "minicpm3", "deepseek_v32", "glm_moe_dsa"}
-FAST = {"olmoe", "glm", "minicpm3"}
+_HYBRID = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+HYBRIDS = {  # capture-only: softmax layers 1 and 3, gated-delta or short-convolution layers 0 and 2
+    "qwen3_5_moe_text": dict(_MOE, shared_expert_intermediate_size=32, linear_num_key_heads=2,
+                             linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                             layer_types=_HYBRID, num_hidden_layers=4),
+    "lfm2_moe": dict(_MOE, num_dense_layers=1, layer_types=["conv", "full_attention"] * 2, num_hidden_layers=4),
+    "olmo_hybrid": dict(layer_types=_HYBRID, num_hidden_layers=4),
+}
+FAST = {"olmoe", "glm", "minicpm3", "lfm2_moe"}
 SLOW_OK = bool(os.environ.get("WORKBENCH_SLOW"))
 
 
@@ -94,7 +102,7 @@ def _load(family: str, overrides: dict, tmp_path):
 def _check_capture(lm, spans: PromptSpans):
     """Captured rows (prompt tail and 3 decode steps, softmax layers) equal the model's own eager attention, and
     the logits are bit-identical with the capture on and off."""
-    m = lm.model
+    m = lm.model if hasattr(lm, "tokenizer") else lm  # a LoadedModel or a bare network
     T = spans.T
     cap = run_capture(lm, spans, RowSet(observers=False, audit=None, tail=T, n_decode=3), progress=False)
     soft = families.softmax_layers(m)
@@ -129,6 +137,30 @@ def test_derived_family_loads_and_is_exact(family, tmp_path):
             continue
         assert r.ids == full.generated_ids, (r.policy, r.budget)
         assert r.kv_bytes_after == r.kv_bytes_before
+
+
+@pytest.mark.parametrize("family", _rows(sorted(HYBRIDS)))
+def test_derived_hybrid_is_capture_only(family, tmp_path):
+    """A hybrid outside the table: derived as capture-only (its softmax layers told by their attention module),
+    self-checked, rows on its softmax layers equal its eager attention, and pruned prefill and eviction are refused
+    naming the other layers. lfm2_moe is loaded from a folder; the folder check of the gated-delta families
+    (gated q_proj, linear-attention k_proj) is not this test's subject, so those run on the built model."""
+    from workbench.rerun.eviction import SnapKV, generate_with_policy
+    from workbench.rerun.prune import run_pruned
+
+    m = _tiny(family, HYBRIDS[family])
+    fam = families.family_of(m)
+    assert families.is_derived(fam) and fam.capture_only.startswith("hybrid of")
+    assert families.softmax_layers(m) == [1, 3]
+    selfcheck.check_derived(m)
+    lm = _load(family, HYBRIDS[family], tmp_path) if family == "lfm2_moe" else m
+    spans = _spans()
+    _check_capture(lm, spans)
+    why = rf"cannot run on {family}: hybrid of .*\(layers \[0, 2\] are not softmax attention"
+    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
+        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
+    with pytest.raises(ValueError, match="policy: SnapKV " + why):
+        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
 
 
 @pytest.mark.parametrize("family", sorted(SPARSE))

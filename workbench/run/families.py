@@ -1,8 +1,10 @@
 """Architecture families the workbench handles exactly: where a model keeps its decoder layers, final
 norm, attention and MLP, and how its block is wired (a small table, one row per family).
 
-:func:`family_of` refuses a model whose family is not in the table (``load_model`` calls it, so a model
-is refused when it is loaded, never at its first capture). A family is listed only when its row of
+:func:`family_of` derives the family of a model type outside the table from its modelling code
+(:func:`derived_family`, :mod:`workbench.run.derive`; self-checked at load by :mod:`workbench.run.selfcheck`) or
+refuses it with its architecture's reason (``load_model`` calls it, so a model is refused when it is loaded, never at
+its first capture). A family is listed only when its row of
 ``tests/test_conformance.py`` passes: captured rows equal the model's own eager ``output_attentions``,
 logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
 and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2, qwen3_next, qwen3_5_text, granitemoehybrid,
