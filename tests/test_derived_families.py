@@ -18,8 +18,7 @@ from tokenizers import Tokenizer, models
 from transformers import AutoConfig, PreTrainedTokenizerFast
 
 from workbench.capture import RowSet, capture_attention, run_capture
-from workbench.rerun.eviction import every_policy, run_policies
-from workbench.rerun.prune import run_full
+from workbench.rerun.eviction import SnapKV, every_policy, run_policies
 from workbench.run import adapter, derive, families, selfcheck
 from workbench.run.models import load_model, tiny_model
 from workbench.run.spans import PromptSpans
@@ -43,7 +42,7 @@ DERIVED = {
     "internlm3": dict(),
     "exaone": dict(),
     "glm": dict(partial_rotary_factor=0.5),
-    "nemotron": dict(),
+    "nemotron": dict(eos_token_id=127),  # with eos 2 this random model stops after 3 tokens (the checks decode 4)
     "bitnet": dict(),
     "cohere2_moe": dict(_MOE),
     "apertus1p5_text": dict(),
@@ -120,23 +119,34 @@ def _check_capture(lm, spans: PromptSpans):
 
 @pytest.mark.parametrize("family", _rows(sorted(DERIVED)))
 def test_derived_family_loads_and_is_exact(family, tmp_path):
-    """A model type outside the table: derived (not refused), loaded from a folder through the self-check, capture
-    equals its eager attention, logits unchanged with capture on, every policy at B >= T equals the full cache."""
+    """A model type outside the table: derived (not refused), loaded from a folder through the self-check; then the
+    conformance checks of a table row: capture equals its eager attention, logits unchanged with capture on, pruned
+    prefill (l* = -1 and after layer 0) equals the independent oracle, every policy at B >= T equals the full cache,
+    and SnapKV at B < T equals the oracle masked to its kept sets."""
+    from test_conformance import MLA_TOL, _check_capture_and_pruning, oracle_logits
+
     assert derive.refusal(family) is None
     lm = _load(family, DERIVED[family], tmp_path)
-    fam = families.family_of(lm.model)
+    m = lm.model
+    fam = families.family_of(m)
     assert families.is_derived(fam) and not fam.capture_only and fam.mla == (family in MLA_TYPES)
     spans = _spans()
     T = spans.T
-    _check_capture(lm, spans)
-    full = run_full(lm.model, spans, max_new_tokens=3)
-    res = run_policies(lm.model, spans, every_policy(n_sink=2, recent=2), [T], 3, progress=False)
+    full = _check_capture_and_pruning(m, spans, family)
+    res = run_policies(m, spans, every_policy(n_sink=2, recent=2), [T], 4, progress=False)
     for r in res:
         if r.error is not None:  # refused at the call (ExpectedAttention without rotary maps): named, never run
             assert r.policy == "expected-attention" and "not available for" in r.error, (r.policy, r.error)
             continue
         assert r.ids == full.generated_ids, (r.policy, r.budget)
         assert r.kv_bytes_after == r.kv_bytes_before
+    r = run_policies(m, spans, [SnapKV(n_sink=2, recent=2, window=4)], [6], 4, progress=False, keep_logits=True)[0]
+    assert r.error is None and r.kv_bytes_after < r.kv_bytes_before, r.error
+    toks = list(spans.input_ids) + r.ids[:-1]
+    kept = list(r.kept) if fam.mla else r.kept_layers
+    o = oracle_logits(m, toks, torch.arange(len(toks)), kept=kept, gen_from=T + r.evicted_at)
+    assert (o[T - 1:T - 1 + len(r.ids)] - r.logits).abs().max().item() <= (MLA_TOL if fam.mla else TOL)
+    assert o[T - 1:T - 1 + len(r.ids)].argmax(-1).tolist() == r.ids
 
 
 @pytest.mark.parametrize("family", _rows(sorted(HYBRIDS)))
@@ -145,7 +155,7 @@ def test_derived_hybrid_is_capture_only(family, tmp_path):
     self-checked, rows on its softmax layers equal its eager attention, and pruned prefill and eviction are refused
     naming the other layers. lfm2_moe is loaded from a folder; the folder check of the gated-delta families
     (gated q_proj, linear-attention k_proj) is not this test's subject, so those run on the built model."""
-    from workbench.rerun.eviction import SnapKV, generate_with_policy
+    from workbench.rerun.eviction import generate_with_policy
     from workbench.rerun.prune import run_pruned
 
     m = _tiny(family, HYBRIDS[family])
@@ -213,9 +223,20 @@ def test_self_check_refuses_a_wrong_layout(monkeypatch):
             selfcheck.check_derived(m)
     with monkeypatch.context() as mp:
         mp.setattr(families, "softmax_layers", lambda model: [0, 2])
-        with pytest.raises(TypeError, match=r"failed its self-check at load .*: its attention calls come from layers "
-                                            r"\[0, 1, 2\], the olmoe layout's softmax layers are \[0, 2\]"):
-            selfcheck.check_derived(m)
+        with pytest.raises(TypeError, match=r"^its attention calls come from layers \[0, 1, 2\], the olmoe layout's "
+                                            r"softmax layers are \[0, 2\]"):
+            selfcheck.self_check_rows(m)
+
+
+def test_self_check_refuses_a_hybrid_config_of_a_plain_type(monkeypatch):
+    """A derived family's capture-only flag comes from the type's default config; a model whose own config leaves
+    some layers without softmax attention (here: one block's attention removed) is refused at load naming them,
+    never run as a plain decoder."""
+    m = _tiny("olmoe", DERIVED["olmoe"])
+    del adapter.decoder_layers(m)[1].self_attn
+    with pytest.raises(TypeError, match=r"failed its self-check at load .*: layers \[1\] have no softmax attention, "
+                                        r"but the layout derived from the type's default configuration"):
+        selfcheck.check_derived(m)
 
 
 def test_table_families_skip_the_self_check():

@@ -99,6 +99,12 @@ def check_derived(model) -> None:
     what = (f"model: the {fam.name!r} layout was derived from its modelling code and failed its self-check at load "
             f"(a {SELF_CHECK_T}-token prompt, rows read at the attention interface against the model's own eager "
             f"output_attentions)")
+    L = len(families.decoder_layers(model))
+    other = sorted(set(range(L)) - set(families.softmax_layers(model)))
+    if other and not fam.capture_only:  # the type's default config has softmax attention in every layer, this one not
+        raise TypeError(f"{what}: layers {other} have no softmax attention, but the layout derived from the type's "
+                        f"default configuration has it in every layer, so pruned prefill and eviction would treat a "
+                        f"hybrid as a plain decoder")
     try:
         pairs = self_check_rows(model)
     except TypeError as e:
