@@ -265,3 +265,14 @@ def test_refused_with_the_architectures_reason(model_type, reason, tmp_path):
     with pytest.raises(TypeError, match=f"'{model_type}' architecture .* not supported: .*") as e:
         load_model(tmp_path, device="cpu", progress=False)
     assert reason in str(e.value) and "family table" not in str(e.value)
+
+
+def test_a_config_with_two_text_configs_is_refused_not_crashed():
+    """MusicGen's config holds a text encoder and a decoder (``get_text_config`` raises on it): ``family_of`` refuses
+    it with its reason instead of letting transformers' ValueError through."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = AutoConfig.for_model("musicgen")
+    with pytest.raises(TypeError, match="'musicgen' architecture .* not supported: MusicgenForCausalLM: MusicGen: a "
+                                        "decoder over parallel audio-codebook streams"):
+        families.family_of(cfg)
