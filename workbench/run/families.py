@@ -1,8 +1,10 @@
 """Architecture families the workbench handles exactly: where a model keeps its decoder layers, final
 norm, attention and MLP, and how its block is wired (a small table, one row per family).
 
-:func:`family_of` refuses a model whose family is not in the table (``load_model`` calls it, so a model
-is refused when it is loaded, never at its first capture). A family is listed only when its row of
+:func:`family_of` derives the family of a model type outside the table from its modelling code
+(:func:`derived_family`, :mod:`workbench.run.derive`; self-checked at load by :mod:`workbench.run.selfcheck`) or
+refuses it with its architecture's reason (``load_model`` calls it, so a model is refused when it is loaded, never at
+its first capture). A family is listed only when its row of
 ``tests/test_conformance.py`` passes: captured rows equal the model's own eager ``output_attentions``,
 logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
 and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2, qwen3_next, qwen3_5_text, granitemoehybrid,
@@ -29,9 +31,11 @@ from dataclasses import dataclass
 import torch
 import transformers
 
+from workbench.run import derive
+
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
            "layer_window", "sliding_layers", "layer_chunk", "chunked_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
-           "position_refusal",
+           "position_refusal", "derived_family", "is_derived",
            "unavailable", "MIN_TRANSFORMERS", "version_refusal"]
 
 
@@ -246,7 +250,10 @@ def supported_families() -> list[str]:
 def _text_type(model) -> str:
     c = getattr(model, "config", model)  # a model or its config
     get = getattr(c, "get_text_config", None)
-    tc = get() if callable(get) else c
+    try:
+        tc = get() if callable(get) else c
+    except ValueError:  # several text configs (MusicGen: text encoder and decoder): the outer type decides
+        tc = c
     return str(getattr(c, "model_type", "") if getattr(c, "model_type", "") in _BY_TYPE else
                getattr(tc, "model_type", "unknown"))
 
@@ -256,6 +263,8 @@ def family_of(model) -> Family:
     has none."""
     mt = _text_type(model)
     fam = _BY_TYPE.get(mt)
+    if fam is None and mt not in REFUSED and derive.refusal(mt) is None:
+        fam = derived_family(mt)  # outside the table: derived from the modelling code, self-checked at load
     c = getattr(model, "config", model)
     outer = str(getattr(c, "model_type", "") or "")
     if fam is not None and outer and outer != mt and outer not in _BY_TYPE:
@@ -264,7 +273,7 @@ def family_of(model) -> Family:
                         f"the language model on its own (its text_config and language_model weights) and load that. "
                         f"Supported families: {', '.join(supported_families())}")
     if fam is None:
-        why = REFUSED.get(mt, "its layout is not in the workbench's family table")
+        why = REFUSED.get(mt) or derive.refusal(mt)
         what = type(model).__name__.replace("Config", "")
         raise TypeError(f"model: the {mt!r} architecture ({what}) is not supported: {why}. "
                         f"Supported families: {', '.join(supported_families())}")
@@ -283,6 +292,26 @@ def family_of(model) -> Family:
                             f"{H}; multi-head latent attention expands its latent into one key per query head, so "
                             f"the model itself cannot run it")
     return fam
+
+
+_DERIVED: dict[str, Family] = {}
+
+
+def derived_family(model_type: str) -> Family:
+    """The :class:`Family` of a model type outside the table, derived from its modelling code
+    (:func:`workbench.run.derive.layout`; ``TypeError`` with the architecture's reason when it cannot be); MLA
+    layouts get the MLA row's rotary and bound reasons."""
+    if model_type not in _DERIVED:
+        kw = derive.layout(model_type)
+        if kw["mla"]:
+            kw.update(rotary=_MLA_ROPE, bound=_MLA_BOUND)
+        _DERIVED[model_type] = Family(**kw)
+    return _DERIVED[model_type]
+
+
+def is_derived(fam: Family) -> bool:
+    """Whether ``fam`` was derived from the modelling code (not a row of the table): checked at load."""
+    return fam not in FAMILIES
 
 
 def _check_gemma4(c, mt: str) -> None:

@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from workbench.checks import check_device
 from workbench.constraints import PARAMS
-from workbench.run import adapter, families, load_checks, model_folder, shipped
+from workbench.run import adapter, families, load_checks, model_folder, selfcheck, shipped
 from workbench.util import cache_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -248,6 +248,7 @@ def load_model(
         model.to(dev)
     model.eval()
     adapter.check_supported(model)  # refused here, never at the first capture
+    selfcheck.check_derived(model)  # a family derived from the modelling code: its rows against its eager rows
     return LoadedModel(model=model, tokenizer=tok, model_id=model_id, device=dev, dtype=dt)
 
 
