@@ -112,3 +112,14 @@ class TopHeavy(SnapKV):
         per = torch.round(w / w.sum() * ev.L * budget).to(torch.int64)
         per[-1] += ev.L * budget - int(per.sum())
         return per[:, None].expand(ev.L, ev.G).clone()
+
+
+@dataclass(frozen=True)
+class Raising(EvictionPolicy):
+    """Fails whenever it scores (a bug in a user's policy): every cell it runs in must be a failed cell."""
+    n_sink: int = 2
+    recent: int = 4
+    name: ClassVar[str] = "bad-raising"
+
+    def scores(self, ev):
+        raise RuntimeError("this policy always fails")
