@@ -3,7 +3,9 @@ reason in the row), never empty answers scored as wrong; the findings leave them
 count them as failed; the report says so (``report --tiny --methods evict --policy _bad_policies:Raising``)."""
 from __future__ import annotations
 
+import html
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -99,5 +101,9 @@ def test_report_counts_failed_cells(tiny_lm, tmp_path, monkeypatch, capsys):
     assert not len(concl) or not concl.astype(str).apply(lambda c: c.str.contains("bad-raising")).any().any()
     surv = pd.read_parquet(t / "needle_survival.parquet").set_index("policy")
     assert surv.loc["bad-raising", "correct"] is None and "this policy always fails" in surv.loc["bad-raising", "error"]
-    html = (out / "report.html").read_text()
-    assert "2 with errors" in html
+    page = html.unescape((out / "report.html").read_text())
+    assert "2 with errors" in page
+    for task in ("needle", "squad_single"):
+        assert re.search(rf"{task} / bad-raising @ 0\.5: no cell finished; 1 failed, not counted \(PolicyRunError: "
+                         r"policy: bad-raising failed at budget B = \d+ \(T = \d+\): RuntimeError: this policy always "
+                         r"fails\)", page)
