@@ -112,3 +112,107 @@ class TopHeavy(SnapKV):
         per = torch.round(w / w.sum() * ev.L * budget).to(torch.int64)
         per[-1] += ev.L * budget - int(per.sum())
         return per[:, None].expand(ev.L, ev.G).clone()
+
+
+@dataclass(frozen=True)
+class Raising(EvictionPolicy):
+    """Fails whenever it scores (a bug in a user's policy): every cell it runs in must be a failed cell."""
+    n_sink: int = 2
+    recent: int = 4
+    name: ClassVar[str] = "bad-raising"
+
+    def scores(self, ev):
+        raise RuntimeError("this policy always fails")
+
+
+@dataclass(frozen=True)
+class KeepsEverything(SnapKV):
+    """An allocation that gives every layer and KV group all T positions: keeps more than the budget."""
+    name: ClassVar[str] = "bad-alloc-all"
+
+    def allocate(self, ev, budget):
+        return torch.full((ev.L, ev.G), ev.T)
+
+
+@dataclass(frozen=True)
+class FloatCounts(SnapKV):
+    """An allocation of float counts (each B + 0.7): truncation would silently change them."""
+    name: ClassVar[str] = "bad-alloc-float"
+
+    def allocate(self, ev, budget):
+        return torch.full((ev.L, ev.G), budget + 0.7, dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class InfScores(SnapKV):
+    """-inf on a few positions (NaN was refused at run time; ±inf was not)."""
+    name: ClassVar[str] = "bad-inf"
+
+    def scores(self, ev):
+        s = super().scores(ev).clone()
+        s[..., 10:13] = float("-inf")
+        return s
+
+
+@dataclass(frozen=True)
+class NumpyScores(SnapKV):
+    name: ClassVar[str] = "bad-numpy"
+
+    def scores(self, ev):
+        return super().scores(ev).numpy()
+
+
+@dataclass(frozen=True)
+class ListScores(SnapKV):
+    name: ClassVar[str] = "bad-list"
+
+    def scores(self, ev):
+        return super().scores(ev).tolist()
+
+
+@dataclass(frozen=True)
+class IntProtected(SnapKV):
+    name: ClassVar[str] = "bad-prot-int"
+
+    def protected(self, T):
+        return super().protected(T).to(torch.int64)
+
+
+@dataclass(frozen=True)
+class ListProtected(SnapKV):
+    name: ClassVar[str] = "bad-prot-list"
+
+    def protected(self, T):
+        return super().protected(T).tolist()
+
+
+@dataclass(frozen=True)
+class AllProtected(SnapKV):
+    """Protects every position: no budget below T can be tried, so the budget checks cannot run."""
+    name: ClassVar[str] = "bad-prot-all"
+
+    def protected(self, T):
+        return torch.ones(T, dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class DirectKeys(EvictionPolicy):
+    """A good policy reading ``ev.keys`` directly (as a user writes it), declared."""
+    n_sink: int = 2
+    recent: int = 4
+    name: ClassVar[str] = "direct-keys"
+
+    def needs(self):
+        return Needs(keys=True)
+
+    def scores(self, ev):
+        return -ev.keys.double().norm(dim=-1)
+
+
+@dataclass(frozen=True)
+class UndeclaredDirectKeys(DirectKeys):
+    """Reads ``ev.keys`` directly and declares nothing."""
+    name: ClassVar[str] = "bad-direct-keys"
+
+    def needs(self):
+        return Needs()

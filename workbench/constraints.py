@@ -212,6 +212,8 @@ _P: dict[str, Constraint] = {
     "report.capture_tail": _int(0, 4096),
     "report.capture_decode": _int(0, 256),
     "report.seed": _int(0, 2**31 - 1),
+    # ---- check_policy() (rerun): its determinism check seeds numpy with seed, seed + 1 and seed + 12345
+    "check_policy.seed": _int(0, 2**32 - 1 - 12345, note="numpy takes seed + 12345 too"),
     "report.threads": AnyOf(Const("auto"), Const(None), _int(1, 1024)),
     "report.widths": InstanceOf(Mapping, "a mapping figure name -> width", examples=({}, {"heads": "double"})),
     "report.progress": Bool(),

@@ -26,7 +26,8 @@ import pandas as pd
 
 from workbench.analyse.stats import accuracy, paired
 
-__all__ = ["setting_label", "with_settings", "clusters", "cluster_paired", "reference_check", "comparisons", "accuracy_table", "timing_table", "REFERENCE",
+__all__ = ["setting_label", "with_settings", "clusters", "cluster_paired", "reference_check", "comparisons", "accuracy_table", "failed_rows", "timing_table",
+           "REFERENCE",
            "MIN_REFERENCE_ACCURACY", "MIN_REFERENCE_RIGHT"]
 
 REFERENCE = "full"
@@ -203,18 +204,38 @@ def _ci(acc) -> str:
     return f"[{acc.lo:.2f}, {acc.hi:.2f}]"
 
 
+def failed_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The sweep rows whose method failed (an ``error``), with a ``setting`` column: never scored, left out of
+    every comparison, and counted as failed (:func:`accuracy_table`'s ``failed``)."""
+    if len(df) == 0 or "error" not in df.columns:
+        return pd.DataFrame(columns=[*df.columns, "setting"])
+    d = df[df["error"].map(lambda e: isinstance(e, str) and bool(e))].copy()
+    d["setting"] = [setting_label({"method": m, "params": p}) for m, p in zip(d["method"], d["params"])] if len(d) else []
+    return d
+
+
 def accuracy_table(df: pd.DataFrame, metric: str = "contains") -> pd.DataFrame:
-    """Per task and setting: ``n, right, accuracy`` with its Wilson ``lo, hi`` and replies that hit the cap."""
+    """Per task and setting: ``n, right, accuracy`` with its Wilson ``lo, hi`` and replies that hit the cap, over
+    the cells that ran; ``failed``: the cells whose method failed (not in ``n``: a failure is not a wrong answer)
+    and ``failed_reason``, the first one's error (a setting whose every cell failed has ``n = 0``)."""
     d = with_settings(df)
+    bad = {k: g for k, g in failed_rows(df).groupby(["task", "setting"], sort=True)}
     rows = []
     for (task, s), g in d.groupby(["task", "setting"], sort=True):
         x = pd.to_numeric(g[metric], errors="coerce").dropna().to_numpy()
         acc = accuracy((x >= 0.5).astype(float)) if x.size else None
+        f = bad.pop((task, s), None)
         rows.append(dict(task=task, setting=s, n=acc.n if acc else 0, right=acc.k if acc else 0,
                          accuracy=acc.value if acc else math.nan, lo=acc.lo if acc else math.nan,
                          hi=acc.hi if acc else math.nan,
-                         hit_cap=int(g["hit_cap"].astype(bool).sum()) if "hit_cap" in g.columns else 0))
-    return pd.DataFrame(rows, columns=["task", "setting", "n", "right", "accuracy", "lo", "hi", "hit_cap"])
+                         hit_cap=int(g["hit_cap"].astype(bool).sum()) if "hit_cap" in g.columns else 0,
+                         failed=0 if f is None else len(f), failed_reason=None if f is None else f["error"].iloc[0]))
+    for (task, s), f in bad.items():  # settings none of whose cells ran
+        rows.append(dict(task=task, setting=s, n=0, right=0, accuracy=math.nan, lo=math.nan, hi=math.nan, hit_cap=0,
+                         failed=len(f), failed_reason=f["error"].iloc[0]))
+    out = pd.DataFrame(rows, columns=["task", "setting", "n", "right", "accuracy", "lo", "hi", "hit_cap", "failed",
+                                      "failed_reason"])
+    return out.sort_values(["task", "setting"], kind="stable", ignore_index=True)
 
 
 def timing_table(df: pd.DataFrame) -> pd.DataFrame:

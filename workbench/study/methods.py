@@ -22,6 +22,7 @@ from workbench.rerun.eviction import (
     policy_from_params,
     resolve_budget,
 )
+from workbench.rerun.eviction.result import PolicyRunError
 from workbench.rerun.prune import run_pruned
 from workbench.run.generate import greedy_generate, stop_token_ids
 from workbench.study.sweep import register_method
@@ -82,7 +83,8 @@ def evict_cells(lm, item: TaskItem, cells: Sequence[dict]) -> list[dict | Except
     shared prefill (an :class:`EvictionSession` holding the evidence every policy needs) and the cells of
     one seed decoded together (``EvictionSession.run_batch``: equal to one-by-one runs up to float rounding
     of batched products). Returns one row dict per cell, or the exception of a cell whose settings are
-    refused.
+    refused or whose policy failed at run time (a :class:`PolicyRunError` naming the policy, the budget and
+    the reason): the sweep records it as that cell's error, never as an answer.
 
     Timing rule: ``shared_s`` is the shared prefill's wall time (with its evidence capture and the
     full-cache decode the evidence needs: the first decode step, or the whole answer when a cell's policy needs
@@ -127,6 +129,9 @@ def evict_cells(lm, item: TaskItem, cells: Sequence[dict]) -> list[dict | Except
         share = (time.perf_counter() - t0) / len(distinct)
         for i in idx:
             r = results[(repr(jobs[i][0]), jobs[i][1])]
+            if r.error is not None:  # a policy that failed is a failed cell, never an empty answer to score
+                out[i] = PolicyRunError(f"policy: {r.policy} failed at budget B = {r.budget} (T = {r.T}): {r.error}")
+                continue
             kept = r.kept_prompt.shape[-1]
             out[i] = {"generated_ids": list(r.ids), "prompt_tokens": r.T, "prefill_tokens": r.T,
                       "retained_tokens": kept, "kv_bytes": r.kv_bytes_after, "kv_bytes_full": r.kv_bytes_before,

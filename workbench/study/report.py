@@ -410,7 +410,8 @@ def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict) -> None:
     notes["reference_check"] = ("Full-context (reference) accuracy per task, contains metric, with its 95% Wilson "
                                 f"interval; a task needs >= {fnd.MIN_REFERENCE_ACCURACY:.0%} and >= "
                                 f"{fnd.MIN_REFERENCE_RIGHT} right answers for comparisons against it to mean much.")
-    notes["accuracy"] = "Contains-accuracy per task and setting: right/n with the 95% Wilson interval (lo, hi)."
+    notes["accuracy"] = ("Contains-accuracy per task and setting: right/n with the 95% Wilson interval (lo, hi); "
+                         "failed: cells whose method failed (failed_reason: the first error), not counted in n.")
     d = fnd.with_settings(df)
     units = (d["task"].astype(str) + "/" + fnd.clusters(d)).nunique() if len(d) else 0
     prompts = (d["task"].astype(str) + "/" + d["item_id"].astype(str)).nunique() if len(d) else 0

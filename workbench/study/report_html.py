@@ -98,6 +98,17 @@ def _conclusions_html(table, info: dict) -> str:
     return "".join(parts) + "</section>"
 
 
+def _accuracy_line(r) -> str:
+    """One accuracy row; the cells whose method failed are counted apart, with the first reason (never in n)."""
+    e = html.escape
+    failed = int(getattr(r, "failed", 0) or 0)
+    body = "no cell finished" if int(r.n) == 0 else (
+        f"{r.accuracy:.2f} [95% CI {r.lo:.2f}, {r.hi:.2f}] (n = {int(r.n)}, {int(r.right)} right"
+        f"{f', {int(r.hit_cap)} hit the cap' if r.hit_cap else ''})")
+    fail = f"; {failed} failed, not counted ({e(str(r.failed_reason))})" if failed else ""
+    return f"<li class='accuracy'>{e(str(r.task))} / {e(str(r.setting))}: {body}{fail}</li>"
+
+
 def _findings_html(findings: list, acc) -> str:
     e = html.escape
     parts = ["<section id='findings'><h2>Findings</h2>"]
@@ -106,9 +117,7 @@ def _findings_html(findings: list, acc) -> str:
     else:
         parts.append("<p>No comparison could be made (no paired runs).</p>")
     if acc is not None and len(acc):
-        lines = "".join(f"<li class='accuracy'>{e(str(r.task))} / {e(str(r.setting))}: {r.accuracy:.2f} "
-                        f"[95% CI {r.lo:.2f}, {r.hi:.2f}] (n = {int(r.n)}, {int(r.right)} right"
-                        f"{f', {int(r.hit_cap)} hit the cap' if r.hit_cap else ''})</li>" for r in acc.itertuples())
+        lines = "".join(_accuracy_line(r) for r in acc.itertuples())
         parts.append(f"<h3>Accuracies (contains, Wilson 95% CI)</h3><ul>{lines}</ul>")
     return "".join(parts) + "</section>"
 

@@ -2,6 +2,7 @@
 
 - :mod:`.evidence`: what a policy scores with (:class:`Needs`, :class:`Evidence`);
 - :mod:`.select`: the one budget rule (:func:`preview`, :func:`select_keep`, :func:`resolve_budget`);
+- :mod:`.outputs`: the contract's rules on what a policy returns, checked on every run (:class:`PolicyContractError`);
 - :mod:`.policies`: one short file per policy, citing its paper (base classes in :mod:`.policies.base`);
 - :mod:`.contract`: :func:`check_policy`, the policy contract as a table of passed/failed checks;
 - :mod:`.registry`: :class:`PolicyRegistry`, every policy by name (``REGISTRY``: built-in and registered);
@@ -23,6 +24,7 @@ from workbench.rerun.eviction.compare import (
 from workbench.rerun.eviction.contract import check_policy
 from workbench.rerun.eviction.evidence import Evidence, Needs, pool
 from workbench.rerun.eviction.generate import generate_with_policy, run_policies
+from workbench.rerun.eviction.outputs import PolicyContractError
 from workbench.rerun.eviction.policies import (
     ALL_POLICIES,
     CLASSIC,
@@ -54,7 +56,7 @@ from workbench.rerun.eviction.policies import (
 from workbench.rerun.eviction.policies.base import EvictionPolicy, protected_mask, split_budget
 from workbench.rerun.eviction.policies.deferkv import deferkv_alpha
 from workbench.rerun.eviction.registry import PolicyRegistry
-from workbench.rerun.eviction.result import GenerationResult, survival_table, token_positions
+from workbench.rerun.eviction.result import GenerationResult, PolicyRunError, survival_table, token_positions
 from workbench.rerun.eviction.select import preview, resolve_budget, select_keep
 from workbench.rerun.eviction.session import EvictionSession
 
@@ -64,6 +66,6 @@ __all__ = [
     "EntroBudget", "ExpectedAttention", "ALL_POLICIES", "CLASSIC", "POLICY_BY_NAME", "POLICY_GROUPS", "REGISTRY", "PolicyRegistry",
     "register_policy", "build_policy", "check_policy", "default_policies", "every_policy",
     "policy_from_params", "select_keep", "split_budget", "preview", "pool", "protected_mask", "deferkv_alpha", "resolve_budget",
-    "GenerationResult", "EvictionSession", "generate_with_policy", "run_policies", "run_question_agnostic", "split_question", "token_positions",
+    "GenerationResult", "PolicyRunError", "PolicyContractError", "EvictionSession", "generate_with_policy", "run_policies", "run_question_agnostic", "split_question", "token_positions",
     "survival_table", "KeptComparison", "RunComparison", "compare_kept", "compare_runs", "kept_set", "token_margin",
 ]

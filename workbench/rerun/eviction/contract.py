@@ -18,14 +18,15 @@ check is run on a real prefill with real evidence (a tiny random-weight model, a
 """
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import numpy as np
 import pandas as pd
 import torch
 
-from workbench.rerun.eviction.evidence import Evidence, Needs
+from workbench.constraints import PARAMS
+from workbench.rerun.eviction.evidence import PROVIDES, Evidence, MissingEvidence, Needs
+from workbench.rerun.eviction.outputs import checked_protected
 from workbench.rerun.eviction.policies import FullCache, build_policy
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.rerun.eviction.select import preview
@@ -47,11 +48,7 @@ TINY_COMMON = dict(n_sink=2, recent=4, window=8, kernel=3)
 WIDE_NEEDS = Needs(tail=32, observers=8, colsum=True, decode1=True, answer=True, keys=True, wov=True, qstats=16)
 """Every kind of evidence: the session captures it, so that a read of an undeclared piece is caught."""
 
-# Needs field -> the Evidence fields it provides
-_PROVIDES = {"tail": ("tail",), "observers": ("observers",), "colsum": ("colsum",), "decode1": ("decode",),
-             "answer": ("decode",), "keys": ("keys", "values"), "wov": ("wov",),
-             "qstats": ("q_sum", "q_outer", "q_first", "rope_cos", "rope_sin", "rope_pair"), "attn_inputs": ("attn_inputs",)}
-_EVIDENCE = tuple(sorted({f for fs in _PROVIDES.values() for f in fs}))
+_EVIDENCE = tuple(sorted({f for fs in PROVIDES.values() for f in fs}))
 N_NEW = 4
 
 
@@ -72,8 +69,8 @@ def contract_session(model="tiny", needs: Needs = WIDE_NEEDS, max_new_tokens: in
 
 def _declared(ev: Evidence, need: Needs) -> Evidence:
     """``ev`` with only what ``need`` declares: undeclared fields ``None``, rows cut to the declared counts."""
-    keep = {f for n, fs in _PROVIDES.items() if getattr(need, n) for f in fs}
-    kw = {f: (getattr(ev, f) if f in keep else None) for f in _EVIDENCE}
+    keep = {f for n, fs in PROVIDES.items() if getattr(need, n) for f in fs}
+    kw = {f: (ev.get(f) if f in keep else None) for f in _EVIDENCE}
     if kw["tail"] is not None:
         kw["tail"] = kw["tail"][:, :, -need.tail:]
     if kw["decode"] is not None and not need.answer:
@@ -81,7 +78,7 @@ def _declared(ev: Evidence, need: Needs) -> Evidence:
     for f in ("rope_cos", "rope_sin"):  # [L, F, d]: the rotary maps of the next qstats positions
         if kw[f] is not None:
             kw[f] = kw[f][:, : need.qstats]
-    return dataclasses.replace(ev, **kw, _scores={})
+    return ev.replaced(**kw)
 
 
 def _same(a, b) -> bool:
@@ -92,7 +89,7 @@ def _same(a, b) -> bool:
 
 
 def _fresh(ev: Evidence) -> Evidence:
-    return dataclasses.replace(ev, _scores={})
+    return ev.replaced()
 
 
 def _reseeded(fn, seed: int):
@@ -140,34 +137,40 @@ def _rows_of(policy: EvictionPolicy, sess: EvictionSession, seed: int) -> list[t
 
     def used():
         missing = []
-        for n, fs in _PROVIDES.items():
+        for n, fs in PROVIDES.items():
             if not getattr(need, n):
                 continue
-            bare = dataclasses.replace(ev, **{f: None for f in fs}, _scores={})
+            bare = ev.replaced(**{f: None for f in fs})
             try:
-                preview(policy, bare, max(int(policy.protected(T).sum()), T // 2))  # scores (and allocate)
+                _reseeded(lambda: policy.scores(bare), seed)
+                try:
+                    policy.allocate(bare, max(n_prot, T // 2))
+                except MissingEvidence:
+                    raise
+                except Exception:  # noqa: BLE001 - the allocation's own refusals are the budget rows' to report
+                    pass
                 missing.append(n)
-            except ValueError:
+            except MissingEvidence:
                 pass
         if missing:
             return False, (f"needs() declares {missing} but scoring works without "
-                           f"{[f for n in missing for f in _PROVIDES[n]]}: declare only what it reads")
+                           f"{[f for n in missing for f in PROVIDES[n]]}: declare only what it reads")
         return True, f"every declared piece is read ({need})"
 
     def undeclared():
         mine = _declared(ev, need)
         try:
             s1 = _reseeded(lambda: policy.scores(mine), seed)
-        except ValueError as e:
+        except MissingEvidence as e:
             extra = []
-            for n, fs in _PROVIDES.items():
+            for n, fs in PROVIDES.items():
                 if getattr(need, n):
                     continue
-                more = dataclasses.replace(mine, **{f: getattr(ev, f) for f in fs}, _scores={})
+                more = mine.replaced(**{f: ev.get(f) for f in fs})
                 try:
                     _reseeded(lambda: policy.scores(more), seed)
                     extra.append(n)
-                except ValueError:
+                except MissingEvidence:
                     pass
             return False, (f"scoring from the declared evidence ({need}) fails ({e})"
                            + (f"; it reads {extra} without declaring them in needs()" if extra else ""))
@@ -182,15 +185,24 @@ def _rows_of(policy: EvictionPolicy, sess: EvictionSession, seed: int) -> list[t
         ok = isinstance(p, torch.Tensor) and p.dtype == torch.bool and tuple(p.shape) == (T,)
         return ok, (f"{int(p.sum())} of T = {T} positions protected" if ok else
                     f"protected(T) must be a bool tensor [T] = [{T}], got "
-                    f"{getattr(p, 'dtype', type(p).__name__)} {list(getattr(p, 'shape', []))}")
+                    f"{getattr(p, 'dtype', type(p).__name__)} {list(getattr(p, 'shape', [len(p)] if isinstance(p, (list, tuple)) else []))}")
 
-    n_prot = int(policy.protected(T).sum())
+    try:
+        prot_mask = checked_protected(policy, policy.protected(T), T)
+        n_prot, no_budget = int(prot_mask.sum()), None
+    except Exception as e:  # the protected row reports it; the budget rows cannot run without a mask
+        prot_mask, n_prot, no_budget = None, 0, f"not checked: protected(T) failed ({type(e).__name__}: {e})"
     budgets = sorted({B for B in (n_prot + 3, T // 2, T - 1) if max(n_prot, 1) <= B < T})
+    if no_budget is None and not budgets and not policy.keeps_all:
+        no_budget = (f"not checked: protected(T) protects {n_prot} of T = {T} positions, so no budget B < T can be "
+                     f"tried (a policy that evicts must leave positions to evict)")
 
     def kept_ok():
         if policy.keeps_all:
             return True, "keeps every position (keeps_all)"
-        pset = set(torch.nonzero(policy.protected(T)).flatten().tolist())
+        if no_budget:
+            return False, no_budget
+        pset = set(torch.nonzero(prot_mask).flatten().tolist())
         for B in budgets:
             kept = preview(policy, _fresh(ev), B)
             for l in range(kept.shape[0]):
@@ -205,6 +217,8 @@ def _rows_of(policy: EvictionPolicy, sess: EvictionSession, seed: int) -> list[t
     def exactly_b():
         if policy.keeps_all:
             return True, "keeps every position (keeps_all)"
+        if no_budget:
+            return False, no_budget
         for B in budgets:
             kept = preview(policy, _fresh(ev), B)
             alloc = policy.allocate(_fresh(ev), B)
@@ -283,12 +297,19 @@ def check_policy(policy, models=("tiny", "default"), *, session: EvictionSession
             default model on the bundled prompt, a few seconds) or ``LoadedModel`` objects.
         session: run on this prepared :class:`EvictionSession` instead of ``models`` (it must capture what the
             policy needs; :func:`contract_session` captures every kind of evidence).
-        seed: the first global seed of the determinism check.
+        seed: the first global seed of the determinism check, an integer in ``[0, 2**32 - 1 - 12345]`` (it and
+            ``seed + 1``, ``seed + 12345`` seed torch, numpy and random).
 
     Returns:
         a DataFrame with one row per (model, check): ``policy, model, check, passed, reason``; ``df.passed.all()``
-        is the verdict, and each failed row's ``reason`` names the breach.
+        is the verdict, and each failed row's ``reason`` names the breach. A breach is a failed row, never an
+        exception; a check that cannot run (no budget ``B < T`` leaves a position to evict, a protected mask that
+        is not one) is a failed row saying why, never a vacuous pass. Bad arguments raise a ``ValueError``.
     """
+    PARAMS["check_policy.seed"].check("seed", seed)
+    if session is not None and not isinstance(session, EvictionSession):
+        raise ValueError(f"session: must be None or an EvictionSession (contract_session(...)), got "
+                         f"{type(session).__name__}")
     if isinstance(models, str):
         models = (models,)
     targets = [("session", session)] if session is not None else [

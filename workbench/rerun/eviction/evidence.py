@@ -10,7 +10,7 @@ scores — the same convention as the shift analysis (probabilities averaged ove
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import torch
@@ -23,7 +23,21 @@ from workbench.choices import Pooling
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
 
-__all__ = ["Needs", "Evidence", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
+__all__ = ["Needs", "Evidence", "MissingEvidence", "PROVIDES", "group_mean", "row_sum", "maxpool", "pool", "renorm_rows"]
+
+PROVIDES = {"tail": ("tail",), "observers": ("observers",), "colsum": ("colsum",), "decode1": ("decode",),
+            "answer": ("decode",), "keys": ("keys", "values"), "wov": ("wov",),
+            "qstats": ("q_sum", "q_outer", "q_first", "rope_cos", "rope_sin", "rope_pair"),
+            "attn_inputs": ("attn_inputs",)}
+"""Each :class:`Needs` field and the :class:`Evidence` fields it provides."""
+
+_DECLARE = {f: n for n, fs in reversed(PROVIDES.items()) for f in fs}  # the first Needs field providing each
+_OPTIONAL = frozenset(_DECLARE)
+
+
+class MissingEvidence(ValueError, AttributeError):
+    """A policy read evidence that was not captured (it did not declare it in ``needs()``, or the session did not
+    capture it). A ``ValueError`` (a refused run) and an ``AttributeError`` (``hasattr(ev, "keys")`` is False)."""
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,7 @@ class Needs:
         return out
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class Evidence:
     """Attention rows a policy scores with, over the prompt keys ``[0, T)``.
 
@@ -116,14 +130,37 @@ class Evidence:
     attn_inputs: list | None = None
     _scores: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def __getattribute__(self, name: str):
+        # evidence that was not captured is refused by name where it is read (``ev.keys`` as a policy writes it),
+        # not handed out as None to fail later as "'NoneType' object has no attribute ..."
+        v = object.__getattribute__(self, name)
+        if v is None and name in _OPTIONAL:
+            raise MissingEvidence(f"evidence: {name!r} was not captured: a policy that reads it declares "
+                                  f"Needs({_DECLARE[name]}=...) in needs()")
+        return v
+
+    def __repr__(self) -> str:
+        have = [f.name for f in fields(self) if f.name in _OPTIONAL and self.get(f.name) is not None]
+        return f"Evidence(T={self.T}, L={self.L}, G={self.G}, captured={have})"
+
     @property
     def G(self) -> int:
         return int(self.head_group.max()) + 1
 
+    def get(self, name: str):
+        """The evidence ``name``, or ``None`` when it was not captured (reading ``ev.<name>`` raises then)."""
+        return object.__getattribute__(self, name)
+
+    def replaced(self, **changes) -> "Evidence":
+        """A copy with ``changes`` (``None`` withholds a piece of evidence) and no memoised scores."""
+        kw = {f.name: self.get(f.name) for f in fields(self) if f.init and f.name != "_scores"}
+        return type(self)(**{**kw, **changes})
+
     def require(self, name: str, what: str):
-        t = getattr(self, name)
+        t = self.get(name)
         if t is None:
-            raise ValueError(f"evidence: {what} needs {name!r} rows, which were not captured")
+            raise MissingEvidence(f"evidence: {what} needs {name!r} rows, which were not captured (declare "
+                                  f"Needs({_DECLARE.get(name, name)}=...) in needs())")
         return t
 
     def scores_of(self, policy) -> Tensor:

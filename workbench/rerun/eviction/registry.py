@@ -152,6 +152,9 @@ class PolicyRegistry:
         if ":" not in spec:
             return self.check_name(spec)
         mod, _, attr = spec.partition(":")
+        if not (all(part.isidentifier() for part in mod.split(".")) and attr.isidentifier()):
+            raise ValueError(f"policy: must be a policy name or 'module:Class' (a dotted module path, a colon and a "
+                             f"class name, e.g. 'my_pkg.my_module:MyPolicy'), got {spec!r}")
         try:
             cls = getattr(importlib.import_module(mod), attr)
         except (ImportError, AttributeError) as e:

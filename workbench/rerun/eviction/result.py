@@ -8,7 +8,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-__all__ = ["GenerationResult", "survival_table", "token_positions"]
+__all__ = ["GenerationResult", "PolicyRunError", "survival_table", "token_positions"]
+
+
+class PolicyRunError(RuntimeError):
+    """A policy's run failed (its :attr:`GenerationResult.error`): raised where a failed run must not pass as a
+    result, such as a sweep cell, whose row then carries this error and is left out of every comparison."""
 
 
 @dataclass
@@ -160,9 +165,16 @@ def survival_table(results, positions, answer: str | None = None) -> pd.DataFram
     """One row per result: ``policy, budget, answer`` (the text), ``correct`` (``answer`` occurs in it,
     case-insensitive), and how many of ``positions`` (e.g. the needle's tokens) the cache kept:
     ``kept_mean`` (over compacted layers and groups), ``kept_min_layer`` (the worst layer's mean over
-    its groups) and ``layers_all_kept`` (layers where every group kept every position)."""
+    its groups) and ``layers_all_kept`` (layers where every group kept every position); ``error``: why a run
+    failed (its ``correct`` and counts are then empty: a failed run kept nothing and answered nothing, which is not
+    a wrong answer)."""
     rows = []
     for r in results:
+        if r.error is not None:
+            rows.append({"policy": r.policy, "budget": "all" if r.policy == "full" else r.budget, "answer": None,
+                         "correct": None, "kept_mean": float("nan"), "kept_min_layer": float("nan"),
+                         "layers_all_kept": None, "error": r.error})
+            continue
         surv = r.survival(positions)
         per_layer = surv.nanmean(-1)
         rows.append({
@@ -174,5 +186,6 @@ def survival_table(results, positions, answer: str | None = None) -> pd.DataFram
             "kept_min_layer": round(float(per_layer[~per_layer.isnan()].min()), 3) if (~per_layer.isnan()).any()
             else float("nan"),
             "layers_all_kept": int((surv == 1.0).all(-1).sum()),
+            "error": None,
         })
     return pd.DataFrame(rows)

@@ -19,8 +19,14 @@ from torch import Tensor
 from workbench.checks import check_int
 from workbench.constraints import BUDGET, BUDGET_FRAC
 from workbench.rerun.eviction.evidence import Evidence
+from workbench.rerun.eviction.outputs import (
+    checked_allocation,
+    checked_protected,
+    checked_scores,
+    checked_tiebreak,
+)
 from workbench.rerun.eviction.policies.base import EvictionPolicy
-from workbench.shapes import check_shape, shaped
+from workbench.shapes import shaped
 
 __all__ = ["select_keep", "preview", "preview_window", "resolve_budget"]
 
@@ -86,8 +92,10 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     """The kept prompt positions of ``policy`` at budget ``B``: the single rule every caller uses.
 
     A policy that keeps everything (the full cache) or ``B ≥ T`` keeps every position ``0 … T-1``;
-    otherwise :func:`select_keep` over the policy's scores (checked: ``[L, G, T]`` of the evidence),
-    protected set and tie-break.
+    otherwise :func:`select_keep` over the policy's scores, protected set, tie-break and allocation, each
+    checked against the policy contract on every call (:mod:`.outputs`: finite scores ``[L, G, T]``, a bool
+    protected mask ``[T]``, integer counts summing to ``L·G·B``; a breach raises
+    :class:`~workbench.rerun.eviction.outputs.PolicyContractError` naming the policy and the rule).
 
     A policy with a budget allocation (:meth:`EvictionPolicy.allocate`) keeps ``B_{l,g}`` positions per
     layer and group (``L·G·B`` in all): rows are ``-1``-padded to the largest count.
@@ -101,10 +109,10 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     T, L, G = evidence.T, evidence.L, evidence.G
     if policy.keeps_all or B >= T:
         return torch.arange(T).expand(L, G, T).clone()
-    scores = evidence.scores_of(policy)
-    dims = {"L": L, "G": G, "T": T}
-    check_shape(f"{policy.name}.scores", scores, "L, G, T", dims, source=dict.fromkeys(dims, "evidence"))
-    return select_keep(scores, B, policy.protected(T), policy.tiebreak(evidence), policy.allocate(evidence, B))
+    scores = checked_scores(policy, evidence.scores_of(policy), L, G, T)
+    protected = checked_protected(policy, policy.protected(T), T)
+    tiebreak = checked_tiebreak(policy, policy.tiebreak(evidence), L, G, T)
+    return select_keep(scores, B, protected, tiebreak, checked_allocation(policy, policy.allocate(evidence, B), L, G, B))
 
 
 def preview_window(policy: EvictionPolicy, evidence: Evidence, budget: int, layer: int, held: Tensor) -> Tensor:
