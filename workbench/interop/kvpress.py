@@ -152,6 +152,9 @@ class PressPolicy(EvictionPolicy):
         kw = {"hidden_states": hidden, "position_embeddings": pe, "attention_mask": None,
               "cache_position": torch.arange(ev.T, device=hidden.device)}
         s = self.press.score(module, hidden, k, v, None, kw)  # [1, G, T]
+        if not isinstance(s, torch.Tensor):  # a list or an array: torch's own message would not name the press
+            raise TypeError(f"press: {type(self.press).__name__}.score returned a {type(s).__name__} at layer {l}, "
+                            f"not a torch.Tensor of [1, G={ev.G}, T={ev.T}]")
         if tuple(s.shape) != (1, ev.G, ev.T):
             raise ValueError(f"press: {type(self.press).__name__}.score gave shape {list(s.shape)} at layer {l}, "
                              f"not [1, G={ev.G}, T={ev.T}]")
