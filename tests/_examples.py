@@ -9,7 +9,7 @@ for CI and gets the active profile's: ``@settings(max_examples=examples(2000), .
 
 The counts written in the SPEC property files of ``analyse/`` (``test_audit``, ``test_envelope``, ``test_pages``,
 ``test_pooling``, ``test_priorities``, ``test_selection``, ``test_shift``, ``test_stats``, ``test_streaming``) are a
-quarter of those before issue 23's mutation run (``benchmarks/mutation.py``, RESULTS): on 108 sampled mutants of
+quarter of those before the mutation run (``benchmarks/mutation.py``, RESULTS): on 108 sampled mutants of
 those modules the quarter killed exactly the mutants the full counts killed (65), and none other.
 """
 from __future__ import annotations

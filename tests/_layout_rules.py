@@ -1,4 +1,4 @@
-"""The one home of the figure layout rule (issue 24): no two text boxes overlap, none leaves its figure, and no
+"""The one home of the figure layout rule: no two text boxes overlap, none leaves its figure, and no
 title, legend entry or axis title sits on a plot area, and no tick label of a whole-number index axis (layers,
 heads, positions) falls between whole numbers (plotly's 0.5, 1.5 … on a 4-layer heatmap).
 Two readers feed it the same boxes:

@@ -1,4 +1,4 @@
-"""Each failure seen with models other than SmolLM2 (issue 13), one test each, on tiny random models."""
+"""Each failure seen with models other than SmolLM2, one test each, on tiny random models."""
 from __future__ import annotations
 
 import inspect
@@ -166,7 +166,7 @@ def test_eviction_compacts_window_layers_exactly(family):
 
 
 # ----------------------------------------------------------------------------- stability
-@pytest.mark.parametrize("family", _rows(SUPPORTED, fast=set(CLASSIC_ROWS)))  # issue 25's families: slow rows
+@pytest.mark.parametrize("family", _rows(SUPPORTED, fast=set(CLASSIC_ROWS)))  # the newer families: slow rows
 def test_stability_never_crashes(family):
     if families.version_refusal(family):  # gemma4_text under the floor (5.2): no such model there
         pytest.skip(f"{family}: {families.version_refusal(family)}")
@@ -275,7 +275,7 @@ def test_window_layer_keeps_the_policy_choice_among_what_it_sees(T, S, B, seed):
             assert min(float(scores[gi, p]) for p in free) >= max(float(scores[gi, p]) for p in out)
 
 
-# ----------------------------------------------------------------------------- multimodal wrappers (issue 25)
+# ----------------------------------------------------------------------------- multimodal wrappers
 @pytest.mark.parametrize("wrapper", ["llava", "mistral3", "paligemma"])
 def test_load_model_refuses_a_multimodal_wrapper_before_reading_a_weight(tmp_path, wrapper):
     from transformers import AutoConfig

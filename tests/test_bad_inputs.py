@@ -1,4 +1,4 @@
-"""The bad-input table: one row per hole the careful-user probe found (issue 18) and per public
+"""The bad-input table: one row per hole the careful-user probe found and per public
 parameter. Each row checks the exception type and that the message names the parameter (or, for a
 behaviour row, the documented behaviour). Every call refuses before any model work, so the table is fast.
 """
@@ -362,8 +362,8 @@ def test_saved_capture_is_0644_and_loads_back(ctx, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["c.safetensors"]
 
 
-# ----------------------------------------------------------------------------- issue 28 (one test per case)
-# Each test below failed on the code before issue 28 (checked against it) and names its case.
+# ----------------------------------------------------------------------------- one test per case
+# Each test below failed on the code before its fix (checked against it) and names its case.
 def _tiny32(c):
     """A tiny model with the real tokenizer's vocabulary and a 32-token context (the prompts here are longer)."""
     return tiny_model("llama", vocab=len(c.tok), L=2, H_Q=4, G=2, d=16, max_position_embeddings=32)

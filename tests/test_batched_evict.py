@@ -1,6 +1,6 @@
-"""Batched eviction decoding for a study (issue 15): one batch per prompt from its shared prefill gives the
+"""Batched eviction decoding for a study: one batch per prompt from its shared prefill gives the
 answers of one-by-one runs, and each cell's own time is the batch's share. The ``evict`` method runs all its
-cells of one item together (issue 23: ``per_item``), with no state carried between sweeps or cells, and a
+cells of one item together (``per_item``), with no state carried between sweeps or cells, and a
 resumed sweep runs only the missing cells (together)."""
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_resume_runs_the_missing_cells_of_an_item_together(smollm, tmp_path):
 
 def test_the_answer_rows_are_captured_only_for_a_policy_that_needs_them(smollm, monkeypatch):
     """The shared prefill takes every policy's evidence, but the full-cache answer's rows (the oracle's, a
-    capturing decode of ``max_new_tokens`` steps) only when a cell's policy needs them (session 9: they were
+    capturing decode of ``max_new_tokens`` steps) only when a cell's policy needs them (before, they were
     taken for every item); the other cells' answers are the same with and without an oracle cell beside them."""
     from workbench.rerun.eviction import EvictionSession
 

@@ -105,7 +105,7 @@ def test_gpu_benchmark_smoke(tmp_path):
 
 
 def test_eviction_scale_smoke(tmp_path):
-    """``benchmarks/eviction_scale.py`` (issue 14: eviction memory at the 8B shape) at a small T: the compacted
+    """``benchmarks/eviction_scale.py`` (eviction memory at the 8B shape) at a small T: the compacted
     cache holds exactly ``B = T/4`` positions per layer and KV head (``2·L·G·d·4·B`` bytes)."""
     import eviction_scale
 

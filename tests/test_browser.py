@@ -9,7 +9,7 @@ config/settings/runtime folders, kernels on one intra-op thread) serves every no
   the headless test's assertions (``_notebook_checks.check_executed``: no error, figures with data, a widget,
   the checks cell's numbers), move every visible slider of every panel to both ends and check that the figures'
   data or the status changed, flip each *re-run on change* toggle once (a model run), press *export figures* (on the
-  notebook's first panel that has it) and check the files, no console errors, screenshots; and the live layout (issue 24, :func:`_layout_sweep`, the rule
+  notebook's first panel that has it) and check the files, no console errors, screenshots; and the live layout (:func:`_layout_sweep`, the rule
   in ``tests/_layout_rules.py``): every text box of every shown plotly plot (titles, axis titles, ticks, legend,
   annotations) read in the page, no two overlapping, no title, legend or axis title on a plot area, nothing outside
   its figure and no figure cut by the page, after Run All and at both ends of every slider, in a 1400 px and a
@@ -69,7 +69,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 # The notebook runs the real model on a CPU shared with other jobs: 20 s alone, minutes under load.
 RUN_ALL_TIMEOUT_S = float(os.environ.get("WORKBENCH_BROWSER_RUN_TIMEOUT", "420"))
-# the two window widths of the layout checks (issue 24): a wide screen and a narrow one (px; the height stays)
+# the two window widths of the layout checks: a wide screen and a narrow one (px; the height stays)
 WIDE, NARROW, HEIGHT = 1400, 1000, 1100
 
 # a JupyterLab server and a chromium: never in the fast lane
@@ -352,7 +352,7 @@ def artifacts(request, tmp_path) -> Path:
 
 
 class _Phases:
-    """Where a browser test's time goes (issue 23: the browser tests are the suite's critical path): named
+    """Where a browser test's time goes (the browser tests are the suite's critical path): named
     phases and each slider's moves, in seconds, written as ``<tag>-timings.json`` beside the screenshots."""
 
     def __init__(self) -> None:
@@ -753,7 +753,7 @@ def test_token_view_click_sets_the_query_row(lab, artifacts):
 
 def test_registered_policy_in_the_eviction_panel(lab, artifacts):
     """A policy defined in a test module (``tests/_my_policy.py``'s MeanKey), registered at run time in the kernel,
-    in the eviction panel in JupyterLab (issue 27): the policy menu shows it, in its group, as the chosen one; the
+    in the eviction panel in JupyterLab: the policy menu shows it, in its group, as the chosen one; the
     kept figure is the placeholder that says why it has no preview (MeanKey scores from the cache's keys); pressing
     *Run eviction* generates under it: the answer table names it and the budget; no console error."""
     console: list[str] = []
@@ -806,7 +806,7 @@ def _shown(page) -> dict:
 
 @pytest.mark.model
 def test_prompt_panel_feeds_the_heads_priority_and_token_panels(lab, artifacts):
-    """PromptPanel in JupyterLab (issue 24): *Build and capture* with an empty box says so in the panel and changes
+    """PromptPanel in JupyterLab: *Build and capture* with an empty box says so in the panel and changes
     nothing; three documents and a question typed into the boxes, built and captured, reach the head panel (the
     residual rows span the new prompt's non-sink keys), the priority panel (3 chunks) and the token view (the
     pasted words); then a RULER-style task (niah_multikey) at 2k tokens chosen in the panel's RULER mode, built and
@@ -1008,7 +1008,7 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
     that changes nothing is tried once more with four times the inert wait (a redraw held up by a loaded CPU;
     08's page and layer sliders were judged inert once in a loaded run). After each slider it is typed back to
     the notebook's value and the panel must show the notebook's state again, so that the next slider starts
-    from there (before session 9 a moved slider stayed where it was: ζ at an end made ε_row inert at both of
+    from there (without it a moved slider stayed where it was: ζ at an end made ε_row inert at both of
     its ends, 8 s of inert waits before the retry from the notebook's state, 24 s of notebook 06's 105 s).
     Returns the sliders that changed nothing. ``phases``: each slider's time and its steps (which end, changed
     or inert, seconds) are recorded there (:class:`_Phases`)."""
@@ -1104,7 +1104,7 @@ def _slider_moves(page, area, i: int, sliders: list[str], at_end=None, phases: _
     return unchanged
 
 
-# ----------------------------------------------------------------------------- live layout (issue 24)
+# ----------------------------------------------------------------------------- live layout
 # every shown plotly figure of a panel (a widget's) laid out at the live width its box allows (``widgets.base.live_width`` of the box's width,
 # within the 4 px the view leaves unreported) and drawn at that size. The plot is the widget's own element (plotly
 # draws into the view's element): its parent is the box that holds it, a panel's row of figures
@@ -1157,7 +1157,7 @@ def _report(problems: dict[str, list[str]]) -> str:
 
 def _layout_sweep(page, panels: list[dict], tag: str, artifacts: Path, each_panel=None,
                   phases: _Phases | None = None, console: list[str] | None = None) -> dict[str, list[str]]:
-    """The live layout checks of one notebook page (issue 24), run once: every shown plotly plot of the page
+    """The live layout checks of one notebook page, run once: every shown plotly plot of the page
     after Run All at :data:`WIDE` and at :data:`NARROW` px; then, at the narrow width, each panel's sliders to
     both ends (:func:`_slider_moves`) with the panel's plots checked at every end; at the end the whole page
     again at both widths. ``each_panel(p, area)`` runs after a panel's sliders (toggles, export). Screenshots:
@@ -1208,7 +1208,7 @@ def _layout_sweep(page, panels: list[dict], tag: str, artifacts: Path, each_pane
     return problems
 
 
-# every panel figure drawn with its data (issue 24: a view drawn from an empty first state stays bare axes), or empty
+# every panel figure drawn with its data (a view drawn from an empty first state stays bare axes), or empty
 # with the reason in its meta (an eviction policy without a preview): the ones that are not
 _EMPTY_JS = ("(areasJs) => eval('(' + areasJs + ')')().map((a, i) => Array.from("
              "a.querySelectorAll('.js-plotly-plot')).map((gd, j) => ((gd.data || []).length "
@@ -1254,7 +1254,7 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
             page = stack.enter_context(_notebook_page(lab, name))
         page.on("console", lambda m: console.append(f"{m.type}: {m.text}")
                 if m.type == "error" or _RECOVERED in m.text else None)
-        # an uncaught error of the page, e.g. "[anywidget] Failed to initialize model." (issue 24: that model
+        # an uncaught error of the page, e.g. "[anywidget] Failed to initialize model." (that model
         # then drops every later message, its figure deaf to the sliders)
         page.on("pageerror", lambda e: console.append(f"uncaught: {e}"))
         try:

@@ -1,4 +1,4 @@
-"""The eviction panel's compare mode (issue 24): two settings side by side on the same prompt.
+"""The eviction panel's compare mode: two settings side by side on the same prompt.
 
 On the real default model and its capture: the compare preview's per-token membership (A only, B only, both,
 neither) is the set arithmetic of the two policies' own previews, computed here from the kept tensors; the

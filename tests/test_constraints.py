@@ -1,4 +1,4 @@
-"""One constraint object per parameter (issue 23) and the bad-input tests generated from them (issue 28).
+"""One constraint object per parameter and the bad-input tests generated from them.
 
 (a) Every public parameter of ``EntroPrefillParams``, the analysis dataclasses it builds, every eviction
 policy, ``ReportConfig``, ``RowSet``, ``export()`` and the widget slider specs is checked by a constraint of
@@ -414,7 +414,7 @@ def test_generated_valid_argument_of_a_pure_entry_point_is_accepted(case, tiny):
 
 
 def test_every_entry_point_argument_is_generated():
-    """The entry points named in issue 28 and the count of generated cases (one test each)."""
+    """The entry points the bad-input table names and the count of generated cases (one test each)."""
     from workbench.run.models import resolve_dtype
     from workbench.study.grid import check_seeds
 

@@ -1,4 +1,4 @@
-"""Token-level figures at scale (issue 14): decimation to the screen, bounded slider messages at T = 32k,
+"""Token-level figures at scale: decimation to the screen, bounded slider messages at T = 32k,
 full data in the export's CSV."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Figure export (issue 6): sizes, text really in the files, sidecar, CSV, atomic writes, bad input.
+"""Figure export: sizes, text really in the files, sidecar, CSV, atomic writes, bad input.
 
 Needs Debian's chromium (installed by the set-up); one kaleido server serves the whole module.
 """

@@ -278,7 +278,7 @@ def test_full_disk_gives_a_clear_error_and_writes_nothing(small_disk):
     assert os.listdir(small_disk) == ["small.txt"]
 
 
-# ----------------------------------------------------------------------------- issue 28
+# ----------------------------------------------------------------------------- bad inputs and faults, one test per case
 MANIFEST = "workbench-manifest.json"  # the default model's sizes and checksums (workbench.run.model_folder)
 
 

@@ -56,7 +56,7 @@ def test_every_figure_function_is_covered(figures):
     assert set(FIGURE_FUNCTIONS) <= {k.split("-")[0] for k in figures}
 
 
-# Issue 24's paper rules for an exported figure: the plot areas span at least 55 % of its height, the legend at most
+# The paper rules for an exported figure: the plot areas span at least 55 % of its height, the legend at most
 # 25 %, and no text is under 7 pt (the SVG's user unit is the point: 3.33 in = 240 units). ``paper_layout`` grows the
 # canvas, floors the fonts and splits too-wide tables to meet them: every export of every figure function must.
 FONTS_JS = """() => Array.from(document.querySelectorAll('svg text')).filter(t => t.textContent.trim())
@@ -164,7 +164,7 @@ def test_plain_outputs_are_laid_out(figures, page, tmp_path):
     """A figure shown as a cell's plain output (``workbench.show.outputs``: the notebooks' renderer) is laid out by
     the panels' rules at :data:`OUTPUT_WIDTH`: fixed size, and no overlap, overflow or text on a plot area, for
     every figure function. The control: notebook 02's head weights as plotly draws them without it (its own
-    layout at that width), the legend over the title (issue 24)."""
+    layout at that width), the legend over the title."""
     import plotly.graph_objects as go
 
     from workbench.show.kaleido_server import render_all

@@ -1,5 +1,5 @@
 """The figures' ES module (``figure_widget._LOADER_ESM``), run in Node against a stand-in of anywidget's model
-and a stand-in plotly bundle (issue 24).
+and a stand-in plotly bundle.
 
 What it must do, and what is checked here:
 - ``initialize`` returns at once (anywidget drops every message of a model not ready within 2 s);

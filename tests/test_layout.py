@@ -209,7 +209,7 @@ def test_flat_api_resolves():
         workbench.no_such_name  # noqa: B018
 
 
-# folders already free of cross-module imports of underscore names (issue 23); the rest of the package follows
+# folders already free of cross-module imports of underscore names; the rest of the package follows
 PRIVATE_FREE = ("workbench/study/",)
 
 

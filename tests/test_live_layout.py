@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(ex.browser_path() is None, re
 
 #: (panel, the moves that change the content: control → the values to visit)
 CASES = {
-    # d_max at its top: every layer stable, the streak grows with the layers (its axis stacked 30 labels, issue 24)
+    # d_max at its top: every layer stable, the streak grows with the layers (its axis stacked 30 labels)
     "audit": (lambda c, p: Wd.AuditPanel(c, p, certify=True), {"target": ("hi", "lo"), "streak": ("hi",),
                                                                "d_max": ("hi",)}),
     "shift": (lambda c, p: Wd.ShiftPanel(c, k=8), {"k": ("hi",), "W": ("lo",), "level": ("head",)}),

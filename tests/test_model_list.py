@@ -11,7 +11,7 @@ import transformers
 from workbench.run import derive, families, model_list
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "models.md"
-# the plain softmax decoders of issue 45 that were refused only for want of a row: each now exact or refused for a
+# the plain softmax decoders that were once refused only for want of a row: each now exact or refused for a
 # reason of its own
 NAMED = ["minimax_m2", "olmoe", "hunyuan_v1_moe", "ernie4_5_moe", "qwen3_5_moe_text", "dots1", "flex_olmo",
          "granitemoeshared", "internlm3", "exaone", "glm", "nemotron", "bitnet", "dbrx", "jetmoe", "cohere2_moe",

@@ -1,5 +1,5 @@
-"""No module-level mutable state in ``workbench/study`` or ``workbench/rerun`` that carries state between calls
-(issue 23): no ``global`` statement, and no module-level dict / list / set (or ``dict()``, ``defaultdict()`` …)
+"""No module-level mutable state in ``workbench/study`` or ``workbench/rerun`` that carries state between calls:
+no ``global`` statement, and no module-level dict / list / set (or ``dict()``, ``defaultdict()`` …)
 that a function mutates (``X[k] = v``, ``del X[k]``, ``X.append(…)``, ``X.clear()`` …, directly or through
 ``module.X``). Constants are fine: tuples, frozensets, ``MappingProxyType``, and containers nobody mutates.
 

@@ -1,5 +1,4 @@
-"""Named EntroPrefill presets, the trace's warnings when the audit cannot bind, and ``priority_used``
-(issue 15)."""
+"""Named EntroPrefill presets, the trace's warnings when the audit cannot bind, and ``priority_used``."""
 from __future__ import annotations
 
 import warnings

@@ -1,4 +1,4 @@
-"""PromptPanel and the shared CaptureState (issue 24, "What the researcher sees"): a pasted three-document prompt is
+"""PromptPanel and the shared CaptureState: a pasted three-document prompt is
 built, captured and shown by every panel that follows the state (heads, priorities, tokens); a RULER-style task at
 2k tokens builds and captures; bad input is said in the panel, naming the field, and changes nothing. The state's
 mechanics (kept control values, a panel that cannot follow keeps its capture) on synthetic captures (no model)."""

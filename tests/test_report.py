@@ -1,4 +1,4 @@
-"""The headless report (issue 7): ``python -m workbench report --tiny`` end to end, and its tables.
+"""The headless report: ``python -m workbench report --tiny`` end to end, and its tables.
 
 One subprocess run (module fixture) on the embedded model; needs Debian's chromium for the exports.
 """
@@ -245,7 +245,7 @@ def test_html_states_findings_cis_reference_and_provenance(report):
 
 
 def test_html_opens_with_what_this_study_shows(report):
-    """Issue 26: the page opens with the seed claims the sweep can speak to, each with its verdict (tiny's replies
+    """The page opens with the seed claims the sweep can speak to, each with its verdict (tiny's replies
     score 0: every reference fails, so every claim says so), and names the claims it cannot assess."""
     out, _, _ = report
     page = (out / "report.html").read_text()

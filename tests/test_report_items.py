@@ -1,4 +1,4 @@
-"""The report on data of one's own (issue 15): ``--items FILE.jsonl`` end to end on the default model, stopped
+"""The report on data of one's own: ``--items FILE.jsonl`` end to end on the default model, stopped
 halfway (SIGTERM: a partial report) and resumed without recomputing finished cells; ``load_items``'s errors
 name the line and the field; ``--filler`` and the samples carry honest provenance."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Capture at scale (issue 14): half-precision rows, memory estimate and limit, rows off the device layer by
+"""Capture at scale: half-precision rows, memory estimate and limit, rows off the device layer by
 layer, synthetic captures at research shapes, analytics on half-precision rows against float32."""
 from __future__ import annotations
 

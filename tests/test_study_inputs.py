@@ -1,4 +1,4 @@
-"""Bad inputs and faults on the study side (issue 28: cases 1, 8, 9, 12, 13 report side, 16). Each test fails on
+"""Bad inputs and faults on the study side (cases 1, 8, 9, 12, 13 report side, 16). Each test fails on
 the code before the fix: every refusal comes before any model work or cell, names the file (and line and field)
 or the parameter, and a damaged sweep file is kept aside, not lost.
 

@@ -193,7 +193,7 @@ def test_needle_lengths_and_depths(essays, tok):
     for L, group in by_len.items():
         assert [it.answer_doc for it in group] == sorted(it.answer_doc for it in group)
         assert group[0].answer_doc < group[-1].answer_doc
-    # every prompt has its own fact (its own key and value) and is its own cluster (issue 26)
+    # every prompt has its own fact (its own key and value) and is its own cluster
     assert len({it.query for it in items}) == len({it.answers[0] for it in items}) == len(items)
     assert len({it.meta["cluster"] for it in items}) == len(items)
 
@@ -204,7 +204,7 @@ def _passages_without_facts(it):
 
 
 def test_needle_prompts_from_one_filler_do_not_pseudo_replicate(tok):
-    """Issue 26: 8 needle prompts built from one filler text (a novel-sized file) draw their passages from
+    """8 needle prompts built from one filler text (a novel-sized file) draw their passages from
     different seeded regions of the whole text and carry their own facts: together they share < 20 % of their
     passages (one fact at 8 depths of the file's first ~1,000 tokens shared 9 of 11)."""
     animals = ("heron", "otter", "lynx", "badger", "falcon", "walrus", "gecko", "ibis")

@@ -447,7 +447,7 @@ def _at(state, path):
 
 
 def test_figure_arrays_travel_as_binary_buffers():
-    """Numeric arrays reach the browser as binary buffers, 2-D ones included (issue 24): a heatmap's ``z``
+    """Numeric arrays reach the browser as binary buffers, 2-D ones included: a heatmap's ``z``
     ``[rows, columns]`` as one buffer per row (plotly's serializer sends it as JSON lists of numbers), int64 as
     int32 (or float64 where a value does not fit int32), NaN kept; strings stay JSON. Checked on the comm's
     first state and on a ``plotly_update`` message, values decoded from the buffers as the browser reads them."""
@@ -499,7 +499,7 @@ def test_figure_arrays_travel_as_binary_buffers():
 
 
 def test_every_widget_opens_its_comm_with_what_it_shows(tiny, monkeypatch):
-    """The browser model of every figure is born with the figure (issue 24): the comm of each panel's
+    """The browser model of every figure is born with the figure: the comm of each panel's
     FigureWidget opens with its traces, title and ``uirevision`` as state, and the token view with its HTML.
     A plain ``go.FigureWidget`` opens empty and sends the figure in a later message, which anywidget can
     hold until after a view has drawn the empty state (bare axes, inert sliders); the control below shows

@@ -1,4 +1,4 @@
-"""The one place that calls scipy's bundled HiGHS below :func:`scipy.optimize.linprog` (issue 24).
+"""The one place that calls scipy's bundled HiGHS below :func:`scipy.optimize.linprog`.
 
 The LP certificate of one layer (SPEC §5, :func:`workbench.analyse.selection.lp_certificate_status`) has 8 or so
 variables; ``linprog(method="highs")`` spends ~1.7 ms on it, almost all in its input checks and conversions

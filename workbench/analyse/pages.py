@@ -167,7 +167,7 @@ def payload_bytes(*, e: int, d: int, b: int, K_lg: Tensor, U_l: Tensor, G: int, 
 
 # ----------------------------------------------------------------------------- the slider path
 class PageScoreMemo:
-    """Per-capture memo of the page selection's inputs, for sliders (issue 14: a move stays ``O(L·G·T)``).
+    """Per-capture memo of the page selection's inputs, for sliders (a move stays ``O(L·G·T)``).
 
     With the group floor ``w_h = ζ/r + (1-ζ) v_h`` (SPEC §2) the group score splits as
     ``p_{l,g}(j) = ζ S_{l,g}(j) + (1-ζ) V_{l,g}(j)`` with ``S = Σ_{h∈ℋ_g} a^h_j / r`` (fixed per capture) and

@@ -1,4 +1,4 @@
-"""Two pruned-prefill settings side by side on the same prompt (the prune panel's compare mode, issue 24).
+"""Two pruned-prefill settings side by side on the same prompt (the prune panel's compare mode).
 
 The retained prompt positions of a setting (:func:`retained_set`) come from its trace (predicted: the positions
 outside the chunks removed at ``l*``, or at a fixed layer; all of them on a bypass) or from its run

@@ -274,7 +274,7 @@ TINY_OVERRIDES: dict[str, dict] = {
                      n_group=1, topk_group=1),
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2),
     "phimoe": dict(num_local_experts=4, num_experts_per_tok=2),
-    # MLA (issue 25): a query LoRA, a 16-wide KV latent, rope 8 / nope 16 / value 16 (key and value head sizes
+    # MLA: a query LoRA, a 16-wide KV latent, rope 8 / nope 16 / value 16 (key and value head sizes
     # apart), one dense MLP layer before the routed-expert ones
     "deepseek_v2": dict(q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
                         first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
@@ -282,7 +282,7 @@ TINY_OVERRIDES: dict[str, dict] = {
     "deepseek_v3": dict(q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
                         first_k_dense_replace=1, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
                         moe_intermediate_size=32, n_group=1, topk_group=1, rope_interleave=True),
-    # capture-only hybrids (issue 25): tiny Mamba / gated-delta mixers; the layer pattern comes from the caller
+    # capture-only hybrids: tiny Mamba / gated-delta mixers; the layer pattern comes from the caller
     "qwen3_next": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8),
     "qwen3_5_text": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,

@@ -1,4 +1,4 @@
-"""Token-level figures at scale (issue 14): decimation to the screen, and the full data kept for export.
+"""Token-level figures at scale: decimation to the screen, and the full data kept for export.
 
 A figure with one value per prompt token sends ``T`` values per trace (a residual heatmap sends
 ``H_Q · T`` cells: 1M at T = 32k), more than a slider step can move. :func:`token_bins` splits the

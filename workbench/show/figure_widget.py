@@ -21,7 +21,7 @@ __all__ = ["FigureWidget"]
 # per page and hand each model to it. plotly's own FigureWidget sends the bundle as the ``_esm`` of every figure
 # and the browser evaluates it once per figure; anywidget drops every message of a model that is not ready
 # 2 s after it was created ("[anywidget] Failed to initialize model"), so on a loaded CPU a figure whose copy
-# had not finished loading stayed deaf to every later edit (issue 24: inert sliders). Here ``initialize``
+# had not finished loading stayed deaf to every later edit (inert sliders). Here ``initialize``
 # returns at once (the model is ready in milliseconds) and the bundle arrives once per kernel, in one
 # model-only widget (:class:`_PlotlyBundle`). An edit that reaches a model before the bundle has loaded on the
 # page is replayed into plotly's model as soon as it has, before any view draws.
@@ -182,7 +182,7 @@ def _buffer(a: np.ndarray) -> dict:
 
 
 def _to_js(v, widget_manager):
-    """The Python → browser serializer of every figure trait: numeric arrays travel as binary buffers (issue 24).
+    """The Python → browser serializer of every figure trait: numeric arrays travel as binary buffers.
 
     plotly's own (``plotly.serializers._py_to_js``) sends a 1-D float or int32 array as one binary buffer, but a
     2-D array (a heatmap's ``z``, ``[rows, columns]``) and any int64 array as JSON lists of numbers, written by
@@ -232,7 +232,7 @@ class FigureWidget(go.FigureWidget):
     every message of a model until the model's ES module has loaded (anywidget#803's fix), and a view created
     meanwhile can draw first; plotly's view draws ``_widget_data`` once and then follows only its
     ``_py2js_*`` edits, so it stayed empty for good: bare axes and inert sliders, seen in JupyterLab on a
-    loaded CPU (notebook 04's chunk-priority and envelope figures, 3 runs in 9 under load; issue 24). Here
+    loaded CPU (notebook 04's chunk-priority and envelope figures, 3 runs in 9 under load). Here
     the comm is opened after plotly's ``__init__``, so the model is born with the figure and any view
     draws it; later edits reach every view as messages, as before. Its ES module is :data:`_LOADER_ESM`
     (plotly's bundle once per page and kernel, not once per figure, so its module loads in milliseconds; a model

@@ -3,7 +3,7 @@
 A figure left as the last expression of a cell (or passed to ``fig.show()``) is drawn by plotly's renderer, which
 sizes it to the output area (``autosize``) after its layout was decided: the title, the legend and the axis titles
 are placed for no particular width, and a legend that needs two rows at the output's width ran over the title
-(notebook 02's head weights, issue 24). The ``"workbench"`` renderer registered here lays a workbench figure (one
+(notebook 02's head weights). The ``"workbench"`` renderer registered here lays a workbench figure (one
 with ``meta.figure``) out first with :func:`workbench.show.widgets.base.live_layout` at :data:`OUTPUT_WIDTH` px (or
 at the figure's own ``width`` when it has one), ``autosize`` off, then hands it to plotly's mimetype renderer
 (``application/vnd.plotly.v1+json``, what JupyterLab draws). Other figures pass unchanged.

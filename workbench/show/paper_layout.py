@@ -19,7 +19,7 @@ a single column. The rules, on a figure dict whose fonts are already scaled to t
 - **Annotations placed above the plot** (``yref="paper"``, ``y ≥ 1``, ``yanchor="bottom"``, e.g. ``l*``)
   move just inside the top edge, where the legend cannot meet them.
 
-- **Room for the plot** (issue 24's paper rules): the plot areas span at least 55 % of the height and the legend at
+- **Room for the plot** (paper rules): the plot areas span at least 55 % of the height and the legend at
   most 25 %; the title, legend and axis labels are fixed in pt, so the canvas grows until both hold (not when the
   caller fixes the height or the aspect). Legends of several rows get a fixed entry width, so that the rows
   reserved are the rows plotly draws.
@@ -47,10 +47,10 @@ import plotly.io as pio
 __all__ = ["paper_layout", "wrap_text", "CHAR_WIDTH", "PLOT_SHARE", "LEGEND_SHARE", "MIN_PT"]
 
 CHAR_WIDTH = 0.62  # average advance of a DejaVu Sans character, in font sizes (generous: ~0.55 measured)
-TITLE_CHAR = 0.7  # ... of a title line: a browser's sans-serif ran to 0.65 on a live title (issue 24: past its canvas)
+TITLE_CHAR = 0.7  # ... of a title line: a browser's sans-serif ran to 0.65 on a live title (past its canvas)
 LEGEND_CHAR = 0.58  # ... of a legend entry's text (0.45-0.59 measured on this template's labels)
 PLOT_SHARE = 0.55  # the plot areas span at least this share of the height ...
-LEGEND_SHARE = 0.25  # ... the legend at most this share (issue 24's paper rules) ...
+LEGEND_SHARE = 0.25  # ... the legend at most this share (paper rules) ...
 MIN_PT = 7.0  # ... and no text is smaller at a column preset (the SVG's user unit is the point)
 _SLACK = 0.03  # the estimates of the margins plotly's automargin settles on are not exact: aim inside the rules
 
@@ -196,7 +196,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
     height = int(round(min(height, max_height) if max_height else height))
     # the title and the legend hang from the top of the canvas by fixed px: their fractions at the final height (the
     # canvas may have grown above, or been capped; placed at the first height, a grown canvas put the title on the
-    # legend and the legend on the plot, issue 24)
+    # legend and the legend on the plot)
     if title and t_text:
         lay["title"]["y"] = 1 - (top / 2) / height
     if leg_h:

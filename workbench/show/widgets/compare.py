@@ -1,4 +1,4 @@
-"""The compare mode of the eviction panel (issue 24): two settings side by side on the same prompt.
+"""The compare mode of the eviction panel: two settings side by side on the same prompt.
 
 :class:`CompareMode` is mixed into :class:`~workbench.show.widgets.run.EvictionPanel`. The *compare* checkbox
 shows a second set of controls, setting ``B`` (policy, budget, DeferKV ``λ``, page size) beside the panel's

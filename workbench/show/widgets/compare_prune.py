@@ -1,4 +1,4 @@
-"""The compare mode of the pruned-prefill panel (issue 24): two EntroPrefill settings side by side.
+"""The compare mode of the pruned-prefill panel: two EntroPrefill settings side by side.
 
 :class:`PruneCompareMode` is mixed into :class:`~workbench.show.widgets.run.PrunePanel`. *compare* shows setting
 ``B``'s controls (every parameter, the mode and the fixed ``l*``) beside the panel's own (``A``). With it on, the

@@ -4,9 +4,9 @@
 The HTML (tokens as spans, see :mod:`workbench.show.token_view`) is the value of an ``ipywidgets.HTML``: every
 redraw (a slider move) is a standard widget update. It used to be the state of an anywidget, whose front end drops
 every message of a model that is not ready 2 s after it was created ("[anywidget] Failed to initialize model"): a
-token view created while the page was busy stayed deaf to every later slider (CI, stop 35). The click relay was
+token view created while the page was busy stayed deaf to every later slider (seen in CI). The click relay was
 an anywidget too: under the same load it still sent its clicks, but anywidget's rejected promise showed as an
-uncaught page error (notebook 08's compare view, session 11). Now the live HTML is wrapped in one element whose
+uncaught page error (notebook 08's compare view). Now the live HTML is wrapped in one element whose
 ``onclick`` (:data:`_ONCLICK`) writes ``"<position>:<time>"`` into the hidden text box of the same token box
 (``.wb-token-widget``) and fires its ``input`` event: ipywidgets' own text view sends the value (``continuous_update``),
 and the kernel calls the click handlers with the position. The exported HTML (``TokenView.html()``) has no handler.
