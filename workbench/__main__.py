@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {prepare,capture,report,lab}``."""
+"""Command line: ``python -m workbench {prepare,capture,report,plan,lab}``."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +15,7 @@ from workbench.run import shipped
 from workbench.run.examples import load_example
 from workbench.run.models import default_model_folder, load_model, resolve_device
 from workbench.study.report import ReportConfig, run_report
+from workbench.study.verdicts import plan
 from workbench.util import LockBusy
 
 
@@ -44,6 +45,11 @@ def _capture(args) -> int:
     print(f"wrote {out}: {cap.model_id}, T={cap.T}, k={cap.spans.k} chunks, rows={cap.attn.shape[2]}, "
           f"attn {tuple(cap.attn.shape)} ({cap.attn.numel() * 4 / 2**20:.1f} MiB), "
           f"decode={args.decode} {answer!r}, {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _plan(args) -> int:
+    print(plan(args.discordance, kind=args.kind, effect=args.effect, margin=args.margin))
     return 0
 
 
@@ -225,6 +231,13 @@ def main(argv=None) -> int:
                         "leaves free; benchmarks/report_threads.py measured that fastest on a quiet and a loaded machine)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
     r.set_defaults(fn=_report)
+    q = sub.add_parser("plan", help="how many independent clusters a claim needs (80%% power), before running it")
+    q.add_argument("--kind", choices=("superiority", "non-inferiority"), default="superiority")
+    q.add_argument("--effect", type=float, default=None, help="the effect a superiority claim expects (> 0)")
+    q.add_argument("--margin", type=float, default=0.1, help="the non-inferiority margin δ (default 0.1)")
+    q.add_argument("--discordance", type=float, required=True,
+                   help="expected share of clusters where the two settings disagree (0/1 scores)")
+    q.set_defaults(fn=_plan)
     j = sub.add_parser("lab", help="start JupyterLab on the notebooks (token auth; --allow-root as root); "
                                    "prints the URL")
     j.add_argument("--notebook-dir", default="notebooks")
