@@ -397,3 +397,17 @@ def test_plan_says_how_many_clusters_a_claim_needs():
         plan(0.1, kind="descriptive")
     assert main(["plan", "--effect", "0.067", "--discordance", str(psi)]) == 0
     assert main(["plan", "--effect", "0.9", "--discordance", "0.1"]) == 2  # beyond √ψ: refused in one line
+
+
+def test_the_report_prints_its_margin():
+    """The margin is a report setting (``ReportConfig.margin``, ``--margin``): the rule above the table states it."""
+    from workbench.study import report
+    from workbench.study.report_config import ReportConfig
+
+    assert ReportConfig().margin == 0.1
+    with pytest.raises(ValueError, match=r"^margin: must be in \[0, 1\)"):
+        ReportConfig(margin=1.0)
+    tables, notes, info = {}, {}, {}
+    report._findings(_study([1] * 12, [1] * 12), tables, notes, info, 0.05)
+    assert "margin δ = 0.05" in info["conclusions"]["rule"]
+    assert set(tables["conclusions"].query("claim.str.startswith('DeferKV')", engine="python")["margin"]) == {0.05}

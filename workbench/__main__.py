@@ -70,7 +70,8 @@ def _report(args) -> int:
               policies=tuple(args.policies) if args.policies else None,
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
               methods=tuple(args.methods) if args.methods else None, threads=args.threads,
-              progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler)
+              progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler,
+              margin=args.margin)
     if args.items is not None and not args.tiny:  # the items replace the built-in families unless asked for
         kw["n_squad"] = 0 if args.n_squad is None else args.n_squad
         kw["n_needle"] = 0 if args.n_needle is None else args.n_needle
@@ -230,6 +231,8 @@ def main(argv=None) -> int:
                    help="torch CPU threads: an integer >= 1 or 'auto' (default: the cores the 1-minute load "
                         "leaves free; benchmarks/report_threads.py measured that fastest on a quiet and a loaded machine)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.add_argument("--margin", type=float, default=None,
+                   help="non-inferiority margin δ of the verdicts, in [0, 1) (default 0.1; printed with the rule)")
     r.set_defaults(fn=_report)
     q = sub.add_parser("plan", help="how many independent clusters a claim needs (80%% power), before running it")
     q.add_argument("--kind", choices=("superiority", "non-inferiority"), default="superiority")

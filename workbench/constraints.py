@@ -216,6 +216,7 @@ _P: dict[str, Constraint] = {
     "report.widths": InstanceOf(Mapping, "a mapping figure name -> width", examples=({}, {"heads": "double"})),
     "report.progress": Bool(),
     "report.tiny": Bool(),
+    "report.margin": _real(0.0, 1.0, closed="left"),
     # ---- export() (show)
     "export.fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
     "export.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),

@@ -10,6 +10,7 @@ from workbench.checks import check_fields, check_nonempty
 from workbench.choices import METHOD_NAMES, REPORT_DATA
 from workbench.constraints import checked
 from workbench.rerun import eviction
+from workbench.study.verdicts import DEFAULT_MARGIN
 
 __all__ = ["ReportConfig", "ReportResult", "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS"]
 
@@ -53,6 +54,8 @@ class ReportConfig:
             ``"auto"``: :func:`auto_threads`, the cores the load leaves free (``benchmarks/report_threads.py``).
         widths: export width per figure name (others: :func:`export_width`).
         progress: show tqdm progress bars.
+        margin: the non-inferiority margin δ of "What this study shows" [in [0, 1)]; default
+            :data:`workbench.study.verdicts.DEFAULT_MARGIN` (0.10), printed with the verdict rule.
     """
 
     out: Path = Path("out/report")
@@ -77,6 +80,7 @@ class ReportConfig:
     widths: dict = field(default_factory=dict)
     progress: bool = True
     tiny: bool = False
+    margin: float = DEFAULT_MARGIN
 
     @classmethod
     def tiny_config(cls, **kw) -> "ReportConfig":
