@@ -294,3 +294,25 @@ def test_cells_are_written_as_kvpress_runs(report):
         cells = ok[(ok["task"] == cfg["dataset"]) & (ok["method"] == cfg["method"])]
         assert m[cfg["dataset"]]["n"] == cfg["n"] and cfg["n"] <= len(cells)
         assert Path(r).name.startswith(cfg["dataset"] + "__") and cfg["press_name"] in Path(r).name
+
+
+def test_entroprefill_presets_by_name():
+    """``ReportConfig(presets=...)`` / ``--presets paper,loose``: one EntroPrefill setting per preset in the sweep's
+    grid (``entroprefill`` on top of each), each named by its preset in the conclusions; an unknown name is refused
+    with the allowed ones."""
+    from workbench.analyse.params import PRESETS
+    from workbench.choices import PRESET_NAMES
+    from workbench.study import report
+    from workbench.study.conclusions import preset_name
+    from workbench.study.grid import method_settings
+
+    assert PRESET_NAMES == tuple(PRESETS)
+    grid = report._method_grid(ReportConfig(presets=("paper", "loose"), methods=("full", "entroprefill")))
+    ep = [p for m, p in method_settings(grid) if m == "entroprefill"]
+    assert [preset_name(p) for p in ep] == ["EntroPrefill paper", "EntroPrefill loose"]
+    assert ep[1] == PRESETS["loose"]["params"]
+    over = ReportConfig(presets=("loose",), entroprefill={"target": 0.4}).entroprefill_settings()
+    assert over == [{**PRESETS["loose"]["params"], "target": 0.4}]
+    assert ReportConfig().entroprefill_settings() == [{}]  # no presets: the one setting, as before
+    with pytest.raises(ValueError, match=r"^presets: .*one of \['paper', 'loose', 'strict'\]"):
+        ReportConfig(presets=("papr",))

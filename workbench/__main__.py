@@ -71,7 +71,7 @@ def _report(args) -> int:
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
               methods=tuple(args.methods) if args.methods else None, threads=args.threads,
               progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler,
-              margin=args.margin)
+              margin=args.margin, presets=args.presets)
     if args.items is not None and not args.tiny:  # the items replace the built-in families unless asked for
         kw["n_squad"] = 0 if args.n_squad is None else args.n_squad
         kw["n_needle"] = 0 if args.n_needle is None else args.n_needle
@@ -231,6 +231,9 @@ def main(argv=None) -> int:
                    help="torch CPU threads: an integer >= 1 or 'auto' (default: the cores the 1-minute load "
                         "leaves free; benchmarks/report_threads.py measured that fastest on a quiet and a loaded machine)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.add_argument("--presets", type=lambda v: tuple(x for x in v.split(",") if x), default=None,
+                   help="EntroPrefill presets by name, comma-separated: paper, loose, strict (default: the paper's "
+                        "parameters)")
     r.add_argument("--margin", type=float, default=None,
                    help="non-inferiority margin δ of the verdicts, in [0, 1) (default 0.1; printed with the rule)")
     r.set_defaults(fn=_report)

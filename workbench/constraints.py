@@ -43,6 +43,7 @@ from workbench.choices import (
     METHOD_NAMES,
     POLICY_NAMES,
     POOLINGS,
+    PRESET_NAMES,
     PRIORITIES,
     REPORT_DATA,
     ROW_DTYPES,
@@ -217,6 +218,7 @@ _P: dict[str, Constraint] = {
     "report.progress": Bool(),
     "report.tiny": Bool(),
     "report.margin": _real(0.0, 1.0, closed="left"),
+    "report.presets": Seq(Choice(PRESET_NAMES), nonempty=False, distinct=True),
     # ---- export() (show)
     "export.fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
     "export.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),

@@ -194,15 +194,15 @@ def _items(cfg: ReportConfig, tokenizer, user: dict) -> tuple[list, list[dict]]:
     return items, sources
 
 
-def _method_grid(cfg: ReportConfig) -> dict:
-    grid = {}
+def _method_grid(cfg: ReportConfig) -> list:
+    grid = []
     for m in cfg.methods:
         if m == "full":
-            grid["full"] = {}
+            grid.append(("full", {}))
         elif m == "entroprefill":
-            grid["entroprefill"] = dict(cfg.entroprefill)
+            grid += [("entroprefill", p) for p in cfg.entroprefill_settings()]
         elif m == "evict":
-            grid["evict"] = {"policy": list(cfg.policies), "budget_frac": list(cfg.budget_fracs)}
+            grid.append(("evict", {"policy": list(cfg.policies), "budget_frac": list(cfg.budget_fracs)}))
     return grid
 
 
@@ -414,7 +414,7 @@ def _capture_part(cfg: ReportConfig, lm):
 
     prompt = load_example().build(lm.tokenizer, max_context=lm.shape.max_context)
     cap = run_capture(lm, prompt, RowSet(tail=cfg.capture_tail, n_decode=cfg.capture_decode), progress=cfg.progress)
-    params = EntroPrefillParams(**{k: v for k, v in cfg.entroprefill.items() if k != "layer"})
+    params = EntroPrefillParams(**{k: v for k, v in cfg.entroprefill_settings()[0].items() if k != "layer"})
     tr = trace(cap, params)
     tf = tr.to_frame()
     valid = [int(l) for l in tf.loc[tf["valid"].astype(bool), "layer"]]

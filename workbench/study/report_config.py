@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.params import PRESETS, EntroPrefillParams
 from workbench.checks import check_fields, check_nonempty
 from workbench.choices import METHOD_NAMES, REPORT_DATA
 from workbench.constraints import checked
@@ -48,6 +48,9 @@ class ReportConfig:
         policies: eviction policies for ``evict`` and the needle table (``eviction.REGISTRY`` names, or "module:Class").
         budget_fracs: eviction budgets as fractions of the prompt length [each in (0, 1]].
         entroprefill: EntroPrefill parameters for the sweep's ``entroprefill`` cells (``{}``: defaults).
+        presets: EntroPrefill presets by name (``analyse.params.PRESETS``: paper, loose, strict), one
+            ``entroprefill`` setting each, ``entroprefill`` applied on top of each; ``()``: the one setting
+            ``entroprefill`` gives.
         capture_tail, capture_decode: rows of the example capture (prompt tail, decode steps) [ints >= 0].
         seed: task-building and run seed [int >= 0].
         threads: torch CPU threads for the run [``"auto"``, None: torch's default, or int >= 1]; default
@@ -73,6 +76,7 @@ class ReportConfig:
     policies: tuple[str, ...] = DEFAULT_POLICIES
     budget_fracs: tuple[float, ...] = (0.25, 0.5)
     entroprefill: dict = field(default_factory=dict)
+    presets: tuple[str, ...] = ()
     capture_tail: int = 32
     capture_decode: int = 4
     seed: int = 0
@@ -102,7 +106,7 @@ class ReportConfig:
         if self.n_squad + self.n_needle < 1 and self.items is None:
             raise ValueError("n_squad: n_squad + n_needle must be >= 1 when no items file is given (the study "
                              "needs a prompt)")
-        for name in ("methods", "budget_fracs"):  # stored as tuples (budget fractions as floats)
+        for name in ("methods", "budget_fracs", "presets"):  # stored as tuples (budget fractions as floats)
             object.__setattr__(self, name, self.CHECKS[name].check(name, getattr(self, name)))
         pols = tuple(eviction.REGISTRY.resolve(p) if ":" in p else p for p in self.policies)
         bad = [p for p in pols if p not in eviction.REGISTRY or p == "full"]
@@ -119,6 +123,13 @@ class ReportConfig:
                              f"{', '.join(allowed)})")
 
         EntroPrefillParams(**{k: v for k, v in self.entroprefill.items() if k != "layer"})  # validates
+
+    def entroprefill_settings(self) -> list[dict]:
+        """The sweep's EntroPrefill parameter sets: one per preset (its parameters, ``entroprefill`` on top), or
+        ``entroprefill`` alone without presets."""
+        if not self.presets:
+            return [dict(self.entroprefill)]
+        return [{**PRESETS[p]["params"], **self.entroprefill} for p in self.presets]
 
     def to_dict(self) -> dict:
         d = asdict(self)
