@@ -316,3 +316,14 @@ def test_entroprefill_presets_by_name():
     assert ReportConfig().entroprefill_settings() == [{}]  # no presets: the one setting, as before
     with pytest.raises(ValueError, match=r"^presets: .*one of \['paper', 'loose', 'strict'\]"):
         ReportConfig(presets=("papr",))
+
+
+def test_the_default_report_has_enough_needles_for_a_verdict():
+    """The default model answers needles; the default report runs enough of them to pass the reference floor with
+    one miss to spare, and enough tied clusters for the exact sign-flip test to show non-inferiority (3 needles,
+    the old default, could give neither: 'reference failed' on every claim)."""
+    from workbench.analyse.stats import sign_flip_test
+    from workbench.study.findings import MIN_REFERENCE_RIGHT
+
+    n = ReportConfig().n_needle
+    assert n >= MIN_REFERENCE_RIGHT + 1 and sign_flip_test([0.0] * n, -0.1) < 0.05

@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     r.add_argument("--out", default="out/report", help="output folder (default: out/report)")
     r.add_argument("--tiny", action="store_true", help="CI setting: 1 SQuAD + 1 needle prompt, 3 tokens, one policy")
     r.add_argument("--n-squad", type=int, default=None, help="SQuAD single-hop prompts (default 3; tiny 1)")
-    r.add_argument("--n-needle", type=int, default=None, help="needle-in-a-haystack prompts (default 3; tiny 1)")
+    r.add_argument("--n-needle", type=int, default=None, help="needle-in-a-haystack prompts (default 6; tiny 1)")
     r.add_argument("--needle-length", type=int, default=None, help="haystack tokens (default 1024; tiny 128)")
     r.add_argument("--max-new-tokens", type=int, default=None,
                    help="greedy tokens per run (default: per task, tasks.TASK_MAX_NEW_TOKENS; tiny 3)")
