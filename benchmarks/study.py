@@ -88,13 +88,13 @@ def answer_rank(S: torch.Tensor, answer: int) -> float:
 
 
 def leap_rows(results, items) -> pd.DataFrame:
-    """The per-prompt step gains behind ``step_gains`` / ``leap_specificity``: one row per (prompt, adjacent step),
-    ``task, item_id, meta_cluster, r_from, r_to, gain`` (the prompt's mean gain over layers and KV groups, exactly
-    what those two functions average), ``items[i]`` being the prompt of ``results[i]``."""
+    """The per-prompt step gains behind ``step_gains`` / ``leap_specificity``: one row per (prompt, adjacent step the
+    reference cannot favour), ``task, item_id, meta_cluster, r_from, r_to, gain`` (the prompt's mean gain over layers
+    and KV groups, exactly what those two functions average), ``items[i]`` being the prompt of ``results[i]``."""
     rows = []
     for it, res in zip(items, results):
         sf = res.step_frame()
-        g = sf[sf.level == "group"].groupby(["r_from", "r_to"])["gain"].mean()
+        g = sf[(sf.level == "group") & sf.clear].groupby(["r_from", "r_to"])["gain"].mean()
         rows += [dict(task=it.task, item_id=it.item_id, meta_cluster=it.meta.get("cluster"), r_from=int(a),
                       r_to=int(b), gain=float(v)) for (a, b), v in g.items()]
     return pd.DataFrame(rows, columns=["task", "item_id", "meta_cluster", "r_from", "r_to", "gain"])
@@ -109,19 +109,19 @@ def write_frame(path: Path, df: pd.DataFrame) -> None:
 
 def prompt_analyses(lm, items, n: int):
     """On ``n`` prompts, one capture each (observers, a tail of 8, 12 decode rows): every adjacent step's
-    recall gain (held-out reference: decode rows 4 … 12) and the answer chunk's rank under each priority of
+    recall gain the reference cannot favour (held-out reference: decode rows 6 … 12, behind a gap of two rows) and the answer chunk's rank under each priority of
     :data:`PRIORITY_VARIANTS`. Returns ``(step gains, leap Paired, rank frame, per-prompt step gains)``; the first
     two are None when no prompt has enough decode rows (and the last is then empty)."""
     from workbench.analyse.params import EntroPrefillParams
     from workbench.analyse.procedure import trace
-    from workbench.analyse.shift import ShiftAnalysis, leap_specificity, step_gains
+    from workbench.analyse.shift import HELD_OUT_AFTER, HELD_OUT_GAP, ShiftAnalysis, leap_specificity, step_gains
     from workbench.capture import RowSet, run_capture
 
     res, ranks, used = [], [], []
     for it in tqdm(items[:n], desc="leap and priority captures", unit="prompt"):
         prompt = it.build(lm.tokenizer, max_context=lm.shape.max_context)
         cap = run_capture(lm, prompt, RowSet(tail=8, n_decode=12), progress=False)
-        if len(cap.rows_of("decode")) > 4:
+        if len(cap.rows_of("decode")) > HELD_OUT_AFTER + HELD_OUT_GAP:  # a held-out reference behind the gap
             res.append(ShiftAnalysis(k=32)(cap))
             used.append(it)
         spans = prompt.spans

@@ -1,11 +1,12 @@
-"""The study's tables for ``benchmarks/RESULTS.md`` (issue 15), from the study's parquet files: "What this study
-shows" (every seed claim with its verdict, :mod:`workbench.study.conclusions`, from ``study.parquet`` and, when
-present, ``study_leap.parquet``, ``study_ranks.parquet`` and ``study_kept.parquet``), the run's size, the reference
+"""The study's tables for ``benchmarks/RESULTS.md``, from the study's parquet files: "What this study shows" (every
+seed claim with its kind, MDE and verdict, :mod:`workbench.study.conclusions`, from ``study.parquet`` and, when
+present, ``study_leap.parquet``, ``study_ranks.parquet`` and ``study_kept.parquet``; also written as
+``study_conclusions.parquet`` and as the opening section of ``study_summary.md``), the run's size, the reference
 check, accuracies (Wilson CIs) per task, the paired table against full context, kept-where-the-reference-
 is-right, DeferKV against the other policies, EntroPrefill's decisions, prompt lengths, the cap, and a compact
 timing table. No model call.
 
-    python benchmarks/study_tables.py [--out-dir benchmarks/out]    # writes study_tables.md and study_timing.md
+    python benchmarks/study_tables.py [--out-dir benchmarks/out]    # study_tables.md, study_timing.md, the claims
 """
 import argparse
 import sys
@@ -30,6 +31,13 @@ side = {name: pd.read_parquet(od / f"study_{name}.parquet") if (od / f"study_{na
 if side["kept"] is not None and "task" not in side["kept"].columns:
     side["kept"]["task"] = "squad_single"  # written before it had a task column: study.py measures it on SQuAD only
 shows = conclusions(df, side["leap"], side["ranks"], kept=side["kept"])
+# the claims' table and the summary's opening section, regenerated from the same files (the verdicts follow the rule)
+study.write_frame(od / "study_conclusions.parquet", shows.to_frame())
+summary = od / "study_summary.md"
+if summary.exists():
+    text = summary.read_text()
+    rest = text.index("\n## ", 1) if "\n## " in text[1:] else len(text)
+    summary.write_text(shows.markdown() + "\n" + text[rest:])
 out = [shows.markdown("### What this study shows")]
 per = df.groupby("task").item_id.nunique().to_dict()
 cells = df.groupby(["task", "item_id"]).size()

@@ -52,6 +52,8 @@ def test_capture_rejects_bad_arguments_before_loading(tmp_path, capsys, no_model
     (["--n-squad", "-1"], "error: n_squad: must be an integer in [0, 1000]"),
     (["--budget-fracs", "1.5"], "error: budget_fracs"),
     (["--threads", "0"], "error: threads"),
+    (["--margin", "1.2"], "error: margin: must be in [0, 1)"),
+    (["--presets", "paper,papr"], "error: presets: must be a sequence of distinct entries"),
 ])
 def test_report_rejects_bad_arguments(tmp_path, capsys, no_model, argv, message):
     out = tmp_path / "rep"

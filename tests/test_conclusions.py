@@ -1,9 +1,11 @@
 """What this study shows (workbench.study.conclusions), on hand-made frames whose answer is known: a clear DeferKV win is
-supported, a clear loss contradicted, ties not shown, a failing reference says so; n, effect, CI and p recomputed
+supported, a clear loss beyond the margin inferior, exact ties non-inferior (never supported), a failing reference
+says so; n, effect, CI and p recomputed
 independently (scipy's binomtest for McNemar / the sign test, the percentile bootstrap with the same seed over
 cluster means); the leap, the priorities and EntroPrefill per preset; then a tiny study run end to end."""
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -81,20 +83,21 @@ def test_a_clear_deferkv_win_is_supported_and_its_numbers_recompute():
         assert (r.lo, r.hi) == pytest.approx(_boot(_by_unit(d)))
         assert r.lo > 0 and r.test == "McNemar exact"
     md = c.markdown()
-    assert md.startswith("## What this study shows\n\nVerdict rule: **supported** when the 95% CI")
-    assert "| DeferKV ≥ SnapKV at the same budget | DeferKV guide | niah_single | deferkv @ 0.25 vs snapkv @ 0.25 | 12 |" in md
+    assert md.startswith("## What this study shows\n\nVerdict rule: each claim declares its kind.")
+    assert ("| DeferKV ≥ SnapKV at the same budget | DeferKV guide | non-inferiority | niah_single | "
+            "deferkv @ 0.25 vs snapkv @ 0.25 | 12 |") in md
 
 
-def test_a_clear_loss_is_contradicted_and_ties_are_not_shown():
+def test_a_clear_loss_is_inferior_and_ties_are_non_inferior():
     loss = conclusions(_study([0] * 10, [1] * 10))
-    assert set(_claims(loss, "DeferKV ≥ SnapKV")["verdict"]) == {"contradicted"}
+    assert set(_claims(loss, "DeferKV ≥ SnapKV")["verdict"]) == {"inferior"}
     tie = conclusions(_study([1, 0] * 5, [1, 0] * 5))
     r = _claims(tie, "DeferKV ≥ SnapKV")
-    assert set(r["verdict"]) == {"not shown"} and set(r["effect"]) == {0.0} and set(r["p"]) == {1.0}
+    assert set(r["verdict"]) == {"non-inferior"} and set(r["effect"]) == {0.0} and set(r["p"]) == {1.0}
     # a win on too few clusters (6 prompts, 3 clusters): the interval excludes 0, the test does not reject
     # (two-sided sign test, 3 of 3: p = 0.25)
     few = _claims(conclusions(_study([1] * 6, [0] * 6, clusters=[0, 0, 1, 1, 2, 2])), "DeferKV ≥ SnapKV")
-    assert set(few["verdict"]) == {"not shown"} and (few["lo"] > 0).all() and set(few["n"]) == {3}
+    assert set(few["verdict"]) == {"inconclusive"} and (few["lo"] > 0).all() and set(few["n"]) == {3}
     assert few["p"].tolist() == pytest.approx([sps.binomtest(3, 3, 0.5).pvalue] * 2)
 
 
@@ -113,8 +116,10 @@ def test_a_failing_reference_carries_no_verdict():
     assert (rows.loc["common_words", "effect"] == 1.0).all()
     # one passing RULER family only: no pooled row; every claim on common_words fails the reference
     assert not any(t.startswith("RULER-style") for t in rows.index.get_level_values(0))
-    assert set(c.to_frame().query("task == 'common_words'")["verdict"]) == {"reference failed"}
-    assert c.counts()["reference failed"] == len(c.to_frame().query("task == 'common_words'"))
+    cw = c.to_frame().query("task == 'common_words'")
+    assert set(cw.loc[cw["kind"] != "descriptive", "verdict"]) == {"reference failed"}
+    assert set(cw.loc[cw["kind"] == "descriptive", "verdict"]) == {"descriptive"}
+    assert c.counts()["reference failed"] == int((cw["kind"] != "descriptive").sum())
 
 
 def test_clusters_are_the_unit():
@@ -125,7 +130,7 @@ def test_clusters_are_the_unit():
     r = _claims(conclusions(_study(defer, snap, clusters=cl)), "DeferKV ≥ SnapKV").iloc[0]
     per = pd.Series(np.array(defer, float) - np.array(snap, float)).groupby(cl).mean()
     assert (r.n, r.prompts) == (4, 12) and r.effect == pytest.approx(per.mean())
-    assert r.p == pytest.approx(sps.binomtest(3, 3, 0.5).pvalue) and r.verdict == "not shown"
+    assert r.p == pytest.approx(sps.binomtest(3, 3, 0.5).pvalue) and r.verdict == "inconclusive"
     assert (r.lo, r.hi) == pytest.approx(_boot(per.to_numpy()))
 
 
@@ -140,29 +145,58 @@ def test_pooled_over_passing_ruler_families():
     assert pooled["p"].tolist() == pytest.approx([sps.binomtest(12, 12, 0.5).pvalue] * 2)
 
 
+def _flip_p(x, centre, greater=True):
+    """The one-sided sign-flip p-value written out: every sign pattern of the deviations from ``centre``."""
+    dev = np.asarray(x, float) - centre
+    dev = dev[np.abs(dev) > 1e-12] * (1 if greater else -1)
+    if not dev.size:
+        return 1.0
+    sums = [np.dot(s, np.abs(dev)) for s in itertools.product((-1, 1), repeat=dev.size)]
+    return float(np.mean(np.array(sums) >= dev.sum() - 1e-9))
+
+
 @settings(max_examples=examples(10), deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1)), min_size=5, max_size=20))
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1)), min_size=5, max_size=14))
 def test_verdict_follows_the_numbers(pairs):
-    """Random 0/1 scores (at least 5 prompts: the reference, right on all, passes): the effect is the mean difference, p the exact McNemar test, the CI the same-seed bootstrap,
-    and the verdict the module's rule on those numbers."""
+    """Random 0/1 scores (at least 5 prompts: the reference, right on all, passes): the effect is the mean difference,
+    p the exact McNemar test, the CI the same-seed bootstrap, the non-inferiority bounds its one-sided percentiles,
+    its p the exact sign-flip test about −δ, and the verdict the rule on those numbers (DeferKV ≥ SnapKV is a
+    non-inferiority claim at δ = 0.1)."""
     defer, snap = [a for a, _ in pairs], [b for _, b in pairs]
     r = _claims(conclusions(_study(defer, snap, budgets=(0.5,))), "DeferKV ≥ SnapKV").iloc[0]
     d = np.array(defer, float) - np.array(snap, float)
     w, lo_n = int((d > 0).sum()), int((d < 0).sum())
     p = 1.0 if w + lo_n == 0 else sps.binomtest(w, w + lo_n, 0.5).pvalue
     lo, hi = _boot(_by_unit(d))
+    lo1, hi1 = _boot(_by_unit(d), level=0.90)
+    p_ni, p_inf = _flip_p(d, -0.1), _flip_p(d, -0.1, greater=False)
     assert r.n == len(d) and r.effect == pytest.approx(d.mean()) and r.p == pytest.approx(p)
-    assert (r.lo, r.hi) == pytest.approx((lo, hi))
-    want = ("supported" if lo > 0 and p < 0.05 else "contradicted" if hi < 0 and p < 0.05 else "not shown")
-    assert r.verdict == want and r.verdict in VERDICTS
+    assert (r.lo, r.hi, r.lo1, r.hi1) == pytest.approx((lo, hi, lo1, hi1))
+    assert (r.p_ni, r.p_inf) == pytest.approx((p_ni, p_inf))
+    want = ("supported" if lo > 0 and p < 0.05 else "non-inferior" if lo1 > -0.1 and p_ni < 0.05 else
+            "inferior" if hi1 < -0.1 and p_inf < 0.05 else "inconclusive")
+    assert r.verdict == want and r.verdict in VERDICTS and r.kind == "non-inferiority"
 
 
 def test_verdict_rule_directly():
-    assert verdict(0.1, 0.3, 0.01, 1) == "supported" and verdict(0.1, 0.3, 0.01, -1) == "contradicted"
-    assert verdict(-0.3, -0.1, 0.01, -1) == "supported" and verdict(-0.1, 0.3, 0.01, 1) == "not shown"
-    assert verdict(0.1, 0.3, 0.2, 1) == "not shown" and verdict(0.1, 0.3, 0.01, 0) == "not shown"
-    assert verdict(0.1, 0.3, 0.01, 1, reference_ok=False) == "reference failed"
-    assert verdict(0.1, 0.3, 0.04, 1, level=0.99) == "not shown"
+    sup = dict(kind="superiority")
+    assert verdict(**sup, lo=0.1, hi=0.3, p=0.01) == "supported"
+    assert verdict(**sup, lo=0.1, hi=0.3, p=0.01, direction=-1) == "contradicted"
+    assert verdict(**sup, lo=-0.3, hi=-0.1, p=0.01, direction=-1) == "supported"
+    assert verdict(**sup, lo=-0.1, hi=0.3, p=0.01) == "inconclusive"
+    assert verdict(**sup, lo=0.1, hi=0.3, p=0.2) == "inconclusive"
+    assert verdict("descriptive", lo=0.1, hi=0.3, p=0.01) == "descriptive"
+    assert verdict(**sup, lo=0.1, hi=0.3, p=0.01, reference_ok=False) == "reference failed"
+    assert verdict(**sup, lo=0.1, hi=0.3, p=0.04, level=0.99) == "inconclusive"
+    ni = dict(kind="non-inferiority", margin=0.1)
+    tie = dict(lo=0.0, hi=0.0, p=1.0, lo1=0.0, hi1=0.0, p_ni=0.001, p_inf=1.0)
+    assert verdict(**ni, **tie) == "non-inferior"
+    assert verdict(**ni, **dict(tie, p_ni=0.2)) == "inconclusive"  # a narrow bootstrap without the test: no evidence
+    assert verdict(**{**ni, "margin": 0.0}, **tie) == "inconclusive"  # δ = 0: the bound must clear 0 itself
+    assert verdict(**ni, lo=-0.5, hi=-0.2, p=0.01, lo1=-0.45, hi1=-0.25, p_ni=1.0, p_inf=0.01) == "inferior"
+    assert verdict(**ni, lo=0.1, hi=0.3, p=0.01, lo1=0.12, hi1=0.28, p_ni=0.001, p_inf=1.0) == "supported"
+    with pytest.raises(ValueError, match="^kind:"):
+        verdict("better", lo=0.1, hi=0.3, p=0.01)
 
 
 def _squad_ref(n=10):
@@ -183,7 +217,7 @@ def test_the_leap_from_a_per_prompt_step_gain_table():
     spec = _claims(c, "The recall leap is specific").iloc[0]
     d = g01 - np.array([0.5] * 8 + [0.0] * 2)
     assert spec.comparison == "0→1 vs −1→0" and spec.effect == pytest.approx(d.mean())
-    assert spec.p == pytest.approx(sps.binomtest(2, 10, 0.5).pvalue) and spec.verdict == "not shown"
+    assert spec.p == pytest.approx(sps.binomtest(2, 10, 0.5).pvalue) and spec.verdict == "inconclusive"
     assert (spec.lo, spec.hi) == pytest.approx(_boot(d))
     # the same table on a failing reference: no verdict
     bad = _squad_ref(n).assign(contains=0.0)
@@ -202,7 +236,7 @@ def test_renyi_against_the_other_priorities():
     c = conclusions(_squad_ref(n), ranks=pd.DataFrame(rows))
     t = _claims(c, "Rényi priorities").set_index("comparison")
     assert t.loc["renyi vs mass", "verdict"] == "supported" and t.loc["renyi vs mass", "effect"] == pytest.approx(2.0)
-    assert t.loc["renyi vs renyi, zeta=1", "verdict"] == "not shown"
+    assert t.loc["renyi vs renyi, zeta=1", "verdict"] == "inconclusive"
     assert t.loc["renyi vs headmax", "effect"] == pytest.approx((6 * 1 + 2 * 1.5) / 8)
     assert t.loc["renyi vs mass", "p"] == pytest.approx(sps.binomtest(n, n, 0.5).pvalue)
     assert any("uniform" in m for m in c.missing)  # no uniform rows: said, not invented
@@ -213,30 +247,51 @@ def test_entroprefill_named_by_preset():
     c = conclusions(d)
     t = c.to_frame()
     ep = t[t["claim"].str.startswith("EntroPrefill")]
-    assert {s.split("'")[0].split(" keeps")[0].split(" removes")[0] for s in ep["claim"]} >= {
+    assert {s.split("'")[0].split(" keeps")[0].split(" prunes")[0] for s in ep["claim"]} >= {
         "EntroPrefill paper", "EntroPrefill loose"}
     assert not t["claim"].str.startswith("entroprefill").any()
     acc = ep[ep["claim"] == "EntroPrefill loose keeps full-context accuracy"].iloc[0]
-    assert acc.comparison == "EntroPrefill loose vs full" and acc.effect == 0.0 and acc.verdict == "not shown"
-    rem = ep[ep["claim"] == "EntroPrefill loose removes context before the deeper layers"].iloc[0]
+    # ties with full context on 10 clusters: non-inferior at δ = 0.1 (exact sign-flip p = 2^-10), never supported
+    assert acc.comparison == "EntroPrefill loose vs full" and acc.effect == 0.0 and acc.verdict == "non-inferior"
+    assert acc.kind == "non-inferiority" and acc.p_ni == pytest.approx(0.5 ** 10) and acc.margin == 0.1
+    # removed share > 0 and "did not bypass" are one event per prompt: one descriptive row, not two supported ones
+    rem = ep[ep["claim"].str.startswith("EntroPrefill loose prunes")]
+    assert len(rem) == 1 and not ep["claim"].str.contains("audit is not vacuous").any()
+    rem = rem.iloc[0]
     share = np.array([0.0] + [1 / 3] * 9)
-    assert rem.effect == pytest.approx(share.mean()) and rem.verdict == "supported"
-    assert rem.p == pytest.approx(sps.binomtest(9, 9, 0.5).pvalue)
-    byp = ep[ep["claim"].str.startswith("EntroPrefill loose's audit")].iloc[0]
-    assert byp.mean_a == pytest.approx(0.1) and byp.effect == pytest.approx(-0.9) and byp.verdict == "supported"
-    paper_byp = ep[ep["claim"].str.startswith("EntroPrefill paper's audit")].iloc[0]
-    assert paper_byp.mean_a == 1.0 and paper_byp.verdict == "not shown"
+    assert rem.effect == pytest.approx(share.mean()) and rem.verdict == "descriptive" and rem.kind == "descriptive"
+    assert "pruned on 9 of 10 prompts (bypass rate 0.10" in rem.note and "WARNING" not in rem.note
+    # the paper preset bypassed every prompt: its accuracy is full context against itself, descriptive
+    paper = ep[ep["claim"] == "EntroPrefill paper keeps full-context accuracy"].iloc[0]
+    assert paper.verdict == "descriptive" and "bypassed every prompt" in paper.note
     ls = ep[ep["claim"] == "EntroPrefill loose's accepted layer l*"].iloc[0]
     lstar = np.array([1 + i % 2 for i in range(1, 10)], float)
-    assert ls.effect == pytest.approx(lstar.mean()) and ls.n == 9 and ls.verdict == "not shown"
-    assert (ls.lo, ls.hi) == pytest.approx(_boot(lstar))  # units niah_single-1 … -9: already in sorted order
+    assert ls.effect == pytest.approx(lstar.mean()) and ls.n == 9 and ls.verdict == "descriptive"
+    assert np.isnan(ls.lo) and np.isnan(ls.hi) and np.isnan(ls.p)  # a layer index: no interval, no test
+    assert ls.test == "—" and "median" in ls.note
     assert any("EntroPrefill paper on niah_single: l*" in m for m in c.missing)  # every prompt bypassed
+    # only substantive claims are counted: 2 DeferKV rows + the loose accuracy row
+    assert sum(c.counts().values()) == 3 and c.n_descriptive() == len(t) - 3
     # a column the sweep did not write is said to be missing, never given a number
     c2 = conclusions(d.drop(columns=["bypass"]))
-    assert not _claims(c2, "EntroPrefill loose's audit").shape[0]
+    assert not _claims(c2, "EntroPrefill loose prunes").shape[0]
     assert any("no bypass column" in m for m in c2.missing)
     assert preset_name({}) == "EntroPrefill paper" and preset_name(LOOSE) == "EntroPrefill loose"
     assert preset_name({"target": 0.4}) == "EntroPrefill (target=0.4)"
+
+
+def test_a_duplicated_event_is_one_row_and_a_disagreement_is_said():
+    """The same event written twice (removed share > 0 and "did not bypass", per prompt) is one row per preset and
+    task; a sweep where the two disagree on a prompt says so in that row."""
+    d = _study([1] * 10, [1] * 10)
+    t = conclusions(d).to_frame()
+    per = t[t["comparison"] == "removed share; bypass rate"].groupby(["claim", "task"]).size()
+    assert (per == 1).all() and len(per) == 2  # paper and loose, one task
+    odd = d.copy()
+    odd.loc[(odd["method"] == "entroprefill") & (odd["params"] == "{}") & (odd["item_id"] == "niah_single-3"),
+            "retained_tokens"] = 250  # a bypass that removed tokens
+    row = conclusions(odd).to_frame().query("claim == 'EntroPrefill paper prunes: removed share of the prompt\\'s tokens'")
+    assert len(row) == 1 and "WARNING: on 1 prompts" in row.iloc[0].note
 
 
 def test_the_report_page_opens_with_the_section(tmp_path):
@@ -258,7 +313,7 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
     """The study's own pieces on a random-weight 2-layer Llama with SmolLM2's tokenizer (real prompts, instant
     forwards): the sweep, the per-prompt leap and rank tables written as parquet beside it, the conclusions from
     those files equal to the ones from memory, and ``benchmarks/study_tables.py`` opening with the section. The
-    random model answers nothing: every claim says "reference failed" (the numbers shown, no verdict)."""
+    random model answers nothing: every substantive claim says "reference failed" (the numbers shown, no verdict)."""
     import runpy
     import sys
     from pathlib import Path
@@ -292,7 +347,8 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
                        pd.read_parquet(tmp_path / "study_ranks.parquet"))
     pd.testing.assert_frame_equal(mem.to_frame(), disk.to_frame())
     t = mem.to_frame()
-    assert set(t["verdict"]) == {"reference failed"} and len(t) >= 2 + 2 + 4 + 2
+    assert set(t.loc[t["kind"] != "descriptive", "verdict"]) == {"reference failed"} and len(t) >= 2 + 2 + 4 + 2
+    assert set(t.loc[t["kind"] == "descriptive", "verdict"]) <= {"descriptive"}
     claims = set(t["claim"])
     assert {"DeferKV ≥ SnapKV at the same budget", "EntroPrefill paper keeps full-context accuracy",
             "EntroPrefill loose keeps full-context accuracy",
@@ -304,3 +360,54 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
     text = (tmp_path / "study_tables.md").read_text()
     assert "### What this study shows" in text and text.index("What this study shows") < text.index("Reference check")
     assert "| The recall leap at the boundary (0→1) exceeds the next step (1→2) |" in text
+
+
+def test_the_readme_states_the_same_rule_the_report_prints():
+    """One definition: the README's verdict rule is :func:`rule_text` at the defaults, word for word, and the
+    report section opens with it."""
+    from pathlib import Path
+
+    from workbench.study.conclusions import DEFAULT_MARGIN, RULE, rule_text
+
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert " ".join(rule_text().split()) in readme
+    assert f"δ = {DEFAULT_MARGIN:g}" in rule_text() and "{" not in rule_text() and "{margin}" in RULE
+    c = conclusions(_study([1] * 12, [0] * 12))
+    assert c.markdown().split("\n\n")[1] == c.rule() == rule_text()
+    assert rule_text(margin=0.05) != rule_text() and "δ = 0.05" in conclusions(_study([1] * 6, [0] * 6),
+                                                                                margin=0.05).rule()
+    with pytest.raises(ValueError, match="^margin:"):
+        conclusions(_study([1] * 6, [0] * 6), margin=1.5)
+
+
+def test_plan_says_how_many_clusters_a_claim_needs():
+    """``python -m workbench plan``: Connor's n for McNemar at 80 % power, written out here, rounded up."""
+    from workbench.__main__ import main
+    from workbench.study.conclusions import plan
+
+    za, zb, psi, eff = sps.norm.ppf(0.975), sps.norm.ppf(0.8), 2 / 30, 0.067
+    want = int(np.ceil((za * np.sqrt(psi) + zb * np.sqrt(psi - eff ** 2)) ** 2 / eff ** 2))
+    assert plan(psi, effect=eff).startswith(f"{want} independent clusters")
+    za1 = sps.norm.ppf(0.95)
+    want_ni = int(np.ceil((za1 * np.sqrt(0.1) + zb * np.sqrt(0.1 - 0.01)) ** 2 / 0.01))
+    assert plan(0.1, kind="non-inferiority", margin=0.1).startswith(f"{want_ni} independent clusters")
+    with pytest.raises(ValueError, match="^effect:"):
+        plan(0.1)
+    with pytest.raises(ValueError, match="^kind:"):
+        plan(0.1, kind="descriptive")
+    assert main(["plan", "--effect", "0.067", "--discordance", str(psi)]) == 0
+    assert main(["plan", "--effect", "0.9", "--discordance", "0.1"]) == 2  # beyond √ψ: refused in one line
+
+
+def test_the_report_prints_its_margin():
+    """The margin is a report setting (``ReportConfig.margin``, ``--margin``): the rule above the table states it."""
+    from workbench.study import report
+    from workbench.study.report_config import ReportConfig
+
+    assert ReportConfig().margin == 0.1
+    with pytest.raises(ValueError, match=r"^margin: must be in \[0, 1\)"):
+        ReportConfig(margin=1.0)
+    tables, notes, info = {}, {}, {}
+    report._findings(_study([1] * 12, [1] * 12), tables, notes, info, 0.05)
+    assert "margin δ = 0.05" in info["conclusions"]["rule"]
+    assert set(tables["conclusions"].query("claim.str.startswith('DeferKV')", engine="python")["margin"]) == {0.05}

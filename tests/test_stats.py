@@ -139,3 +139,85 @@ def test_paired_rejects_unpaired():
     assert (acc.k, acc.n) == (2, 3) and "2/3" in str(acc)
     with pytest.raises(ValueError, match="^x:"):
         accuracy([0.5])
+
+
+# ----------------------------------------------------------------------------- non-inferiority and power
+def test_exact_ties_are_non_inferior_never_supported():
+    """Paired outcomes that tie on every unit: at δ > 0 the one-sided bound (0) clears −δ and the exact sign-flip
+    test rejects once there are enough units (p = 2^-n); the superiority test never rejects (p = 1)."""
+    from workbench.study.conclusions import verdict
+
+    for n in (3, 5, 10, 50):
+        a = b = np.r_[np.ones(n // 2), np.zeros(n - n // 2)]
+        r = paired(a, b, margin=0.1)
+        assert (r.ni.lo1, r.ni.hi1, r.p) == (0.0, 0.0, 1.0)
+        want_p = 0.5 ** n if n <= 16 else None
+        if want_p is not None:
+            assert r.ni.p_ni == pytest.approx(want_p)
+        v = verdict("non-inferiority", lo=r.lo, hi=r.hi, p=r.p, lo1=r.ni.lo1, hi1=r.ni.hi1, p_ni=r.ni.p_ni,
+                    p_inf=r.ni.p_inf, margin=0.1)
+        assert v == ("non-inferior" if n >= 5 else "inconclusive") and v != "supported"
+        # at δ = 0 ties are never non-inferior: the bound must clear 0 itself
+        r0 = paired(a, b, margin=0.0)
+        assert verdict("non-inferiority", lo=r0.lo, hi=r0.hi, p=r0.p, lo1=r0.ni.lo1, hi1=r0.ni.hi1,
+                       p_ni=r0.ni.p_ni, p_inf=r0.ni.p_inf, margin=0.0) == "inconclusive"
+
+
+def test_a_true_loss_beyond_the_margin_is_inferior():
+    """A loses on 40 of 50 units (mean −0.8 ≪ −δ): inferior; a loss of 0.02 (1 of 50) is well within δ = 0.1:
+    non-inferior."""
+    from workbench.study.conclusions import verdict
+
+    a, b = np.r_[np.zeros(40), np.ones(10)], np.ones(50)
+    r = paired(a, b, margin=0.1)
+    assert r.ni.hi1 < -0.1 and r.ni.p_inf < 0.05
+    assert verdict("non-inferiority", lo=r.lo, hi=r.hi, p=r.p, lo1=r.ni.lo1, hi1=r.ni.hi1, p_ni=r.ni.p_ni,
+                   p_inf=r.ni.p_inf, margin=0.1) == "inferior"
+    small = paired(np.r_[np.zeros(1), np.ones(49)], np.ones(50), margin=0.1)
+    assert verdict("non-inferiority", lo=small.lo, hi=small.hi, p=small.p, lo1=small.ni.lo1, hi1=small.ni.hi1,
+                   p_ni=small.ni.p_ni, p_inf=small.ni.p_inf, margin=0.1) == "non-inferior"
+
+
+def test_sign_flip_test_exact_by_enumeration():
+    import itertools
+
+    from workbench.analyse.stats import sign_flip_test
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(0.2, 1.0, 9)
+    dev = x + 0.1
+    sums = np.array([np.dot(s, np.abs(dev)) for s in itertools.product((-1, 1), repeat=9)])
+    assert sign_flip_test(x, -0.1) == pytest.approx(np.mean(sums >= dev.sum() - 1e-9))
+    assert sign_flip_test(x, -0.1, "less") == pytest.approx(np.mean(sums <= dev.sum() + 1e-9))
+    assert sign_flip_test([0.0, 0.0], 0.0) == 1.0
+    with pytest.raises(ValueError, match="^alternative:"):
+        sign_flip_test(x, 0.0, "two-sided")
+
+
+@pytest.mark.parametrize("n, disc, sided", [(10, 0.3, 2), (50, 0.1, 2), (49, 0.2, 1), (30, 2 / 30, 2), (200, 0.05, 1)])
+def test_mde_equals_an_independent_power_computation(n, disc, sided):
+    """The MDE is the Δ where the normal-approximation power of McNemar's test (Connor 1987),
+    Φ((√n Δ − z_α √ψ) / √(ψ − Δ²)), equals 0.8: found here by root-finding (scipy brentq), not the closed form."""
+    from scipy.optimize import brentq
+
+    from workbench.analyse.stats import mde, units_needed
+
+    za = sps.norm.ppf(1 - 0.05 / sided)
+    power = lambda delta: sps.norm.cdf((np.sqrt(n) * delta - za * np.sqrt(disc)) / np.sqrt(disc - delta ** 2))  # noqa: E731
+    want = brentq(lambda dl: power(dl) - 0.8, za * np.sqrt(disc / n), np.sqrt(disc) * (1 - 1e-12))
+    assert mde(n, disc, 0.05, sided=sided) == pytest.approx(want, rel=1e-9)
+    # the planning inverse: the fewest units whose MDE reaches the effect
+    target = want * (1 + 1e-9)  # brentq's root is exact to ~1e-12
+    need = units_needed(target, disc, 0.05, sided=sided)
+    assert need == n and mde(n - 1, disc, 0.05, sided=sided) > target
+
+
+def test_mde_edges():
+    from workbench.analyse.stats import mde
+
+    assert mde(3, 1.0) == math.inf  # three units cannot reach 80 % power at α = 0.05 two-sided
+    assert mde(50, 0.0) == pytest.approx(mde(50, 1 / 50))  # no discordant unit: one is assumed
+    with pytest.raises(ValueError, match="^n:"):
+        mde(0, 0.1)
+    with pytest.raises(ValueError, match="^power:"):
+        mde(10, 0.1, power=1.0)

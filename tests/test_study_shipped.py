@@ -2,11 +2,13 @@
 model qwen2.5-coder-0.5b (and the per-prompt leap, priority-rank and answer-kept tables its captures gave).
 This checks what RESULTS says from those files alone, with no model: the run's size and errors, the tables
 ``benchmarks/study_tables.py`` regenerates byte for byte, and the "What this study shows" numbers recomputed
-here independently (cluster means, the exact sign / McNemar test with scipy, the verdict rule, the reference
-gate)."""
+here independently (cluster means, the exact sign / McNemar test with scipy, the sign-flip test of the margin by
+enumeration, the MDE by root-finding, the verdict rule, the reference gate)."""
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import runpy
 import shutil
 import sys
@@ -15,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scipy.stats import binomtest
+from scipy.optimize import brentq
+from scipy.stats import binomtest, norm
 
 from workbench.study.findings import MIN_REFERENCE_ACCURACY, MIN_REFERENCE_RIGHT
 from workbench.study.ruler import RULER_TASKS
@@ -43,13 +46,32 @@ def _p(wins: int, losses: int) -> float:
     return binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else 1.0
 
 
-def _verdict(lo, hi, p) -> str:
-    """The rule for a claimed effect > 0 (README, ``workbench.study.conclusions``)."""
-    if lo > 0 and p < 0.05:
+def _verdict(r) -> str:
+    """The rule (README, ``workbench.study.verdicts``) for a claimed effect > 0, from the row's own numbers."""
+    if r.lo > 0 and r.p < 0.05:
         return "supported"
-    if hi < 0 and p < 0.05:
-        return "contradicted"
-    return "not shown"
+    if r.kind == "superiority":
+        return "contradicted" if r.hi < 0 and r.p < 0.05 else "inconclusive"
+    if r.lo1 > -r.margin and r.p_ni < 0.05:
+        return "non-inferior"
+    return "inferior" if r.hi1 < -r.margin and r.p_inf < 0.05 else "inconclusive"
+
+
+def _flip_p(d, centre) -> float:
+    """The one-sided sign-flip p-value of mean(d) > centre, every sign pattern enumerated."""
+    dev = np.asarray(d, float) - centre
+    dev = dev[np.abs(dev) > 1e-12]
+    sums = np.array([np.dot(s, np.abs(dev)) for s in itertools.product((-1, 1), repeat=dev.size)])
+    return float(np.mean(sums >= dev.sum() - 1e-9)) if dev.size else 1.0
+
+
+def _mde(n, disc, sided) -> float:
+    """The Δ where the normal-approximation power of McNemar's test reaches 0.8, by root-finding (inf if none)."""
+    psi = disc if disc > 0 else 1 / n
+    za = norm.ppf(1 - 0.05 / sided)
+    f = lambda dl: norm.cdf((np.sqrt(n) * dl - za * np.sqrt(psi)) / np.sqrt(psi - dl * dl)) - 0.8  # noqa: E731
+    lo, hi = za * np.sqrt(psi / n), np.sqrt(psi) * (1 - 1e-12)
+    return brentq(f, lo, hi) if f(hi) > 0 else math.inf
 
 
 def test_the_run_is_the_size_results_states(cells):
@@ -67,9 +89,9 @@ def test_the_run_is_the_size_results_states(cells):
 
 
 def test_study_tables_regenerates_the_shipped_tables(tmp_path, monkeypatch):
-    """``benchmarks/study_tables.py`` on a copy of the shipped files writes the shipped tables again, line for
-    line (the metadata comment aside), without a model."""
-    for f in FILES:
+    """``benchmarks/study_tables.py`` on a copy of the shipped files writes the shipped tables, the summary's "What
+    this study shows" and the claims' parquet again, line for line (the metadata comment aside), without a model."""
+    for f in (*FILES, "study_summary.md"):  # the summary: its opening section is regenerated, the rest kept
         shutil.copy(SHIPPED / f, tmp_path / f)
     monkeypatch.syspath_prepend(str(BENCH))
     monkeypatch.setattr(sys, "argv", ["study_tables.py", "--out-dir", str(tmp_path)])
@@ -77,9 +99,11 @@ def test_study_tables_regenerates_the_shipped_tables(tmp_path, monkeypatch):
     def body(path):  # the run's metadata comment (time, load, command line) aside
         return [ln for ln in path.read_text().splitlines() if not ln.startswith("<!-- ")]
 
-    for name in ("study_tables.md", "study_timing.md"):
+    for name in ("study_tables.md", "study_timing.md", "study_summary.md"):
         assert body(tmp_path / name) == body(SHIPPED / name), name
     assert "### What this study shows" in (tmp_path / "study_tables.md").read_text()
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "study_conclusions.parquet"),
+                                  pd.read_parquet(SHIPPED / "study_conclusions.parquet"))
 
 
 def _reference_ok(cells) -> dict:
@@ -110,11 +134,19 @@ def test_deferkv_against_snapkv_recomputed_with_scipy(cells, claims):
         assert r.effect == pytest.approx(float(diff.mean()), abs=1e-12)
         assert r.p == pytest.approx(p, rel=1e-9)
         assert r.lo <= r.effect + 1e-12 and r.effect <= r.hi + 1e-12
-        want = _verdict(r.lo, r.hi, p) if all(ok[t] for t in tasks) else "reference failed"
+        # a non-inferiority claim at δ = 0.1: the exact sign-flip test about −δ (enumerated up to 16 clusters), the
+        # discordance and the one-sided MDE
+        assert r.kind == "non-inferiority" and r.margin == 0.1
+        if len(diff) <= 16:
+            assert r.p_ni == pytest.approx(_flip_p(diff, -0.1), rel=1e-9)
+        assert r.disc == pytest.approx(float(np.mean(diff ** 2)), abs=1e-12)
+        assert r.mde == pytest.approx(_mde(len(diff), r.disc, 1), rel=1e-6)
+        assert r.underpowered == (r.verdict == "inconclusive" and r.mde > 0.1)
+        want = _verdict(r) if all(ok[t] for t in tasks) else "reference failed"
         assert r.verdict == want, (r.task, r.comparison)
     # both budgets carry a verdict on the pooled RULER-style families (their references pass)
     pooled = rows[rows["task"].str.startswith("RULER-style")]
-    assert len(pooled) == 2 and set(pooled["verdict"]) <= {"supported", "not shown", "contradicted"}
+    assert len(pooled) == 2 and set(pooled["verdict"]) <= {"supported", "non-inferior", "inconclusive", "inferior"}
 
 
 def test_leap_and_priority_rows_recomputed_with_scipy(claims):
@@ -125,7 +157,8 @@ def test_leap_and_priority_rows_recomputed_with_scipy(claims):
         r = claims[claims["comparison"] == comp].iloc[0]
         assert r.n == len(d) and r.effect == pytest.approx(d.mean(), abs=1e-12)
         assert r.p == pytest.approx(_p(int((d > 0).sum()), int((d < 0).sum())), rel=1e-9)
-        assert r.verdict == _verdict(r.lo, r.hi, r.p)
+        assert r.kind == "superiority" and r.verdict == _verdict(r)
+        assert r.mde == pytest.approx(_mde(len(d), float(np.mean(d ** 2)), 2), rel=1e-6)
     ranks = pd.read_parquet(SHIPPED / "study_ranks.parquet")
     w = ranks.pivot(index="item_id", columns="priority", values="rank").dropna()
     for other in ("mass", "renyi, zeta=1", "headmax", "uniform"):
@@ -133,7 +166,7 @@ def test_leap_and_priority_rows_recomputed_with_scipy(claims):
         r = claims[claims["comparison"] == f"renyi vs {other}"].iloc[0]
         assert r.n == len(d) and r.effect == pytest.approx(d.mean(), abs=1e-9)
         assert r.p == pytest.approx(_p(int((d > 0).sum()), int((d < 0).sum())), rel=1e-9)
-        assert r.verdict == _verdict(r.lo, r.hi, r.p)
+        assert r.kind == "superiority" and r.verdict == _verdict(r)
 
 
 def test_entroprefill_rows_recomputed(cells, claims):
@@ -144,16 +177,25 @@ def test_entroprefill_rows_recomputed(cells, claims):
     for params, g in ep.groupby("params"):
         name = names.get(params, "EntroPrefill loose")
         for task, t in g.groupby("task"):
-            sel = claims[(claims["task"] == task) & claims["claim"].str.startswith(name + " removes")]
+            sel = claims[(claims["task"] == task) & claims["claim"].str.startswith(name + " prunes")]
             if sel.empty:
                 continue
+            assert len(sel) == 1  # removed share > 0 and "did not bypass": one event, one row
             r = sel.iloc[0]
             removed = (1 - t["retained_tokens"].astype(float) / t["prompt_tokens"].astype(float))
             units = removed.groupby(t["meta_cluster"].to_numpy()).mean().to_numpy()
             assert r.n == len(units) and r.effect == pytest.approx(units.mean(), abs=1e-6), (name, task)
-            assert r.p == pytest.approx(_p(int((units > 0).sum()), int((units < 0).sum())), rel=1e-9)
-            b = claims[(claims["task"] == task) & claims["claim"].str.startswith(name + "'s audit")].iloc[0]
+            assert r.verdict == "descriptive" and np.isnan(r.p)  # by construction of the preset: not a finding
             byp = t["bypass"].astype(float).groupby(t["meta_cluster"].to_numpy()).mean().to_numpy()
-            assert b.effect == pytest.approx(float(np.mean(byp - 1)), abs=1e-9), (name, task)
+            assert f"bypass rate {byp.mean():.2f} over {len(byp)} clusters" in r.note, (name, task)
+            assert ((removed > 0) != t["bypass"].astype(bool)).all()  # the same event on every prompt
+            acc = claims[(claims["task"] == task) & (claims["claim"] == name + " keeps full-context accuracy")]
+            if t["bypass"].astype(bool).all():  # full context compared with itself
+                assert set(acc["verdict"]) == {"descriptive"}
+            else:
+                assert set(acc["kind"]) == {"non-inferiority"}
             checked += 1
     assert checked >= 10
+    assert not claims["claim"].str.contains("audit is not vacuous").any()
+    ls = claims[claims["claim"].str.endswith("accepted layer l*")]
+    assert len(ls) and ls["lo"].isna().all() and ls["hi"].isna().all()  # no interval from layer indices

@@ -1,4 +1,4 @@
-"""Command line: ``python -m workbench {prepare,capture,report,lab}``."""
+"""Command line: ``python -m workbench {prepare,capture,report,plan,lab}``."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +16,7 @@ from workbench.run import shipped
 from workbench.run.examples import load_example
 from workbench.run.models import default_model_folder, load_model, resolve_device
 from workbench.study.report import ReportConfig, run_report
+from workbench.study.verdicts import plan
 from workbench.util import LockBusy
 
 
@@ -48,6 +49,11 @@ def _capture(args) -> int:
     return 0
 
 
+def _plan(args) -> int:
+    print(plan(args.discordance, kind=args.kind, effect=args.effect, margin=args.margin))
+    return 0
+
+
 def _threads(v: str):
     """``--threads``: ``auto`` or an integer (the range is checked by the report's config)."""
     if v == "auto":
@@ -65,7 +71,8 @@ def _report(args) -> int:
               policies=tuple(args.policies) if args.policies else None,
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
               methods=tuple(args.methods) if args.methods else None, threads=args.threads,
-              progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler)
+              progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler,
+              margin=args.margin, presets=args.presets)
     if args.items is not None and not args.tiny:  # the items replace the built-in families unless asked for
         kw["n_squad"] = 0 if args.n_squad is None else args.n_squad
         kw["n_needle"] = 0 if args.n_needle is None else args.n_needle
@@ -212,7 +219,7 @@ def main(argv=None) -> int:
     r.add_argument("--out", default="out/report", help="output folder (default: out/report)")
     r.add_argument("--tiny", action="store_true", help="CI setting: 1 SQuAD + 1 needle prompt, 3 tokens, one policy")
     r.add_argument("--n-squad", type=int, default=None, help="SQuAD single-hop prompts (default 3; tiny 1)")
-    r.add_argument("--n-needle", type=int, default=None, help="needle-in-a-haystack prompts (default 3; tiny 1)")
+    r.add_argument("--n-needle", type=int, default=None, help="needle-in-a-haystack prompts (default 6; tiny 1)")
     r.add_argument("--needle-length", type=int, default=None, help="haystack tokens (default 1024; tiny 128)")
     r.add_argument("--max-new-tokens", type=int, default=None,
                    help="greedy tokens per run (default: per task, tasks.TASK_MAX_NEW_TOKENS; tiny 3)")
@@ -235,7 +242,19 @@ def main(argv=None) -> int:
                    help="torch CPU threads: an integer >= 1 or 'auto' (default: the cores the 1-minute load "
                         "leaves free; benchmarks/report_threads.py measured that fastest on a quiet and a loaded machine)")
     r.add_argument("--no-progress", action="store_true", help="no progress bars")
+    r.add_argument("--presets", type=lambda v: tuple(x for x in v.split(",") if x), default=None,
+                   help="EntroPrefill presets by name, comma-separated: paper, loose, strict (default: the paper's "
+                        "parameters)")
+    r.add_argument("--margin", type=float, default=None,
+                   help="non-inferiority margin δ of the verdicts, in [0, 1) (default 0.1; printed with the rule)")
     r.set_defaults(fn=_report)
+    q = sub.add_parser("plan", help="how many independent clusters a claim needs (80%% power), before running it")
+    q.add_argument("--kind", choices=("superiority", "non-inferiority"), default="superiority")
+    q.add_argument("--effect", type=float, default=None, help="the effect a superiority claim expects (> 0)")
+    q.add_argument("--margin", type=float, default=0.1, help="the non-inferiority margin δ (default 0.1)")
+    q.add_argument("--discordance", type=float, required=True,
+                   help="expected share of clusters where the two settings disagree (0/1 scores)")
+    q.set_defaults(fn=_plan)
     j = sub.add_parser("lab", help="start JupyterLab on the notebooks (token auth; --allow-root as root); "
                                    "prints the URL")
     j.add_argument("--notebook-dir", default="notebooks")

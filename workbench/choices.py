@@ -11,7 +11,7 @@ __all__ = ["AuditMode", "Priority", "PolicyName", "Pooling", "H2ONormalise", "He
            "Device", "RowDtype", "SyntheticStructure", "ROW_DTYPES", "SYNTHETIC_STRUCTURES",
            "AUDIT_MODES", "PRIORITIES", "POLICY_NAMES", "HEAD_QUANTITIES", "ROW_KINDS", "SHIFT_LEVELS",
            "MethodName", "ReportData", "ExportFormat", "WidthPreset", "POOLINGS", "H2O_NORMALISES", "METHOD_NAMES",
-           "REPORT_DATA", "EXPORT_FORMATS", "WIDTH_PRESETS"]
+           "REPORT_DATA", "EXPORT_FORMATS", "WIDTH_PRESETS", "PresetName", "PRESET_NAMES"]
 
 AuditMode = Literal["sampled", "exact"]
 """SPEC §6: a sampled audit with its Hoeffding radius, or the exact finite population (``b = 0``)."""
@@ -57,6 +57,8 @@ ReportData = Literal["auto", "sample", "fetched"]
 ExportFormat = Literal["pdf", "svg", "png"]
 """Figure file formats of ``show.export``."""
 
+PresetName = Literal["paper", "loose", "strict"]
+"""EntroPrefill's named settings (``analyse.params.PRESETS``)."""
 WidthPreset = Literal["single", "double"]
 """Paper column widths of ``show.export`` (3.33 in, 7.0 in)."""
 
@@ -72,5 +74,6 @@ POOLINGS: tuple[str, ...] = get_args(Pooling)
 H2O_NORMALISES: tuple[str, ...] = get_args(H2ONormalise)
 METHOD_NAMES: tuple[str, ...] = get_args(MethodName)
 REPORT_DATA: tuple[str, ...] = get_args(ReportData)
+PRESET_NAMES: tuple[str, ...] = get_args(PresetName)
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 WIDTH_PRESETS: tuple[str, ...] = get_args(WidthPreset)

@@ -43,6 +43,7 @@ from workbench.choices import (
     METHOD_NAMES,
     POLICY_NAMES,
     POOLINGS,
+    PRESET_NAMES,
     PRIORITIES,
     REPORT_DATA,
     ROW_DTYPES,
@@ -218,6 +219,8 @@ _P: dict[str, Constraint] = {
     "report.widths": InstanceOf(Mapping, "a mapping figure name -> width", examples=({}, {"heads": "double"})),
     "report.progress": Bool(),
     "report.tiny": Bool(),
+    "report.margin": _real(0.0, 1.0, closed="left"),
+    "report.presets": Seq(Choice(PRESET_NAMES), nonempty=False, distinct=True),
     # ---- export() (show)
     "export.fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
     "export.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),

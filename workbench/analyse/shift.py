@@ -12,16 +12,15 @@ rows ``r = 1 … n`` (the query of the ``r``-th generated token, position ``T+r-
 - boundary leap: the recall gain across the prefill/decode boundary ``0 → 1`` against the gains
   ``1 → 2`` and ``2 → 3`` (the guide's claim is ``Δ(0→1) ≫ Δ(1→2) ≈ Δ(2→3)``).
 
-**[decided]** The default reference is **held out**: decode rows ``4 … n``, after the rows ``1 … 3`` that the leap
-compares, so it does not favour them (``ref_start=None``; a capture with at most 3 decode rows has no
-held-out rows, and then the mean of all of them is used with a :class:`ShiftWarning`). ``ref_start = 1``
-is SPEC's definition (the mean of every decode row, which contains rows 1, 2, 3 themselves).
+**[decided]** The default reference is **held out behind a gap**: decode rows ``6 … n``, after the compared rows
+``1 … 3`` and :data:`HELD_OUT_GAP` = 2 rows (``ref_start=None``). A step into a row that abuts the reference gains
+recall by construction (with the reference from row 4 the largest step was 3→4), so steps that touch the gap or the
+reference are ``clear = False`` in :meth:`ShiftResult.step_frame` and left out of :func:`step_gains`. Too few decode
+rows: the mean of all of them, with a :class:`ShiftWarning`. ``ref_start = 1`` is SPEC's definition.
 
-Leap specificity: :meth:`ShiftResult.step_frame` gives the recall gain of *every* adjacent step
-(``… −2→−1, −1→0, 0→1, 1→2 …``), and :func:`step_gains` its mean with a bootstrap CI across prompts
-(one result per prompt), with the paired comparison of the boundary step ``0→1`` against the last step
-inside the prompt ``−1→0`` (:func:`leap_specificity`): a leap that is a boundary effect beats the step
-before it, a tail effect does not. All arithmetic is float64.
+Leap specificity: :meth:`ShiftResult.step_frame` gives every adjacent step's recall gain, :func:`step_gains` its
+mean with a bootstrap CI across prompts, and :func:`leap_specificity` the paired comparison of ``0→1`` against the
+last step inside the prompt ``−1→0`` (a boundary effect beats it, a tail effect does not). Arithmetic is float64.
 """
 from __future__ import annotations
 
@@ -48,9 +47,10 @@ if TYPE_CHECKING:
     from workbench.capture.data import Capture
 
 __all__ = ["shift_rows", "group_rows", "jsd", "topk_recall", "ShiftAnalysis", "ShiftResult", "ShiftWarning",
-           "step_gains", "leap_specificity", "HELD_OUT_AFTER"]
+           "step_gains", "leap_specificity", "HELD_OUT_AFTER", "HELD_OUT_GAP"]
 
 HELD_OUT_AFTER = 3  # the leap compares decode rows 1 … 3; the held-out reference starts after them
+HELD_OUT_GAP = 2  # decode rows between the compared rows and the reference: no measured step touches them
 
 
 class ShiftWarning(UserWarning):
@@ -303,7 +303,9 @@ class ShiftResult:
         """The recall gain of every adjacent step, per level, layer and unit.
 
         Columns: ``level, layer, unit, r_from, r_to, step`` (``"-1→0"``), ``gain`` (recall at ``r_to`` minus
-        recall at ``r_from``), ``jsd`` (JSD between the two rows), ``boundary`` (``r_from == 0``)."""
+        recall at ``r_from``), ``jsd`` (JSD between the two rows), ``boundary`` (``r_from == 0``), ``clear`` (the
+        step ends more than :data:`HELD_OUT_GAP` rows before the reference's first row, so the reference cannot
+        favour it; every step against an external reference)."""
         parts = []
         rr = self.r.numpy()
         for level, rec, js in self._levels():
@@ -323,7 +325,8 @@ class ShiftResult:
         df = pd.concat(parts, ignore_index=True)
         df["step"] = [f"{a}→{b}" for a, b in zip(df["r_from"], df["r_to"])]
         df["boundary"] = df["r_from"] == 0
-        return df[["level", "layer", "unit", "r_from", "r_to", "step", "gain", "jsd", "boundary"]]
+        df["clear"] = (df["r_to"] < self.ref_start - HELD_OUT_GAP) if self.ref_end >= 0 else True
+        return df[["level", "layer", "unit", "r_from", "r_to", "step", "gain", "jsd", "boundary", "clear"]]
 
     def summary(self) -> pd.DataFrame:
         """Per level: mean recall at ``r = -1, 0, 1, 2, 3``, mean gains and JSDs (``-1→0`` … ``2→3``) and
@@ -349,9 +352,9 @@ class ShiftAnalysis:
     Attributes:
         k: top-``k`` of the recall, ``≥ 1`` (capped at ``T``).
         ref_start: the reference is the mean of decode rows ``ref_start … ref_end``, ``≥ 1``; ``None``
-            (default): held out, ``HELD_OUT_AFTER + 1 = 4`` (after the compared rows ``1 … 3``), or ``1`` with
-            a :class:`ShiftWarning` when the reference has no row after them; ``1`` = SPEC's mean of all
-            decode steps.
+            (default): held out, ``HELD_OUT_AFTER + HELD_OUT_GAP + 1 = 6`` (after the compared rows ``1 … 3``
+            and the gap), or ``1`` with a :class:`ShiftWarning` when the reference has no row after them; ``1`` =
+            SPEC's mean of all decode steps.
         ref_end: last decode row of the reference (default ``n``; e.g. the last answer token before EOS).
         W: tail rows used (default every captured tail row), ``≥ 1``.
     """
@@ -401,11 +404,11 @@ class ShiftAnalysis:
             rs = self.ref_start
             if rs is None:
                 last = n if self.ref_end is None else self.ref_end
-                rs = HELD_OUT_AFTER + 1
-                if last <= HELD_OUT_AFTER:
+                rs = rs_held = HELD_OUT_AFTER + HELD_OUT_GAP + 1
+                if last < rs:
                     rs = 1
                     if n:
-                        warnings.warn(f"ref_start: no held-out reference (decode rows after {HELD_OUT_AFTER} needed, "
+                        warnings.warn(f"ref_start: no held-out reference (decode rows after {rs_held - 1} needed, "
                                       f"the reference has {last}); using decode rows 1..{last}, which contain the "
                                       "rows compared with it (capture more decode steps)", ShiftWarning, stacklevel=2)
             if not 1 <= rs <= n:
@@ -448,7 +451,8 @@ class ShiftAnalysis:
 
 
 def step_gains(results: Sequence[ShiftResult], level: ShiftLevel = "group", *, conf: float = 0.95) -> pd.DataFrame:
-    """Leap specificity across prompts: the recall gain of every adjacent step with a bootstrap CI.
+    """Leap specificity across prompts: the recall gain of every adjacent step the reference cannot favour (``clear``
+    in :meth:`ShiftResult.step_frame`) with a bootstrap CI.
 
     Args:
         results: one :class:`ShiftResult` per prompt (same ``k`` and reference rule).
@@ -466,7 +470,7 @@ def step_gains(results: Sequence[ShiftResult], level: ShiftLevel = "group", *, c
     per = []
     for res in results:
         sf = res.step_frame()
-        per.append(sf[sf.level == level].groupby(["r_from", "r_to"])["gain"].mean())
+        per.append(sf[(sf.level == level) & sf.clear].groupby(["r_from", "r_to"])["gain"].mean())
     common = sorted(set.intersection(*(set(p.index) for p in per)))
     rows = []
     bnd = [p.get((0, 1), math.nan) for p in per]

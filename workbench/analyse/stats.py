@@ -9,6 +9,12 @@ confidence interval and paired wins / ties / losses:
 * :func:`sign_test` — the two-sided exact sign test of paired differences (ties dropped); on 0/1 scores
   it is McNemar's exact test (the binomial test of the discordant pairs ``b`` vs ``c``):
   :func:`mcnemar` gives both the exact and the continuity-corrected chi-square p-value.
+* :func:`sign_flip_test` — the one-sided exact sign-flip (Fisher–Pitman permutation) test of paired differences
+  against a shifted centre ``−δ``: the test of a non-inferiority margin (:func:`noninferiority`, with the one-sided
+  bootstrap bounds the verdict reads).
+* :func:`mde` — the minimum detectable effect at a given power of a paired comparison of ``n`` units with observed
+  discordance ``ψ`` (the mean squared paired difference; for 0/1 scores the share of discordant units), from the
+  normal approximation of McNemar's test (Connor 1987), two-sided or one-sided; :func:`units_needed` inverts it.
 * :func:`paired` — one comparison of two score vectors on the same prompts: the means, the mean paired
   difference with its bootstrap CI, wins / ties / losses, the test, and :meth:`Paired.finding`, one
   sentence generated from the numbers ("no detectable difference" when the interval covers 0, or when the
@@ -24,10 +30,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats as sps
 
-__all__ = ["wilson_ci", "bootstrap_ci", "sign_test", "mcnemar", "Paired", "paired", "accuracy", "fmt_ci"]
+__all__ = ["wilson_ci", "bootstrap_ci", "sign_test", "mcnemar", "Paired", "paired", "accuracy", "fmt_ci",
+           "sign_flip_test", "NonInferiority", "noninferiority", "mde", "units_needed", "POWER"]
 
 LEVEL = 0.95
 N_BOOT = 2000
+POWER = 0.8          # the power an MDE is stated at
+EXACT_FLIPS = 16     # up to this many nonzero differences the sign-flip test enumerates every flip
+N_FLIPS = 100_000    # beyond: seeded Monte Carlo flips
 
 
 def _check_level(level) -> float:
@@ -115,6 +125,112 @@ def mcnemar(b: int, c: int) -> dict:
             "p_chi2": float(sps.chi2.sf(chi2, 1))}
 
 
+def sign_flip_test(x, centre: float = 0.0, alternative: str = "greater", *, seed: int = 0) -> float:
+    """One-sided sign-flip permutation test (Fisher 1935, Pitman 1937) of ``H0``: the paired differences ``x`` are
+    symmetric about ``centre``; ``alternative`` ``"greater"`` (their mean is above ``centre``) or ``"less"``.
+
+    The statistic is ``Σ (x_i − centre)``; its null distribution flips the sign of every deviation. Exact (every
+    flip enumerated) up to :data:`EXACT_FLIPS` nonzero deviations, else ``N_FLIPS`` seeded Monte Carlo flips
+    (``p = (1 + #) / (1 + N)``). No nonzero deviation: ``p = 1``."""
+    if alternative not in ("greater", "less"):
+        raise ValueError(f"alternative: must be 'greater' or 'less', got {alternative!r}")
+    dev = _values(x, "x") - float(centre)
+    dev = dev[np.abs(dev) > 1e-12]
+    if alternative == "less":
+        dev = -dev
+    if dev.size == 0:
+        return 1.0
+    obs = dev.sum() - 1e-12 * dev.size  # flips equal to the observed sum count (float noise aside)
+    mag = np.abs(dev)
+    if dev.size <= EXACT_FLIPS:
+        signs = ((np.arange(2 ** dev.size)[:, None] >> np.arange(dev.size)) & 1) * 2 - 1
+        return float(((signs * mag).sum(1) >= obs).mean())
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for _ in range(N_FLIPS // 10_000):
+        flips = (rng.integers(0, 2, size=(10_000, dev.size)) * 2 - 1) * mag
+        hits += int((flips.sum(1) >= obs).sum())
+    return (1 + hits) / (1 + N_FLIPS)
+
+
+@dataclass(frozen=True)
+class NonInferiority:
+    """A non-inferiority test of paired differences against a margin ``δ``: ``lo1`` / ``hi1`` the one-sided
+    ``level`` bootstrap bounds of the mean difference (the 1 − level and level percentiles), ``p_ni`` the one-sided
+    sign-flip p-value of ``H1: mean > −δ`` and ``p_inf`` that of ``H1: mean < −δ``."""
+
+    margin: float
+    lo1: float
+    hi1: float
+    p_ni: float
+    p_inf: float
+
+
+def noninferiority(d, margin: float, level: float = LEVEL, *, n_boot: int = N_BOOT, seed: int = 0) -> NonInferiority:
+    """The one-sided test of ``mean(d) ≥ −margin`` on paired differences ``d`` (no NaN): bootstrap bounds at ``level``
+    one-sided (same generator and seed as :func:`bootstrap_ci`) and :func:`sign_flip_test` about ``−margin``."""
+    level = _check_level(level)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+        raise ValueError(f"margin: must be a number in [0, 1), got {margin!r}")
+    a = _values(d, "d")
+    lo1, hi1 = bootstrap_ci(a, 2 * level - 1, n_boot=n_boot, seed=seed) if level > 0.5 else (math.nan, math.nan)
+    return NonInferiority(float(margin), lo1, hi1, sign_flip_test(a, -margin, "greater", seed=seed),
+                          sign_flip_test(a, -margin, "less", seed=seed))
+
+
+def _z(alpha: float, sided: int) -> float:
+    return float(sps.norm.ppf(1 - alpha / sided))
+
+
+def _check_power(n, discordance, alpha, power, sided):
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n: must be an integer >= 1, got {n!r}")
+    if not (isinstance(discordance, (int, float)) and 0 <= discordance):
+        raise ValueError(f"discordance: must be a number >= 0, got {discordance!r}")
+    for name, v in (("alpha", alpha), ("power", power)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
+            raise ValueError(f"{name}: must be a number in (0, 1), got {v!r}")
+    if sided not in (1, 2):
+        raise ValueError(f"sided: must be 1 or 2, got {sided!r}")
+
+
+def mde(n: int, discordance: float, alpha: float = 1 - LEVEL, power: float = POWER, *, sided: int = 2) -> float:
+    """The minimum detectable effect Δ of a paired comparison of ``n`` units at ``power``: the smallest mean
+    difference the test at ``alpha`` (``sided`` 2, or 1 for a non-inferiority margin) rejects with that power.
+
+    Normal approximation of McNemar's test (Connor 1987) with ``ψ`` = ``discordance`` (the mean squared paired
+    difference; 0/1 scores: the share of discordant units): ``√n Δ = z_α √ψ + z_β √(ψ − Δ²)``, solved in closed
+    form, ``Δ = √ψ (√n z_α + z_β √(n − z_α² + z_β²)) / (n + z_β²)``. With no discordant unit observed (``ψ = 0``,
+    every pair tied) ``ψ = 1 / n`` (one discordant unit on the 0/1 scale: the design needs one to detect anything).
+    ``inf`` when no effect within ``√ψ`` reaches the power (too few units)."""
+    _check_power(n, discordance, alpha, power, sided)
+    psi = float(discordance) if discordance > 0 else 1.0 / n
+    za, zb = _z(alpha, sided), float(sps.norm.ppf(power))
+    disc = n - za * za + zb * zb
+    if disc < 0:
+        return math.inf
+    delta = math.sqrt(psi) * (math.sqrt(n) * za + zb * math.sqrt(disc)) / (n + zb * zb)
+    return delta if delta <= math.sqrt(psi) else math.inf
+
+
+def units_needed(effect: float, discordance: float, alpha: float = 1 - LEVEL, power: float = POWER, *,
+                 sided: int = 2) -> int:
+    """The fewest independent units whose :func:`mde` at ``discordance`` is at most ``effect`` (``> 0``); Connor's
+    ``n = (z_α √ψ + z_β √(ψ − Δ²))² / Δ²`` rounded up, then checked against :func:`mde`."""
+    if isinstance(effect, bool) or not isinstance(effect, (int, float)) or not effect > 0:
+        raise ValueError(f"effect: must be a number > 0, got {effect!r}")
+    _check_power(1, discordance, alpha, power, sided)
+    psi = float(discordance)
+    if effect * effect > psi:
+        raise ValueError(f"effect: must be at most sqrt(discordance) = {math.sqrt(psi):.3g} (a mean difference "
+                         f"cannot exceed the root mean square of the differences), got {effect!r}")
+    za, zb = _z(alpha, sided), float(sps.norm.ppf(power))
+    n = max(1, math.ceil((za * math.sqrt(psi) + zb * math.sqrt(psi - effect * effect)) ** 2 / effect ** 2))
+    while mde(n, psi, alpha, power, sided=sided) > effect * (1 + 1e-12):  # float noise of the closed form
+        n += 1
+    return n
+
+
 def fmt_ci(lo: float, hi: float, signed: bool = False, digits: int = 2) -> str:
     """``[lo, hi]`` with ``digits`` decimals (``+`` signs when ``signed``)."""
     if math.isnan(lo) or math.isnan(hi):
@@ -162,6 +278,9 @@ class Paired:
         wins, ties, losses: prompts where A scores above, equal to, below B.
         test: ``"mcnemar"`` (0/1 scores: exact McNemar) or ``"sign"`` (exact sign test); p: its p-value.
         binary: whether both score vectors are 0/1 (then ``acc_a``/``acc_b`` carry Wilson intervals).
+        disc: the discordance, the mean squared paired difference (0/1 scores: the share of discordant prompts),
+            what :func:`mde` needs.
+        ni: the non-inferiority test (:func:`noninferiority`) when :func:`paired` was given a margin.
     """
 
     n: int
@@ -179,6 +298,8 @@ class Paired:
     binary: bool
     acc_a: Accuracy | None = None
     acc_b: Accuracy | None = None
+    disc: float = math.nan
+    ni: NonInferiority | None = None
 
     @property
     def detectable(self) -> bool:
@@ -220,6 +341,9 @@ class Paired:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d.pop("ni")
+        if self.ni is not None:
+            d.update(margin=self.ni.margin, lo1=self.ni.lo1, hi1=self.ni.hi1, p_ni=self.ni.p_ni, p_inf=self.ni.p_inf)
         for k in ("acc_a", "acc_b"):
             acc = getattr(self, k)
             d.pop(k)
@@ -229,11 +353,12 @@ class Paired:
         return d
 
 
-def paired(a, b, level: float = LEVEL, *, n_boot: int = N_BOOT, seed: int = 0) -> Paired:
+def paired(a, b, level: float = LEVEL, *, n_boot: int = N_BOOT, seed: int = 0, margin: float | None = None) -> Paired:
     """Compare scores ``a`` and ``b`` of two methods on the same prompts (``a[i]``, ``b[i]``: prompt ``i``).
 
     0/1 scores are tested with McNemar's exact test, others with the sign test; the mean difference
-    gets a percentile bootstrap CI over prompts.
+    gets a percentile bootstrap CI over prompts. ``margin``: also test non-inferiority of A at that margin
+    (:func:`noninferiority`, in ``Paired.ni``).
     """
     x, y = _values(a, "a"), _values(b, "b")
     if x.shape != y.shape:
@@ -250,4 +375,5 @@ def paired(a, b, level: float = LEVEL, *, n_boot: int = N_BOOT, seed: int = 0) -
     return Paired(n=n, mean_a=float(x.mean()) if n else math.nan, mean_b=float(y.mean()) if n else math.nan,
                   diff=float(d.mean()) if n else math.nan, lo=lo, hi=hi, wins=w, ties=t, losses=lo_n, test=test,
                   p=p, level=level, binary=binary, acc_a=accuracy(x, level) if binary else None,
-                  acc_b=accuracy(y, level) if binary else None)
+                  acc_b=accuracy(y, level) if binary else None, disc=float((d * d).mean()) if n else math.nan,
+                  ni=None if margin is None or not n else noninferiority(d, margin, level, n_boot=n_boot, seed=seed))

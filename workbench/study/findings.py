@@ -80,14 +80,14 @@ def clusters(d: pd.DataFrame) -> pd.Series:
     return c.where(c.notna() & (c.astype(str) != ""), own).astype(str)
 
 
-def cluster_paired(a, b, cluster, level: float = 0.95):
+def cluster_paired(a, b, cluster, level: float = 0.95, margin: float | None = None):
     """The paired comparison of per-prompt scores ``a`` and ``b`` over independent units: prompts of one ``cluster``
-    are one unit, scored by their mean (:func:`workbench.analyse.stats.paired` over the cluster means). Returns
-    ``(Paired, clusters)``; ``Paired.n`` is the number of clusters."""
+    are one unit, scored by their mean (:func:`workbench.analyse.stats.paired` over the cluster means; ``margin``:
+    with its non-inferiority test). Returns ``(Paired, clusters)``; ``Paired.n`` is the number of clusters."""
     units = pd.DataFrame({"a": np.asarray(a, dtype=float), "b": np.asarray(b, dtype=float),
                           "c": np.asarray(cluster, dtype=object).astype(str)})
     per = units.groupby("c", sort=True)[["a", "b"]].mean()
-    return paired(per["a"].to_numpy(), per["b"].to_numpy(), level), len(per)
+    return paired(per["a"].to_numpy(), per["b"].to_numpy(), level, margin=margin), len(per)
 
 
 def _scores(d: pd.DataFrame, metric: str) -> dict[str, pd.Series]:
@@ -143,7 +143,8 @@ def _pairs(d: pd.DataFrame) -> list[tuple[str, str]]:
     return out
 
 
-def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.95) -> pd.DataFrame:
+def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.95,
+                margin: float | None = None) -> pd.DataFrame:
     """One row per (scope, A, B): paired statistics and the finding sentence.
 
     The unit of ``n`` is the cluster (:func:`clusters`): prompts that share a fact or a haystack are one unit, scored
@@ -151,7 +152,8 @@ def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.
     independent units; ``prompts`` and ``clusters`` give both counts.
 
     Columns: ``scope`` (a task, or ``all tasks (pooled)``), ``a, b, metric, n, mean_a, mean_b, diff, lo,
-    hi, wins, ties, losses, test, p, verdict, finding, prompts, clusters`` and, against the reference, ``cond_n`` (prompts
+    hi, wins, ties, losses, test, p, disc, verdict, finding, prompts, clusters`` (with a ``margin``: also its
+    non-inferiority test, ``margin, lo1, hi1, p_ni, p_inf``) and, against the reference, ``cond_n`` (prompts
     the reference gets right), ``cond_right`` (of those, how many A keeps right) with ``cond_lo``,
     ``cond_hi`` (Wilson).
     """
@@ -175,7 +177,7 @@ def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.
                 continue
             of = cluster_of.reindex(common)
             units = pd.DataFrame({"a": sa[common].to_numpy(), "b": sb[common].to_numpy(), "c": of.to_numpy()})
-            r, n_clusters = cluster_paired(units["a"], units["b"], units["c"], level)
+            r, n_clusters = cluster_paired(units["a"], units["b"], units["c"], level, margin)
             row = dict(scope=scope, a=a, b=b, metric=metric, **{k: v for k, v in r.to_dict().items()
                                                                    if k not in ("level", "binary")},
                        prompts=len(common), clusters=n_clusters)

@@ -193,15 +193,15 @@ def _items(cfg: ReportConfig, tokenizer, user: dict) -> tuple[list, list[dict]]:
     return items, sources
 
 
-def _method_grid(cfg: ReportConfig) -> dict:
-    grid = {}
+def _method_grid(cfg: ReportConfig) -> list:
+    grid = []
     for m in cfg.methods:
         if m == "full":
-            grid["full"] = {}
+            grid.append(("full", {}))
         elif m == "entroprefill":
-            grid["entroprefill"] = dict(cfg.entroprefill)
+            grid += [("entroprefill", p) for p in cfg.entroprefill_settings()]
         elif m == "evict":
-            grid["evict"] = {"policy": list(cfg.policies), "budget_frac": list(cfg.budget_fracs)}
+            grid.append(("evict", {"policy": list(cfg.policies), "budget_frac": list(cfg.budget_fracs)}))
     return grid
 
 
@@ -366,7 +366,7 @@ def _sweep_tables(cfg: ReportConfig, lm, items, df: pd.DataFrame, figures: dict,
     tables["items"] = items_frame(items)
     tables["sweep"] = df
     tables["summary"] = summary_table(df)
-    _findings(df, tables, notes, info_extra)
+    _findings(df, tables, notes, info_extra, cfg.margin)
     mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
     notes["sweep"] = (f"{len(items)} prompts × methods {list(cfg.methods)} (evict: policies {list(cfg.policies)} "
                       f"at budget fractions {list(cfg.budget_fracs)}), max_new_tokens {mnt} (per task); "
@@ -394,11 +394,11 @@ def _n_note(df: pd.DataFrame) -> str:
     return ", ".join(f"{k} {v}" for k, v in g.items())
 
 
-def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict) -> None:
+def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict, margin: float) -> None:
     """The reference check, the comparisons with their sentences, accuracies with Wilson CIs and the timing rule."""
     ref, warns = fnd.reference_check(df)
     comp = fnd.comparisons(df)
-    shows = conclusions(df)  # the seed claims the sweep can speak to (no leap / priority tables: it says so)
+    shows = conclusions(df, margin=margin)  # the seed claims the sweep can speak to (no leap / priority tables: said)
     tables["conclusions"] = shows.to_frame()
     info["conclusions"] = {"rule": shows.rule(), "counts": shows.counts(), "missing": list(shows.missing)}
     tables["reference_check"] = ref

@@ -69,7 +69,8 @@ def _reference_html(ref, warns: list) -> str:
     return "".join(parts) + "</section>"
 
 
-_VERDICT_STYLE = {"supported": "#1e7b34", "contradicted": "#c0392b", "not shown": "#555", "reference failed": "#d39e00"}
+_VERDICT_STYLE = {"supported": "#1e7b34", "non-inferior": "#1e7b34", "inconclusive": "#555", "inferior": "#c0392b",
+                  "contradicted": "#c0392b", "reference failed": "#d39e00", "descriptive": "#555"}
 
 
 def _conclusions_html(table, info: dict) -> str:
@@ -80,15 +81,20 @@ def _conclusions_html(table, info: dict) -> str:
         return parts[0] + "<p>No conclusions were computed.</p></section>"
     parts.append(f"<p class='note'>{e(info.get('rule', '').replace('**', ''))}</p>")
     counts = info.get("counts", {})
-    parts.append(f"<p>{sum(counts.values())} claims: " + ", ".join(f"{e(k)} {v}" for k, v in counts.items()) + ".</p>")
+    parts.append(f"<p>{sum(counts.values())} substantive claims: " + ", ".join(f"{e(k)} {v}" for k, v in counts.items())
+                 + " (descriptive rows: no verdict, not counted).</p>")
     if table is not None and len(table):
         lines = []
         for r in table.itertuples(index=False):
-            eff = "n/a" if r.effect != r.effect else f"{r.effect:+.3f} [{r.lo:+.3f}, {r.hi:+.3f}]"
+            eff = ("n/a" if r.effect != r.effect else f"{r.effect:+.3f}"
+                   + ("" if r.lo != r.lo else f" [{r.lo:+.3f}, {r.hi:+.3f}]"))
+            mde = getattr(r, "mde", float("nan"))
             p = "—" if r.p != r.p else f"{r.p:.3g}"
             lines.append(f"<li class='claim'><b style='color:{_VERDICT_STYLE.get(r.verdict, '#222')}'>{e(r.verdict)}"
                          f"</b>: {e(r.claim)} ({e(r.source)}) on {e(str(r.task))}: {e(r.comparison)}, n = {int(r.n)} "
                          f"clusters ({int(r.prompts)} prompts), effect {e(eff)}, {e(r.test)} p = {e(p)}"
+                         + ("" if mde != mde else f", MDE {mde:.3f}")
+                         + (" (underpowered)" if getattr(r, "underpowered", False) else "")
                          + (f"; {e(r.note)}" if r.note else "")
                          + (f"; reference: {e(r.reference)}" if r.reference else "") + "</li>")
         parts.append("<ol class='findings'>" + "".join(lines) + "</ol>")

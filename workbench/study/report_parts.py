@@ -29,7 +29,7 @@ def capture_part(cfg: ReportConfig, lm):
 
     prompt = load_example().build(lm.tokenizer, max_context=lm.shape.max_context)
     cap = run_capture(lm, prompt, RowSet(tail=cfg.capture_tail, n_decode=cfg.capture_decode), progress=cfg.progress)
-    params = EntroPrefillParams(**{k: v for k, v in cfg.entroprefill.items() if k != "layer"})
+    params = EntroPrefillParams(**{k: v for k, v in cfg.entroprefill_settings()[0].items() if k != "layer"})
     tr = trace(cap, params)
     tf = tr.to_frame()
     valid = [int(l) for l in tf.loc[tf["valid"].astype(bool), "layer"]]
