@@ -224,3 +224,20 @@ def test_layer_roles():
     assert "chunked" in layer_roles.layer_roles(l4)
     assert layer_roles.state_layers(g3) == [] and layer_roles.evictable_layers(n3) == [0, 1]
     assert set(layer_roles.ROLES) == {"full", "sliding", "chunked", "latent", "recurrent", "shared"}
+
+
+def test_hybrid_preview_from_a_capture_scores_the_softmax_layers():
+    """The panel's preview (evidence from a saved capture) scores a hybrid's softmax layers only, as the session
+    does: the same kept sets as a run, one row per softmax layer (the recurrent layers' NaN rows are not scored)."""
+    from workbench.capture import RowSet, run_capture
+    from workbench.rerun.eviction import Evidence, preview
+
+    m = _model("qwen3_next")
+    spans = _spans()
+    cap = run_capture(m, spans, RowSet(tail=4, n_decode=0), progress=False)
+    ev = Evidence.from_capture(cap)
+    pol = SnapKV(n_sink=2, recent=2, window=4)
+    kept = preview(pol, ev, 8)
+    assert ev.L == 2 and kept.shape == (2, 2, 8)
+    r = generate_with_policy(m, spans, pol, 8, 2, progress=False)
+    assert torch.equal(r.kept, kept)
