@@ -241,3 +241,22 @@ def test_hybrid_preview_from_a_capture_scores_the_softmax_layers():
     assert ev.L == 2 and kept.shape == (2, 2, 8)
     r = generate_with_policy(m, spans, pol, 8, 2, progress=False)
     assert torch.equal(r.kept, kept)
+
+
+def test_hybrid_batched_runs_and_rerotate():
+    """``run_policies(batch=True)`` on a hybrid gives the unbatched results (its recurrent state is not stacked
+    across runs: each decodes alone), and ``rerotate`` turns the softmax layers' kept keys (its decoded tokens equal
+    the unbatched re-rotated run's)."""
+    from workbench.rerun.eviction import EvictionSession, run_policies
+
+    m = _model("qwen3_next")
+    spans = _spans()
+    pols = [SnapKV(n_sink=2, recent=2, window=4), StreamingLLM(n_sink=2, recent=2)]
+    one = run_policies(m, spans, pols, [8], 3, progress=False, keep_logits=True)
+    many = run_policies(m, spans, pols, [8], 3, progress=False, keep_logits=True, batch=True)
+    for a, b in zip(one, many):
+        assert a.error is None and b.error is None and a.ids == b.ids
+        assert (a.logits - b.logits).abs().max().item() <= TOL
+    sess = EvictionSession.prepare(m, spans, pols[1].needs(), 3, progress=False)
+    r = sess.run(pols[1], 8, rerotate=True)
+    assert r.rerotated and r.layers == (1, 3) and len(r.ids) == 3
