@@ -77,7 +77,8 @@ def test_matrix_is_the_family_table():
         [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + FULL_PARTIAL + list(MLA))
     assert {f.name for f in families.FAMILIES if f.mla} == set(MLA)  # capture, pruning and eviction exact
     assert not {f.name for f in families.FAMILIES if f.evict}  # no family has eviction refused as a whole
-    assert {f.name for f in families.FAMILIES if f.capture_only} == set(PARTIAL) | set(FULL_PARTIAL)  # capture only
+    assert {f.name for f in families.FAMILIES if f.capture_only} == set(FULL_PARTIAL) - {"falcon_h1"}  # capture only
+    assert {f.name for f in families.FAMILIES if f.hybrid} == set(PARTIAL) | {"falcon_h1"}  # capture and eviction
     assert set(REFUSED) <= set(families.REFUSED)
 
 
@@ -329,13 +330,39 @@ def test_refused_current_family_at_load(family, tmp_path):
         load_model(tmp_path, device="cpu", progress=False)
 
 
-# ----------------------------------------------------------------------------- hybrids: capture on softmax layers
+# ----------------------------------------------------------------------------- hybrids: capture and eviction on softmax layers
 PARTIAL = {"lfm2": dict(layer_types=["conv", "full_attention", "conv", "full_attention"]),
            "qwen3_next": dict(layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
            "qwen3_5_text": dict(layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
            "granitemoehybrid": dict(layer_types=["mamba", "attention", "mamba", "attention"]),
            "jamba": dict(attn_layer_period=2, attn_layer_offset=1),
            "bamba": dict(attn_layer_indices=[1, 3])}
+
+
+def _assert_hybrid_evicts(m, spans, T: int, family: str) -> None:
+    """A hybrid: pruned prefill is refused, saying why; every policy runs on its softmax layers (ExpectedAttention
+    refused where the model has no rotary embedding to read), equal to the full cache at B ≥ T, and at B < T the KV
+    bytes fall on the softmax layers only while the recurrent state is reported apart (the oracle at B < T:
+    tests/test_hybrid_eviction.py)."""
+    with pytest.raises(ValueError, match=rf"run_pruned: pruned prefill cannot run on {family}: .*read their input in "
+                                         rf"sequence order"):
+        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
+    soft = families.softmax_layers(m)
+    full = run_full(m, spans, max_new_tokens=2)
+    for r in run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False):
+        if r.policy == "expected-attention" and family in ("jamba", "granitemoehybrid"):
+            assert re.match(rf"policy: ExpectedAttention cannot run on {family}: .*no shared rotary embedding",
+                            r.error or ""), r.error
+            continue
+        assert r.error is None, (r.policy, r.error)
+        assert r.layers == tuple(soft) and r.kv_bytes_state > 0
+        if r.budget >= T or r.policy == "full":
+            assert r.ids == full.generated_ids, (r.policy, r.budget)
+            assert r.kv_bytes_after == r.kv_bytes_before
+        else:
+            assert not r.not_compacted and r.compacted_layers == tuple(soft)
+            for l, (a_, b_) in enumerate(zip(r.kv_layer_bytes_after, r.kv_layer_bytes_before)):
+                assert (a_ < b_) if l in soft else (a_ == b_ == 0), (r.policy, l)
 
 
 def _assert_pruning_and_eviction_refused(m, spans, T: int, why: str) -> None:
@@ -353,10 +380,10 @@ def _assert_pruning_and_eviction_refused(m, spans, T: int, why: str) -> None:
 
 
 @pytest.mark.parametrize("family", sorted(PARTIAL))
-def test_hybrid_capture_only(family):
-    """A hybrid (capture only): rows on its softmax layers equal the model's own eager attention on prompt and
-    decode rows, the other layers' rows are NaN and named, logits are bit-identical with capture on and off, and
-    pruned prefill and eviction are refused at the call with the family and the reason."""
+def test_hybrid_capture_and_eviction(family):
+    """A hybrid: rows on its softmax layers equal the model's own eager attention on prompt and decode rows, the
+    other layers' rows are NaN and named, logits are bit-identical with capture on and off, every policy evicts on
+    its softmax layers, and pruned prefill is refused at the call with the family and the reason."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         m = tiny_model(family, L=4, H_Q=4, G=2, d=16, seed=1, **PARTIAL[family])
@@ -366,7 +393,7 @@ def test_hybrid_capture_only(family):
         with pytest.raises(TypeError, match=f"{family}.*not supported"):
             families.family_of(adapter.text_config(_model_cfg(family)))
         return
-    assert families.family_of(adapter.text_config(_model_cfg(family))).capture_only
+    assert families.family_of(adapter.text_config(_model_cfg(family))).hybrid
     spans = _spans()
     T = spans.T
     soft = families.softmax_layers(m)
@@ -382,8 +409,7 @@ def test_hybrid_capture_only(family):
     with pytest.raises(ValueError, match=r"layers \[0, 2\] of this capture are not softmax attention"):
         cap.require_all_layers("trace")
     _assert_capture_leaves_logits_unchanged(m, spans)
-    why = rf"cannot run on {family}: .*a gather cannot shorten .*\(layers \[0, 2\] are not softmax attention"
-    _assert_pruning_and_eviction_refused(m, spans, T, why)
+    _assert_hybrid_evicts(m, spans, T, family)
 
 
 # capture-only rows whose every layer has softmax attention: gemma3n_text (its last half reads the first half's KV),
@@ -393,9 +419,10 @@ FULL_PARTIAL = ["gemma3n_text", "falcon_h1"]
 
 @pytest.mark.parametrize("family", FULL_PARTIAL)
 def test_capture_only_every_layer(family):
-    """A capture-only family with softmax attention in every layer: rows on every layer equal the model's own eager
-    attention on prompt and decode rows, logits are bit-identical with capture on and off, and pruned prefill and
-    eviction are refused at the call with the family and the reason."""
+    """A family with softmax attention in every layer beside something else: rows on every layer equal the model's
+    own eager attention on prompt and decode rows, logits are bit-identical with capture on and off; gemma3n_text
+    (capture-only) refuses pruned prefill and eviction at the call with the family and the reason; falcon_h1 (a
+    hybrid: Mamba-2 beside attention) evicts its attention KV and refuses pruned prefill."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         m = tiny_model(family, L=4, H_Q=4, G=2, d=16, seed=1)
@@ -403,7 +430,8 @@ def test_capture_only_every_layer(family):
         with pytest.raises(TypeError, match=f"{family}.*not supported .*under this transformers: .*builds no cache"):
             adapter.check_supported(m)
         return
-    assert families.family_of(adapter.text_config(_model_cfg(family))).capture_only
+    fam = families.family_of(adapter.text_config(_model_cfg(family)))
+    assert bool(fam.capture_only) == (family == "gemma3n_text") and bool(fam.hybrid) == (family == "falcon_h1")
     if family == "gemma3n_text":  # layers 2 and 3 attend layers 0 and 1's keys and values (no k_proj of their own)
         assert [bool(b.self_attn.is_kv_shared_layer) for b in adapter.decoder_layers(m)] == [False, False, True, True]
         assert families.sliding_layers(m) == [0, 2]
@@ -419,6 +447,9 @@ def test_capture_only_every_layer(family):
     err = (cap.attn - ref).abs().max().item()
     assert err <= TOL, err
     _assert_capture_leaves_logits_unchanged(m, spans)
+    if family == "falcon_h1":
+        _assert_hybrid_evicts(m, spans, T, family)
+        return
     why = rf"cannot run on {family}: .*; only capture is supported \(every layer has rows\)"
     _assert_pruning_and_eviction_refused(m, spans, T, why)
 
@@ -443,7 +474,7 @@ def test_hybrid_trace_refused():
 
 @pytest.mark.model
 def test_hybrid_loads_with_a_warning(tmp_path, smollm):
-    """``load_model`` accepts a capture-only hybrid, warning what is unavailable; capture then runs on it."""
+    """``load_model`` accepts a hybrid, warning what is unavailable; capture then runs on it."""
     from workbench.run.models import load_model
 
     with warnings.catch_warnings():
@@ -451,8 +482,9 @@ def test_hybrid_loads_with_a_warning(tmp_path, smollm):
         tiny_model("lfm2", vocab=len(smollm.tokenizer), L=2, H_Q=4, G=2, d=16,
                    layer_types=["conv", "full_attention"]).save_pretrained(tmp_path)
     smollm.tokenizer.save_pretrained(tmp_path)
-    with pytest.warns(UserWarning, match="lfm2 is partially supported: attention rows are captured on its softmax "
-                                         "layers only .*pruned prefill, eviction and the stability bounds are unavailable"):
+    with pytest.warns(UserWarning, match="lfm2 is partially supported: attention rows are captured and the cache is "
+                                         "evicted on its softmax layers only .*pruned prefill and the stability bounds "
+                                         "are unavailable"):
         lm = load_model(tmp_path, device="cpu", progress=False)
     cap = run_capture(lm, _spans(), RowSet(observers=False, audit=None, tail=3), progress=False)
     assert cap.softmax_layers == [1] and bool(torch.isnan(cap.attn[0]).all())

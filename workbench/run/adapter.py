@@ -16,13 +16,14 @@ from typing import Callable
 
 import torch
 import transformers
+import transformers.cache_utils as hf_cache_utils
 from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging as hf_logging
 
-from workbench.run import families, load_checks
+from workbench.run import families, layer_roles, load_checks
 from workbench.run.families import decoder_layers, final_norm, layers_owner  # noqa: F401  (re-exported)
 
 CAPTURE_PREFIX = "workbench_capture_"
@@ -353,9 +354,10 @@ def eager_attentions(model, input_ids: torch.Tensor, **kw):
 
 # ----------------------------------------------------------------------------- caches and forward
 def new_cache(model):
-    """A fresh dynamic cache for ``model``; ``None`` for a capture-only hybrid, which builds its own cache on its
-    first forward (transformers before 5.24 keeps a hybrid's convolution state in a cache class of its own)."""
-    if families.family_of(model).capture_only:
+    """A fresh dynamic cache for ``model``; ``None`` for a hybrid or a capture-only family, which builds its own cache
+    on its first forward (a hybrid's cache holds the recurrent and convolution states in layers of their own)."""
+    fam = families.family_of(model)
+    if fam.capture_only or fam.hybrid:
         return None
     try:
         return DynamicCache(config=model.config)
@@ -533,12 +535,13 @@ def kv_bytes_per_position(model) -> int | None:
     ``model`` stores full-attention keys and values of that one shape; ``None`` when the layers differ (a
     sliding-window layer holds only its window, an MLA latent or per-layer head sizes another shape, a
     capture-only hybrid's recurrent layers no cache of this kind), so a cache size cannot be read off a kept
-    count without a run. ``e`` is the size of the model's parameter dtype (the cache's)."""
+    count without a run. A hybrid's recurrent layers hold none: the size is one softmax layer's (``GenerationResult.kept``
+    has one row per evictable layer). ``e`` is the size of the model's parameter dtype (the cache's)."""
     fam = families.family_of(model)
-    if fam.mla or fam.capture_only or families.sliding_layers(model):
+    if fam.capture_only:
         return None
-    c = text_config(model.config)
-    if getattr(c, "layer_types", None) is not None and any(t != "full_attention" for t in c.layer_types):
+    roles = layer_roles.layer_roles(model)
+    if any(r not in ("full", "recurrent") for r in roles):
         return None
     s = model_shape(model)
     e = next(model.parameters()).element_size()
@@ -546,12 +549,26 @@ def kv_bytes_per_position(model) -> int | None:
 
 
 def cache_bytes(cache) -> int:
-    """Bytes held by the keys and values of a cache."""
+    """Bytes held by the keys and values of a cache (what eviction can shrink; the rest is :func:`state_bytes`)."""
     total = 0
     for lay in cache_layers(cache):
         if getattr(lay, "keys", None) is not None and lay.keys.numel():
             total += lay.keys.numel() * lay.keys.element_size() + lay.values.numel() * lay.values.element_size()
     return total
+
+
+def state_bytes(cache) -> int:
+    """Bytes of the fixed-size recurrent and convolution states of a cache (a hybrid's linear-attention, Mamba and
+    short-convolution layers, Falcon-H1's Mamba-2 beside attention): what eviction cannot shrink, whatever the length."""
+    sts = [getattr(lay, n, None) for lay in cache_layers(cache) for n in ("conv_states", "recurrent_states")]
+    return sum(t.numel() * t.element_size() for st in sts if isinstance(st, dict) for t in st.values()
+               if isinstance(t, torch.Tensor))
+
+
+# a layer holding keys and values beside a recurrent state (Falcon-H1): its keys and values are a dynamic layer's
+_COMPACTABLE = (DynamicLayer, DynamicSlidingWindowLayer) + tuple(
+    t for t in (getattr(hf_cache_utils, "LinearAttentionAndFullAttentionLayer", None),
+                getattr(hf_cache_utils, "LinearAttentionAndSlidingWindowAttentionLayer", None)) if t is not None)
 
 
 # ----------------------------------------------------------------------------- cache surgery: eviction
@@ -587,7 +604,9 @@ def compact_cache_layers(cache, keep: list) -> tuple[list[int], dict[int, str]]:
 
     Sliding-window layers are compacted too. The stored positions are recorded (``workbench_positions``)
     so that later decode steps of a sliding-window layer measure the window in original positions
-    (decode inside :func:`original_positions`; a full layer's record is not extended by decoding). ``keep[l] = None`` leaves layer ``l`` as it is.
+    (decode inside :func:`original_positions`; a full layer's record is not extended by decoding). ``keep[l] = None``
+    leaves layer ``l`` as it is (a hybrid's recurrent layer must: it holds no keys); a recurrent state beside keys
+    (Falcon-H1) is left as it is.
 
     Returns:
         ``(compacted layers, {layer: reason} for layers that cannot be compacted)``.
@@ -599,7 +618,10 @@ def compact_cache_layers(cache, keep: list) -> tuple[list[int], dict[int, str]]:
     for l, (lay, kp) in enumerate(zip(layers, keep)):
         if kp is None:
             continue
-        if type(lay) not in (DynamicLayer, DynamicSlidingWindowLayer) or getattr(lay, "record_past", False):
+        if getattr(lay, "keys", None) is None:
+            raise ValueError(f"keep: layer {l} stores no keys (a {type(lay).__name__}: a recurrent or convolution "
+                             f"state); its entry must be None")
+        if type(lay) not in _COMPACTABLE or getattr(lay, "record_past", False):
             skipped[l] = f"a {type(lay).__name__} cache layer cannot be compacted (dynamic layers only)"
             continue
         k, v = lay.keys, lay.values
@@ -778,9 +800,12 @@ def attention_inputs(model, fn: Callable):
     def hook(l, m, a, kw):
         fn(l, m, layer_hidden(a, kw), kw)  # returns None: the call's inputs are left as they are
 
+    attn = families.family_of(model).attn
     try:
         for l, layer in enumerate(decoder_layers(model)):
-            handles.append(layer.self_attn.register_forward_pre_hook(
+            if getattr(layer, attn, None) is None:  # a hybrid's recurrent layer: no attention call
+                continue
+            handles.append(getattr(layer, attn).register_forward_pre_hook(
                 lambda m, a, kw, l=l: hook(l, m, a, kw), with_kwargs=True))
         yield
     finally:

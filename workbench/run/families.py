@@ -7,12 +7,16 @@ refuses it with its architecture's reason (``load_model`` calls it, so a model i
 its first capture). A family is listed only when its row of
 ``tests/test_conformance.py`` passes: captured rows equal the model's own eager ``output_attentions``,
 logits are bit-identical with capture on and off, the pruning oracles hold with a binding sliding window,
-and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2, qwen3_next, qwen3_5_text, granitemoehybrid,
-jamba, bamba, falcon_h1; granitemoehybrid, bamba and falcon_h1 only from transformers 5.24, :data:`MIN_TRANSFORMERS`) is
-partially supported: capture on its softmax layers (:func:`softmax_layers`; falcon_h1: every layer, Mamba-2 beside
-attention) is exact, and pruned prefill and eviction are refused at the call (:func:`capture_only_refusal`), since a
-gather cannot shorten its other layers' state. gemma3n_text is capture-only too (every layer): its KV-sharing layers
-attend an earlier layer's keys, so evicting one layer's cache would change another's. The MLA rows (deepseek_v2,
+and eviction shrinks every layer kind. A hybrid row (``hybrid``: lfm2, qwen3_next, qwen3_5_text, granitemoehybrid,
+jamba, bamba, falcon_h1; granitemoehybrid, bamba and falcon_h1 only from transformers 5.24, :data:`MIN_TRANSFORMERS`)
+captures and evicts on its softmax layers (:func:`softmax_layers`; falcon_h1: every layer, Mamba-2 beside attention):
+only they hold per-position keys and values, the recurrent or convolution state (``state`` modules,
+:func:`workbench.run.layer_roles.state_layers`) has a fixed size and eviction leaves it as it is; every policy runs
+over the softmax layers alone. Pruned prefill is refused at the call (:func:`prune_refusal`): the recurrent layers
+read their input in sequence order, so a gathered sequence is not one the full model runs. gemma3n_text is
+capture-only (every layer, :func:`capture_only_refusal`): its KV-sharing layers attend an earlier layer's keys, so
+evicting one layer's cache would change another's. Each layer's role (full, sliding, chunked, latent, recurrent,
+shared) is read in one place, :func:`workbench.run.layer_roles.layer_roles`. The MLA rows (deepseek_v2,
 deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every policy but ExpectedAttention and the
 kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`). The llama4_text row
 (chunked attention, :func:`layer_chunk`: chunks measured in original positions after a gather or an eviction) is exact
@@ -35,7 +39,7 @@ from workbench.run import derive
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
            "layer_window", "sliding_layers", "layer_chunk", "chunked_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
-           "position_refusal", "derived_family", "is_derived",
+           "prune_refusal", "position_refusal", "derived_family", "is_derived",
            "unavailable", "MIN_TRANSFORMERS", "version_refusal"]
 
 
@@ -67,9 +71,13 @@ class Family:
             layers when the model has windowed ones (EXAONE-4).
         bound: ``""``, or why the stability constants ``K_l`` are not offered for the family (its block is not
             one the bounds were verified on); the per-block drift is still exact.
-        capture_only: ``""``, or why only capture is offered (a hybrid whose other layers keep a recurrent or
-            convolution state): rows are captured on its softmax-attention layers (:func:`softmax_layers`, the
-            blocks that have an ``attn`` module), pruned prefill and eviction are refused with this reason.
+        capture_only: ``""``, or why only capture is offered (gemma3n_text: KV shared across layers): pruned
+            prefill and eviction are refused with this reason.
+        hybrid: ``""``, or what kind of hybrid the family is (softmax layers beside recurrent or convolution ones):
+            rows are captured and the cache is evicted on its softmax-attention layers (:func:`softmax_layers`, the
+            blocks that have an ``attn`` module); pruned prefill is refused (:func:`prune_refusal`).
+        state: attribute names of the block modules that keep a fixed-size recurrent or convolution state
+            (``mamba``, ``linear_attn``, ``conv``): not evictable, left as they are by an eviction.
         evict: ``""``, or why eviction (every policy) is refused while capture and pruned prefill are exact
             (:func:`eviction_refusal`; no family at present).
         mla: multi-head latent attention (DeepSeek): the latent is expanded into one key per query head, so a
@@ -100,6 +108,8 @@ class Family:
     nope: str = ""
     bound: str = ""
     capture_only: str = ""
+    hybrid: str = ""
+    state: tuple[str, ...] = ()
     evict: str = ""
     mla: bool = False
 
@@ -161,29 +171,35 @@ _KV_SHARED = ("KV shared across layers (its last num_kv_shared_layers layers att
               "earlier layer of their kind, passed in the forward, and store no cache of their own), so evicting or "
               "gathering one layer's cache changes what other layers attend; and its blocks carry AltUp's stacked "
               "hidden streams and per-layer inputs, which a mid-prefill gather of the hidden states does not restrict")
-_HYBRID = ("a gather cannot shorten a recurrent state, so pruned prefill"
-           " and eviction would run on a state they did not compact")
+_HYBRID_PRUNE = ("its {state} layers read their input in sequence order, without positions: after a mid-prefill "
+                 "gather they would run over the kept tokens as if they were adjacent (a convolution window or a "
+                 "recurrent decay spanning the removed tokens), which no run of the full model equals, and a "
+                 "gather cannot shorten the state they built over the whole prompt")
 
-# partially supported: capture on the softmax layers only (issue 25; their row of tests/test_conformance.py)
+# hybrids (issue 25; their rows of tests/test_conformance.py): capture and eviction on the softmax layers (the
+# recurrent or convolution state is fixed-size and left as it is), pruned prefill refused (prune_refusal)
 FAMILIES += (
     Family(("lfm2",), norm=("model.embedding_norm",), mlp="feed_forward", input_norm="operator_norm",
            mlp_norm="ffn_norm", out="out_proj", bound="hybrid of short convolutions and softmax layers",
-           capture_only="hybrid of short convolutions and softmax layers: a gather cannot shorten the convolution "
-                        "layers' state, so pruned prefill and eviction would run on a state they did not compact"),
+           hybrid="hybrid of short convolutions and softmax layers", state=("conv",)),
     Family(("qwen3_next",), mlp_kind="moe", bound="hybrid of linear-attention (gated delta) and softmax layers",
-           capture_only="hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID),
+           hybrid="hybrid of linear-attention (gated delta) and softmax layers", state=("linear_attn",)),
     Family(("qwen3_5_text",), bound="hybrid of linear-attention (gated delta) and softmax layers",
-           capture_only="hybrid of linear-attention (gated delta) and softmax layers: " + _HYBRID),
+           hybrid="hybrid of linear-attention (gated delta) and softmax layers", state=("linear_attn",)),
     Family(("granitemoehybrid",), mlp="block_sparse_moe", mlp_kind="moe", bound="hybrid of Mamba-2 and softmax layers",
-           capture_only="hybrid of Mamba-2 and softmax layers: " + _HYBRID),
+           hybrid="hybrid of Mamba-2 and softmax layers", state=("mamba",)),
     Family(("jamba",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
-           mlp_kind="moe", bound="hybrid of Mamba and softmax layers",
-           capture_only="hybrid of Mamba and softmax layers: " + _HYBRID),
+           mlp_kind="moe", bound="hybrid of Mamba and softmax layers", hybrid="hybrid of Mamba and softmax layers",
+           state=("mamba",)),
     Family(("bamba",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
-           bound="hybrid of Mamba-2 and softmax layers", capture_only="hybrid of Mamba-2 and softmax layers: " + _HYBRID),
+           bound="hybrid of Mamba-2 and softmax layers", hybrid="hybrid of Mamba-2 and softmax layers",
+           state=("mamba",)),
     Family(("falcon_h1",), norm=("model.final_layernorm",), mlp="feed_forward", mlp_norm="pre_ff_layernorm",
            bound="every layer runs Mamba-2 beside softmax attention",
-           capture_only="every layer runs Mamba-2 beside softmax attention: " + _HYBRID),
+           hybrid="every layer runs Mamba-2 beside softmax attention", state=("mamba",)),
+)
+# capture-only (issue 25; its row of tests/test_conformance.py)
+FAMILIES += (
     Family(("gemma3n_text",), block="sandwich", mlp_norm="pre_feedforward_layernorm",
            bound="AltUp streams, a LAuReL branch and per-layer inputs around a sandwich block", capture_only=_KV_SHARED),
 )
@@ -412,17 +428,35 @@ def softmax_layers(model) -> list[int]:
 
 
 def capture_only_refusal(model, what: str) -> str | None:
-    """Why ``what`` (pruned prefill, eviction, a policy) cannot run on ``model``'s family, a capture-only hybrid
+    """Why ``what`` (pruned prefill, eviction, a policy) cannot run on ``model``'s family, a capture-only one
     (``None`` for every other family): names ``what``, the family, the reason and the layers without rows."""
     fam = family_of(model)
     if not fam.capture_only:
         return None
     L = len(decoder_layers(model))
     other = sorted(set(range(L)) - set(softmax_layers(model)))
-    if not other:  # every layer has softmax attention (gemma3n_text; falcon_h1: Mamba-2 beside it)
+    if not other:  # every layer has softmax attention (gemma3n_text)
         return f"{what} cannot run on {fam.name}: {fam.capture_only}; only capture is supported (every layer has rows)"
     return (f"{what} cannot run on {fam.name}: {fam.capture_only} (layers {other} are not softmax attention); "
             f"only capture is supported on its softmax layers {softmax_layers(model)}")
+
+
+def prune_refusal(model, what: str) -> str | None:
+    """Why ``what`` (pruned prefill) cannot run on ``model``'s family (``None`` when it can): a capture-only family
+    (:func:`capture_only_refusal`) or a hybrid, whose recurrent or convolution layers cannot consume a gathered
+    sequence exactly (names them and the softmax layers, on which capture and eviction run)."""
+    why = capture_only_refusal(model, what)
+    if why:
+        return why
+    fam = family_of(model)
+    if not fam.hybrid:
+        return None
+    L = len(decoder_layers(model))
+    other = sorted(set(range(L)) - set(softmax_layers(model)))
+    state = "Mamba-2" if not other else "recurrent or convolution"
+    where = (f"layers {other} are not softmax attention" if other else "every layer runs Mamba-2 beside attention")
+    return (f"{what} cannot run on {fam.name}: {fam.hybrid} ({where}): {_HYBRID_PRUNE.format(state=state)}; capture "
+            f"and eviction run on its softmax layers {softmax_layers(model)}")
 
 
 def position_refusal(model, what: str, n_positions: int) -> str | None:
@@ -445,7 +479,7 @@ def position_refusal(model, what: str, n_positions: int) -> str | None:
 
 def eviction_refusal(model, what: str) -> str | None:
     """Why ``what`` (eviction, a policy) cannot run on ``model``'s family (``None`` when it can): a capture-only
-    hybrid (:func:`capture_only_refusal`) or a family whose eviction is not verified (``Family.evict``)."""
+    family (:func:`capture_only_refusal`) or a family whose eviction is not verified (``Family.evict``)."""
     why = capture_only_refusal(model, what)
     if why:
         return why
@@ -460,6 +494,8 @@ def unavailable(fam: Family, term: str) -> str | None:
     if term == "K":
         if fam.capture_only:
             return f"not available for {fam.name}: {fam.capture_only}"
+        if fam.hybrid:
+            return f"not available for {fam.name}: {fam.hybrid}"
         if fam.block in ("post_norm", "parallel"):
             return (f"not available for {fam.name}: {fam.block.replace('_', '-')} block (the constants K_l assume "
                     "x + F(norm(x)) with the attention and the MLP in sequence)")

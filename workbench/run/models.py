@@ -222,6 +222,11 @@ def load_model(
             warnings.warn(f"model: {fam.name} is partially supported: attention rows are captured on its softmax "
                           f"layers only (Capture.softmax_layers; the others' rows are NaN); pruned prefill, eviction "
                           f"and the stability bounds are unavailable ({fam.capture_only})", stacklevel=2)
+        if fam.hybrid:
+            warnings.warn(f"model: {fam.name} is partially supported: attention rows are captured and the cache is "
+                          f"evicted on its softmax layers only (Capture.softmax_layers; the others' rows are NaN, their "
+                          f"recurrent or convolution state is kept whole); pruned prefill and the stability bounds are "
+                          f"unavailable ({fam.hybrid})", stacklevel=2)
         if fam.evict:
             warnings.warn(f"model: {fam.name} is partially supported: capture and pruned prefill are exact; eviction, "
                           f"ExpectedAttention, rerotate and the stability bounds are unavailable ({fam.evict})",

@@ -138,8 +138,8 @@ def rotary_maps(model, positions: Tensor, d: int | None = None) -> RotaryMaps:
     pair = torch.arange(d).expand(L, d).clone()
     x0 = torch.zeros(1, device=p.device, dtype=torch.float32)
     for l in range(L):
-        if not rope_on_layer(model, l):
-            continue
+        if getattr(decoder_layers(model)[l], fam.attn, None) is None or not rope_on_layer(model, l):
+            continue  # a hybrid's recurrent layer (no attention) or a NoPE layer: the identity
         fn = _own_apply(getattr(decoder_layers(model)[l], fam.attn))
         c1, s1 = _layer_pe(model, l, torch.tensor([_PROBE]), x0)
         eye = torch.eye(d, device=p.device, dtype=torch.float32)[None, :, None, :]  # [1, d (basis), 1, d]

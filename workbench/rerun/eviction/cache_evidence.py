@@ -32,20 +32,27 @@ class QueryStats:
         self.outer[l] = torch.einsum("hti,htj->hij", x, x)
         self.first[l] = x[:, :16].clone()
 
-    def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
-        return torch.stack(self.sum), torch.stack(self.outer), torch.stack(self.first)
+    def tensors(self, layers=None) -> tuple[Tensor, Tensor, Tensor]:
+        """The statistics stacked over ``layers`` (default: every layer; a hybrid's recurrent layers have none)."""
+        ls = range(len(self.sum)) if layers is None else layers
+        return (torch.stack([self.sum[l] for l in ls]), torch.stack([self.outer[l] for l in ls]),
+                torch.stack([self.first[l] for l in ls]))
 
 
-def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None:
+def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool, layers=None) -> None:
     """The prompt's keys and values from the cache after prefill (``ev.keys [L, G, T, d_k]``, ``ev.values
     [L, G, T, d_v]``), and ``ev.wov [L, H_Q, T]`` = ``‖W_O^h v_{g(h),j}‖_1`` (CriticalKV). A
     sliding-window layer stores only its window: the positions it dropped read as zero keys and values.
     Multi-head latent attention: the per-head keys and values the attention reads
     (:func:`~workbench.run.adapter.cache_head_kv`; a latent cache is expanded by the model's own ``expand_kv``),
-    never the latents."""
+    never the latents. ``layers``: the decoder layer of every evidence row (default ``0 … L-1``; a hybrid's
+    evidence has one row per softmax layer)."""
     T, L = ev.T, ev.L
+    layers = list(range(L)) if layers is None else list(layers)
+    if len(layers) != L:
+        raise ValueError(f"layers: one decoder layer per evidence row (L = {L}), got {len(layers)}")
     K, V = [], []
-    for l in range(L):
+    for l in layers:
         k, v = adapter.cache_head_kv(model, cache, l)
         k, v = k[0, :, :T].float().cpu(), v[0, :, :T].float().cpu()  # [G, S, d], S = T (or the window)
         if k.shape[1] < T:
@@ -61,9 +68,9 @@ def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None
     if wov:
         hg = ev.head_group
         out = torch.empty(L, len(hg), T, dtype=torch.float64)
-        for l in range(L):
+        for i, l in enumerate(layers):
             W_O = blocks.attention_output_weight(model, l).cpu()  # [D, H_Q d_v]
-            d = V[l].shape[-1]  # d_v
+            d = V[i].shape[-1]  # d_v
             for h in range(len(hg)):
-                out[l, h] = (V[l][int(hg[h])] @ W_O[:, h * d:(h + 1) * d].T).abs().sum(-1).double()
+                out[i, h] = (V[i][int(hg[h])] @ W_O[:, h * d:(h + 1) * d].T).abs().sum(-1).double()
         ev.wov = out

@@ -31,7 +31,7 @@ from workbench.rerun.eviction.policies import FullCache, build_policy
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.rerun.eviction.select import preview
 from workbench.rerun.eviction.session import EvictionSession
-from workbench.run import adapter
+from workbench.run import adapter, layer_roles
 from workbench.run.examples import load_example
 from workbench.run.models import load_model, tiny_model
 from workbench.run.spans import PromptSpans
@@ -345,7 +345,7 @@ def check_policy(policy, models=("tiny", "default"), *, session: EvictionSession
             sess = contract_session(m, WIDE_NEEDS.merge(pol.needs()))
         elif pol.needs().merge(sess.needs) != sess.needs:
             raise ValueError(f"session: captured {sess.needs}, the policy needs {pol.needs()}")
-        shape = adapter.model_shape(sess.model)
-        assert (shape.L, shape.G) == (sess.evidence.L, sess.evidence.G)
+        shape = adapter.model_shape(sess.model)  # the evidence has a row per evictable layer (a hybrid's softmax ones)
+        assert (len(layer_roles.evictable_layers(sess.model)), shape.G) == (sess.evidence.L, sess.evidence.G)
         rows += [(name, label, *r) for r in _rows_of(pol, sess, seed)]
     return pd.DataFrame(rows, columns=["policy", "model", "check", "passed", "reason"])

@@ -176,19 +176,24 @@ class Evidence:
     @classmethod
     def from_capture(cls, capture: Capture) -> "Evidence":
         """Evidence from a saved :class:`~workbench.capture.data.Capture` (tail, decode and observer rows;
-        no H2O column sums)."""
+        no H2O column sums), one row per layer with attention rows (``Capture.softmax_layers``: a hybrid's
+        softmax layers, the ones an eviction compacts, as :class:`~workbench.rerun.eviction.session.EvictionSession`
+        scores them)."""
         T = capture.T
         tail = capture.rows_of("tail")
         dec = capture.rows_of("decode")
+        soft = capture.softmax_layers
+        A = capture.attn if len(soft) == capture.L else capture.attn[soft]
         obs = None
         if all(p in set(capture.row_pos.tolist()) for p in capture.spans.observers) and capture.spans.observers:
             obs = capture.observer_attn()
+            obs = obs if len(soft) == capture.L else obs[soft]
         d = None
         if dec.numel():
-            d = capture.attn[:, :, dec, :T]
+            d = A[:, :, dec, :T]
             d = renorm_rows(d)
-        return cls(T=T, L=capture.L, head_group=capture.head_group.clone(), n_sink=capture.spans.n_sink,
-                   tail=capture.attn[:, :, tail, :T] if tail.numel() else None, decode=d, observers=obs)
+        return cls(T=T, L=len(soft), head_group=capture.head_group.clone(), n_sink=capture.spans.n_sink,
+                   tail=A[:, :, tail, :T] if tail.numel() else None, decode=d, observers=obs)
 
 
 def renorm_rows(d: Tensor) -> Tensor:

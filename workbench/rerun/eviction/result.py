@@ -38,6 +38,12 @@ class GenerationResult:
         not_compacted: ``{layer: reason}`` for layers that could not be compacted (a warning was issued).
         kv_layer_bytes_before / kv_layer_bytes_after: cache bytes per layer just before and after eviction.
         kv_bytes_masked: bytes of the entries held but masked out of attention (per-head budgets).
+        kv_bytes_state: bytes of the fixed-size recurrent and convolution states of a hybrid's cache (its
+            linear-attention, Mamba or convolution layers; Falcon-H1's Mamba-2 beside attention): not evictable,
+            left as they are, and not counted in ``kv_bytes_before``/``kv_bytes_after`` (the evictable bytes).
+        layers: the decoder layer of every row of ``kept`` and ``kept_layers`` (the evictable layers,
+            :func:`workbench.run.layer_roles.evictable_layers`: every layer but a hybrid's recurrent ones);
+            ``()`` for a result that did not run.
         rerotated: the kept keys were re-positioned to ``0 … S'-1`` (``run(..., rerotate=True)``).
         timings: seconds: ``prefill`` (with capture when needed), ``defer`` (decode step 1 on the full
             cache), ``answer`` (full-cache answer for the oracle), ``score`` (scores + selection),
@@ -70,6 +76,8 @@ class GenerationResult:
     kv_bytes_masked: int = 0
     rerotated: bool = False
     error: str | None = None
+    kv_bytes_state: int = 0
+    layers: tuple = ()
 
     @classmethod
     def failed(cls, policy, budget: int, T: int, error: str | Exception) -> "GenerationResult":
@@ -102,12 +110,14 @@ class GenerationResult:
         if self.kept_layers:  # what every layer really holds (sliding-window layers: their window)
             hit = torch.stack([(k[..., None] == pos).any(-2).to(torch.float64).mean(-1) for k in self.kept_layers])
             for l in self.not_compacted:
-                hit[l] = float("nan")
+                hit[self.layers.index(l) if self.layers else l] = float("nan")
             return hit
         hit = (self.kept_prompt[..., None] == pos).any(-2).to(torch.float64).mean(-1)
         if self.policy != "full":
             mask = torch.ones(hit.shape[0], dtype=torch.bool)
-            mask[list(self.compacted_layers)] = False
+            rows = [self.layers.index(l) for l in self.compacted_layers if l in self.layers] if self.layers \
+                else list(self.compacted_layers)
+            mask[rows] = False
             hit[mask] = float("nan")
         return hit
 
@@ -119,6 +129,7 @@ class GenerationResult:
             "policy": self.policy, "budget": self.budget, "T": self.T, "n_new": len(self.ids), "text": self.text,
             "evicted_at": self.evicted_at, "kv_bytes_before": self.kv_bytes_before,
             "kv_bytes_after": self.kv_bytes_after, "kv_bytes_masked": self.kv_bytes_masked, "rerotated": self.rerotated,
+            "kv_bytes_state": self.kv_bytes_state,
             "kv_ratio": self.kv_bytes_after / self.kv_bytes_before if self.kv_bytes_before else float("nan"),
             "layers_not_compacted": len(self.not_compacted), "error": self.error,
             **{f"{k}_s": v for k, v in self.timings.items()},

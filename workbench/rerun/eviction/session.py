@@ -13,16 +13,20 @@ at most ``B`` of them), and later decode steps measure the window in original po
 (:func:`workbench.run.adapter.original_positions`). :attr:`GenerationResult.kept_layers` lists per layer what
 it holds; a layer that cannot be compacted (a cache layer type other than the dynamic ones) is listed in
 :attr:`GenerationResult.not_compacted` with a warning, and the per-layer byte counts show it.
+
+Hybrids (softmax layers beside linear-attention, Mamba or convolution layers): only the layers with per-position
+keys and values of their own are evicted (:func:`workbench.run.layer_roles.evictable_layers`). The evidence, the
+policies' ``[L, G, T]`` scores, a budget allocation over layers and :attr:`GenerationResult.kept` have one row per
+such layer (``GenerationResult.layers`` names them), so a budget is defined over the evictable KV; the recurrent and
+convolution states are left as they are and reported apart (``GenerationResult.kv_bytes_state``).
 """
 from __future__ import annotations
 
 import contextlib
 import time
 import warnings
-from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
 from tqdm.auto import tqdm
 
 from workbench.capture import capture_attention
@@ -34,11 +38,12 @@ from workbench.rerun.eviction.evidence import Evidence, Needs, renorm_rows
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.rerun.eviction.refusals import needs_refusal
 from workbench.rerun.eviction.result import GenerationResult
+from workbench.rerun.eviction.run_state import RunState as _RunState
 from workbench.rerun.eviction.select import preview, preview_window
 from workbench.rerun.eviction.storage import extend_masks as _extend
 from workbench.rerun.eviction.storage import latent_union as _latent_union
 from workbench.rerun.eviction.storage import ragged_storage as _ragged
-from workbench.run import adapter, families, rotary
+from workbench.run import adapter, families, layer_roles, rotary
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import unwrap_model
 
@@ -98,6 +103,8 @@ class EvictionSession:
         ids, spans = _prompt_ids(prompt, self.tokenizer)
         T = len(ids)
         shape = adapter.model_shape(self.model)
+        self.layers = evl = layer_roles.evictable_layers(self.model)  # the evidence rows' decoder layers
+        self.stateful = bool(layer_roles.state_layers(self.model))
         check_context(T, n, shape.max_context)
         why = families.position_refusal(self.model, "eviction", T + n)
         if why:
@@ -172,9 +179,13 @@ class EvictionSession:
                 self.answer_ids = y[:n]
             self.y1 = y[0]
         # evidence (prompt keys only; decode rows renormalised over them)
-        ev = Evidence(T=T, L=shape.L, head_group=shape.head_group(), n_sink=spans.n_sink if spans is not None else 4)
+        ev = Evidence(T=T, L=len(evl), head_group=shape.head_group(), n_sink=spans.n_sink if spans is not None else 4)
+
+        def rows(t):  # every layer's rows -> the evictable layers' (a hybrid's recurrent layers have none)
+            return t if len(evl) == t.shape[0] else t[evl]
+
         if rec is not None:
-            A = rec.attn
+            A = rows(rec.attn)
             o = 0
             if tail_pos:
                 ev.tail = A[:, :, o:o + len(tail_pos), :T].cpu()
@@ -187,15 +198,15 @@ class EvictionSession:
                 d = A[:, :, o:o + done, :T].cpu()
                 ev.decode = renorm_rows(d)
             if needs.colsum:
-                ev.colsum = rec.colsum.cpu()
+                ev.colsum = rows(rec.colsum).cpu()
         if qs is not None:
-            ev.q_sum, ev.q_outer, ev.q_first = qs.tensors()
+            ev.q_sum, ev.q_outer, ev.q_first = qs.tensors(evl)
             fut = rotary.rotary_maps(self.model, torch.arange(T, T + needs.qstats))
-            ev.rope_cos, ev.rope_sin, ev.rope_pair = fut.cos, fut.sin, fut.pair
+            ev.rope_cos, ev.rope_sin, ev.rope_pair = rows(fut.cos), rows(fut.sin), rows(fut.pair)
         if needs.attn_inputs:
-            ev.attn_inputs = [inputs[l] for l in range(shape.L)]
+            ev.attn_inputs = [inputs[l] for l in evl]
         if needs.keys or needs.wov:
-            cache_evidence(self.model, self.cache0, ev, keys=needs.keys, wov=needs.wov)
+            cache_evidence(self.model, self.cache0, ev, keys=needs.keys, wov=needs.wov, layers=evl)
         self.evidence = ev
         self._used = False
         return self
@@ -224,7 +235,8 @@ class EvictionSession:
                 states.append(self._evict(p, b))
             except Exception as e:  # one policy's failure is its result; the others still run
                 failed[i] = GenerationResult.failed(p, b, self.T, e)
-        ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]
+        # a count per layer or head (a per-head key mask), or a recurrent state (its batch rows are not stacked)
+        ragged = [st.drop is not None or bool((st.kept < 0).any()) or self.stateful for st in states]
         even = [st for st, r in zip(states, ragged) if not r]
         try:
             done = dict(zip(map(id, even), self._decode(even))) if even else {}
@@ -282,7 +294,8 @@ class EvictionSession:
             st = _RunState(policy=policy, B=st0.B, defer=0, kept=st0.kept, compacted=st0.compacted,
                            before=st0.before, after=st0.after, timings=timings, ids=[int(logit.argmax())],
                            logits=[logit.cpu()] if self.keep_logits else [], cache=adapter.output_cache(fwd) or cache,
-                           drop=_extend(st0.drop, len(q)), masked=st0.masked, offset=len(q), shift=st0.shift)
+                           drop=_extend(st0.drop, len(q)), masked=st0.masked, offset=len(q), shift=st0.shift,
+                           state=st0.state)
             out.append(self._decode([st])[0])
         return out
 
@@ -312,8 +325,10 @@ class EvictionSession:
         if defer == 0:
             timings["defer"] = 0.0
         shape = adapter.model_shape(self.model)
-        L, G = shape.L, shape.G
+        evl = self.layers  # row i of the kept sets is decoder layer evl[i]
+        L, G, L_all = len(evl), shape.G, shape.L
         before = adapter.cache_bytes(cache)
+        state = adapter.state_bytes(cache)
         layer_before = tuple(adapter.layer_bytes(cache))
         gen = torch.arange(T, T + defer)
         t0 = time.perf_counter()
@@ -330,7 +345,7 @@ class EvictionSession:
                 per_layer, drop = _ragged(keep, gen)
             else:
                 per_layer = [kept[l] for l in range(L)]
-            for l in range(L):  # sliding-window layers: the policy's choice among what the window still sees
+            for i, l in enumerate(evl):  # sliding-window layers: the policy's choice among what the window still sees
                 if latent:
                     adapter.check_latent_layer(self.model, cache, l)
                     if adapter.cache_layer_is_sliding(cache, l):
@@ -339,15 +354,19 @@ class EvictionSession:
                     continue
                 if adapter.cache_layer_is_sliding(cache, l):
                     held = adapter.layer_positions(cache, l)[0]
-                    w = preview_window(policy, self.evidence, B, l, held)
-                    per_layer[l] = torch.cat([w, held[held >= T].expand(G, -1)], dim=-1)
+                    w = preview_window(policy, self.evidence, B, i, held)
+                    per_layer[i] = torch.cat([w, held[held >= T].expand(G, -1)], dim=-1)
                     if drop:
-                        drop.pop(l, None)
+                        drop.pop(i, None)
+            by_layer = [None] * L_all  # the other layers (a recurrent state) are left as they are
+            for i, l in enumerate(evl):
+                by_layer[l] = per_layer[i]
+            drop = {evl[i]: d for i, d in drop.items()} if drop else drop
         timings["score"] = time.perf_counter() - t0 if evict else 0.0
         t0 = time.perf_counter()
         skipped: dict = {}
         if evict:
-            compacted, skipped = adapter.compact_cache_layers(cache, per_layer)
+            compacted, skipped = adapter.compact_cache_layers(cache, by_layer)
             compacted = tuple(compacted)
             if skipped:
                 warnings.warn(f"eviction: {len(skipped)} layer(s) not compacted (they keep every entry; see "
@@ -359,11 +378,11 @@ class EvictionSession:
                     masked = sum(int(d.sum()) for d in drop.values()) * (
                         k0.shape[-1] * k0.element_size() + v0.shape[-1] * v0.element_size())
         else:
-            compacted = tuple(range(L))
+            compacted = tuple(evl)
         if latent:  # what each head attends (the layer stores their union once)
-            kept_layers = tuple(kept[l].clone() for l in range(L))
+            kept_layers = tuple(kept[i].clone() for i in range(L))
         else:
-            kept_layers = tuple(adapter.layer_positions(cache, l) for l in range(L))
+            kept_layers = tuple(adapter.layer_positions(cache, l) for l in evl)
         timings["evict"] = time.perf_counter() - t0 if evict else 0.0
         timings["batch"] = 1
         after = adapter.cache_bytes(cache)
@@ -374,21 +393,22 @@ class EvictionSession:
                 raise ValueError(f"rerotate: {why}")
             if drop or ragged:
                 raise ValueError("rerotate: needs the same count in every layer and KV head (no budget allocation)")
-            if any(adapter.cache_layer_is_sliding(cache, l) for l in range(L)):
+            if any(adapter.cache_layer_is_sliding(cache, l) for l in evl):
                 raise ValueError("rerotate: not with sliding-window layers (their window is measured in original "
                                  "positions)")
             S = kept.shape[-1]
-            delta = kept - torch.arange(S)  # [L, G, S] positions to turn back
-            maps = rotary.rotary_maps(self.model, delta.reshape(L, G * S))  # per layer; NoPE layers: the identity
+            delta = torch.zeros(L_all, G, S, dtype=torch.int64)  # positions to turn back (other layers: none)
+            delta[evl] = kept - torch.arange(S)
+            maps = rotary.rotary_maps(self.model, delta.reshape(L_all, G * S))  # per layer; NoPE layers: the identity
             d = maps.cos.shape[-1]
             inv_sin = maps.sin.gather(-1, maps.pair[:, None, :].expand_as(maps.sin))  # R(δ)ᵀ = R(-δ)
-            adapter.rotate_cache_keys(cache, compacted, maps.cos.reshape(L, G, S, d), inv_sin.reshape(L, G, S, d),
-                                      maps.pair)
+            adapter.rotate_cache_keys(cache, compacted, maps.cos.reshape(L_all, G, S, d),
+                                      inv_sin.reshape(L_all, G, S, d), maps.pair)
             shift = T - keep.shape[-1]
         return _RunState(policy=policy, B=B, defer=defer, kept=kept, compacted=compacted, before=before,
                          after=after, timings=timings, ids=ids, logits=logits, cache=cache, kept_layers=kept_layers,
                          not_compacted=skipped, layer_before=layer_before, layer_after=tuple(adapter.layer_bytes(cache)),
-                         drop=drop or None, masked=masked, shift=shift)
+                         drop=drop or None, masked=masked, shift=shift, state=state)
 
     def _decode(self, states: list["_RunState"]) -> list[GenerationResult]:
         """Greedy decoding of every state to ``max_new_tokens`` (or EOS), batching states whose caches have
@@ -456,35 +476,8 @@ class EvictionSession:
                 rerotated=bool(st.shift),
                 logits=torch.stack(st.logits[: len(ids)]) if st.logits else None, kept_layers=st.kept_layers,
                 not_compacted=st.not_compacted, kv_layer_bytes_before=st.layer_before,
-                kv_layer_bytes_after=st.layer_after,
+                kv_layer_bytes_after=st.layer_after, kv_bytes_state=st.state,
+                layers=tuple(self.layers),
             ))
             st.cache = None
         return out
-
-
-@dataclass(eq=False)
-class _RunState:
-    """One eviction being decoded (internal to :class:`EvictionSession`)."""
-
-    policy: EvictionPolicy
-    B: int
-    defer: int
-    kept: Tensor
-    compacted: tuple
-    before: int
-    after: int
-    timings: dict
-    ids: list
-    logits: list
-    cache: object
-    kept_layers: tuple = ()
-    not_compacted: dict = field(default_factory=dict)
-    layer_before: tuple = ()
-    layer_after: tuple = ()
-    row: int = 0
-    steps: list = field(default_factory=list)
-    done: bool = False
-    drop: dict | None = None
-    masked: int = 0
-    offset: int = 0  # question tokens appended after the eviction (question-agnostic mode)
-    shift: int = 0  # positions removed by re-rotation (decoding continues at the compacted length)

@@ -385,7 +385,7 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         """The preview of policy ``pol`` at budget ``B`` (see :meth:`analysis`)."""
         cap = self.capture
         ev = cap.cached("eviction_evidence", lambda: Evidence.from_capture(cap))
-        T, L = cap.T, cap.L
+        T, L = cap.T, ev.L  # the layers an eviction compacts (a hybrid's softmax layers)
         try:
             kept = preview(pol, ev, B)  # the one budget rule (scores memoised: a budget move re-selects)
         except ValueError:  # evidence a capture does not hold (H2O's column sums, the cache's keys ...)
@@ -395,8 +395,8 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         d = pol.defer
         kept = torch.cat([kept, torch.arange(T, T + d).expand(*kept.shape[:2], d)], dim=-1)
         res = GenerationResult(policy=pol.name, params=pol.params(), budget=B, T=T, ids=[], text=None, kept=kept,
-                               evicted_at=pol.defer, compacted_layers=tuple(range(L)), kv_bytes_before=0,
-                               kv_bytes_after=0, timings={})
+                               evicted_at=pol.defer, compacted_layers=tuple(cap.softmax_layers), kv_bytes_before=0,
+                               kv_bytes_after=0, timings={}, layers=tuple(cap.softmax_layers))
         per = self.kv_per_position()
         if per is None:  # the layers differ in what they cache: known after a run
             return res
