@@ -74,6 +74,10 @@ def classify(model_type: str) -> ModelStatus:
     if fam.capture_only:
         return ModelStatus(model_type, "capture-only", source, fam.capture_only)
     notes = []
+    if fam.hybrid:  # pruned prefill refused at the call (families.prune_refusal); eviction runs on its softmax layers
+        notes.append(f"{fam.hybrid}: eviction on the softmax layers (the recurrent or convolution state is kept "
+                     "whole); pruned prefill refused (those layers read a sequence in order, so a gathered one is not "
+                     "one the full model runs)")
     if fam.rotary != "probe":
         notes.append(f"ExpectedAttention and rerotate refused ({fam.rotary})")
     if fam.mla:
@@ -96,8 +100,8 @@ def render() -> str:
         "`python -m workbench.run.model_list --write docs/models.md`; `tests/test_model_list.py` regenerates it and "
         "compares.",
         "",
-        "- **exact**: capture, pruned prefill and eviction equal the model's own computation (the note names policies "
-        "refused at the call).",
+        "- **exact**: capture, pruned prefill and eviction equal the model's own computation (the note names the "
+        "operations and policies refused at the call).",
         "- **capture-only**: attention rows are exact on the softmax layers; pruned prefill and eviction are refused "
         "with the reason.",
         "- **refused**: `load_model` refuses it from the config, with the reason.",
