@@ -33,7 +33,10 @@ TRANSFORMERS_VERSION = transformers.__version__
 @dataclass(frozen=True)
 class ModelShape:
     """Attention geometry of a decoder: ``L`` layers, ``H_Q`` query heads, ``G`` KV heads, head dim ``d`` (layer 0's
-    where the config sets them per layer: Gemma-4's global layers have wider heads)."""
+    where the config sets it per layer: Gemma-4's global layers have wider heads). Where the KV heads vary per layer
+    (Gemma-4's ``num_global_key_value_heads``), ``G`` is the largest count, the finest grouping of the query heads;
+    a layer with ``G_l`` KV heads (:func:`layer_kv_heads`, each count dividing ``G``) serves ``G / G_l`` groups
+    with each of them (:func:`kv_group_heads`)."""
 
     L: int
     H_Q: int
@@ -73,10 +76,63 @@ def _widest(size) -> int:
     return int(max(size)) if isinstance(size, (list, tuple)) else int(size)
 
 
+def _per_layer(c, l: int, name: str):
+    """``c.<name>`` for layer ``l``: from ``per_layer_config`` where the config sets it per layer (Gemma-4)."""
+    per = getattr(c, "per_layer_config", None)
+    if per is not None:
+        return getattr(per[l], name, None)
+    return getattr(c, name, None)
+
+
+def layer_kv_heads(model) -> list[int]:
+    """``G_l``: the KV heads of every layer's attention (Gemma-4's global layers may have fewer,
+    ``num_global_key_value_heads``); a KV-shared layer reads its source's (:func:`kv_source_layers`)."""
+    c = text_config(model.config)
+    H_Q = int(c.num_attention_heads)
+    return [int(_per_layer(c, l, "num_key_value_heads") or H_Q) for l in range(int(c.num_hidden_layers))]
+
+
+def kv_source_layers(model) -> list[int]:
+    """For every layer, the layer whose cache it attends: itself, or, for a KV-shared layer (Gemma-3n, Gemma-4:
+    the config's ``kv_sharing_modes`` says ``"reuse"``), the last earlier non-shared layer of its kind (the one the
+    config marks ``"store"``), whose keys and values the model passes to it; a shared layer has no cache of its own."""
+    c = text_config(model.config)
+    L = int(c.num_hidden_layers)
+    modes = getattr(c, "kv_sharing_modes", None)
+    if not modes or "reuse" not in modes:
+        return list(range(L))
+    types = list(c.layer_types)
+    store = {types[l]: l for l in range(L) if modes[l] == "store"}
+    return [store[types[l]] if modes[l] == "reuse" else l for l in range(L)]
+
+
+def kv_group_heads(model, layer: int) -> torch.Tensor:
+    """The KV head of ``layer``'s cache (its source's, :func:`kv_source_layers`) read by each KV group ``g`` of
+    :func:`model_shape` (int64 ``[G]``): the group's query heads ``g·r … g·r + r - 1`` read KV head ``h // r_l``
+    with ``r_l = H_Q / G_l`` (a coarser layer's KV head serves several groups)."""
+    s = model_shape(model)
+    G_l = layer_kv_heads(model)[kv_source_layers(model)[layer]]
+    return torch.arange(s.G) * s.r // (s.H_Q // G_l)
+
+
+def kv_ties(model) -> torch.Tensor | None:
+    """Which (layer, KV group) cells of a ``[L, G]`` selection attend one stored row: int64 ``[L, G]``, equal ids
+    for cells reading the same KV head of the same cache layer, so that one kept set must serve them all (a
+    coarser layer's KV head read by several groups; the layers sharing one cache). ``None`` when every cell has
+    its own row (one KV head per group on every layer, no KV sharing)."""
+    s = model_shape(model)
+    src = kv_source_layers(model)
+    if src == list(range(s.L)) and set(layer_kv_heads(model)) == {s.G}:
+        return None
+    return torch.stack([src[l] * s.G + kv_group_heads(model, l) for l in range(s.L)])
+
+
 def model_shape(model) -> ModelShape:
     c = text_config(model.config)
     H_Q = int(c.num_attention_heads)
     G = int(_layer0(c, "num_key_value_heads") or H_Q)
+    if getattr(c, "per_layer_config", None) is not None:  # per-layer KV heads: the finest grouping
+        G = max(int(_per_layer(c, l, "num_key_value_heads") or H_Q) for l in range(int(c.num_hidden_layers)))
     d = int(_layer0(c, "head_dim") or c.hidden_size // H_Q)
     return ModelShape(
         L=int(c.num_hidden_layers),
@@ -236,15 +292,27 @@ class PositionState:
     q_pos: torch.Tensor | None = None
 
 
-def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, chunks: dict) -> Callable:
+def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, chunks: dict,
+                      sources: list[int]) -> Callable:
     def workbench_positions_attention(module, query, key, value, attention_mask, **kwargs):
         l = int(getattr(module, "layer_idx", -1))
-        lay = cache_layers(state.cache)[l] if state.cache is not None and l >= 0 else None
+        src = sources[l] if 0 <= l < len(sources) else l  # a KV-shared layer attends its source's keys
+        lay = cache_layers(state.cache)[src] if state.cache is not None and l >= 0 else None
         if lay is None or not getattr(lay, "is_sliding", False) or state.q_pos is None:
             return base_fn(module, query, key, value, attention_mask, **kwargs)
         B, G, S_all = key.shape[0], key.shape[1], key.shape[2]
         q = query.shape[2]
         qp = state.q_pos.to(torch.int64).reshape(-1)[-q:].cpu()
+        if src != l:  # the source ran first in this forward and recorded the positions of the keys it passed on
+            allp = getattr(lay, "workbench_call_positions", None)
+            if allp is None:  # nothing gathered: the model's own mask is right
+                return base_fn(module, query, key, value, attention_mask, **kwargs)
+            if allp.shape[-1] != S_all:
+                raise RuntimeError(f"cache: layer {l} reads {S_all} keys of layer {src}, which passed on "
+                                   f"{allp.shape[-1]} tracked positions")
+            return base_fn(module, query, key, value, _window_mask(allp, qp, query, l, chunks, lay, G, additive),
+                           **kwargs)
+        lay.workbench_call_positions = None
         pos = getattr(lay, "workbench_positions", None)
         if pos is None:  # nothing gathered: contiguous keys, so the model's own mask is already right
             if S_all > q or bool((qp == torch.arange(int(qp[0]), int(qp[0]) + q)).all()):
@@ -253,21 +321,27 @@ def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, c
         if pos.shape[-1] != S_all - q:
             raise RuntimeError(f"cache: layer {l} holds {S_all - q} keys but {pos.shape[-1]} tracked positions")
         allp = torch.cat([pos, qp.expand(B, G, q)], dim=-1)  # [B, G, S_all]
-        d = qp[None, None, :, None] - allp[:, :, None, :]  # [B, G, q, S_all]
-        if l in chunks:  # chunked attention (stored as a window of the chunk size): the same chunk, causal
-            C = chunks[l]
-            vis = (d >= 0) & (qp[None, None, :, None] // C == allp[:, :, None, :] // C)
-        else:
-            vis = (d >= 0) & (d < int(lay.sliding_window))
-        vis = vis.repeat_interleave(query.shape[1] // G, dim=1).to(query.device)  # [B, H_Q, q, S_all]
-        mask = torch.zeros(vis.shape, dtype=query.dtype, device=query.device).masked_fill_(
-            ~vis, torch.finfo(query.dtype).min) if additive else vis
-        out = base_fn(module, query, key, value, mask, **kwargs)
+        out = base_fn(module, query, key, value, _window_mask(allp, qp, query, l, chunks, lay, G, additive), **kwargs)
         S = int(lay.keys.shape[-2])
         lay.workbench_positions = allp[..., S_all - S:] if S <= S_all else allp
+        lay.workbench_call_positions = allp  # for the KV-shared layers reading these keys in this forward
         return out
 
     return workbench_positions_attention
+
+
+def _window_mask(allp, qp, query, l: int, chunks: dict, lay, G: int, additive: bool) -> torch.Tensor:
+    """The window (or chunk) mask of queries at original positions ``qp [q]`` over keys at ``allp [B, G, S_all]``,
+    per query head: additive float or bool ``[B, H_Q, q, S_all]``."""
+    d = qp[None, None, :, None] - allp[:, :, None, :]  # [B, G, q, S_all]
+    if l in chunks:  # chunked attention (stored as a window of the chunk size): the same chunk, causal
+        C = chunks[l]
+        vis = (d >= 0) & (qp[None, None, :, None] // C == allp[:, :, None, :] // C)
+    else:
+        vis = (d >= 0) & (d < int(lay.sliding_window))
+    vis = vis.repeat_interleave(query.shape[1] // G, dim=1).to(query.device)  # [B, H_Q, q, S_all]
+    return torch.zeros(vis.shape, dtype=query.dtype, device=query.device).masked_fill_(
+        ~vis, torch.finfo(query.dtype).min) if additive else vis
 
 
 @contextlib.contextmanager
@@ -287,7 +361,8 @@ def original_positions(model, cache=None):
     name = POSITIONS_PREFIX + old.replace("|", "_")
     base = old[len(CAPTURE_PREFIX):] if old.startswith(CAPTURE_PREFIX) else old
     chunks = {l: families.layer_chunk(model, l) for l in families.chunked_layers(model)}
-    AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager", chunks))
+    AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager", chunks,
+                                                        kv_source_layers(model)))
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[old])
     set_attn_implementation(model, name)
     try:
@@ -342,13 +417,22 @@ def new_cache(model):
 
 
 def forward(model, input_ids: torch.Tensor, cache=None, position_ids=None, logits_to_keep: int = 0, **kw):
-    """One forward with a cache; the cache keyword is spelled per the installed version."""
+    """One forward with a cache; the cache keyword is spelled per the installed version. A model with KV-shared
+    layers (Gemma-4) runs those layers on only the last ``logits_to_keep`` positions of a prefill when asked for
+    fewer logits, which would leave their attention rows uncomputed: it is given every position and the logits are
+    cut here."""
+    cut = 0
+    if logits_to_keep and input_ids.shape[-1] > 1 and kv_source_layers(model) != list(range(len(decoder_layers(model)))):
+        cut, logits_to_keep = logits_to_keep, 0
     args = dict(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **kw)
     if position_ids is not None:
         args["position_ids"] = position_ids
     if cache is not None:
         args[_cache_keyword(model)] = cache
-    return model(**args)
+    out = model(**args)
+    if cut:
+        out.logits = out.logits[:, -cut:]
+    return out
 
 
 def _cache_keyword(model) -> str:
@@ -433,6 +517,16 @@ def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
         v = kwargs.get(name)
         if isinstance(v, torch.Tensor):
             kwargs[name] = v.index_select(v.dim() - 1, R.to(v.device))
+    # Gemma-3n/4's KV sharing: the keys and values a source layer before the gather passed on (every prompt
+    # position) are restricted to R in the model's own mapping, in place, so the shared layers after it read the
+    # gathered cache as the source's later tokens would
+    shared = kwargs.get("shared_kv_states")
+    if shared is not None and hasattr(shared, "keys"):
+        for name in list(shared.keys()):
+            kv = shared[name]
+            if isinstance(kv, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in kv) \
+                    and kv[0].shape[-2] > len(R):
+                shared[name] = tuple(t.index_select(-2, R.to(t.device)) for t in kv)
     return tuple(args), kwargs
 
 
@@ -446,6 +540,8 @@ def gather_cache_positions(cache, layers, R: torch.Tensor, T: int) -> None:
     """
     for l in layers:
         lay = cache_layers(cache)[l]
+        if getattr(lay, "keys", None) is None:  # a KV-shared layer stores nothing (its source is gathered)
+            continue
         S = int(lay.keys.shape[-2])
         start = T - S
         keep = R[R >= start] - start

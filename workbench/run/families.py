@@ -286,23 +286,21 @@ def family_of(model) -> Family:
 
 
 def _check_gemma4(c, mt: str) -> None:
-    """Refuse the Gemma-4 variants the row does not cover, from the config: KV shared across layers (as gemma3n:
-    evicting one layer's cache would change another's) and KV-head counts that vary per layer."""
+    """Refuse, from the config, a Gemma-4 whose KV-head counts do not nest: a layer's ``G_l`` KV heads
+    (``num_global_key_value_heads`` on its global layers) must divide the largest count, so that each KV head of a
+    layer serves whole groups of the finest layer (:func:`workbench.run.adapter.kv_group_heads`). KV sharing across
+    layers (``num_kv_shared_layers``) is covered: one kept set per sharing group."""
     tc = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
-    shared = int(getattr(tc, "num_kv_shared_layers", 0) or 0)
-    if shared:
-        raise TypeError(f"model: the {mt!r} configuration shares KV across layers (num_kv_shared_layers = {shared}: "
-                        f"its last layers attend an earlier layer's keys and values), so evicting or gathering one "
-                        f"layer's cache would change what another attends; the workbench covers gemma4_text without KV "
-                        f"sharing. Supported families: {', '.join(supported_families())}")
     per = getattr(tc, "per_layer_config", None)
     if per is None:
         return
-    Gs = {int(getattr(per[l], "num_key_value_heads", 0) or 0) for l in range(int(tc.num_hidden_layers))}
-    if len(Gs) > 1:
-        raise TypeError(f"model: the {mt!r} configuration has per-layer KV-head counts {sorted(Gs)} "
-                        f"(num_global_key_value_heads); the workbench covers gemma4_text with one count on every layer "
-                        f"(per-layer head sizes are covered). Supported families: {', '.join(supported_families())}")
+    H = int(tc.num_attention_heads)
+    Gs = sorted({int(getattr(per[l], "num_key_value_heads", 0) or H) for l in range(int(tc.num_hidden_layers))})
+    if any(Gs[-1] % g for g in Gs):
+        raise TypeError(f"model: the {mt!r} configuration has per-layer KV-head counts {Gs} "
+                        f"(num_global_key_value_heads) that do not divide the largest ({Gs[-1]}); the workbench "
+                        f"covers per-layer counts that nest (each layer's KV heads serve whole groups of the finest "
+                        f"layer). Supported families: {', '.join(supported_families())}")
 
 
 def _walk(model, paths):

@@ -42,12 +42,17 @@ def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool) -> None
     sliding-window layer stores only its window: the positions it dropped read as zero keys and values.
     Multi-head latent attention: the per-head keys and values the attention reads
     (:func:`~workbench.run.adapter.cache_head_kv`; a latent cache is expanded by the model's own ``expand_kv``),
-    never the latents."""
+    never the latents. Where the KV heads vary per layer (Gemma-4), a group's entries are those of the KV head
+    its query heads read (:func:`~workbench.run.adapter.kv_group_heads`); a KV-shared layer's are its source's."""
     T, L = ev.T, ev.L
     K, V = [], []
+    src = adapter.kv_source_layers(model)
     for l in range(L):
-        k, v = adapter.cache_head_kv(model, cache, l)
-        k, v = k[0, :, :T].float().cpu(), v[0, :, :T].float().cpu()  # [G, S, d], S = T (or the window)
+        k, v = adapter.cache_head_kv(model, cache, src[l])  # a KV-shared layer attends its source's entries
+        k, v = k[0, :, :T].float().cpu(), v[0, :, :T].float().cpu()  # [G_l, S, d], S = T (or the window)
+        if k.shape[0] != ev.G:  # fewer KV heads on this layer: the one each group reads
+            g_heads = adapter.kv_group_heads(model, l)
+            k, v = k[g_heads], v[g_heads]
         if k.shape[1] < T:
             pad = T - k.shape[1]
             k = torch.cat([k.new_zeros(k.shape[0], pad, k.shape[2]), k], 1)

@@ -38,6 +38,7 @@ from workbench.rerun.eviction.select import preview, preview_window
 from workbench.rerun.eviction.storage import extend_masks as _extend
 from workbench.rerun.eviction.storage import latent_union as _latent_union
 from workbench.rerun.eviction.storage import ragged_storage as _ragged
+from workbench.rerun.eviction.storage import storage_rows as _storage_rows
 from workbench.run import adapter, families, rotary
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import unwrap_model
@@ -172,7 +173,8 @@ class EvictionSession:
                 self.answer_ids = y[:n]
             self.y1 = y[0]
         # evidence (prompt keys only; decode rows renormalised over them)
-        ev = Evidence(T=T, L=shape.L, head_group=shape.head_group(), n_sink=spans.n_sink if spans is not None else 4)
+        ev = Evidence(T=T, L=shape.L, head_group=shape.head_group(), n_sink=spans.n_sink if spans is not None else 4,
+                      ties=adapter.kv_ties(self.model))
         if rec is not None:
             A = rec.attn
             o = 0
@@ -330,6 +332,7 @@ class EvictionSession:
                 per_layer, drop = _ragged(keep, gen)
             else:
                 per_layer = [kept[l] for l in range(L)]
+            src = adapter.kv_source_layers(self.model)
             for l in range(L):  # sliding-window layers: the policy's choice among what the window still sees
                 if latent:
                     adapter.check_latent_layer(self.model, cache, l)
@@ -337,12 +340,14 @@ class EvictionSession:
                         raise ValueError("eviction: a sliding-window layer in a multi-head latent attention cache "
                                          "is not supported")
                     continue
-                if adapter.cache_layer_is_sliding(cache, l):
-                    held = adapter.layer_positions(cache, l)[0]
+                if adapter.cache_layer_is_sliding(cache, src[l]):  # a KV-shared layer: its source's window
+                    held = adapter.layer_positions(cache, src[l])[0]
                     w = preview_window(policy, self.evidence, B, l, held)
                     per_layer[l] = torch.cat([w, held[held >= T].expand(G, -1)], dim=-1)
                     if drop:
                         drop.pop(l, None)
+            if not latent:
+                per_layer = _storage_rows(self.model, per_layer)
         timings["score"] = time.perf_counter() - t0 if evict else 0.0
         t0 = time.perf_counter()
         skipped: dict = {}
@@ -352,8 +357,9 @@ class EvictionSession:
             if skipped:
                 warnings.warn(f"eviction: {len(skipped)} layer(s) not compacted (they keep every entry; see "
                               f"GenerationResult.not_compacted and kv_layer_bytes_after): {skipped}", stacklevel=3)
-            if drop:
-                drop = {l: d for l, d in drop.items() if l in compacted}
+            if drop:  # a KV-shared layer attends its source's compacted rows
+                src = adapter.kv_source_layers(self.model)
+                drop = {l: d for l, d in drop.items() if src[l] in compacted}
                 if drop and not latent:  # slots stored only to be hidden (a latent slot serves some head)
                     k0, v0 = adapter.cache_kv(cache, next(iter(drop)))
                     masked = sum(int(d.sum()) for d in drop.values()) * (
@@ -363,7 +369,8 @@ class EvictionSession:
         if latent:  # what each head attends (the layer stores their union once)
             kept_layers = tuple(kept[l].clone() for l in range(L))
         else:
-            kept_layers = tuple(adapter.layer_positions(cache, l) for l in range(L))
+            src = adapter.kv_source_layers(self.model)  # a KV-shared layer attends its source's entries
+            kept_layers = tuple(adapter.layer_positions(cache, src[l]) for l in range(L))
         timings["evict"] = time.perf_counter() - t0 if evict else 0.0
         timings["batch"] = 1
         after = adapter.cache_bytes(cache)
@@ -488,3 +495,4 @@ class _RunState:
     masked: int = 0
     offset: int = 0  # question tokens appended after the eviction (question-agnostic mode)
     shift: int = 0  # positions removed by re-rotation (decoding continues at the compacted length)
+
