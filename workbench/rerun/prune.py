@@ -230,7 +230,8 @@ def run_pruned(
     """
     params = params or EntroPrefillParams()
     model, tok, model_id = unwrap_model(model)
-    why = families.capture_only_refusal(model, "run_pruned: pruned prefill")
+    why = families.capture_only_refusal(model, "run_pruned: pruned prefill") or families.prune_refusal(
+        model, "run_pruned: pruned prefill")
     if why:
         raise ValueError(why)
     spans = spans_of(prompt)

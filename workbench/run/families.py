@@ -9,15 +9,18 @@ and eviction shrinks every layer kind. A hybrid row (``capture_only``: lfm2, qwe
 jamba, bamba, falcon_h1; granitemoehybrid, bamba and falcon_h1 only from transformers 5.24, :data:`MIN_TRANSFORMERS`) is
 partially supported: capture on its softmax layers (:func:`softmax_layers`; falcon_h1: every layer, Mamba-2 beside
 attention) is exact, and pruned prefill and eviction are refused at the call (:func:`capture_only_refusal`), since a
-gather cannot shorten its other layers' state. gemma3n_text is capture-only too (every layer): its KV-sharing layers
-attend an earlier layer's keys, so evicting one layer's cache would change another's. The MLA rows (deepseek_v2,
+gather cannot shorten its other layers' state. gemma3n_text is exact for capture and eviction (its KV-shared layers
+attend an earlier layer's cache: one kept set per sharing group, :func:`workbench.run.adapter.kv_source_layers`);
+its pruned prefill is refused (:func:`prune_refusal`: AltUp's stacked hidden streams). The MLA rows (deepseek_v2,
 deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every policy but ExpectedAttention and the
 kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`). The llama4_text row
 (chunked attention, :func:`layer_chunk`: chunks measured in original positions after a gather or an eviction) is exact
 but for ExpectedAttention and ``rerotate`` (complex rotary) and for runs its NoPE layers' attention temperature reaches
 (:func:`position_refusal`: pruned prefill and eviction refused at the call). The gemma4_text row (per-layer head
-sizes; from transformers 5.24) is exact but for ExpectedAttention and ``rerotate``; its variants with KV shared across
-layers or per-layer KV-head counts are refused from the config.
+sizes; from transformers 5.24) is exact but for ExpectedAttention and ``rerotate``, with per-layer KV-head counts
+(``num_global_key_value_heads``: kept sets ``[G_l, S]`` per layer) and KV shared across layers
+(``num_kv_shared_layers``: one kept set per sharing group); per-layer counts that do not nest are refused from the
+config (:func:`_check_gemma4`).
 
 The weights the stability bounds need (:func:`block_weights`) come from the same table; a term the
 workbench cannot bound for a family is reported as ``"not available for <family>: <reason>"``.
@@ -31,7 +34,7 @@ import transformers
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
            "layer_window", "sliding_layers", "layer_chunk", "chunked_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
-           "position_refusal",
+           "position_refusal", "prune_refusal",
            "unavailable", "MIN_TRANSFORMERS", "version_refusal"]
 
 
@@ -68,6 +71,8 @@ class Family:
             blocks that have an ``attn`` module), pruned prefill and eviction are refused with this reason.
         evict: ``""``, or why eviction (every policy) is refused while capture and pruned prefill are exact
             (:func:`eviction_refusal`; no family at present).
+        prune: ``""``, or why pruned prefill is refused while capture and eviction are exact
+            (:func:`prune_refusal`: Gemma-3n, whose blocks carry AltUp's stacked hidden streams).
         mla: multi-head latent attention (DeepSeek): the latent is expanded into one key per query head, so a
             config with ``num_key_value_heads != num_attention_heads`` is refused (the model cannot run it).
             Eviction is exact on both cache layouts (:func:`workbench.run.adapter.mla_latent_cache`): a latent
@@ -97,6 +102,7 @@ class Family:
     bound: str = ""
     capture_only: str = ""
     evict: str = ""
+    prune: str = ""
     mla: bool = False
 
     @property
@@ -153,14 +159,13 @@ FAMILIES: tuple[Family, ...] = (
            bound="per-layer head sizes, per-layer inputs and a layer scalar around a sandwich block"),
     Family(("vaultgemma",), gemma_gain=True, mlp_norm="pre_feedforward_layernorm", eager_only=True, bound="the stability constants are not verified on its block"),
 )
-_KV_SHARED = ("KV shared across layers (its last num_kv_shared_layers layers attend the keys and values of the last "
-              "earlier layer of their kind, passed in the forward, and store no cache of their own), so evicting or "
-              "gathering one layer's cache changes what other layers attend; and its blocks carry AltUp's stacked "
-              "hidden streams and per-layer inputs, which a mid-prefill gather of the hidden states does not restrict")
+_ALTUP = ("its blocks carry AltUp's stacked hidden streams ([altup_num_inputs, B, T, D], the positions on the third "
+          "axis) and per-layer inputs, which the mid-prefill gather of a block's hidden states does not restrict")
 _HYBRID = ("a gather cannot shorten a recurrent state, so pruned prefill"
            " and eviction would run on a state they did not compact")
 
-# partially supported: capture on the softmax layers only (issue 25; their row of tests/test_conformance.py)
+# partially supported: capture on the softmax layers only (issue 25; their row of tests/test_conformance.py);
+# gemma3n_text: capture and eviction exact (KV-shared layers: one kept set per sharing group), pruned prefill refused
 FAMILIES += (
     Family(("lfm2",), norm=("model.embedding_norm",), mlp="feed_forward", input_norm="operator_norm",
            mlp_norm="ffn_norm", out="out_proj", bound="hybrid of short convolutions and softmax layers",
@@ -181,7 +186,7 @@ FAMILIES += (
            bound="every layer runs Mamba-2 beside softmax attention",
            capture_only="every layer runs Mamba-2 beside softmax attention: " + _HYBRID),
     Family(("gemma3n_text",), block="sandwich", mlp_norm="pre_feedforward_layernorm",
-           bound="AltUp streams, a LAuReL branch and per-layer inputs around a sandwich block", capture_only=_KV_SHARED),
+           bound="AltUp streams, a LAuReL branch and per-layer inputs around a sandwich block", prune=_ALTUP),
 )
 
 # multi-head latent attention (issue 25): capture, pruned prefill and eviction exact. Under transformers >= 5.24 the
@@ -421,6 +426,15 @@ def eviction_refusal(model, what: str) -> str | None:
     fam = family_of(model)
     if fam.evict:
         return f"{what} cannot run on {fam.name}: {fam.evict}; capture and pruned prefill are supported"
+    return None
+
+
+def prune_refusal(model, what: str) -> str | None:
+    """Why ``what`` (pruned prefill) cannot run on ``model``'s family while capture and eviction can
+    (``Family.prune``; ``None`` when it can)."""
+    fam = family_of(model)
+    if fam.prune:
+        return f"{what} cannot run on {fam.name}: {fam.prune}; capture and eviction are supported"
     return None
 
 
