@@ -74,7 +74,9 @@ def _model(family: str, impl: str | None = None):
 
 def test_matrix_is_the_family_table():
     assert sorted(families.supported_families()) == sorted(
-        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + FULL_PARTIAL + list(MLA))
+        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + FULL_PARTIAL + list(MLA)
+        + ["gemma3n_text"])  # capture and eviction exact, pruned prefill refused (tests/test_gemma4.py)
+    assert {f.name for f in families.FAMILIES if f.prune} == {"gemma3n_text"}
     assert {f.name for f in families.FAMILIES if f.mla} == set(MLA)  # capture, pruning and eviction exact
     assert not {f.name for f in families.FAMILIES if f.evict}  # no family has eviction refused as a whole
     assert {f.name for f in families.FAMILIES if f.capture_only} == set(PARTIAL) | set(FULL_PARTIAL)  # capture only
@@ -243,8 +245,8 @@ def test_conformance(family):
 def test_gemma4_text_version_and_variants(tmp_path):
     """gemma4_text: refused by ``load_model`` under transformers < 5.24 (no such model there), from the raw config
     before a weight is read; from 5.24 its per-layer head sizes are accepted (the weight-header check reads them per
-    layer) and the variants the row does not cover (KV shared across layers, per-layer KV-head counts) are refused
-    from the config with the reason."""
+    layer), and so are KV sharing across layers and per-layer KV-head counts that nest (their rows:
+    tests/test_gemma4.py); counts that do not nest are refused from the config with the reason."""
     import json
 
     from workbench.run import model_folder
@@ -265,10 +267,10 @@ def test_gemma4_text_version_and_variants(tmp_path):
     m.save_pretrained(tmp_path)
     model_folder.check_folder(tmp_path)  # per-layer q/k/v shapes match their layer's head_dim
     kw = dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
-    with pytest.raises(TypeError, match="'gemma4_text' configuration shares KV across layers"):
-        families.family_of(AutoConfig.for_model("gemma4_text", num_kv_shared_layers=2, **kw))
-    with pytest.raises(TypeError, match=r"'gemma4_text' configuration has per-layer KV-head counts \[1, 4\]"):
-        families.family_of(AutoConfig.for_model("gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=1,
+    families.family_of(AutoConfig.for_model("gemma4_text", num_kv_shared_layers=2, **kw))
+    families.family_of(AutoConfig.for_model("gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=1, **kw))
+    with pytest.raises(TypeError, match=r"'gemma4_text' configuration has per-layer KV-head counts \[3, 4\]"):
+        families.family_of(AutoConfig.for_model("gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=3,
                                                 **kw))
 
 
@@ -386,9 +388,8 @@ def test_hybrid_capture_only(family):
     _assert_pruning_and_eviction_refused(m, spans, T, why)
 
 
-# capture-only rows whose every layer has softmax attention: gemma3n_text (its last half reads the first half's KV),
-# falcon_h1 (Mamba-2 beside attention in every layer)
-FULL_PARTIAL = ["gemma3n_text", "falcon_h1"]
+# capture-only rows whose every layer has softmax attention: falcon_h1 (Mamba-2 beside attention in every layer)
+FULL_PARTIAL = ["falcon_h1"]
 
 
 @pytest.mark.parametrize("family", FULL_PARTIAL)
@@ -404,11 +405,7 @@ def test_capture_only_every_layer(family):
             adapter.check_supported(m)
         return
     assert families.family_of(adapter.text_config(_model_cfg(family))).capture_only
-    if family == "gemma3n_text":  # layers 2 and 3 attend layers 0 and 1's keys and values (no k_proj of their own)
-        assert [bool(b.self_attn.is_kv_shared_layer) for b in adapter.decoder_layers(m)] == [False, False, True, True]
-        assert families.sliding_layers(m) == [0, 2]
-    else:
-        assert all(hasattr(b, "mamba") for b in adapter.decoder_layers(m))
+    assert all(hasattr(b, "mamba") for b in adapter.decoder_layers(m))
     spans = _spans()
     T = spans.T
     assert families.softmax_layers(m) == [0, 1, 2, 3]
