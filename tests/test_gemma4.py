@@ -134,6 +134,12 @@ def test_geometry_of_the_variants(loaded):
     assert adapter.layer_kv_heads(m) == [4, 2, 4, 4, 2] and adapter.kv_source_layers(m) == [0, 1, 2, 2, 1]
     assert adapter.kv_group_heads(m, 4).tolist() == [0, 0, 1, 1]
     assert adapter.kv_source_layers(loaded["gemma3n"].model) == [0, 1, 0, 1]
+    from workbench.rerun.eviction import Needs
+    from workbench.rerun.eviction.refusals import needs_refusal
+
+    for name in VARIANTS:  # a kvpress press reads each layer's own key projection and cache: refused, with why
+        assert "has KV-shared layers (no key projection nor cache of their own) or layers with fewer KV heads" in \
+            needs_refusal(loaded[name].model, Needs(attn_inputs=True), "KVPress")
 
 
 def test_non_nesting_kv_heads_refused():
@@ -254,3 +260,13 @@ def test_shared_group_scores_are_pooled():
     assert torch.equal(p[1, 0], torch.tensor([2., 1, 1.5, 1], dtype=torch.float64))
     keep = select_keep(p, 1, torch.zeros(4, dtype=torch.bool))
     assert keep[:, :, 0].tolist() == [[0, 1], [0, 0], [0, 1]]
+
+
+def test_allocation_across_a_tie_fails_with_the_reason(loaded):
+    """A budget allocation that gives the layers of one sharing group different counts is reported as that
+    policy's failure, naming it (one stored row cannot keep two counts), never run on a count it did not ask for."""
+    from workbench.rerun.eviction import PyramidKV
+
+    r = run_policies(loaded["kv_shared"], _spans(), [PyramidKV(n_sink=2, recent=2)], [12], 2, progress=False)[0]
+    assert r.error is not None and "policy: pyramidkv allocates different budgets" in r.error
+    assert "which one kept set must serve" in r.error
