@@ -267,6 +267,6 @@ def test_allocation_across_a_tie_fails_with_the_reason(loaded):
     policy's failure, naming it (one stored row cannot keep two counts), never run on a count it did not ask for."""
     from workbench.rerun.eviction import PyramidKV
 
-    r = run_policies(loaded["kv_shared"], _spans(), [PyramidKV(n_sink=2, recent=2)], [12], 2, progress=False)[0]
+    r = run_policies(loaded["kv_shared"], _spans(), [PyramidKV(base=SnapKV(n_sink=2, recent=2, window=4))], [12], 2, progress=False)[0]
     assert r.error is not None and "policy: pyramidkv allocates different budgets" in r.error
     assert "which one kept set must serve" in r.error
