@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from workbench.run import families
 from workbench.run.families import decoder_layers, final_norm, layers_owner  # noqa: F401  (re-exported)
+from workbench.run.kv_layout import kv_group_heads, kv_source_layers, kv_ties, layer_kv_heads  # noqa: F401
 
 CAPTURE_PREFIX = "workbench_capture_"
 TRANSFORMERS_VERSION = transformers.__version__
@@ -33,10 +34,8 @@ TRANSFORMERS_VERSION = transformers.__version__
 @dataclass(frozen=True)
 class ModelShape:
     """Attention geometry of a decoder: ``L`` layers, ``H_Q`` query heads, ``G`` KV heads, head dim ``d`` (layer 0's
-    where the config sets it per layer: Gemma-4's global layers have wider heads). Where the KV heads vary per layer
-    (Gemma-4's ``num_global_key_value_heads``), ``G`` is the largest count, the finest grouping of the query heads;
-    a layer with ``G_l`` KV heads (:func:`layer_kv_heads`, each count dividing ``G``) serves ``G / G_l`` groups
-    with each of them (:func:`kv_group_heads`)."""
+    where the config sets it per layer: Gemma-4's global layers have wider heads); per-layer KV heads (Gemma-4): ``G``
+    is the largest count, a layer's ``G_l`` dividing it (:mod:`workbench.run.kv_layout`)."""
 
     L: int
     H_Q: int
@@ -76,63 +75,10 @@ def _widest(size) -> int:
     return int(max(size)) if isinstance(size, (list, tuple)) else int(size)
 
 
-def _per_layer(c, l: int, name: str):
-    """``c.<name>`` for layer ``l``: from ``per_layer_config`` where the config sets it per layer (Gemma-4)."""
-    per = getattr(c, "per_layer_config", None)
-    if per is not None:
-        return getattr(per[l], name, None)
-    return getattr(c, name, None)
-
-
-def layer_kv_heads(model) -> list[int]:
-    """``G_l``: the KV heads of every layer's attention (Gemma-4's global layers may have fewer,
-    ``num_global_key_value_heads``); a KV-shared layer reads its source's (:func:`kv_source_layers`)."""
-    c = text_config(model.config)
-    H_Q = int(c.num_attention_heads)
-    return [int(_per_layer(c, l, "num_key_value_heads") or H_Q) for l in range(int(c.num_hidden_layers))]
-
-
-def kv_source_layers(model) -> list[int]:
-    """For every layer, the layer whose cache it attends: itself, or, for a KV-shared layer (Gemma-3n, Gemma-4:
-    the config's ``kv_sharing_modes`` says ``"reuse"``), the last earlier non-shared layer of its kind (the one the
-    config marks ``"store"``), whose keys and values the model passes to it; a shared layer has no cache of its own."""
-    c = text_config(model.config)
-    L = int(c.num_hidden_layers)
-    modes = getattr(c, "kv_sharing_modes", None)
-    if not modes or "reuse" not in modes:
-        return list(range(L))
-    types = list(c.layer_types)
-    store = {types[l]: l for l in range(L) if modes[l] == "store"}
-    return [store[types[l]] if modes[l] == "reuse" else l for l in range(L)]
-
-
-def kv_group_heads(model, layer: int) -> torch.Tensor:
-    """The KV head of ``layer``'s cache (its source's, :func:`kv_source_layers`) read by each KV group ``g`` of
-    :func:`model_shape` (int64 ``[G]``): the group's query heads ``g·r … g·r + r - 1`` read KV head ``h // r_l``
-    with ``r_l = H_Q / G_l`` (a coarser layer's KV head serves several groups)."""
-    s = model_shape(model)
-    G_l = layer_kv_heads(model)[kv_source_layers(model)[layer]]
-    return torch.arange(s.G) * s.r // (s.H_Q // G_l)
-
-
-def kv_ties(model) -> torch.Tensor | None:
-    """Which (layer, KV group) cells of a ``[L, G]`` selection attend one stored row: int64 ``[L, G]``, equal ids
-    for cells reading the same KV head of the same cache layer, so that one kept set must serve them all (a
-    coarser layer's KV head read by several groups; the layers sharing one cache). ``None`` when every cell has
-    its own row (one KV head per group on every layer, no KV sharing)."""
-    s = model_shape(model)
-    src = kv_source_layers(model)
-    if src == list(range(s.L)) and set(layer_kv_heads(model)) == {s.G}:
-        return None
-    return torch.stack([src[l] * s.G + kv_group_heads(model, l) for l in range(s.L)])
-
-
 def model_shape(model) -> ModelShape:
     c = text_config(model.config)
     H_Q = int(c.num_attention_heads)
-    G = int(_layer0(c, "num_key_value_heads") or H_Q)
-    if getattr(c, "per_layer_config", None) is not None:  # per-layer KV heads: the finest grouping
-        G = max(int(_per_layer(c, l, "num_key_value_heads") or H_Q) for l in range(int(c.num_hidden_layers)))
+    G = max(layer_kv_heads(model))  # per-layer KV heads: the finest grouping
     d = int(_layer0(c, "head_dim") or c.hidden_size // H_Q)
     return ModelShape(
         L=int(c.num_hidden_layers),
@@ -308,8 +254,7 @@ def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, c
             if allp is None:  # nothing gathered: the model's own mask is right
                 return base_fn(module, query, key, value, attention_mask, **kwargs)
             if allp.shape[-1] != S_all:
-                raise RuntimeError(f"cache: layer {l} reads {S_all} keys of layer {src}, which passed on "
-                                   f"{allp.shape[-1]} tracked positions")
+                raise RuntimeError(f"cache: layer {l} reads {S_all} keys of layer {src}, tracked {allp.shape[-1]}")
             return base_fn(module, query, key, value, _window_mask(allp, qp, query, l, chunks, lay, G, additive),
                            **kwargs)
         lay.workbench_call_positions = None
@@ -331,8 +276,7 @@ def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, c
 
 
 def _window_mask(allp, qp, query, l: int, chunks: dict, lay, G: int, additive: bool) -> torch.Tensor:
-    """The window (or chunk) mask of queries at original positions ``qp [q]`` over keys at ``allp [B, G, S_all]``,
-    per query head: additive float or bool ``[B, H_Q, q, S_all]``."""
+    """Window (chunk) mask of queries at ``qp [q]`` over keys at ``allp [B, G, S]``: float or bool ``[B, H_Q, q, S]``."""
     d = qp[None, None, :, None] - allp[:, :, None, :]  # [B, G, q, S_all]
     if l in chunks:  # chunked attention (stored as a window of the chunk size): the same chunk, causal
         C = chunks[l]
@@ -417,14 +361,11 @@ def new_cache(model):
 
 
 def forward(model, input_ids: torch.Tensor, cache=None, position_ids=None, logits_to_keep: int = 0, **kw):
-    """One forward with a cache; the cache keyword is spelled per the installed version. A model with KV-shared
-    layers (Gemma-4) runs those layers on only the last ``logits_to_keep`` positions of a prefill when asked for
-    fewer logits, which would leave their attention rows uncomputed: it is given every position and the logits are
-    cut here."""
-    cut = 0
-    if logits_to_keep and input_ids.shape[-1] > 1 and kv_source_layers(model) != list(range(len(decoder_layers(model)))):
-        cut, logits_to_keep = logits_to_keep, 0
-    args = dict(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **kw)
+    """One forward with a cache; the cache keyword is spelled per the installed version. Gemma-4 runs its KV-shared
+    layers on the last ``logits_to_keep`` prefill positions only (no rows for the others): it gets 0, cut here."""
+    shared = any(s != l for l, s in enumerate(kv_source_layers(model)))
+    cut = logits_to_keep if logits_to_keep and input_ids.shape[-1] > 1 and shared else 0
+    args = dict(input_ids=input_ids, use_cache=True, logits_to_keep=0 if cut else logits_to_keep, **kw)
     if position_ids is not None:
         args["position_ids"] = position_ids
     if cache is not None:
@@ -517,16 +458,13 @@ def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
         v = kwargs.get(name)
         if isinstance(v, torch.Tensor):
             kwargs[name] = v.index_select(v.dim() - 1, R.to(v.device))
-    # Gemma-3n/4's KV sharing: the keys and values a source layer before the gather passed on (every prompt
-    # position) are restricted to R in the model's own mapping, in place, so the shared layers after it read the
-    # gathered cache as the source's later tokens would
+    # Gemma-4's KV sharing: what a source layer before the gather passed on (every prompt position) is restricted
+    # to R in the model's own mapping, in place, so the shared layers after it read the gathered cache
     shared = kwargs.get("shared_kv_states")
-    if shared is not None and hasattr(shared, "keys"):
-        for name in list(shared.keys()):
-            kv = shared[name]
-            if isinstance(kv, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in kv) \
-                    and kv[0].shape[-2] > len(R):
-                shared[name] = tuple(t.index_select(-2, R.to(t.device)) for t in kv)
+    for name in list(shared.keys()) if hasattr(shared, "keys") else []:
+        kv = shared[name]
+        if all(isinstance(t, torch.Tensor) for t in kv) and kv[0].shape[-2] > len(R):
+            shared[name] = tuple(t.index_select(-2, R.to(t.device)) for t in kv)
     return tuple(args), kwargs
 
 
