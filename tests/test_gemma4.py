@@ -270,3 +270,15 @@ def test_allocation_across_a_tie_fails_with_the_reason(loaded):
     r = run_policies(loaded["kv_shared"], _spans(), [PyramidKV(base=SnapKV(n_sink=2, recent=2, window=4))], [12], 2, progress=False)[0]
     assert r.error is not None and "policy: pyramidkv allocates different budgets" in r.error
     assert "which one kept set must serve" in r.error
+
+
+def test_kv_bytes_per_position_not_read_off_a_shared_cache():
+    """With every layer global, a KV-shared layer still stores nothing: the bytes of a kept position cannot be read
+    off ``2·e·G·d`` per layer (``None``); without sharing they can."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        shared = tiny_model("gemma4_text", L=3, H_Q=4, G=2, d=16, layer_types=[FULL] * 3, num_kv_shared_layers=1)
+        plain = tiny_model("gemma4_text", L=3, H_Q=4, G=2, d=16, layer_types=[FULL] * 3)
+    assert adapter.kv_source_layers(shared) == [0, 1, 1]
+    assert adapter.kv_bytes_per_position(shared) is None
+    assert adapter.kv_bytes_per_position(plain) == 2 * 4 * 2 * 32  # fp32, G = 2, the global head size 32

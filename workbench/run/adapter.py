@@ -543,11 +543,11 @@ def cache_head_kv(model, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]
 def kv_bytes_per_position(model) -> int | None:
     """Bytes one cached position takes in one layer's keys and values, ``2·e·G·d``, when every layer of
     ``model`` stores full-attention keys and values of that one shape; ``None`` when the layers differ (a
-    sliding-window layer holds only its window, an MLA latent or per-layer head sizes another shape, a
-    capture-only hybrid's recurrent layers no cache of this kind), so a cache size cannot be read off a kept
-    count without a run. ``e`` is the size of the model's parameter dtype (the cache's)."""
+    sliding-window layer holds only its window, an MLA latent or per-layer head sizes or KV heads another shape, a
+    KV-shared layer nothing, a capture-only hybrid's recurrent layers no cache of this kind), so a cache size
+    cannot be read off a kept count without a run. ``e`` is the size of the model's parameter dtype (the cache's)."""
     fam = families.family_of(model)
-    if fam.mla or fam.capture_only or families.sliding_layers(model):
+    if fam.mla or fam.capture_only or families.sliding_layers(model) or kv_ties(model) is not None:
         return None
     c = text_config(model.config)
     if getattr(c, "layer_types", None) is not None and any(t != "full_attention" for t in c.layer_types):
