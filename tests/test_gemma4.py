@@ -102,7 +102,7 @@ def oracle_logits(m, ids, pos, *, kept=None, gen_from=None, R=None, T=None, remo
         if kept is not None:
             s = src[l]
             for h in range(H):
-                ok = torch.isin(pos, kept[s][h // (H // G[s])]) | (pos >= gen_from)
+                ok = torch.isin(pos, kept[s][h // (H // kept[s].shape[0])]) | (pos >= gen_from)
                 vis[h, pos >= gen_from] &= ok[None, :]
         mask = torch.zeros(1, H, N, N, dtype=query.dtype).masked_fill(~vis[None], torch.finfo(query.dtype).min)
         return adapter.own_eager_function(module)(module, query, key, value, mask, **kw)
@@ -282,3 +282,23 @@ def test_kv_bytes_per_position_not_read_off_a_shared_cache():
     assert adapter.kv_source_layers(shared) == [0, 1, 1]
     assert adapter.kv_bytes_per_position(shared) is None
     assert adapter.kv_bytes_per_position(plain) == 2 * 4 * 2 * 32  # fp32, G = 2, the global head size 32
+
+
+@pytest.mark.parametrize("name", ["per_layer_kv_heads", "kv_shared", "gemma3"])
+def test_question_agnostic_eviction_equals_the_oracle(loaded, name):
+    """A context evicted once, then a question fed whole: the question's and the answer's logits equal the oracle
+    masked to each layer's kept set (windows in original positions). On old code the question's forward ran
+    without the original-position windows and crashed on any windowed model (gemma3 too)."""
+    from workbench.rerun.eviction import EvictionSession, Needs
+
+    lm = loaded[name] if name in loaded else tiny_model("gemma3", L=3, H_Q=4, G=2, d=16, seed=1)
+    ids = list(_spans().input_ids)
+    Tc = 30
+    sess = EvictionSession.prepare(lm, ids[:Tc], Needs(), 3, keep_logits=True, progress=False)
+    r = sess.run_questions(StreamingLLM(n_sink=2, recent=2), 6, [ids[Tc:]])[0]
+    assert r.error is None and r.kept_layers
+    toks = ids + r.ids[:-1]
+    o = oracle_logits(lm.model if name in loaded else lm, toks, torch.arange(len(toks)), kept=r.kept_layers, gen_from=Tc)
+    T = len(ids)
+    assert (o[T - 1:T - 1 + len(r.ids)] - r.logits[:len(r.ids)]).abs().max().item() <= TOL
+    assert o[T - 1:T - 1 + len(r.ids)].argmax(-1).tolist() == r.ids

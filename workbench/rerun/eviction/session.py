@@ -277,12 +277,14 @@ class EvictionSession:
             mask = adapter.per_head_key_mask(self.model, st0.drop or {}, self.evidence.head_group) if ragged \
                 else contextlib.nullcontext()
             t0 = time.perf_counter()
-            with mask:
+            with mask, adapter.positions_context(self.model, cache) as pstate:  # windows in original positions
+                pstate.q_pos = pos[0].cpu()
                 fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
             timings = dict(st0.timings, question=time.perf_counter() - t0)
             logit = fwd.logits[0, -1].float()
             st = _RunState(policy=policy, B=st0.B, defer=0, kept=st0.kept, compacted=st0.compacted,
                            before=st0.before, after=st0.after, timings=timings, ids=[int(logit.argmax())],
+                           kept_layers=st0.kept_layers, not_compacted=st0.not_compacted,
                            logits=[logit.cpu()] if self.keep_logits else [], cache=adapter.output_cache(fwd) or cache,
                            drop=_extend(st0.drop, len(q)), masked=st0.masked, offset=len(q), shift=st0.shift)
             out.append(self._decode([st])[0])
