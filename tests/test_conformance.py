@@ -74,7 +74,9 @@ def _model(family: str, impl: str | None = None):
 
 def test_matrix_is_the_family_table():
     assert sorted(families.supported_families()) == sorted(
-        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + FULL_PARTIAL + list(MLA))
+        [{"gemma3": "gemma3_text"}.get(f, f) for f in SUPPORTED] + list(PARTIAL) + FULL_PARTIAL + list(MLA)
+        + ["gemma3n_text"])  # capture and eviction exact, pruned prefill refused (tests/test_gemma4.py)
+    assert {f.name for f in families.FAMILIES if f.prune} == {"gemma3n_text"}
     assert {f.name for f in families.FAMILIES if f.mla} == set(MLA)  # capture, pruning and eviction exact
     assert not {f.name for f in families.FAMILIES if f.evict}  # no family has eviction refused as a whole
     assert {f.name for f in families.FAMILIES if f.capture_only} == set(FULL_PARTIAL) - {"falcon_h1"}  # capture only
@@ -244,8 +246,8 @@ def test_conformance(family):
 def test_gemma4_text_version_and_variants(tmp_path):
     """gemma4_text: refused by ``load_model`` under transformers < 5.24 (no such model there), from the raw config
     before a weight is read; from 5.24 its per-layer head sizes are accepted (the weight-header check reads them per
-    layer) and the variants the row does not cover (KV shared across layers, per-layer KV-head counts) are refused
-    from the config with the reason."""
+    layer), and so are KV sharing across layers and per-layer KV-head counts that nest (their rows:
+    tests/test_gemma4.py); counts that do not nest are refused from the config with the reason."""
     import json
 
     from workbench.run import model_folder
@@ -266,10 +268,10 @@ def test_gemma4_text_version_and_variants(tmp_path):
     m.save_pretrained(tmp_path)
     model_folder.check_folder(tmp_path)  # per-layer q/k/v shapes match their layer's head_dim
     kw = dict(num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2)
-    with pytest.raises(TypeError, match="'gemma4_text' configuration shares KV across layers"):
-        families.family_of(AutoConfig.for_model("gemma4_text", num_kv_shared_layers=2, **kw))
-    with pytest.raises(TypeError, match=r"'gemma4_text' configuration has per-layer KV-head counts \[1, 4\]"):
-        families.family_of(AutoConfig.for_model("gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=1,
+    families.family_of(AutoConfig.for_model("gemma4_text", num_kv_shared_layers=2, **kw))
+    families.family_of(AutoConfig.for_model("gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=1, **kw))
+    with pytest.raises(TypeError, match=r"'gemma4_text' configuration has per-layer KV-head counts \[3, 4\]"):
+        families.family_of(AutoConfig.for_model("gemma4_text", attention_k_eq_v=True, num_global_key_value_heads=3,
                                                 **kw))
 
 
@@ -365,18 +367,6 @@ def _assert_hybrid_evicts(m, spans, T: int, family: str) -> None:
                 assert (a_ < b_) if l in soft else (a_ == b_ == 0), (r.policy, l)
 
 
-def _assert_pruning_and_eviction_refused(m, spans, T: int, why: str) -> None:
-    """A capture-only family: pruned prefill, the eviction session, one policy and ``run_policies`` all refuse,
-    with a message matching ``why``."""
-    with pytest.raises(ValueError, match="run_pruned: pruned prefill " + why):
-        run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
-    from workbench.rerun.eviction import EvictionSession, Needs, generate_with_policy
-    with pytest.raises(ValueError, match="eviction " + why):
-        EvictionSession.prepare(m, spans, Needs(), 2)
-    with pytest.raises(ValueError, match="policy: SnapKV " + why):
-        generate_with_policy(m, spans, SnapKV(n_sink=2, recent=2, window=4), 6, 2, progress=False)
-    with pytest.raises(ValueError, match="eviction " + why):
-        run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False)
 
 
 @pytest.mark.parametrize("family", sorted(PARTIAL))
@@ -412,17 +402,16 @@ def test_hybrid_capture_and_eviction(family):
     _assert_hybrid_evicts(m, spans, T, family)
 
 
-# capture-only rows whose every layer has softmax attention: gemma3n_text (its last half reads the first half's KV),
-# falcon_h1 (Mamba-2 beside attention in every layer)
-FULL_PARTIAL = ["gemma3n_text", "falcon_h1"]
+# capture-only rows whose every layer has softmax attention: falcon_h1 (Mamba-2 beside attention in every layer)
+FULL_PARTIAL = ["falcon_h1"]
 
 
 @pytest.mark.parametrize("family", FULL_PARTIAL)
 def test_capture_only_every_layer(family):
-    """A family with softmax attention in every layer beside something else: rows on every layer equal the model's
-    own eager attention on prompt and decode rows, logits are bit-identical with capture on and off; gemma3n_text
-    (capture-only) refuses pruned prefill and eviction at the call with the family and the reason; falcon_h1 (a
-    hybrid: Mamba-2 beside attention) evicts its attention KV and refuses pruned prefill."""
+    """A family with softmax attention in every layer beside something else (falcon_h1: Mamba-2 beside attention):
+    rows on every layer equal the model's own eager attention on prompt and decode rows, logits are bit-identical
+    with capture on and off, and it evicts its attention KV and refuses pruned prefill (gemma3n_text, every layer
+    softmax attention with KV shared across layers: tests/test_gemma4.py)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         m = tiny_model(family, L=4, H_Q=4, G=2, d=16, seed=1)
@@ -431,12 +420,8 @@ def test_capture_only_every_layer(family):
             adapter.check_supported(m)
         return
     fam = families.family_of(adapter.text_config(_model_cfg(family)))
-    assert bool(fam.capture_only) == (family == "gemma3n_text") and bool(fam.hybrid) == (family == "falcon_h1")
-    if family == "gemma3n_text":  # layers 2 and 3 attend layers 0 and 1's keys and values (no k_proj of their own)
-        assert [bool(b.self_attn.is_kv_shared_layer) for b in adapter.decoder_layers(m)] == [False, False, True, True]
-        assert families.sliding_layers(m) == [0, 2]
-    else:
-        assert all(hasattr(b, "mamba") for b in adapter.decoder_layers(m))
+    assert not fam.capture_only and fam.hybrid  # Mamba-2 beside attention: the attention's KV evicts
+    assert all(hasattr(b, "mamba") for b in adapter.decoder_layers(m))
     spans = _spans()
     T = spans.T
     assert families.softmax_layers(m) == [0, 1, 2, 3]
@@ -447,11 +432,7 @@ def test_capture_only_every_layer(family):
     err = (cap.attn - ref).abs().max().item()
     assert err <= TOL, err
     _assert_capture_leaves_logits_unchanged(m, spans)
-    if family == "falcon_h1":
-        _assert_hybrid_evicts(m, spans, T, family)
-        return
-    why = rf"cannot run on {family}: .*; only capture is supported \(every layer has rows\)"
-    _assert_pruning_and_eviction_refused(m, spans, T, why)
+    _assert_hybrid_evicts(m, spans, T, family)
 
 
 def _model_cfg(family):

@@ -8,6 +8,7 @@ Layers, lowest first: base (``checks``, ``choices``, ``util``) → run → captu
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -240,3 +241,15 @@ def test_every_capture_argument_is_annotated_capture():
                     if arg.arg == "capture" and (arg.annotation is None or ast.unparse(arg.annotation) not in allowed):
                         bad.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}({arg.arg})")
     assert not bad, "capture arguments without the Capture annotation:\n" + "\n".join(bad)
+
+
+# History belongs to git and benchmarks/HISTORY.md: a comment or docstring says *why*, never which issue, stop or
+# session changed it (a number that means nothing to the next reader).
+_HISTORY = re.compile(r"\b(issue|session|stop)s? \d+\b", re.I)
+
+
+def test_no_history_in_code_or_tests():
+    files = [*MODULES.values(), *sorted((ROOT / "tests").rglob("*.py"))]
+    bad = [f"{f.relative_to(ROOT)}:{i}: {line.strip()[:100]}" for f in files
+           for i, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if _HISTORY.search(line)]
+    assert not bad, "issue / stop / session numbers in code or tests:\n" + "\n".join(bad)

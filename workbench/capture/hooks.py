@@ -149,7 +149,10 @@ class AttentionRecorder:
             q_abs = torch.arange(S - q_len, S)
         k0 = int(q_abs[-1]) - S + 1  # keys are the last S positions (full or sliding-window cache)
         if self.T is not None and k0 == 0 and S >= self.T and l < self.shape.L:
-            vn = call.value[0, :, : self.T].float().norm(dim=-1).amax(dim=-1)
+            vn = call.value[0, :, : self.T].float().norm(dim=-1).amax(dim=-1)  # [G_l]
+            if vn.shape[0] != self.shape.G:  # per-layer KV heads: each group's heads read KV head h // r_l
+                heads = torch.arange(self.shape.G, device=vn.device) * self.shape.r
+                vn = vn[heads // (self.shape.H_Q // vn.shape[0])]
             self.vnorm_max[l] = torch.maximum(self.vnorm_max[l], vn.to(self.vnorm_max.device))
         if self.colsum is not None and l < self.shape.L:
             self._accumulate_colsum(call, l, q_abs, k0)
@@ -212,7 +215,8 @@ class AttentionRecorder:
         """
         q, k = call.query, call.key
         S = k.shape[2] if S is None else S
-        G, r, d = self.shape.G, self.shape.r, q.shape[-1]
+        G, d = k.shape[1], q.shape[-1]  # the layer's own KV heads (Gemma-4: fewer on its global layers)
+        r = q.shape[1] // G
         if contiguous:
             qs = q[0][:, int(q_idx[0]): int(q_idx[-1]) + 1]
         else:

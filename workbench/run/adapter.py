@@ -25,71 +25,17 @@ from transformers.utils import logging as hf_logging
 
 from workbench.run import families, layer_roles, load_checks
 from workbench.run.families import decoder_layers, final_norm, layers_owner  # noqa: F401  (re-exported)
+from workbench.run.kv_layout import ModelShape, kv_group_heads, kv_source_layers, kv_ties, layer_kv_heads, model_shape  # noqa: F401  (re-exported)
 
 CAPTURE_PREFIX = "workbench_capture_"
 TRANSFORMERS_VERSION = transformers.__version__
 
 
 # ----------------------------------------------------------------------------- model shape
-@dataclass(frozen=True)
-class ModelShape:
-    """Attention geometry of a decoder: ``L`` layers, ``H_Q`` query heads, ``G`` KV heads, head dim ``d`` (layer 0's
-    where the config sets them per layer: Gemma-4's global layers have wider heads)."""
-
-    L: int
-    H_Q: int
-    G: int
-    d: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    max_context: int
-    model_type: str
-
-    @property
-    def r(self) -> int:
-        return self.H_Q // self.G
-
-    def head_group(self) -> torch.Tensor:
-        """``g(h) = h // r`` for every query head (transformers' ``repeat_kv`` layout); int64 ``[H_Q]``."""
-        return torch.arange(self.H_Q) // self.r
-
-
 def text_config(config):
     """The decoder config (multimodal configs keep it under ``text_config``)."""
     get = getattr(config, "get_text_config", None)
     return get() if callable(get) else config
-
-
-def _layer0(c, name: str):
-    """``c.<name>``; for a per-layer attribute of a heterogeneous config (Gemma-4's ``head_dim``), layer 0's."""
-    try:
-        return getattr(c, name, None)
-    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
-        return getattr(c.per_layer_config[0], name, None)
-
-
-def _widest(size) -> int:
-    """An MLP width: Gemma-3n gives one per layer (the widest is kept)."""
-    return int(max(size)) if isinstance(size, (list, tuple)) else int(size)
-
-
-def model_shape(model) -> ModelShape:
-    c = text_config(model.config)
-    H_Q = int(c.num_attention_heads)
-    G = int(_layer0(c, "num_key_value_heads") or H_Q)
-    d = int(_layer0(c, "head_dim") or c.hidden_size // H_Q)
-    return ModelShape(
-        L=int(c.num_hidden_layers),
-        H_Q=H_Q,
-        G=G,
-        d=d,
-        hidden=int(c.hidden_size),
-        intermediate=_widest(getattr(c, "intermediate_size", 4 * c.hidden_size)),
-        vocab=int(c.vocab_size),
-        max_context=int(getattr(c, "max_position_embeddings", 0) or 0),
-        model_type=str(getattr(c, "model_type", "unknown")),
-    )
 
 
 def check_supported(model) -> families.Family:
@@ -259,15 +205,26 @@ class PositionState:
     q_pos: torch.Tensor | None = None
 
 
-def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, chunks: dict) -> Callable:
+def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, chunks: dict,
+                      sources: list[int]) -> Callable:
     def workbench_positions_attention(module, query, key, value, attention_mask, **kwargs):
         l = int(getattr(module, "layer_idx", -1))
-        lay = cache_layers(state.cache)[l] if state.cache is not None and l >= 0 else None
+        src = sources[l] if 0 <= l < len(sources) else l  # a KV-shared layer attends its source's keys
+        lay = cache_layers(state.cache)[src] if state.cache is not None and l >= 0 else None
         if lay is None or not getattr(lay, "is_sliding", False) or state.q_pos is None:
             return base_fn(module, query, key, value, attention_mask, **kwargs)
         B, G, S_all = key.shape[0], key.shape[1], key.shape[2]
         q = query.shape[2]
         qp = state.q_pos.to(torch.int64).reshape(-1)[-q:].cpu()
+        if src != l:  # the source ran first in this forward and recorded the positions of the keys it passed on
+            allp = getattr(lay, "workbench_call_positions", None)
+            if allp is None:  # nothing gathered: the model's own mask is right
+                return base_fn(module, query, key, value, attention_mask, **kwargs)
+            if allp.shape[-1] != S_all:
+                raise RuntimeError(f"cache: layer {l} reads {S_all} keys of layer {src}, tracked {allp.shape[-1]}")
+            return base_fn(module, query, key, value, _window_mask(allp, qp, query, l, chunks, lay, G, additive),
+                           **kwargs)
+        lay.workbench_call_positions = None
         pos = getattr(lay, "workbench_positions", None)
         if pos is None:  # nothing gathered: contiguous keys, so the model's own mask is already right
             if S_all > q or bool((qp == torch.arange(int(qp[0]), int(qp[0]) + q)).all()):
@@ -276,21 +233,26 @@ def _position_wrapper(state: PositionState, base_fn: Callable, additive: bool, c
         if pos.shape[-1] != S_all - q:
             raise RuntimeError(f"cache: layer {l} holds {S_all - q} keys but {pos.shape[-1]} tracked positions")
         allp = torch.cat([pos, qp.expand(B, G, q)], dim=-1)  # [B, G, S_all]
-        d = qp[None, None, :, None] - allp[:, :, None, :]  # [B, G, q, S_all]
-        if l in chunks:  # chunked attention (stored as a window of the chunk size): the same chunk, causal
-            C = chunks[l]
-            vis = (d >= 0) & (qp[None, None, :, None] // C == allp[:, :, None, :] // C)
-        else:
-            vis = (d >= 0) & (d < int(lay.sliding_window))
-        vis = vis.repeat_interleave(query.shape[1] // G, dim=1).to(query.device)  # [B, H_Q, q, S_all]
-        mask = torch.zeros(vis.shape, dtype=query.dtype, device=query.device).masked_fill_(
-            ~vis, torch.finfo(query.dtype).min) if additive else vis
-        out = base_fn(module, query, key, value, mask, **kwargs)
+        out = base_fn(module, query, key, value, _window_mask(allp, qp, query, l, chunks, lay, G, additive), **kwargs)
         S = int(lay.keys.shape[-2])
         lay.workbench_positions = allp[..., S_all - S:] if S <= S_all else allp
+        lay.workbench_call_positions = allp  # for the KV-shared layers reading these keys in this forward
         return out
 
     return workbench_positions_attention
+
+
+def _window_mask(allp, qp, query, l: int, chunks: dict, lay, G: int, additive: bool) -> torch.Tensor:
+    """Window (chunk) mask of queries at ``qp [q]`` over keys at ``allp [B, G, S]``: float or bool ``[B, H_Q, q, S]``."""
+    d = qp[None, None, :, None] - allp[:, :, None, :]  # [B, G, q, S_all]
+    if l in chunks:  # chunked attention (stored as a window of the chunk size): the same chunk, causal
+        C = chunks[l]
+        vis = (d >= 0) & (qp[None, None, :, None] // C == allp[:, :, None, :] // C)
+    else:
+        vis = (d >= 0) & (d < int(lay.sliding_window))
+    vis = vis.repeat_interleave(query.shape[1] // G, dim=1).to(query.device)  # [B, H_Q, q, S_all]
+    return torch.zeros(vis.shape, dtype=query.dtype, device=query.device).masked_fill_(
+        ~vis, torch.finfo(query.dtype).min) if additive else vis
 
 
 @contextlib.contextmanager
@@ -310,7 +272,8 @@ def original_positions(model, cache=None):
     name = POSITIONS_PREFIX + old.replace("|", "_")
     base = old[len(CAPTURE_PREFIX):] if old.startswith(CAPTURE_PREFIX) else old
     chunks = {l: families.layer_chunk(model, l) for l in families.chunked_layers(model)}
-    AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager", chunks))
+    AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager", chunks,
+                                                        kv_source_layers(model)))
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[old])
     set_attn_implementation(model, name)
     try:
@@ -366,13 +329,19 @@ def new_cache(model):
 
 
 def forward(model, input_ids: torch.Tensor, cache=None, position_ids=None, logits_to_keep: int = 0, **kw):
-    """One forward with a cache; the cache keyword is spelled per the installed version."""
-    args = dict(input_ids=input_ids, use_cache=True, logits_to_keep=logits_to_keep, **kw)
+    """One forward with a cache; the cache keyword is spelled per the installed version. Gemma-4 runs its KV-shared
+    layers on the last ``logits_to_keep`` prefill positions only (no rows for the others): it gets 0, cut here."""
+    shared = any(s != l for l, s in enumerate(kv_source_layers(model)))
+    cut = logits_to_keep if logits_to_keep and input_ids.shape[-1] > 1 and shared else 0
+    args = dict(input_ids=input_ids, use_cache=True, logits_to_keep=0 if cut else logits_to_keep, **kw)
     if position_ids is not None:
         args["position_ids"] = position_ids
     if cache is not None:
         args[_cache_keyword(model)] = cache
-    return model(**args)
+    out = model(**args)
+    if cut:
+        out.logits = out.logits[:, -cut:]
+    return out
 
 
 def _cache_keyword(model) -> str:
@@ -457,6 +426,13 @@ def gather_layer_call(args, kwargs, R: torch.Tensor, *, hidden: bool):
         v = kwargs.get(name)
         if isinstance(v, torch.Tensor):
             kwargs[name] = v.index_select(v.dim() - 1, R.to(v.device))
+    # Gemma-4's KV sharing: what a source layer before the gather passed on (every prompt position) is restricted
+    # to R in the model's own mapping, in place, so the shared layers after it read the gathered cache
+    shared = kwargs.get("shared_kv_states")
+    for name in list(shared.keys()) if hasattr(shared, "keys") else []:
+        kv = shared[name]
+        if all(isinstance(t, torch.Tensor) for t in kv) and kv[0].shape[-2] > len(R):
+            shared[name] = tuple(t.index_select(-2, R.to(t.device)) for t in kv)
     return tuple(args), kwargs
 
 
@@ -470,6 +446,8 @@ def gather_cache_positions(cache, layers, R: torch.Tensor, T: int) -> None:
     """
     for l in layers:
         lay = cache_layers(cache)[l]
+        if getattr(lay, "keys", None) is None:  # a KV-shared layer stores nothing (its source is gathered)
+            continue
         S = int(lay.keys.shape[-2])
         start = T - S
         keep = R[R >= start] - start
@@ -533,12 +511,13 @@ def cache_head_kv(model, cache, layer: int) -> tuple[torch.Tensor, torch.Tensor]
 def kv_bytes_per_position(model) -> int | None:
     """Bytes one cached position takes in one layer's keys and values, ``2·e·G·d``, when every layer of
     ``model`` stores full-attention keys and values of that one shape; ``None`` when the layers differ (a
-    sliding-window layer holds only its window, an MLA latent or per-layer head sizes another shape, a
-    capture-only hybrid's recurrent layers no cache of this kind), so a cache size cannot be read off a kept
-    count without a run. A hybrid's recurrent layers hold none: the size is one softmax layer's (``GenerationResult.kept``
-    has one row per evictable layer). ``e`` is the size of the model's parameter dtype (the cache's)."""
+    sliding-window layer holds only its window, an MLA latent or per-layer head sizes or KV heads another shape, a
+    KV-shared layer nothing, a capture-only hybrid's recurrent layers no cache of this kind), so a cache size
+    cannot be read off a kept count without a run. A hybrid's recurrent layers hold none: the size is one softmax
+    layer's (``GenerationResult.kept`` has one row per evictable layer). ``e`` is the size of the model's parameter
+    dtype (the cache's)."""
     fam = families.family_of(model)
-    if fam.capture_only:
+    if fam.capture_only or kv_ties(model) is not None:
         return None
     roles = layer_roles.layer_roles(model)
     if any(r not in ("full", "recurrent") for r in roles):

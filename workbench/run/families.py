@@ -14,16 +14,19 @@ only they hold per-position keys and values, the recurrent or convolution state 
 :func:`workbench.run.layer_roles.state_layers`) has a fixed size and eviction leaves it as it is; every policy runs
 over the softmax layers alone. Pruned prefill is refused at the call (:func:`prune_refusal`): the recurrent layers
 read their input in sequence order, so a gathered sequence is not one the full model runs. gemma3n_text is
-capture-only (every layer, :func:`capture_only_refusal`): its KV-sharing layers attend an earlier layer's keys, so
-evicting one layer's cache would change another's. Each layer's role (full, sliding, chunked, latent, recurrent,
+exact for capture and eviction (its KV-shared layers attend an earlier layer's cache: one kept set per sharing group,
+:func:`workbench.run.adapter.kv_source_layers`); its pruned prefill is refused (:func:`prune_refusal`: AltUp's stacked
+hidden streams). Each layer's role (full, sliding, chunked, latent, recurrent,
 shared) is read in one place, :func:`workbench.run.layer_roles.layer_roles`. The MLA rows (deepseek_v2,
 deepseek_v3: ``mla``) are exact for capture, pruned prefill and eviction (every policy but ExpectedAttention and the
 kvpress presses, refused per policy: :func:`workbench.rerun.eviction.refusals.needs_refusal`). The llama4_text row
 (chunked attention, :func:`layer_chunk`: chunks measured in original positions after a gather or an eviction) is exact
 but for ExpectedAttention and ``rerotate`` (complex rotary) and for runs its NoPE layers' attention temperature reaches
 (:func:`position_refusal`: pruned prefill and eviction refused at the call). The gemma4_text row (per-layer head
-sizes; from transformers 5.24) is exact but for ExpectedAttention and ``rerotate``; its variants with KV shared across
-layers or per-layer KV-head counts are refused from the config.
+sizes; from transformers 5.24) is exact but for ExpectedAttention and ``rerotate``, with per-layer KV-head counts
+(``num_global_key_value_heads``: kept sets ``[G_l, S]`` per layer) and KV shared across layers
+(``num_kv_shared_layers``: one kept set per sharing group); per-layer counts that do not nest are refused from the
+config (:func:`_check_gemma4`).
 
 The weights the stability bounds need (:func:`block_weights`) come from the same table; a term the
 workbench cannot bound for a family is reported as ``"not available for <family>: <reason>"``.
@@ -33,9 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import transformers
 
 from workbench.run import derive
+from workbench.run.version_floor import MIN_TRANSFORMERS, version_refusal  # noqa: F401  (re-exported)
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
            "layer_window", "sliding_layers", "layer_chunk", "chunked_layers", "softmax_layers", "capture_only_refusal", "eviction_refusal",
@@ -80,6 +83,8 @@ class Family:
             (``mamba``, ``linear_attn``, ``conv``): not evictable, left as they are by an eviction.
         evict: ``""``, or why eviction (every policy) is refused while capture and pruned prefill are exact
             (:func:`eviction_refusal`; no family at present).
+        prune: ``""``, or why pruned prefill is refused while capture and eviction are exact
+            (:func:`prune_refusal`: Gemma-3n, whose blocks carry AltUp's stacked hidden streams).
         mla: multi-head latent attention (DeepSeek): the latent is expanded into one key per query head, so a
             config with ``num_key_value_heads != num_attention_heads`` is refused (the model cannot run it).
             Eviction is exact on both cache layouts (:func:`workbench.run.adapter.mla_latent_cache`): a latent
@@ -111,6 +116,7 @@ class Family:
     hybrid: str = ""
     state: tuple[str, ...] = ()
     evict: str = ""
+    prune: str = ""
     mla: bool = False
 
     @property
@@ -167,16 +173,14 @@ FAMILIES: tuple[Family, ...] = (
            bound="per-layer head sizes, per-layer inputs and a layer scalar around a sandwich block"),
     Family(("vaultgemma",), gemma_gain=True, mlp_norm="pre_feedforward_layernorm", eager_only=True, bound="the stability constants are not verified on its block"),
 )
-_KV_SHARED = ("KV shared across layers (its last num_kv_shared_layers layers attend the keys and values of the last "
-              "earlier layer of their kind, passed in the forward, and store no cache of their own), so evicting or "
-              "gathering one layer's cache changes what other layers attend; and its blocks carry AltUp's stacked "
-              "hidden streams and per-layer inputs, which a mid-prefill gather of the hidden states does not restrict")
+_ALTUP = ("its blocks carry AltUp's stacked hidden streams ([altup_num_inputs, B, T, D], the positions on the third "
+          "axis) and per-layer inputs, which the mid-prefill gather of a block's hidden states does not restrict")
 _HYBRID_PRUNE = ("its {state} layers read their input in sequence order, without positions: after a mid-prefill "
                  "gather they would run over the kept tokens as if they were adjacent (a convolution window or a "
                  "recurrent decay spanning the removed tokens), which no run of the full model equals, and a "
                  "gather cannot shorten the state they built over the whole prompt")
 
-# hybrids (issue 25; their rows of tests/test_conformance.py): capture and eviction on the softmax layers (the
+# hybrids (their rows of tests/test_conformance.py): capture and eviction on the softmax layers (the
 # recurrent or convolution state is fixed-size and left as it is), pruned prefill refused (prune_refusal)
 FAMILIES += (
     Family(("lfm2",), norm=("model.embedding_norm",), mlp="feed_forward", input_norm="operator_norm",
@@ -198,10 +202,10 @@ FAMILIES += (
            bound="every layer runs Mamba-2 beside softmax attention",
            hybrid="every layer runs Mamba-2 beside softmax attention", state=("mamba",)),
 )
-# capture-only (issue 25; its row of tests/test_conformance.py)
+# KV shared across layers: capture and eviction exact (one kept set per sharing group), pruned prefill refused
 FAMILIES += (
     Family(("gemma3n_text",), block="sandwich", mlp_norm="pre_feedforward_layernorm",
-           bound="AltUp streams, a LAuReL branch and per-layer inputs around a sandwich block", capture_only=_KV_SHARED),
+           bound="AltUp streams, a LAuReL branch and per-layer inputs around a sandwich block", prune=_ALTUP),
 )
 
 # multi-head latent attention (issue 25): capture, pruned prefill and eviction exact. Under transformers >= 5.24 the
@@ -223,32 +227,6 @@ FAMILIES += (
     Family(("deepseek_v2",), mlp_kind="moe", rotary=_MLA_ROPE + " (complex frequencies)", bound=_MLA_BOUND, mla=True),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
-
-# capture-only hybrids refused under older transformers, with the reason: under 5.2 (the floor) their forward builds
-# no cache of its own (it warns "requires an initialized HybridMambaAttentionDynamicCache") and returns none, so the
-# decode rows would attend to the new token alone; verified exact from 5.24
-_HYBRID_CACHE = ("under transformers {v} its forward builds no cache of its own (a HybridMambaAttentionDynamicCache "
-                 "must be passed in), so decode-step rows would be wrong; capture is verified from transformers 5.24")
-MIN_TRANSFORMERS: dict[str, tuple[tuple[int, int], str]] = {
-    "bamba": ((5, 24), _HYBRID_CACHE),
-    "granitemoehybrid": ((5, 24), _HYBRID_CACHE),
-    "gemma4_text": ((5, 24), "transformers {v} has no gemma4_text model (its modelling code is newer than the floor); "
-                             "its row is verified from transformers 5.24"),
-    "falcon_h1": ((5, 24), _HYBRID_CACHE.replace("a HybridMambaAttentionDynamicCache", "a FalconHybridMambaAttentionDynamicCache")),
-}
-
-
-def _transformers_version() -> tuple[int, int]:
-    major, minor = (transformers.__version__.split(".") + ["0"])[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
-
-
-def version_refusal(model_type: str) -> str | None:
-    """Why ``model_type``'s row is refused under the installed transformers (``None`` when it is not)."""
-    need = MIN_TRANSFORMERS.get(model_type)
-    if need is None or _transformers_version() >= need[0]:
-        return None
-    return need[1].format(v=transformers.__version__)
 
 # families seen and refused, with the reason (the refusal is their row of the conformance matrix)
 REFUSED: dict[str, str] = {
@@ -331,23 +309,21 @@ def is_derived(fam: Family) -> bool:
 
 
 def _check_gemma4(c, mt: str) -> None:
-    """Refuse the Gemma-4 variants the row does not cover, from the config: KV shared across layers (as gemma3n:
-    evicting one layer's cache would change another's) and KV-head counts that vary per layer."""
+    """Refuse, from the config, a Gemma-4 whose KV-head counts do not nest: a layer's ``G_l`` KV heads
+    (``num_global_key_value_heads`` on its global layers) must divide the largest count, so that each KV head of a
+    layer serves whole groups of the finest layer (:func:`workbench.run.adapter.kv_group_heads`). KV sharing across
+    layers (``num_kv_shared_layers``) is covered: one kept set per sharing group."""
     tc = c.get_text_config() if callable(getattr(c, "get_text_config", None)) else c
-    shared = int(getattr(tc, "num_kv_shared_layers", 0) or 0)
-    if shared:
-        raise TypeError(f"model: the {mt!r} configuration shares KV across layers (num_kv_shared_layers = {shared}: "
-                        f"its last layers attend an earlier layer's keys and values), so evicting or gathering one "
-                        f"layer's cache would change what another attends; the workbench covers gemma4_text without KV "
-                        f"sharing. Supported families: {', '.join(supported_families())}")
     per = getattr(tc, "per_layer_config", None)
     if per is None:
         return
-    Gs = {int(getattr(per[l], "num_key_value_heads", 0) or 0) for l in range(int(tc.num_hidden_layers))}
-    if len(Gs) > 1:
-        raise TypeError(f"model: the {mt!r} configuration has per-layer KV-head counts {sorted(Gs)} "
-                        f"(num_global_key_value_heads); the workbench covers gemma4_text with one count on every layer "
-                        f"(per-layer head sizes are covered). Supported families: {', '.join(supported_families())}")
+    H = int(tc.num_attention_heads)
+    Gs = sorted({int(getattr(per[l], "num_key_value_heads", 0) or H) for l in range(int(tc.num_hidden_layers))})
+    if any(Gs[-1] % g for g in Gs):
+        raise TypeError(f"model: the {mt!r} configuration has per-layer KV-head counts {Gs} "
+                        f"(num_global_key_value_heads) that do not divide the largest ({Gs[-1]}); the workbench "
+                        f"covers per-layer counts that nest (each layer's KV heads serve whole groups of the finest "
+                        f"layer). Supported families: {', '.join(supported_families())}")
 
 
 def _walk(model, paths):
@@ -443,12 +419,15 @@ def capture_only_refusal(model, what: str) -> str | None:
 
 def prune_refusal(model, what: str) -> str | None:
     """Why ``what`` (pruned prefill) cannot run on ``model``'s family (``None`` when it can): a capture-only family
-    (:func:`capture_only_refusal`) or a hybrid, whose recurrent or convolution layers cannot consume a gathered
-    sequence exactly (names them and the softmax layers, on which capture and eviction run)."""
+    (:func:`capture_only_refusal`), a family whose gather cannot restrict its blocks' inputs (``Family.prune``:
+    Gemma-3n's AltUp streams), or a hybrid, whose recurrent or convolution layers cannot consume a gathered sequence
+    exactly (names them and the softmax layers, on which capture and eviction run)."""
     why = capture_only_refusal(model, what)
     if why:
         return why
     fam = family_of(model)
+    if fam.prune:
+        return f"{what} cannot run on {fam.name}: {fam.prune}; capture and eviction are supported"
     if not fam.hybrid:
         return None
     L = len(decoder_layers(model))

@@ -231,6 +231,9 @@ def load_model(
             warnings.warn(f"model: {fam.name} is partially supported: capture and pruned prefill are exact; eviction, "
                           f"ExpectedAttention, rerotate and the stability bounds are unavailable ({fam.evict})",
                           stacklevel=2)
+        elif fam.prune:
+            warnings.warn(f"model: {fam.name} is partially supported: capture and eviction are exact; pruned prefill "
+                          f"and the stability bounds are unavailable ({fam.prune})", stacklevel=2)
         elif fam.mla:
             warnings.warn(f"model: {fam.name} is partially supported: capture, pruned prefill and eviction are exact; "
                           f"ExpectedAttention, kvpress presses, rerotate and the stability bounds are unavailable "

@@ -46,15 +46,21 @@ def cache_evidence(model, cache, ev: Evidence, *, keys: bool, wov: bool, layers=
     Multi-head latent attention: the per-head keys and values the attention reads
     (:func:`~workbench.run.adapter.cache_head_kv`; a latent cache is expanded by the model's own ``expand_kv``),
     never the latents. ``layers``: the decoder layer of every evidence row (default ``0 … L-1``; a hybrid's
-    evidence has one row per softmax layer)."""
+    evidence has one row per softmax layer). Where the KV heads vary per layer (Gemma-4), a group's entries are those
+    of the KV head its query heads read (:func:`~workbench.run.adapter.kv_group_heads`); a KV-shared layer's are its
+    source's."""
     T, L = ev.T, ev.L
     layers = list(range(L)) if layers is None else list(layers)
     if len(layers) != L:
         raise ValueError(f"layers: one decoder layer per evidence row (L = {L}), got {len(layers)}")
     K, V = [], []
+    src = adapter.kv_source_layers(model)
     for l in layers:
-        k, v = adapter.cache_head_kv(model, cache, l)
-        k, v = k[0, :, :T].float().cpu(), v[0, :, :T].float().cpu()  # [G, S, d], S = T (or the window)
+        k, v = adapter.cache_head_kv(model, cache, src[l])  # a KV-shared layer attends its source's entries
+        k, v = k[0, :, :T].float().cpu(), v[0, :, :T].float().cpu()  # [G_l, S, d], S = T (or the window)
+        if k.shape[0] != ev.G:  # fewer KV heads on this layer: the one each group reads
+            g_heads = adapter.kv_group_heads(model, l)
+            k, v = k[g_heads], v[g_heads]
         if k.shape[1] < T:
             pad = T - k.shape[1]
             k = torch.cat([k.new_zeros(k.shape[0], pad, k.shape[2]), k], 1)

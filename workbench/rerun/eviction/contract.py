@@ -7,7 +7,8 @@ check is run on a real prefill with real evidence (a tiny random-weight model, a
 - **declared needs used**: removing any evidence ``needs()`` declares makes scoring fail (it is read);
 - **nothing undeclared read**: scoring from the declared evidence alone (undeclared fields absent, tail and
   decode rows cut to the declared counts) works and gives the same scores as from every piece of evidence;
-- **scores shape**: ``scores(ev)`` has shape ``[L, G, T]``; **scores finite**: no NaN or ±inf;
+- **scores shape**: ``scores(ev)`` has shape ``[L, G, T]``; **scores finite**: no NaN or ±inf (where cells attend
+  one stored row, ``ev.ties``, the selection pools their scores by the mean: one kept set per tie);
 - **protected mask**: ``protected(T)`` is bool ``[T]``; **protected kept**: at every ``B < T`` tried;
 - **exactly B sorted**: ``B`` distinct sorted prompt positions per layer and KV group (a budget allocation:
   its counts, summing to ``L·G·B``), and the eviction session keeps exactly that and frees KV bytes;

@@ -108,6 +108,12 @@ class Evidence:
             ``R(p) x = cos ⊙ x + sin ⊙ x[pair]``; a NoPE layer is the identity).
         attn_inputs: per layer ``(attention module, hidden states [1, T, D], position_embeddings)`` of the
             prefill (the inputs kvpress's hooks see).
+        ties: int64 ``[L, G]`` or ``None``: cells with one id attend one stored row, so one kept set serves them
+            all (:func:`~workbench.run.adapter.kv_ties`: a layer with fewer KV heads than groups, Gemma-4's
+            ``num_global_key_value_heads``; layers sharing one cache, Gemma-3n and Gemma-4's
+            ``num_kv_shared_layers``). The selection reads a policy's scores and tie-break through
+            :meth:`pooled`: each cell gets the mean over its tie, so the kept set of a sharing group is chosen
+            once, from its layers' scores pooled, and applies to every layer reading it.
     """
 
     T: int
@@ -128,6 +134,7 @@ class Evidence:
     rope_sin: Tensor | None = None
     rope_pair: Tensor | None = None
     attn_inputs: list | None = None
+    ties: Tensor | None = None
     _scores: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __getattribute__(self, name: str):
@@ -172,6 +179,21 @@ class Evidence:
             while len(self._scores) > 8:
                 self._scores.pop(next(iter(self._scores)))
         return self._scores[policy]
+
+    def pooled(self, x: Tensor | None) -> Tensor | None:
+        """``x [L, G, …]`` (a policy's scores or tie-break) with every cell replaced by the mean over its tie
+        (:attr:`ties`; cells of one tie then keep one set); ``x`` itself when nothing is tied."""
+        if x is None or self.ties is None:
+            return x
+        L, G = self.ties.shape
+        if tuple(x.shape[:2]) != (L, G):
+            raise ValueError(f"scores: must have shape [L={L}, G={G}, ...], got {list(x.shape)}")
+        ids = torch.unique(self.ties, return_inverse=True)[1].reshape(-1)  # [L·G] dense tie ids
+        flat = x.reshape(L * G, -1).to(torch.float64)
+        n = int(ids.max()) + 1
+        sums = torch.zeros(n, flat.shape[1], dtype=torch.float64).index_add_(0, ids, flat)
+        mean = sums / torch.bincount(ids, minlength=n).to(torch.float64)[:, None]
+        return mean[ids].reshape(x.shape)
 
     @classmethod
     def from_capture(cls, capture: Capture) -> "Evidence":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from workbench.rerun.eviction.evidence import Needs
 from workbench.rerun.eviction.policies.base import EvictionPolicy
-from workbench.run import families, rotary
+from workbench.run import adapter, families, rotary
 
 __all__ = ["needs_refusal", "policy_refusal"]
 
@@ -19,6 +19,11 @@ def needs_refusal(model, needs: Needs, policy: str | None = None) -> str | None:
         return why
     if needs.attn_inputs and fam.mla:
         return (f"policy: {policy or 'a kvpress press'} cannot run on {fam.name}: {families.MLA_PRESS}")
+    if needs.attn_inputs and adapter.kv_ties(model) is not None:
+        return (f"policy: {policy or 'a kvpress press'} cannot run on {fam.name}: a kvpress press scores each layer "
+                f"from its attention module's own key projection and cache, one row per KV head of that layer, and "
+                f"this model has KV-shared layers (no key projection nor cache of their own) or layers with fewer KV "
+                f"heads ({adapter.layer_kv_heads(model)}), which one kept set per stored row must serve")
     if needs.qstats:
         why = rotary.unavailable(model)
         if why:

@@ -34,7 +34,8 @@ class GenerationResult:
             budgets the dense cache keeps each layer's largest head count: masked entries still count).
         kept_layers: per layer, int64 ``[G, S_l]`` original positions the layer holds after eviction (a
             sliding-window layer: at most ``B`` prompt positions its window still sees, then the generated
-            tokens; a full layer: ``kept[l]``).
+            tokens; a full layer: ``kept[l]``). ``[G_l, S_l]`` where the layer has ``G_l < G`` KV heads (one row
+            per KV head); a KV-shared layer (Gemma-3n/4) reports its source's rows, which it attends.
         not_compacted: ``{layer: reason}`` for layers that could not be compacted (a warning was issued).
         kv_layer_bytes_before / kv_layer_bytes_after: cache bytes per layer just before and after eviction.
         kv_bytes_masked: bytes of the entries held but masked out of attention (per-head budgets).

@@ -100,6 +100,10 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     A policy with a budget allocation (:meth:`EvictionPolicy.allocate`) keeps ``B_{l,g}`` positions per
     layer and group (``L·G·B`` in all): rows are ``-1``-padded to the largest count.
 
+    Cells that attend one stored row (:attr:`Evidence.ties`: a layer with fewer KV heads than groups, layers
+    sharing one cache) are selected from their scores and tie-breaks pooled (the mean over the tie), so they keep
+    one set; an allocation must give them one count.
+
     Returns:
         int64 ``[L, G, min(B, T)]`` (``[L, G, T]`` when everything is kept), sorted in every row.
     """
@@ -112,7 +116,25 @@ def preview(policy: EvictionPolicy, evidence: Evidence, budget: int) -> Tensor:
     scores = checked_scores(policy, evidence.scores_of(policy), L, G, T)
     protected = checked_protected(policy, policy.protected(T), T)
     tiebreak = checked_tiebreak(policy, policy.tiebreak(evidence), L, G, T)
-    return select_keep(scores, B, protected, tiebreak, checked_allocation(policy, policy.allocate(evidence, B), L, G, B))
+    budgets = checked_allocation(policy, policy.allocate(evidence, B), L, G, B)
+    # cells that read one stored row (a layer with fewer KV heads, KV-shared layers) keep one set: their scores pooled
+    return select_keep(evidence.pooled(scores), B, protected, evidence.pooled(tiebreak),
+                       _tied_budgets(policy, evidence, budgets))
+
+
+def _tied_budgets(policy: EvictionPolicy, evidence: Evidence, budgets: Tensor | None) -> Tensor | None:
+    """A budget allocation, checked to give the cells of one tie (:attr:`Evidence.ties`: one stored row) one
+    count; ``ValueError`` naming the policy otherwise (one row cannot keep two counts)."""
+    if budgets is None or evidence.ties is None:
+        return budgets
+    b = torch.as_tensor(budgets, dtype=torch.int64)
+    for t in torch.unique(evidence.ties):
+        cells = b[evidence.ties == t]
+        if int(cells.min()) != int(cells.max()):
+            raise ValueError(f"policy: {policy.name} allocates different budgets {sorted(set(cells.tolist()))} to "
+                             f"layers or KV groups that attend one stored row (a layer with fewer KV heads, or "
+                             f"layers sharing one cache), which one kept set must serve")
+    return b
 
 
 def preview_window(policy: EvictionPolicy, evidence: Evidence, budget: int, layer: int, held: Tensor) -> Tensor:
@@ -129,8 +151,8 @@ def preview_window(policy: EvictionPolicy, evidence: Evidence, budget: int, laye
     P = held[held < T]
     if policy.keeps_all or B >= P.numel():
         return P.expand(G, -1).clone()
-    tb = policy.tiebreak(evidence)
-    sc = evidence.scores_of(policy)[layer: layer + 1][..., P]
+    tb = evidence.pooled(policy.tiebreak(evidence))
+    sc = evidence.pooled(evidence.scores_of(policy))[layer: layer + 1][..., P]
     keep = select_keep(sc, B, policy.protected(T)[P], tb[layer: layer + 1][..., P] if tb is not None else None)
     return P[keep[0]]
 

@@ -43,6 +43,7 @@ from workbench.rerun.eviction.select import preview, preview_window
 from workbench.rerun.eviction.storage import extend_masks as _extend
 from workbench.rerun.eviction.storage import latent_union as _latent_union
 from workbench.rerun.eviction.storage import ragged_storage as _ragged
+from workbench.rerun.eviction.storage import storage_rows as _storage_rows
 from workbench.run import adapter, families, layer_roles, rotary
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import unwrap_model
@@ -179,7 +180,9 @@ class EvictionSession:
                 self.answer_ids = y[:n]
             self.y1 = y[0]
         # evidence (prompt keys only; decode rows renormalised over them)
-        ev = Evidence(T=T, L=len(evl), head_group=shape.head_group(), n_sink=spans.n_sink if spans is not None else 4)
+        ties = adapter.kv_ties(self.model)  # [L, G] cells reading one stored row (Gemma-4), None when none do
+        ev = Evidence(T=T, L=len(evl), head_group=shape.head_group(), n_sink=spans.n_sink if spans is not None else 4,
+                      ties=None if ties is None else ties[evl])
 
         def rows(t):  # every layer's rows -> the evictable layers' (a hybrid's recurrent layers have none)
             return t if len(evl) == t.shape[0] else t[evl]
@@ -287,12 +290,14 @@ class EvictionSession:
             mask = adapter.per_head_key_mask(self.model, st0.drop or {}, self.evidence.head_group) if ragged \
                 else contextlib.nullcontext()
             t0 = time.perf_counter()
-            with mask:
+            with mask, adapter.positions_context(self.model, cache) as pstate:  # windows in original positions
+                pstate.q_pos = pos[0].cpu()
                 fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
             timings = dict(st0.timings, question=time.perf_counter() - t0)
             logit = fwd.logits[0, -1].float()
             st = _RunState(policy=policy, B=st0.B, defer=0, kept=st0.kept, compacted=st0.compacted,
                            before=st0.before, after=st0.after, timings=timings, ids=[int(logit.argmax())],
+                           kept_layers=st0.kept_layers, not_compacted=st0.not_compacted,
                            logits=[logit.cpu()] if self.keep_logits else [], cache=adapter.output_cache(fwd) or cache,
                            drop=_extend(st0.drop, len(q)), masked=st0.masked, offset=len(q), shift=st0.shift,
                            state=st0.state)
@@ -345,6 +350,7 @@ class EvictionSession:
                 per_layer, drop = _ragged(keep, gen)
             else:
                 per_layer = [kept[l] for l in range(L)]
+            src = adapter.kv_source_layers(self.model)
             for i, l in enumerate(evl):  # sliding-window layers: the policy's choice among what the window still sees
                 if latent:
                     adapter.check_latent_layer(self.model, cache, l)
@@ -352,8 +358,8 @@ class EvictionSession:
                         raise ValueError("eviction: a sliding-window layer in a multi-head latent attention cache "
                                          "is not supported")
                     continue
-                if adapter.cache_layer_is_sliding(cache, l):
-                    held = adapter.layer_positions(cache, l)[0]
+                if adapter.cache_layer_is_sliding(cache, src[l]):  # a KV-shared layer: its source's window
+                    held = adapter.layer_positions(cache, src[l])[0]
                     w = preview_window(policy, self.evidence, B, i, held)
                     per_layer[i] = torch.cat([w, held[held >= T].expand(G, -1)], dim=-1)
                     if drop:
@@ -362,6 +368,8 @@ class EvictionSession:
             for i, l in enumerate(evl):
                 by_layer[l] = per_layer[i]
             drop = {evl[i]: d for i, d in drop.items()} if drop else drop
+            if not latent:  # one row per stored KV head; a KV-shared layer stores nothing of its own
+                by_layer = _storage_rows(self.model, by_layer)
         timings["score"] = time.perf_counter() - t0 if evict else 0.0
         t0 = time.perf_counter()
         skipped: dict = {}
@@ -371,8 +379,9 @@ class EvictionSession:
             if skipped:
                 warnings.warn(f"eviction: {len(skipped)} layer(s) not compacted (they keep every entry; see "
                               f"GenerationResult.not_compacted and kv_layer_bytes_after): {skipped}", stacklevel=3)
-            if drop:
-                drop = {l: d for l, d in drop.items() if l in compacted}
+            if drop:  # a KV-shared layer attends its source's compacted rows
+                src = adapter.kv_source_layers(self.model)
+                drop = {l: d for l, d in drop.items() if src[l] in compacted}
                 if drop and not latent:  # slots stored only to be hidden (a latent slot serves some head)
                     k0, v0 = adapter.cache_kv(cache, next(iter(drop)))
                     masked = sum(int(d.sum()) for d in drop.values()) * (
@@ -382,7 +391,8 @@ class EvictionSession:
         if latent:  # what each head attends (the layer stores their union once)
             kept_layers = tuple(kept[i].clone() for i in range(L))
         else:
-            kept_layers = tuple(adapter.layer_positions(cache, l) for l in evl)
+            src = adapter.kv_source_layers(self.model)  # a KV-shared layer attends its source's entries
+            kept_layers = tuple(adapter.layer_positions(cache, src[l]) for l in evl)
         timings["evict"] = time.perf_counter() - t0 if evict else 0.0
         timings["batch"] = 1
         after = adapter.cache_bytes(cache)

@@ -1,13 +1,16 @@
 """How an eviction's kept sets become cache storage and per-head masks (internal to
 :class:`~workbench.rerun.eviction.session.EvictionSession`): a budget allocation in a dense per-KV-head cache
 (:func:`ragged_storage`), a multi-head latent attention cache shared by every head (:func:`latent_union`), and the
-masks extended over appended tokens (:func:`extend_masks`)."""
+masks extended over appended tokens (:func:`extend_masks`), and the rows each cache layer stores where KV heads
+vary per layer or layers share a cache (:func:`storage_rows`)."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-__all__ = ["extend_masks", "latent_union", "ragged_storage"]
+from workbench.run import adapter
+
+__all__ = ["extend_masks", "latent_union", "ragged_storage", "storage_rows"]
 
 
 def extend_masks(drop: dict | None, n: int) -> dict | None:
@@ -52,3 +55,22 @@ def ragged_storage(keep: Tensor, gen: Tensor) -> tuple[list, dict]:
     if len({p.shape[-1] for p in per_layer}) > 1:  # layers of different lengths: every layer's mask rebuilt (eager)
         return per_layer, drop
     return per_layer, {l: d for l, d in drop.items() if bool(d.any())}
+
+def storage_rows(model, per_layer: list) -> list:
+    """Kept sets per layer and KV group (``[G, S]``, one group's row per stored KV head being enough: the cells of
+    a tie keep one set, :meth:`~workbench.rerun.eviction.evidence.Evidence.pooled`) as the rows each cache layer stores: ``[G_l, S]``, one per KV
+    head of the layer (``G_l < G`` where the layer has fewer KV heads), and ``None`` for a KV-shared layer, which
+    stores nothing and attends its source's rows."""
+    src = adapter.kv_source_layers(model)
+    out = []
+    for l, kp in enumerate(per_layer):
+        if kp is None or src[l] != l:
+            out.append(None)
+            continue
+        heads = adapter.kv_group_heads(model, l)  # [G]: the KV head each group reads
+        first = [int(torch.nonzero(heads == j)[0]) for j in range(int(heads.max()) + 1)]
+        rows = kp[first]
+        if any(not torch.equal(kp[g], rows[int(heads[g])]) for g in range(kp.shape[0])):
+            raise RuntimeError(f"eviction: layer {l}'s KV groups reading one KV head kept different sets")
+        out.append(rows)
+    return out

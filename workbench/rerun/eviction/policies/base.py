@@ -38,7 +38,12 @@ class EvictionPolicy(abc.ABC):
 
     @abc.abstractmethod
     def scores(self, ev: Evidence) -> Tensor:
-        """Importance of every prompt position, float ``[layers, kv_heads, prompt_len]``."""
+        """Importance of every prompt position, float ``[layers, kv_heads, prompt_len]``.
+
+        Cells that attend one stored row (``ev.ties``: a layer with fewer KV heads than ``G``, layers sharing one
+        cache in Gemma-3n/4) keep one set: the selection takes the mean of their scores (and tie-breaks) over the
+        tie (:meth:`~workbench.rerun.eviction.evidence.Evidence.pooled`), so a sharing group's kept set is chosen
+        once from its layers' scores pooled; a budget allocation must give the cells of a tie one count."""
 
     def tiebreak(self, ev: Evidence) -> Tensor | None:
         return None
