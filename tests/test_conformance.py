@@ -309,7 +309,7 @@ def test_llama4_temperature_refuses_pruning_and_eviction():
         sess.run_questions(StreamingLLM(n_sink=2, recent=2), 6, [list(spans.input_ids[10:])])
 
 
-NEW_REFUSED = ["gpt2", "falcon"]  # issue 25's four current families are now rows; the load refusal on older ones
+NEW_REFUSED = ["gpt2", "falcon"]  # four current families are now rows; the load refusal on older ones
 
 
 @pytest.mark.parametrize("family", NEW_REFUSED)
@@ -473,7 +473,7 @@ def test_hybrid_loads_with_a_warning(tmp_path, smollm):
 
 
 # ----------------------------------------------------------------------------- MLA: capture and pruned prefill
-# issue 25: DeepSeek-V2/V3 (multi-head latent attention; tiny configs in workbench.run.models.TINY_OVERRIDES: kv
+# DeepSeek-V2/V3 (multi-head latent attention; tiny configs in workbench.run.models.TINY_OVERRIDES: kv
 # latent 16, rope 8 + nope 16 key head, value head 16, layer 0 dense and layers 1-2 routed experts). Variants: a query
 # LoRA or a plain q_proj, interleaved or rotate-half rope, YaRN with mscale (the attention's own scaling), eager.
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 1.0,

@@ -1,4 +1,4 @@
-"""Every policy on every family (issue 25): one regression test per failure seen, on tiny random models.
+"""Every policy on every family: one regression test per failure seen, on tiny random models.
 
 CriticalKV read W_O through the stability bounds (refused on MoE, post-norm and parallel families);
 ExpectedAttention hooked ``self_attn.q_proj`` (no fused projections, no q-norm, one rotary convention);

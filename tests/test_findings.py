@@ -66,7 +66,7 @@ def test_timing_rule():
 
 
 def test_findings_count_clusters_not_prompts():
-    """Issue 26: prompts that share a fact or a haystack are one cluster (``meta_cluster``), the unit of n: the test
+    """Prompts that share a fact or a haystack are one cluster (``meta_cluster``), the unit of n: the test
     and the bootstrap CI run over cluster means, and the sentence says how many prompts the clusters hold."""
     d = _frame()
     d = d[d.task == "a"].copy()

@@ -1,4 +1,4 @@
-"""The shipped study (issue 26): ``benchmarks/study_q05/`` holds every cell of the RESULTS study on the research
+"""The shipped study: ``benchmarks/study_q05/`` holds every cell of the RESULTS study on the research
 model qwen2.5-coder-0.5b (and the per-prompt leap, priority-rank and answer-kept tables its captures gave).
 This checks what RESULTS says from those files alone, with no model: the run's size and errors, the tables
 ``benchmarks/study_tables.py`` regenerates byte for byte, and the "What this study shows" numbers recomputed

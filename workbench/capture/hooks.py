@@ -106,7 +106,7 @@ class AttentionRecorder:
         self.row_pos = torch.tensor(row_pos, dtype=torch.int64)
         self.K = K
         self.T = T
-        # --- scale (issue 14): rows live on the host in their storage dtype (staged through pinned memory on CUDA)
+        # --- scale: rows live on the host in their storage dtype (staged through pinned memory on CUDA)
         self.pinned = torch.device(device).type == "cuda" and torch.cuda.is_available()
         self.attn = torch.zeros(shape.L, shape.H_Q, len(row_pos), K, dtype=dtype)  # pageable; copies staged below
         self.vnorm_max = torch.zeros(shape.L, shape.G, dtype=torch.float32)
@@ -379,7 +379,7 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
     if shape.vocab and max(spans.input_ids) >= shape.vocab:
         raise ValueError(f"prompt: token id {max(spans.input_ids)} is outside this model's vocabulary (size "
                          f"{shape.vocab}): the prompt was tokenised for another model")
-    # --- scale (issue 14): estimate, print, refuse over the limit; inputs on the embedding's device
+    # --- scale: estimate, print, refuse over the limit; inputs on the embedding's device
     mem = estimate_capture_bytes(L=shape.L, H_Q=shape.H_Q, G=shape.G, R=len(wanted), T=T, n_decode=n, dtype=dtype,
                                  hidden_layers=len(tuple(hidden_layers)), hidden_size=shape.hidden)
     if progress:

@@ -1,4 +1,4 @@
-"""Synthetic attention rows at research shapes (issue 14), for benchmarks and tests of the analytics.
+"""Synthetic attention rows at research shapes, for benchmarks and tests of the analytics.
 
 ``synthetic_rows`` draws ``attn [L, H_Q, R, K]`` one layer at a time (and a few heads at a time) in
 float32, storing each layer in the requested dtype, so that an 8B shape (``L = 32, H_Q = 32, G = 8``) at

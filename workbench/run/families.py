@@ -144,7 +144,7 @@ FAMILIES: tuple[Family, ...] = (
            qkv="query_key_value", block="parallel", mlp_kind="plain", norm_kind="layer",
            up="dense_h_to_4h", down="dense_4h_to_h", out="dense"),
     Family(("gpt_oss",), mlp_kind="moe", eager_only=True),
-    # issue 25: current families (each a row of tests/test_conformance.py)
+    # current families (each a row of tests/test_conformance.py)
     Family(("ministral",)),
     Family(("ministral3",)),
     Family(("ernie4_5",)),
@@ -208,7 +208,7 @@ FAMILIES += (
            bound="AltUp streams, a LAuReL branch and per-layer inputs around a sandwich block", prune=_ALTUP),
 )
 
-# multi-head latent attention (issue 25): capture, pruned prefill and eviction exact. Under transformers >= 5.24 the
+# multi-head latent attention: capture, pruned prefill and eviction exact. Under transformers >= 5.24 the
 # cache stores one latent and one shared rope key per position (adapter.mla_latent_cache): a layer keeps the union of
 # its heads' kept sets and every head is masked to its own; under 5.2 it stores per-head keys and values (G = H_Q,
 # d_k != d_v), compacted per head. Refused per policy: ExpectedAttention (the rotary maps, _MLA_ROPE) and kvpress

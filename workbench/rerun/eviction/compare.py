@@ -1,4 +1,4 @@
-"""Two eviction settings side by side on the same prompt (issue 24's compare mode): which prompt positions each
+"""Two eviction settings side by side on the same prompt (compare mode): which prompt positions each
 keeps (:func:`kept_set`, :func:`compare_kept` → :class:`KeptComparison`) and what each run gave
 (:func:`compare_runs` → :class:`RunComparison`: answers, KV bytes, logit margins). Pure functions of
 :class:`~workbench.rerun.eviction.result.GenerationResult` objects (a preview or a run): no model calls.
