@@ -214,8 +214,8 @@ def test_flat_api_rule():
 
 
 def _family_table() -> dict[str, str]:
-    """README's family table: every family name of its first column → the row's text."""
-    text = (ROOT / "README.md").read_text()
+    """The family table (docs/families.md): every family name of its first column → the row's text."""
+    text = (ROOT / "docs" / "families.md").read_text()
     lines = text.split("| family | what the row covers", 1)[1].splitlines()[2:]
     rows = {}
     for line in lines:
@@ -228,7 +228,7 @@ def _family_table() -> dict[str, str]:
 
 
 def test_the_family_table_is_the_library_table():
-    """Every family of ``workbench.run.families`` (supported, capture-only, refused) has a row in README's table,
+    """Every family of ``workbench.run.families`` (supported, capture-only, refused) has a row in docs/families.md's table,
     every named family there is one of them, and each row opens with its kind: a capture-only family with
     "**partially supported: capture on ...**", a hybrid with "**partially supported**", a refused one with
     "**refused**", an exact one with neither."""
