@@ -18,8 +18,9 @@ A layer's role says what its cache holds per position:
 Independently of the role, :func:`state_layers` lists the layers that also keep a fixed-size recurrent or
 convolution state (a hybrid's recurrent layers, and Falcon-H1's layers, which run Mamba-2 beside attention):
 eviction leaves that state as it is, and the byte accounting reports it as not evictable. A budget is defined over
-the evictable layers (:func:`evictable_layers`): a policy scores and keeps ``B`` positions per KV head on each of
-them, and the others are not counted.
+the evictable KV: a policy scores every layer with attention (:func:`scored_layers`) and keeps ``B`` positions per
+stored KV head on each layer that holds a cache of its own (:func:`evictable_layers`; a KV-shared layer keeps its
+source's set), and the recurrent state is not counted.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Literal, get_args
 
 from workbench.run import families
 
-__all__ = ["Role", "ROLES", "EVICTABLE", "layer_roles", "evictable_layers", "state_layers"]
+__all__ = ["Role", "ROLES", "EVICTABLE", "layer_roles", "evictable_layers", "scored_layers", "state_layers"]
 
 Role = Literal["full", "sliding", "chunked", "latent", "recurrent", "shared"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -69,6 +70,14 @@ def evictable_layers(model) -> list[int]:
     """The layers whose cache holds per-position keys and values of their own (roles in :data:`EVICTABLE`): the
     layers an eviction compacts and a budget is counted on."""
     return [l for l, r in enumerate(layer_roles(model)) if r in EVICTABLE]
+
+
+def scored_layers(model) -> list[int]:
+    """The layers a policy scores and an eviction's kept sets have a row for: every layer with softmax attention
+    (all roles but ``"recurrent"``). A ``"shared"`` layer is scored with the layer whose cache it reads, one kept set
+    per sharing group (:func:`workbench.run.kv_layout.kv_ties`), and stores nothing, so it is not among
+    :func:`evictable_layers` (the bytes)."""
+    return [l for l, r in enumerate(layer_roles(model)) if r != "recurrent"]
 
 
 def state_layers(model) -> list[int]:

@@ -78,6 +78,8 @@ def classify(model_type: str) -> ModelStatus:
         notes.append(f"{fam.hybrid}: eviction on the softmax layers (the recurrent or convolution state is kept "
                      "whole); pruned prefill refused (those layers read a sequence in order, so a gathered one is not "
                      "one the full model runs)")
+    if fam.prune:  # families.prune_refusal
+        notes.append(f"pruned prefill refused ({fam.prune})")
     if fam.rotary != "probe":
         notes.append(f"ExpectedAttention and rerotate refused ({fam.rotary})")
     if fam.mla:

@@ -347,6 +347,6 @@ def check_policy(policy, models=("tiny", "default"), *, session: EvictionSession
         elif pol.needs().merge(sess.needs) != sess.needs:
             raise ValueError(f"session: captured {sess.needs}, the policy needs {pol.needs()}")
         shape = adapter.model_shape(sess.model)  # the evidence has a row per evictable layer (a hybrid's softmax ones)
-        assert (len(layer_roles.evictable_layers(sess.model)), shape.G) == (sess.evidence.L, sess.evidence.G)
+        assert (len(layer_roles.scored_layers(sess.model)), shape.G) == (sess.evidence.L, sess.evidence.G)
         rows += [(name, label, *r) for r in _rows_of(pol, sess, seed)]
     return pd.DataFrame(rows, columns=["policy", "model", "check", "passed", "reason"])

@@ -43,7 +43,7 @@ class GenerationResult:
             linear-attention, Mamba or convolution layers; Falcon-H1's Mamba-2 beside attention): not evictable,
             left as they are, and not counted in ``kv_bytes_before``/``kv_bytes_after`` (the evictable bytes).
         layers: the decoder layer of every row of ``kept`` and ``kept_layers`` (the evictable layers,
-            :func:`workbench.run.layer_roles.evictable_layers`: every layer but a hybrid's recurrent ones);
+            :func:`workbench.run.layer_roles.scored_layers`: every layer but a hybrid's recurrent ones);
             ``()`` for a result that did not run.
         rerotated: the kept keys were re-positioned to ``0 … S'-1`` (``run(..., rerotate=True)``).
         timings: seconds: ``prefill`` (with capture when needed), ``defer`` (decode step 1 on the full

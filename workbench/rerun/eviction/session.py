@@ -14,9 +14,9 @@ at most ``B`` of them), and later decode steps measure the window in original po
 it holds; a layer that cannot be compacted (a cache layer type other than the dynamic ones) is listed in
 :attr:`GenerationResult.not_compacted` with a warning, and the per-layer byte counts show it.
 
-Hybrids (softmax layers beside linear-attention, Mamba or convolution layers): only the layers with per-position
-keys and values of their own are evicted (:func:`workbench.run.layer_roles.evictable_layers`). The evidence, the
-policies' ``[L, G, T]`` scores, a budget allocation over layers and :attr:`GenerationResult.kept` have one row per
+Hybrids (softmax layers beside linear-attention, Mamba or convolution layers): only the layers with softmax
+attention are scored (:func:`workbench.run.layer_roles.scored_layers`) and those with per-position keys and values of
+their own evicted (:func:`~workbench.run.layer_roles.evictable_layers`). The evidence, the policies' ``[L, G, T]`` scores, a budget allocation over layers and :attr:`GenerationResult.kept` have one row per
 such layer (``GenerationResult.layers`` names them), so a budget is defined over the evictable KV; the recurrent and
 convolution states are left as they are and reported apart (``GenerationResult.kv_bytes_state``).
 """
@@ -104,7 +104,7 @@ class EvictionSession:
         ids, spans = _prompt_ids(prompt, self.tokenizer)
         T = len(ids)
         shape = adapter.model_shape(self.model)
-        self.layers = evl = layer_roles.evictable_layers(self.model)  # the evidence rows' decoder layers
+        self.layers = evl = layer_roles.scored_layers(self.model)  # the evidence rows' decoder layers
         self.stateful = bool(layer_roles.state_layers(self.model))
         check_context(T, n, shape.max_context)
         why = families.position_refusal(self.model, "eviction", T + n)
