@@ -34,7 +34,8 @@ from scipy.optimize import brentq
 from scipy.special import gammaln
 
 __all__ = ["wilson_ci", "bootstrap_ci", "sign_test", "mcnemar", "Paired", "paired", "accuracy", "fmt_ci",
-           "sign_flip_test", "NonInferiority", "noninferiority", "tango_bounds", "tango_exact_p", "mde", "units_needed", "POWER"]
+           "sign_flip_test", "NonInferiority", "noninferiority", "tango_bounds", "tango_exact_p", "mde", "units_needed",
+           "POWER"]
 
 LEVEL = 0.95
 N_BOOT = 2000
@@ -160,8 +161,8 @@ def sign_flip_test(x, centre: float = 0.0, alternative: str = "greater", *, seed
 class NonInferiority:
     """A non-inferiority test of paired differences against a margin ``δ``: ``lo1`` / ``hi1`` the one-sided ``level``
     lower and upper confidence bounds of the mean difference, ``p_ni`` the one-sided p-value of ``H1: mean > −δ`` and
-    ``p_inf`` that of ``H1: mean < −δ`` (``lo1 > −δ`` exactly when ``p_ni < 1 − level``, ``hi1 < −δ`` exactly when
-    ``p_inf < 1 − level``), and ``method``, the procedure that gave them (:func:`noninferiority`)."""
+    ``p_inf`` that of ``H1: mean < −δ`` (an exact p-value can exceed ``1 − level`` where the asymptotic bound clears
+    ``−δ``: a verdict needs both), and ``method``, the procedure that gave them (:func:`noninferiority`)."""
 
     margin: float
     lo1: float
@@ -245,7 +246,8 @@ def tango_exact_p(b: int, c: int, n: int, delta0: float) -> tuple[float, float]:
                 + np.where(n - bb - cc > 0, (n - bb - cc) * np.log(pt), 0.0))
     prob = np.nan_to_num(np.exp(logp))
     tol = 1e-9
-    return (float(min(1.0, prob[:, zs >= zo - tol].sum(1).max())), float(min(1.0, prob[:, zs <= zo + tol].sum(1).max())))
+    return (float(min(1.0, prob[:, zs >= zo - tol].sum(1).max())),
+            float(min(1.0, prob[:, zs <= zo + tol].sum(1).max())))
 
 
 def noninferiority(d, margin: float, level: float = LEVEL) -> NonInferiority:
@@ -254,9 +256,10 @@ def noninferiority(d, margin: float, level: float = LEVEL) -> NonInferiority:
     * 0/1 outcomes per unit (every ``d_i`` in ``{−1, 0, 1}``: ``b`` wins, ``c`` losses of ``n``): Tango's score
       interval for the difference of paired proportions (:func:`tango_bounds`) and its score test at ``−δ``,
       exact unconditional up to :data:`EXACT_UNITS` units (:func:`tango_exact_p`), else ``p_ni = 1 − Φ(Z(−δ))``;
-      a verdict needs both the bound and the test. A bootstrap or a sign-flip test of the shifted differences is not valid here: with
-      every pair tied the bootstrap interval is ``[0, 0]`` and the sign-flip p is ``2^−n`` whatever the true loss
-      rate, while ten ties in a row happen with probability 0.35 when the method loses on 10 % of units.
+      a verdict needs both the bound and the test. A bootstrap or a sign-flip test of the shifted differences is
+      not valid here: with every pair tied the bootstrap interval is ``[0, 0]`` and the sign-flip p is ``2^−n``
+      whatever the true loss rate, while ten ties in a row happen with probability 0.35 when the method loses on
+      10 % of units.
     * Other differences in ``[−1, 1]`` (a cluster's mean of 0/1 scores when its prompts disagree, a fraction): the
       more conservative of the one-sided Student t bound (``mean ∓ t_{level, n−1} s / √n``; its p-values) and
       Tango's bounds at the fractional counts ``b = Σ max(d_i, 0)``, ``c = Σ max(−d_i, 0)``. For a given
