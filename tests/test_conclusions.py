@@ -1,5 +1,6 @@
 """What this study shows (workbench.study.conclusions), on hand-made frames whose answer is known: a clear DeferKV win is
-supported, a clear loss beyond the margin inferior, exact ties non-inferior (never supported), a failing reference
+supported, a clear loss beyond the margin inferior, exact ties non-inferior on enough clusters (inconclusive on ten;
+never supported), a failing reference
 says so; n, effect, CI and p recomputed
 independently (scipy's binomtest for McNemar / the sign test, the percentile bootstrap with the same seed over
 cluster means); the leap, the priorities and EntroPrefill per preset; then a tiny study run end to end."""
@@ -91,9 +92,16 @@ def test_a_clear_deferkv_win_is_supported_and_its_numbers_recompute():
 def test_a_clear_loss_is_inferior_and_ties_are_non_inferior():
     loss = conclusions(_study([0] * 10, [1] * 10))
     assert set(_claims(loss, "DeferKV ≥ SnapKV")["verdict"]) == {"inferior"}
+    # ten tied clusters bound a loss only at −z²/(10 + z²) = −0.213 (Tango): inconclusive and underpowered, as a
+    # method losing on 10 % of clusters ties ten in a row with probability 0.35; thirty ties clear −0.1
     tie = conclusions(_study([1, 0] * 5, [1, 0] * 5))
     r = _claims(tie, "DeferKV ≥ SnapKV")
-    assert set(r["verdict"]) == {"non-inferior"} and set(r["effect"]) == {0.0} and set(r["p"]) == {1.0}
+    z = sps.norm.ppf(0.95)
+    assert set(r["verdict"]) == {"inconclusive"} and set(r["effect"]) == {0.0} and set(r["p"]) == {1.0}
+    assert r["underpowered"].all() and r["lo1"].to_numpy() == pytest.approx([-z * z / (10 + z * z)] * 2)
+    many = _claims(conclusions(_study([1, 0] * 15, [1, 0] * 15)), "DeferKV ≥ SnapKV")
+    assert set(many["verdict"]) == {"non-inferior"} and set(many["p"]) == {1.0}
+    assert many["p_ni"].to_numpy() == pytest.approx([0.9 ** 30] * 2, rel=1e-6)  # exact: ties all 30 at p01 = 0.1
     # a win on too few clusters (6 prompts, 3 clusters): the interval excludes 0, the test does not reject
     # (two-sided sign test, 3 of 3: p = 0.25)
     few = _claims(conclusions(_study([1] * 6, [0] * 6, clusters=[0, 0, 1, 1, 2, 2])), "DeferKV ≥ SnapKV")
@@ -124,14 +132,21 @@ def test_a_failing_reference_carries_no_verdict():
 
 def test_clusters_are_the_unit():
     """Prompts of one cluster count once, by their mean: 12 prompts in 4 clusters of 3 give n = 4 and the sign test
-    over cluster means (3 of 4 clusters: every prompt a DeferKV win; 1: a tie)."""
+    over cluster means (3 of 4 clusters: every prompt a DeferKV win; 1: a tie); not superior (p = 0.25), and the
+    non-inferiority bound is Tango's on 3 wins of 4 clusters."""
+    from test_stats import _tango_brute
+
     defer, snap = [1] * 12, [0] * 9 + [1] * 3
     cl = [f"c{i // 3}" for i in range(12)]
     r = _claims(conclusions(_study(defer, snap, clusters=cl)), "DeferKV ≥ SnapKV").iloc[0]
     per = pd.Series(np.array(defer, float) - np.array(snap, float)).groupby(cl).mean()
     assert (r.n, r.prompts) == (4, 12) and r.effect == pytest.approx(per.mean())
-    assert r.p == pytest.approx(sps.binomtest(3, 3, 0.5).pvalue) and r.verdict == "inconclusive"
+    assert r.p == pytest.approx(sps.binomtest(3, 3, 0.5).pvalue)
     assert (r.lo, r.hi) == pytest.approx(_boot(per.to_numpy()))
+    lo1, hi1 = _tango_brute(3, 0, 4)
+    assert (r.lo1, r.hi1) == pytest.approx((lo1, hi1), abs=1e-6)
+    assert r.p_ni == pytest.approx(0.3 ** 3 * 4 * 0.4, rel=1e-3) or r.p_ni > 0.05  # exact: up to P(b ≥ 3, c = 0)
+    assert r.verdict == ("non-inferior" if lo1 > -0.1 and r.p_ni < 0.05 else "inconclusive")
 
 
 def test_pooled_over_passing_ruler_families():
@@ -159,20 +174,22 @@ def _flip_p(x, centre, greater=True):
 @given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1)), min_size=5, max_size=14))
 def test_verdict_follows_the_numbers(pairs):
     """Random 0/1 scores (at least 5 prompts: the reference, right on all, passes): the effect is the mean difference,
-    p the exact McNemar test, the CI the same-seed bootstrap, the non-inferiority bounds its one-sided percentiles,
-    its p the exact sign-flip test about −δ, and the verdict the rule on those numbers (DeferKV ≥ SnapKV is a
-    non-inferiority claim at δ = 0.1)."""
+    p the exact McNemar test, the CI the same-seed bootstrap, the non-inferiority bounds Tango's score interval
+    (computed from its definition in test_stats), its p the score test about −δ, and the verdict the rule on those
+    numbers (DeferKV ≥ SnapKV is a non-inferiority claim at δ = 0.1)."""
+    from test_stats import _tango_brute
+
     defer, snap = [a for a, _ in pairs], [b for _, b in pairs]
     r = _claims(conclusions(_study(defer, snap, budgets=(0.5,))), "DeferKV ≥ SnapKV").iloc[0]
     d = np.array(defer, float) - np.array(snap, float)
     w, lo_n = int((d > 0).sum()), int((d < 0).sum())
     p = 1.0 if w + lo_n == 0 else sps.binomtest(w, w + lo_n, 0.5).pvalue
     lo, hi = _boot(_by_unit(d))
-    lo1, hi1 = _boot(_by_unit(d), level=0.90)
-    p_ni, p_inf = _flip_p(d, -0.1), _flip_p(d, -0.1, greater=False)
+    lo1, hi1 = _tango_brute(w, lo_n, len(d))
     assert r.n == len(d) and r.effect == pytest.approx(d.mean()) and r.p == pytest.approx(p)
-    assert (r.lo, r.hi, r.lo1, r.hi1) == pytest.approx((lo, hi, lo1, hi1))
-    assert (r.p_ni, r.p_inf) == pytest.approx((p_ni, p_inf))
+    assert (r.lo, r.hi) == pytest.approx((lo, hi)) and (r.lo1, r.hi1) == pytest.approx((lo1, hi1), abs=1e-6)
+    p_ni, p_inf = r.p_ni, r.p_inf  # the exact score test at −δ: never rejects where the bound does not clear −δ
+    assert (p_ni < 0.05) <= (lo1 > -0.1) and (p_inf < 0.05) <= (hi1 < -0.1) and r.ni_test == "Tango score"
     want = ("supported" if lo > 0 and p < 0.05 else "non-inferior" if lo1 > -0.1 and p_ni < 0.05 else
             "inferior" if hi1 < -0.1 and p_inf < 0.05 else "inconclusive")
     assert r.verdict == want and r.verdict in VERDICTS and r.kind == "non-inferiority"
@@ -251,9 +268,11 @@ def test_entroprefill_named_by_preset():
         "EntroPrefill paper", "EntroPrefill loose"}
     assert not t["claim"].str.startswith("entroprefill").any()
     acc = ep[ep["claim"] == "EntroPrefill loose keeps full-context accuracy"].iloc[0]
-    # ties with full context on 10 clusters: non-inferior at δ = 0.1 (exact sign-flip p = 2^-10), never supported
-    assert acc.comparison == "EntroPrefill loose vs full" and acc.effect == 0.0 and acc.verdict == "non-inferior"
-    assert acc.kind == "non-inferiority" and acc.p_ni == pytest.approx(0.5 ** 10) and acc.margin == 0.1
+    # ties with full context on 10 clusters: not enough to show non-inferiority at δ = 0.1 (a method losing on one
+    # cluster in ten ties all ten with probability 0.9^10 = 0.35, the exact p), and never supported
+    assert acc.comparison == "EntroPrefill loose vs full" and acc.effect == 0.0 and acc.verdict == "inconclusive"
+    assert acc.kind == "non-inferiority" and acc.margin == 0.1 and acc.underpowered
+    assert acc.p_ni == pytest.approx(0.9 ** 10, rel=1e-6)
     # removed share > 0 and "did not bypass" are one event per prompt: one descriptive row, not two supported ones
     rem = ep[ep["claim"].str.startswith("EntroPrefill loose prunes")]
     assert len(rem) == 1 and not ep["claim"].str.contains("audit is not vacuous").any()

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from workbench.analyse.stats import accuracy, bootstrap_ci, mcnemar, paired, sign_test, wilson_ci
+from workbench.analyse.stats import accuracy, bootstrap_ci, mcnemar, mde, paired, sign_test, wilson_ci
 
 
 def test_wilson_hand_values():
@@ -142,40 +142,162 @@ def test_paired_rejects_unpaired():
 
 
 # ----------------------------------------------------------------------------- non-inferiority and power
-def test_exact_ties_are_non_inferior_never_supported():
-    """Paired outcomes that tie on every unit: at δ > 0 the one-sided bound (0) clears −δ and the exact sign-flip
-    test rejects once there are enough units (p = 2^-n); the superiority test never rejects (p = 1)."""
+def _ni_verdict(r, margin=0.1):
     from workbench.study.conclusions import verdict
 
-    for n in (3, 5, 10, 50):
+    return verdict("non-inferiority", lo=r.lo, hi=r.hi, p=r.p, lo1=r.ni.lo1, hi1=r.ni.hi1, p_ni=r.ni.p_ni,
+                   p_inf=r.ni.p_inf, margin=margin)
+
+
+def _score_brute(b, c, n, d0):
+    """Tango's score statistic from its definition: the restricted MLE of p21 under p12 − p21 = d0 by numerically
+    maximising the trinomial log-likelihood, then (b − c − n d0) / √(n (p12 + p21 − d0²))."""
+    from scipy.optimize import minimize_scalar
+
+    lo_p, hi_p = max(0.0, -d0), (1 - d0) / 2  # p21 >= 0, p12 = p21 + d0 >= 0, p11 + p22 >= 0
+    def nll(p21):
+        p12, rest = p21 + d0, 1 - 2 * p21 - d0
+        return -sum(k * np.log(max(q, 1e-300)) for k, q in ((c, p21), (b, p12), (n - b - c, rest)) if k)
+    p21 = minimize_scalar(nll, bounds=(lo_p, hi_p), method="bounded", options={"xatol": 1e-13}).x
+    return (b - c - n * d0) / np.sqrt(n * (2 * p21 + d0 - d0 * d0))
+
+
+def _exact_brute(b, c, n, d0=-0.1):
+    """The exact unconditional p-value of the score test of p12 − p21 > d0 (Suissa & Shuster's construction), from
+    its definition: every table (b', c') of n units, scipy's multinomial, maximised over a fine nuisance grid."""
+    from scipy.stats import multinomial
+
+    tables = [(x, y) for x in range(n + 1) for y in range(n + 1 - x)]
+    z = {t: _score_brute(*t, n, d0) for t in tables}
+    extreme = [t for t in tables if z[t] >= z[(b, c)] - 1e-6]
+    best = 0.0
+    for p21 in np.linspace(max(0.0, -d0), (1 - d0) / 2, 401):
+        probs = np.clip([p21 + d0, p21, 1 - 2 * p21 - d0], 0, 1)
+        best = max(best, sum(multinomial.pmf([x, y, n - x - y], n, probs) for x, y in extreme))
+    return best
+
+
+def _tango_brute(b, c, n, level=0.95):
+    """Tango's score interval written from its definition, independently of the closed form: the restricted MLE of
+    p21 under p12 − p21 = δ0 by numerically maximising the multinomial log-likelihood, the score statistic
+    (b − c − nδ0) / √(n (p12 + p21 − δ0²)), and the one-sided bounds by root-finding on a grid-bracketed δ0."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    z = lambda d0: _score_brute(b, c, n, d0)  # noqa: E731
+
+    q = norm.ppf(level)
+    grid = np.linspace(-0.999, 0.999, 999)
+    zs = np.array([z(g) for g in grid])
+    i = np.nonzero(zs <= q)[0][0]
+    j = np.nonzero(zs < -q)[0][0]
+    return (brentq(lambda d: z(d) - q, grid[i - 1], grid[i], xtol=1e-10),
+            brentq(lambda d: z(d) + q, grid[j - 1], grid[j], xtol=1e-10))
+
+
+def test_ten_ties_are_not_non_inferior():
+    """Ten tied pairs cannot show a loss rate below δ = 0.1: if the method lost on 10 % of units (p01 = 0.1), ten ties
+    in a row happen with probability 0.9^10 ≈ 0.35. Tango's one-sided 95 % bound with every pair tied is
+    −z² / (n + z²) = −0.213 at n = 10 (below −δ): inconclusive, and underpowered by the MDE. The old bootstrap and
+    sign-flip test called this non-inferior (bound 0, p = 2^-10)."""
+    from scipy.stats import norm
+
+    z = norm.ppf(0.95)
+    assert 0.9 ** 10 > 0.05  # ties are not rare under a true loss of δ
+    for n in (3, 5, 10, 24):
         a = b = np.r_[np.ones(n // 2), np.zeros(n - n // 2)]
         r = paired(a, b, margin=0.1)
-        assert (r.ni.lo1, r.ni.hi1, r.p) == (0.0, 0.0, 1.0)
-        want_p = 0.5 ** n if n <= 16 else None
-        if want_p is not None:
-            assert r.ni.p_ni == pytest.approx(want_p)
-        v = verdict("non-inferiority", lo=r.lo, hi=r.hi, p=r.p, lo1=r.ni.lo1, hi1=r.ni.hi1, p_ni=r.ni.p_ni,
-                    p_inf=r.ni.p_inf, margin=0.1)
-        assert v == ("non-inferior" if n >= 5 else "inconclusive") and v != "supported"
-        # at δ = 0 ties are never non-inferior: the bound must clear 0 itself
-        r0 = paired(a, b, margin=0.0)
-        assert verdict("non-inferiority", lo=r0.lo, hi=r0.hi, p=r0.p, lo1=r0.ni.lo1, hi1=r0.ni.hi1,
-                       p_ni=r0.ni.p_ni, p_inf=r0.ni.p_inf, margin=0.0) == "inconclusive"
+        assert r.ni.lo1 == pytest.approx(-z * z / (n + z * z), abs=1e-9) and r.ni.lo1 < -0.1
+        assert r.ni.p_ni > 0.05 and r.p == 1.0 and r.ni.method == "Tango score"
+        assert _ni_verdict(r) == "inconclusive"
+    assert mde(10, 0.0, 0.05, sided=1) > 0.1  # and the row reads underpowered
+
+
+def test_many_ties_are_non_inferior_never_supported():
+    """A hundred tied pairs: the bound −z² / (n + z²) = −0.026 clears −0.1, non-inferior; never supported (p = 1).
+    At δ = 0 ties are never non-inferior: the bound must clear 0 itself."""
+    from scipy.stats import norm
+
+    z = norm.ppf(0.95)
+    a = b = np.r_[np.ones(50), np.zeros(50)]
+    r = paired(a, b, margin=0.1)
+    assert r.ni.lo1 == pytest.approx(-z * z / (100 + z * z), abs=1e-9) and r.ni.lo1 > -0.1 and r.ni.p_ni < 0.05
+    assert _ni_verdict(r) == "non-inferior" and r.p == 1.0
+    assert _ni_verdict(paired(a, b, margin=0.0), margin=0.0) == "inconclusive"
+    # the exact test: a method losing on one unit in ten (p01 = 0.1) ties all n with probability 0.9^n, so no fewer
+    # than 29 ties can show δ = 0.1 at 95 % (0.9^28 = 0.052), though the asymptotic bound clears −0.1 from 25 on
+    for n in (25, 28, 29):
+        r = paired(np.ones(n), np.ones(n), margin=0.1)
+        assert r.ni.lo1 > -0.1 and r.ni.p_ni >= 0.9 ** n - 1e-12
+        assert r.ni.p_ni == pytest.approx(_exact_brute(0, 0, n), rel=1e-4)
+        assert _ni_verdict(r) == ("non-inferior" if n >= 29 else "inconclusive")
+    # three wins of three: Tango's asymptotic bound clears −0.1, but a method 0.1 behind wins all three with
+    # probability up to 0.45³ (p12 = 0.45, p21 = 0.55): the exact p-value says so, inconclusive
+    r = paired(np.ones(3), np.zeros(3), margin=0.1)
+    assert r.ni.lo1 > -0.1 and r.ni.p_ni == pytest.approx(0.45 ** 3, rel=1e-6) and _ni_verdict(r) == "inconclusive"
 
 
 def test_a_true_loss_beyond_the_margin_is_inferior():
-    """A loses on 40 of 50 units (mean −0.8 ≪ −δ): inferior; a loss of 0.02 (1 of 50) is well within δ = 0.1:
-    non-inferior."""
-    from workbench.study.conclusions import verdict
-
+    """A loses on 40 of 50 units (mean −0.8 ≪ −δ): inferior; a loss of 0.02 (1 of 50) is within δ = 0.1 but 50
+    units bound it only at −0.08 … non-inferior; a loss on 3 of 10 is inconclusive, not inferior."""
     a, b = np.r_[np.zeros(40), np.ones(10)], np.ones(50)
     r = paired(a, b, margin=0.1)
     assert r.ni.hi1 < -0.1 and r.ni.p_inf < 0.05
-    assert verdict("non-inferiority", lo=r.lo, hi=r.hi, p=r.p, lo1=r.ni.lo1, hi1=r.ni.hi1, p_ni=r.ni.p_ni,
-                   p_inf=r.ni.p_inf, margin=0.1) == "inferior"
+    assert _ni_verdict(r) == "inferior"
     small = paired(np.r_[np.zeros(1), np.ones(49)], np.ones(50), margin=0.1)
-    assert verdict("non-inferiority", lo=small.lo, hi=small.hi, p=small.p, lo1=small.ni.lo1, hi1=small.ni.hi1,
-                   p_ni=small.ni.p_ni, p_inf=small.ni.p_inf, margin=0.1) == "non-inferior"
+    assert small.ni.lo1 > -0.1 and _ni_verdict(small) == "non-inferior"
+    assert _ni_verdict(paired(np.r_[np.zeros(3), np.ones(7)], np.ones(10), margin=0.1)) == "inconclusive"
+
+
+@pytest.mark.parametrize("b, c, n", [(0, 0, 10), (0, 0, 100), (1, 0, 10), (0, 3, 10), (5, 2, 50), (40, 0, 50),
+                                     (0, 40, 50), (7, 9, 30)])
+def test_tango_interval_equals_a_brute_force_computation(b, c, n):
+    """:func:`tango_bounds` equals Tango's interval computed from its definition in the test (numerical restricted
+    MLE, score statistic, root-finding), and :func:`noninferiority`'s p-values are no smaller than that score test's
+    at −δ (they are its exact unconditional version)."""
+    from scipy.stats import norm
+
+    from workbench.analyse.stats import noninferiority, tango_bounds
+
+    want = _tango_brute(b, c, n)
+    assert tango_bounds(b, c, n) == pytest.approx(want, abs=1e-6)
+    d = np.r_[np.ones(b), -np.ones(c), np.zeros(n - b - c)]
+    ni = noninferiority(d, 0.1)
+    assert (ni.lo1, ni.hi1) == pytest.approx(want, abs=1e-6)
+    zs = (b - c + 0.1 * n)  # the score at δ0 = −0.1, by the same brute force
+    from scipy.optimize import minimize_scalar
+    nll = lambda p21: -sum(k * np.log(max(q, 1e-300)) for k, q in  # noqa: E731
+                           ((c, p21), (b, p21 - 0.1), (n - b - c, 1 - 2 * p21 + 0.1)) if k)
+    p21 = minimize_scalar(nll, bounds=(0.1, 0.55), method="bounded", options={"xatol": 1e-13}).x
+    z = zs / np.sqrt(n * (2 * p21 - 0.1 - 0.01))
+    # the p-values: the exact unconditional ones, never below the asymptotic score test's
+    assert ni.p_ni >= norm.sf(z) - 1e-9 and ni.p_inf >= norm.cdf(z) - 1e-9
+    assert (ni.p_ni < 0.05) <= (ni.lo1 > -0.1) and (ni.p_inf < 0.05) <= (ni.hi1 < -0.1)
+    if n <= 10:
+        assert ni.p_ni == pytest.approx(_exact_brute(b, c, n), rel=1e-4)
+
+
+def test_noninferiority_of_non_binary_differences_is_never_shown_on_zero_information():
+    """Cluster means that are not 0/1: the bound is the lower of Student t and Tango at the fractional counts. Zero
+    spread gives the tied-binary bound (inconclusive on 10 clusters, not a degenerate [0, 0]); one half-discordant
+    cluster of ten does not make the t bound trust a tiny spread; a wide spread is not shown non-inferior."""
+    from scipy.stats import norm, t
+
+    from workbench.analyse.stats import noninferiority
+
+    z = norm.ppf(0.95)
+    a = np.r_[0.5, np.ones(9)]
+    r = paired(a, a, margin=0.1)
+    assert not r.binary and r.ni.lo1 == pytest.approx(-z * z / (10 + z * z)) and _ni_verdict(r) == "inconclusive"
+    d = np.r_[0.5, np.zeros(9)]
+    ni = noninferiority(d, 0.1)
+    t_lo = d.mean() - t.ppf(0.95, 9) * d.std(ddof=1) / np.sqrt(10)
+    assert t_lo > -0.1 > ni.lo1 and ni.p_ni > 0.05 and ni.method == "Student t and Tango score"
+    big = np.r_[np.full(50, 0.5), np.full(50, -0.5)] + 0.01
+    ni = noninferiority(big, 0.1)
+    assert ni.lo1 == pytest.approx(min(big.mean() - t.ppf(0.95, 99) * big.std(ddof=1) / 10, ni.lo1))
+    with pytest.raises(ValueError, match="^d:"):
+        noninferiority([2.0, 0.0], 0.1)
 
 
 def test_sign_flip_test_exact_by_enumeration():

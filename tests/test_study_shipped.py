@@ -2,11 +2,10 @@
 model qwen2.5-coder-0.5b (and the per-prompt leap, priority-rank and answer-kept tables its captures gave).
 This checks what RESULTS says from those files alone, with no model: the run's size and errors, the tables
 ``benchmarks/study_tables.py`` regenerates byte for byte, and the "What this study shows" numbers recomputed
-here independently (cluster means, the exact sign / McNemar test with scipy, the sign-flip test of the margin by
-enumeration, the MDE by root-finding, the verdict rule, the reference gate)."""
+here independently (cluster means, the exact sign / McNemar test with scipy, the margin's Tango score interval and
+its exact unconditional test from their definitions, the MDE by root-finding, the verdict rule, the reference gate)."""
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import runpy
@@ -19,6 +18,7 @@ import pandas as pd
 import pytest
 from scipy.optimize import brentq
 from scipy.stats import binomtest, norm
+from test_stats import _exact_brute, _tango_brute
 
 from workbench.study.findings import MIN_REFERENCE_ACCURACY, MIN_REFERENCE_RIGHT
 from workbench.study.ruler import RULER_TASKS
@@ -55,14 +55,6 @@ def _verdict(r) -> str:
     if r.lo1 > -r.margin and r.p_ni < 0.05:
         return "non-inferior"
     return "inferior" if r.hi1 < -r.margin and r.p_inf < 0.05 else "inconclusive"
-
-
-def _flip_p(d, centre) -> float:
-    """The one-sided sign-flip p-value of mean(d) > centre, every sign pattern enumerated."""
-    dev = np.asarray(d, float) - centre
-    dev = dev[np.abs(dev) > 1e-12]
-    sums = np.array([np.dot(s, np.abs(dev)) for s in itertools.product((-1, 1), repeat=dev.size)])
-    return float(np.mean(sums >= dev.sum() - 1e-9)) if dev.size else 1.0
 
 
 def _mde(n, disc, sided) -> float:
@@ -134,11 +126,16 @@ def test_deferkv_against_snapkv_recomputed_with_scipy(cells, claims):
         assert r.effect == pytest.approx(float(diff.mean()), abs=1e-12)
         assert r.p == pytest.approx(p, rel=1e-9)
         assert r.lo <= r.effect + 1e-12 and r.effect <= r.hi + 1e-12
-        # a non-inferiority claim at δ = 0.1: the exact sign-flip test about −δ (enumerated up to 16 clusters), the
+        # a non-inferiority claim at δ = 0.1 on 0/1 clusters: Tango's one-sided 95 % bounds and, up to 10 clusters,
+        # the exact unconditional score test about −δ, both from their definitions (tests/test_stats.py); the
         # discordance and the one-sided MDE
         assert r.kind == "non-inferiority" and r.margin == 0.1
-        if len(diff) <= 16:
-            assert r.p_ni == pytest.approx(_flip_p(diff, -0.1), rel=1e-9)
+        if np.isin(diff, (-1.0, 0.0, 1.0)).all():
+            b, c = int((diff > 0).sum()), int((diff < 0).sum())
+            assert r.ni_test == "Tango score"
+            assert (r.lo1, r.hi1) == pytest.approx(_tango_brute(b, c, len(diff)), abs=1e-6)
+            if len(diff) <= 10:
+                assert r.p_ni == pytest.approx(_exact_brute(b, c, len(diff)), rel=1e-4)
         assert r.disc == pytest.approx(float(np.mean(diff ** 2)), abs=1e-12)
         assert r.mde == pytest.approx(_mde(len(diff), r.disc, 1), rel=1e-6)
         assert r.underpowered == (r.verdict == "inconclusive" and r.mde > 0.1)

@@ -10,11 +10,13 @@ generated from those numbers.
   and the two-sided paired test (McNemar exact on 0/1 units, else the exact sign test) rejects at ``1 − level``;
   ``"contradicted"`` when both show the opposite direction; ``"inconclusive"`` otherwise;
 * **non-inferiority** (A ≥ B − δ, the margin δ fixed before the run, default :data:`DEFAULT_MARGIN`): ``"supported"``
-  when A is shown better as above; ``"non-inferior"`` when the one-sided ``level`` bootstrap lower bound exceeds −δ
-  **and** the one-sided exact sign-flip test of mean > −δ rejects at ``1 − level``
-  (:func:`workbench.analyse.stats.noninferiority`: a bootstrap of three tied clusters is narrow, yet no evidence);
-  ``"inferior"`` when the one-sided upper bound is below −δ and the test of mean < −δ rejects; ``"inconclusive"``
-  otherwise. Exact ties are therefore non-inferior (δ > 0, enough clusters) and never supported;
+  when A is shown better as above; ``"non-inferior"`` when the one-sided ``level`` lower confidence bound of the
+  effect exceeds −δ and the test of effect > −δ rejects (:func:`workbench.analyse.stats.noninferiority`: Tango's
+  score interval for paired proportions on 0/1 clusters with its score test, exact unconditional on up to 200
+  clusters; on cluster means that are not 0/1 the more conservative of it at the fractional counts and a Student t
+  bound); ``"inferior"`` when the one-sided upper bound is below −δ and the test of effect < −δ rejects;
+  ``"inconclusive"`` otherwise. Exact ties are therefore non-inferior only on enough clusters (at δ = 0.1 and 95 %:
+  29, since 0.9^28 > 0.05; ten ties bound a loss at −0.21 only) and never supported;
 * **descriptive** (a quantity, or a claim that holds by construction of a setting: a preset that does not bypass
   removes its own target): no verdict, and not counted among the claims.
 
@@ -59,7 +61,7 @@ __all__ = ["conclusions", "Conclusions", "VERDICTS", "KINDS", "DESCRIPTIVE", "DE
            "verdict", "rule_text", "RULE", "PRIORITY_BASELINES", "plan"]
 
 COLUMNS = ("claim", "source", "kind", "comparison", "task", "metric", "direction", "n", "prompts", "mean_a", "mean_b",
-           "effect", "lo", "hi", "p", "test", "margin", "lo1", "hi1", "p_ni", "p_inf", "disc", "mde", "claimed",
+           "effect", "lo", "hi", "p", "test", "margin", "lo1", "hi1", "p_ni", "p_inf", "ni_test", "disc", "mde", "claimed",
            "underpowered", "verdict", "reference", "note")
 PRIORITY_BASELINES = {"mass": "mass-only", "renyi, zeta=1": "ζ = 1", "headmax": "the per-head max",
                       "uniform": "uniform"}
@@ -149,7 +151,7 @@ def _p(r) -> str:
         return "—"
     out = f"{r['test']} {r['p']:.3g}"
     if r["kind"] == "non-inferiority" and not _nan(r["p_ni"]):
-        out += f"; sign-flip vs −δ {r['p_ni']:.3g}"
+        out += f"; {r['ni_test']} vs −δ {r['p_ni']:.3g}"
     return out
 
 
@@ -188,7 +190,9 @@ def _row(claim, source, comparison, task, metric, kind, r, prompts, *, level, ok
                 mean_b=float(r["mean_b"]), effect=float(r["diff"]), lo=get("lo"), hi=get("hi"), p=get("p"), test=test,
                 margin=margin if ni_kind else math.nan, lo1=get("lo1") if ni_kind else math.nan,
                 hi1=get("hi1") if ni_kind else math.nan, p_ni=get("p_ni") if ni_kind else math.nan,
-                p_inf=get("p_inf") if ni_kind else math.nan, disc=disc, mde=m, claimed=claimed,
+                p_inf=get("p_inf") if ni_kind else math.nan,
+                ni_test=r["ni_test"] if ni_kind and isinstance(r.get("ni_test"), str) else "", disc=disc, mde=m,
+                claimed=claimed,
                 underpowered=bool(v == "inconclusive" and not _nan(claimed) and not _nan(m) and m > claimed),
                 verdict=v, reference=reference, note=note)
 
@@ -199,7 +203,7 @@ def _descriptive(claim, source, comparison, task, metric, *, n, prompts, mean, l
     return dict(claim=claim, source=source, kind="descriptive", comparison=comparison, task=task, metric=metric,
                 direction="none (descriptive)", n=int(n), prompts=int(prompts), mean_a=float(mean), mean_b=math.nan,
                 effect=float(mean), lo=lo, hi=hi, p=math.nan, test="—", margin=math.nan, lo1=math.nan, hi1=math.nan,
-                p_ni=math.nan, p_inf=math.nan, disc=math.nan, mde=math.nan, claimed=math.nan, underpowered=False,
+                p_ni=math.nan, p_inf=math.nan, ni_test="", disc=math.nan, mde=math.nan, claimed=math.nan, underpowered=False,
                 verdict=DESCRIPTIVE, reference=reference, note=note)
 
 
