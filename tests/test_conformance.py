@@ -21,7 +21,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from workbench.capture import RowSet, capture_attention, run_capture
 from workbench.rerun.eviction import H2O, DeferKV, SnapKV, StreamingLLM, every_policy, run_policies
 from workbench.rerun.prune import run_full, run_pruned
-from workbench.run import adapter, families, rotary
+from workbench.run import adapter, families, rotary, version_floor
 from workbench.run.models import tiny_model
 from workbench.run.spans import PromptSpans
 
@@ -349,6 +349,11 @@ def _assert_hybrid_evicts(m, spans, T: int, family: str) -> None:
     with pytest.raises(ValueError, match=rf"run_pruned: pruned prefill cannot run on {family}: .*read their input in "
                                          rf"sequence order"):
         run_pruned(m, spans, layer=-1, removed=[1, 3], max_new_tokens=2, progress=False)
+    if version_floor.hybrid_eviction_refusal():  # the floor (5.2): its hybrid cache has no per-layer storage
+        with pytest.raises(ValueError, match=rf"eviction cannot run on {family}: under transformers .* no per-layer "
+                                             rf"storage"):
+            run_policies(m, spans, [SnapKV(n_sink=2, recent=2, window=4)], [4], 2, progress=False)
+        return
     soft = families.softmax_layers(m)
     full = run_full(m, spans, max_new_tokens=2)
     for r in run_policies(m, spans, every_policy(n_sink=2, recent=2), [T, 4], 2, progress=False):

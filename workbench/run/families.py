@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.run import derive
+from workbench.run import derive, version_floor
 from workbench.run.version_floor import MIN_TRANSFORMERS, version_refusal  # noqa: F401  (re-exported)
 
 __all__ = ["Family", "FAMILIES", "REFUSED", "family_of", "supported_families", "decoder_layers", "final_norm",
@@ -458,11 +458,15 @@ def position_refusal(model, what: str, n_positions: int) -> str | None:
 
 def eviction_refusal(model, what: str) -> str | None:
     """Why ``what`` (eviction, a policy) cannot run on ``model``'s family (``None`` when it can): a capture-only
-    family (:func:`capture_only_refusal`) or a family whose eviction is not verified (``Family.evict``)."""
+    family (:func:`capture_only_refusal`), a family whose eviction is not verified (``Family.evict``), or a hybrid
+    under a transformers whose hybrid cache the compaction cannot read (:func:`version_floor.hybrid_eviction_refusal`)."""
     why = capture_only_refusal(model, what)
     if why:
         return why
     fam = family_of(model)
+    old = fam.hybrid and version_floor.hybrid_eviction_refusal()
+    if old:
+        return f"{what} cannot run on {fam.name}: {old}; capture is supported on its softmax layers"
     if fam.evict:
         return f"{what} cannot run on {fam.name}: {fam.evict}; capture and pruned prefill are supported"
     return None

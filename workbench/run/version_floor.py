@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import transformers
 
-__all__ = ["MIN_TRANSFORMERS", "version_refusal"]
+__all__ = ["MIN_TRANSFORMERS", "version_refusal", "HYBRID_EVICTION", "hybrid_eviction_refusal"]
 
 # hybrids refused under older transformers, with the reason: under 5.2 (the floor) their forward builds
 # no cache of its own (it warns "requires an initialized HybridMambaAttentionDynamicCache") and returns none, so the
@@ -32,3 +32,18 @@ def version_refusal(model_type: str) -> str | None:
     if need is None or _transformers_version() >= need[0]:
         return None
     return need[1].format(v=transformers.__version__)
+
+
+# Hybrids evict from this version on. Older ones keep a hybrid's cache in a class of its own with no per-layer
+# storage (under 5.2: HybridMambaAttentionDynamicCache, Lfm2HybridConvCache, Qwen3NextDynamicCache), which the
+# compaction cannot read; capture on the softmax layers is exact there. Verified on 5.25.
+HYBRID_EVICTION: tuple[int, int] = (5, 25)
+
+
+def hybrid_eviction_refusal() -> str | None:
+    """Why a hybrid's eviction is refused under the installed transformers (``None`` from :data:`HYBRID_EVICTION`)."""
+    if _transformers_version() >= HYBRID_EVICTION:
+        return None
+    return (f"under transformers {transformers.__version__} a hybrid's cache is a class of its own with no per-layer "
+            f"storage the eviction can compact; eviction on its softmax layers is verified from transformers "
+            f"{'.'.join(map(str, HYBRID_EVICTION))}")
