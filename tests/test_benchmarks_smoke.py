@@ -22,8 +22,10 @@ SCRIPTS = sorted(p for p in BENCH.glob("[a-z]*.py"))
 # writes that are not results: a worker's claim file (study.py), the resume cache of finished prompts
 # (eviction_field.py), the study's kept-tokens, leap, ranks and conclusions parquet (its summary carries the metadata),
 # the mutants and the trial profile written into mutation.py's throwaway worktree
+# study_tables.py rewrites the opening section of study_summary.md in place: the rest of the file, with the
+# metadata of the run that wrote it, is kept as it was
 OTHER_WRITES = {("study.py", "fdopen"), ("study.py", "atomic_write_bytes"), ("eviction_field.py", "open"),
-                ("mutation.py", "write_text")}
+                ("mutation.py", "write_text"), ("study_tables.py", "write_text")}
 
 
 def _head() -> str | None:

@@ -108,6 +108,8 @@ def test_report_cli_takes_module_class(monkeypatch, tmp_path, capsys):
 
     class Done:
         partial = False
+        interrupted = None
+        export_error = None
 
         def summary(self):
             return "done"

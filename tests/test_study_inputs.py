@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import workbench.study.report as report_mod
+import workbench.study.report_parts as report_parts
 from workbench.study import sweep as sw
 from workbench.study import tasks
 from workbench.study.report import ReportConfig, run_report
@@ -105,7 +106,7 @@ def test_case1_items_refuse_non_string_texts(tmp_path):
 # ----------------------------------------------------------------------------- case 8: items checked first
 def test_case8_items_file_checked_before_any_model_work(tmp_path, monkeypatch):
     monkeypatch.setattr(report_mod, "load_model", _no_model)
-    monkeypatch.setattr(report_mod, "run_capture", _no_model)
+    monkeypatch.setattr(report_parts, "run_capture", _no_model)
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(ITEM) + "\n" + json.dumps({**ITEM, "item_id": "dog", "answer_doc": 7}) + "\n")
     out = tmp_path / "rep"
