@@ -15,8 +15,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from _oracle import assert_capture_leaves_logits_unchanged, forward_with, oracle_logits_with
 
 from workbench.capture import RowSet, capture_attention, run_capture
 from workbench.rerun.eviction import H2O, DeferKV, SnapKV, StreamingLLM, every_policy, run_policies
@@ -133,28 +132,13 @@ def oracle_logits(m, ids, pos, *, removed_after=None, R=None, kept=None, T=None,
         mask = torch.zeros(1, H, N, N, dtype=query.dtype).masked_fill(~vis[None], torch.finfo(query.dtype).min)
         return adapter.own_eager_function(module)(module, query, key, value, mask, **kw)
 
-    AttentionInterface.register(ORACLE, attention)
-    AttentionMaskInterface.register(ORACLE, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["eager"])
-    old = adapter.current_attn_implementation(m)
-    m.set_attn_implementation(ORACLE)
-    try:
-        with torch.no_grad():
-            out = m(input_ids=torch.tensor([list(ids)]), position_ids=pos[None], use_cache=False)
-    finally:
-        m.set_attn_implementation(old)
     assert fam is not None
-    return out.logits[0].float()
+    return oracle_logits_with(m, ORACLE, attention, ids, pos)
 
 
 def _assert_capture_leaves_logits_unchanged(m, spans: PromptSpans) -> None:
     """The logits of the prompt are bit-identical with the capture hooks on and off."""
-    T = spans.T
-    x = torch.tensor([list(spans.input_ids)])
-    with torch.no_grad():
-        off = m(x).logits
-        with capture_attention(m, [T - 1], K=T, T=T):
-            on = m(x).logits
-    assert torch.equal(on, off)
+    assert_capture_leaves_logits_unchanged(m, spans.input_ids)
 
 
 def _check_against_oracle(logits, ids, ref, T0):
@@ -587,15 +571,7 @@ def _attention_kv(m, ids):
         got[module.layer_idx] = (key[0].clone(), value[0].clone())
         return adapter.own_eager_function(module)(module, query, key, value, attention_mask, **kw)
 
-    AttentionInterface.register(ORACLE + "_kv", attention)
-    AttentionMaskInterface.register(ORACLE + "_kv", ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["eager"])
-    old = adapter.current_attn_implementation(m)
-    m.set_attn_implementation(ORACLE + "_kv")
-    try:
-        with torch.no_grad():
-            m(input_ids=torch.tensor([list(ids)]), use_cache=False)
-    finally:
-        m.set_attn_implementation(old)
+    forward_with(m, ORACLE + "_kv", attention, ids)
     return got
 
 

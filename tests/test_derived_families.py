@@ -14,10 +14,11 @@ import warnings
 
 import pytest
 import torch
+from _oracle import assert_capture_leaves_logits_unchanged
 from tokenizers import Tokenizer, models
 from transformers import AutoConfig, PreTrainedTokenizerFast
 
-from workbench.capture import RowSet, capture_attention, run_capture
+from workbench.capture import RowSet, run_capture
 from workbench.rerun.eviction import SnapKV, every_policy, run_policies
 from workbench.run import adapter, derive, families, selfcheck
 from workbench.run.models import load_model, tiny_model
@@ -109,12 +110,7 @@ def _check_capture(lm, spans: PromptSpans):
     ref = torch.stack([a[0] for a in adapter.eager_attentions(m, ids).attentions])[:, :, cap.row_pos, : T + 3]
     assert (cap.attn[soft] - ref).abs().max().item() <= TOL
     assert "decode" in cap.row_kind
-    x = torch.tensor([list(spans.input_ids)])
-    with torch.no_grad():
-        off = m(x).logits
-        with capture_attention(m, [T - 1], K=T, T=T):
-            on = m(x).logits
-    assert torch.equal(on, off)
+    assert_capture_leaves_logits_unchanged(m, spans.input_ids)
 
 
 @pytest.mark.parametrize("family", _rows(sorted(DERIVED)))

@@ -10,8 +10,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from _oracle import oracle_logits_with
 
 from workbench.capture import RowSet, run_capture
 from workbench.rerun.eviction import H2O, SnapKV, StreamingLLM, run_policies
@@ -107,16 +106,7 @@ def oracle_logits(m, ids, pos, *, kept=None, gen_from=None, R=None, T=None, remo
         mask = torch.zeros(1, H, N, N, dtype=query.dtype).masked_fill(~vis[None], torch.finfo(query.dtype).min)
         return adapter.own_eager_function(module)(module, query, key, value, mask, **kw)
 
-    AttentionInterface.register(ORACLE, attention)
-    AttentionMaskInterface.register(ORACLE, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["eager"])
-    old = m.config._attn_implementation
-    m.set_attn_implementation(ORACLE)
-    try:
-        with torch.no_grad():
-            out = m(input_ids=torch.tensor([list(ids)]), position_ids=pos[None], use_cache=False)
-    finally:
-        m.set_attn_implementation(old)
-    return out.logits[0].float()
+    return oracle_logits_with(m, ORACLE, attention, ids, pos)
 
 
 # ----------------------------------------------------------------------------- the geometry

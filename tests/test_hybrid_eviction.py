@@ -13,8 +13,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from _oracle import oracle_logits_with
 
 from workbench.rerun.eviction import AdaKV, DeferKV, FullCache, PyramidKV, SnapKV, StreamingLLM, generate_with_policy
 from workbench.rerun.prune import run_pruned
@@ -77,16 +76,7 @@ def _oracle_logits(m, toks, T: int, gen_from: int, kept: dict | None):
         own = sys.modules[type(module).__module__].eager_attention_forward
         return own(module, query, key, value, mask, **kw)
 
-    AttentionInterface.register(ORACLE, attention)
-    AttentionMaskInterface.register(ORACLE, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["eager"])
-    old = m.config._attn_implementation
-    m.set_attn_implementation(ORACLE)
-    try:
-        with torch.no_grad():
-            out = m(input_ids=torch.tensor([list(toks)]), position_ids=pos[None], use_cache=False)
-    finally:
-        m.set_attn_implementation(old)
-    return out.logits[0].float()
+    return oracle_logits_with(m, ORACLE, attention, toks, pos)
 
 
 def _kept_by_layer(r) -> dict:

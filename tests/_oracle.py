@@ -1,0 +1,44 @@
+"""The one harness the tests' oracles run through: the model's own forward with an attention function of the
+test's own (usually the model's own eager kernel over a mask the test builds from scratch), registered through
+transformers' attention interface, switched in for one call and always switched back."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+from workbench.capture import capture_attention
+from workbench.run import adapter
+
+
+def forward_with(m, name: str, attention: Callable, ids, pos: torch.Tensor | None = None):
+    """One prefill of ``ids`` (positions ``pos``, default ``0 … N-1``) with every attention call going to
+    ``attention(module, query, key, value, attention_mask, **kw)``; the model's output (no cache)."""
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping["eager"])
+    old = adapter.current_attn_implementation(m)
+    m.set_attn_implementation(name)
+    kw = {} if pos is None else {"position_ids": pos[None]}
+    try:
+        with torch.no_grad():
+            return m(input_ids=torch.tensor([list(ids)]), use_cache=False, **kw)
+    finally:
+        m.set_attn_implementation(old)
+
+
+def oracle_logits_with(m, name: str, attention: Callable, ids, pos: torch.Tensor) -> torch.Tensor:
+    """float32 logits ``[N, V]`` of :func:`forward_with`."""
+    return forward_with(m, name, attention, ids, pos).logits[0].float()
+
+
+def assert_capture_leaves_logits_unchanged(m, input_ids) -> None:
+    """The logits of a prompt are bit-identical with the capture hooks on and off."""
+    T = len(input_ids)
+    x = torch.tensor([list(input_ids)])
+    with torch.no_grad():
+        off = m(x).logits
+        with capture_attention(m, [T - 1], K=T, T=T):
+            on = m(x).logits
+    assert torch.equal(on, off)
