@@ -430,3 +430,21 @@ def test_the_report_prints_its_margin():
     report._findings(_study([1] * 12, [1] * 12), tables, notes, info, 0.05)
     assert "margin δ = 0.05" in info["conclusions"]["rule"]
     assert set(tables["conclusions"].query("claim.str.startswith('DeferKV')", engine="python")["margin"]) == {0.05}
+
+
+def test_an_underpowered_study_says_what_would_show_it():
+    """Ten tied clusters cannot show non-inferiority at δ = 0.1: the study says how many claims that is and which
+    commands plan and run one that can; 29 tied clusters are the fewest that can (the exact test's p is 0.9^n at
+    the null's worst case: 0.9^29 = 0.047 ≤ 0.05 < 0.9^28), and a study of 30 says nothing more."""
+    from workbench.analyse.stats import tango_exact_p
+    from workbench.study.report_html import _conclusions_html
+
+    tie = conclusions(_study([1, 0] * 5, [1, 0] * 5))
+    k = tie.n_underpowered()
+    line = tie.next_step()
+    assert k == 3 and line.startswith("3 claim(s) could not have shown their effect at these n (at most 10 clusters)")
+    assert "29 clusters show δ = 0.1" in line and "report --n-needle 29" in line
+    assert tango_exact_p(0, 0, 29, -0.1)[0] <= 0.05 < tango_exact_p(0, 0, 28, -0.1)[0]
+    assert conclusions(_study([1, 0] * 15, [1, 0] * 15)).next_step() == ""
+    page = _conclusions_html(tie.to_frame(), {"rule": tie.rule(), "counts": tie.counts(), "next": line + " <b>"})
+    assert "report --n-needle 29" in page and "&lt;b&gt;" in page

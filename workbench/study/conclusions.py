@@ -104,6 +104,24 @@ class Conclusions:
     def rule(self) -> str:
         return rule_text(self.level, self.margin)
 
+    def next_step(self) -> str:
+        """One line for a study some of whose rows could not have shown their effect (``""`` when none is
+        underpowered): how many they are, and the commands that plan and run a study that can. With every cluster
+        tied, the exact test of non-inferiority rejects once ``(1 − δ)^n ≤ α``: a method losing on a share δ of the
+        clusters ties ``n`` in a row with probability ``(1 − δ)^n``."""
+        under = [r for r in self.rows if r["underpowered"]]
+        if not under:
+            return ""
+        n_max = max(int(r["n"]) for r in under)
+        line = (f"{len(under)} claim(s) could not have shown their effect at these n (at most {n_max} clusters): "
+                f"`python -m workbench plan --kind non-inferiority --discordance D` says how many clusters a claim "
+                f"needs at the discordance D you expect")
+        if self.margin > 0:
+            ties = math.ceil(math.log(1 - self.level) / math.log(1 - self.margin))
+            line += (f"; with every cluster tied, {ties} clusters show δ = {self.margin:g}, and "
+                     f"`python -m workbench report --n-needle {ties}` runs that many needles (one cluster each)")
+        return line + "."
+
     def summary_line(self) -> str:
         c = self.counts()
         return (f"{sum(c.values())} substantive claims: " + ", ".join(f"{k} {v}" for k, v in c.items())
@@ -112,7 +130,7 @@ class Conclusions:
 
     def markdown(self, heading: str = "## What this study shows") -> str:
         """The section: the rule first, the counts, one table row per claim, then what was not assessed."""
-        out = [heading, self.rule(), self.summary_line()]
+        out = [heading, self.rule(), self.summary_line()] + ([self.next_step()] if self.next_step() else [])
         if self.rows:
             out.append("| claim | source | kind | task | comparison | n | effect [CI] | test p | MDE | verdict |\n"
                        "|---|---|---|---|---|---|---|---|---|---|")

@@ -400,7 +400,8 @@ def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict, margin: f
     comp = fnd.comparisons(df)
     shows = conclusions(df, margin=margin)  # the seed claims the sweep can speak to (no leap / priority tables: said)
     tables["conclusions"] = shows.to_frame()
-    info["conclusions"] = {"rule": shows.rule(), "counts": shows.counts(), "missing": list(shows.missing)}
+    info["conclusions"] = {"rule": shows.rule(), "counts": shows.counts(), "missing": list(shows.missing),
+                           "next": shows.next_step()}
     tables["reference_check"] = ref
     tables["accuracy"] = fnd.accuracy_table(df)
     tables["comparisons"] = comp.drop(columns=["finding"], errors="ignore")

@@ -83,6 +83,8 @@ def _conclusions_html(table, info: dict) -> str:
     counts = info.get("counts", {})
     parts.append(f"<p>{sum(counts.values())} substantive claims: " + ", ".join(f"{e(k)} {v}" for k, v in counts.items())
                  + " (descriptive rows: no verdict, not counted).</p>")
+    if info.get("next"):  # underpowered rows: what would give a study that can show them
+        parts.append(f"<p class='note'>{e(info['next'])}</p>")
     if table is not None and len(table):
         lines = []
         for r in table.itertuples(index=False):
