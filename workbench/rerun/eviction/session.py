@@ -331,6 +331,7 @@ class EvictionSession:
             timings["defer"] = 0.0
         shape = adapter.model_shape(self.model)
         evl = self.layers  # row i of the kept sets is decoder layer evl[i]
+        src = adapter.kv_source_layers(self.model)  # the layer whose cache each layer attends (itself unless KV-shared)
         L, G, L_all = len(evl), shape.G, shape.L
         before = adapter.cache_bytes(cache)
         state = adapter.state_bytes(cache)
@@ -350,7 +351,6 @@ class EvictionSession:
                 per_layer, drop = _ragged(keep, gen)
             else:
                 per_layer = [kept[l] for l in range(L)]
-            src = adapter.kv_source_layers(self.model)
             for i, l in enumerate(evl):  # sliding-window layers: the policy's choice among what the window still sees
                 if latent:
                     adapter.check_latent_layer(self.model, cache, l)
@@ -380,7 +380,6 @@ class EvictionSession:
                 warnings.warn(f"eviction: {len(skipped)} layer(s) not compacted (they keep every entry; see "
                               f"GenerationResult.not_compacted and kv_layer_bytes_after): {skipped}", stacklevel=3)
             if drop:  # a KV-shared layer attends its source's compacted rows
-                src = adapter.kv_source_layers(self.model)
                 drop = {l: d for l, d in drop.items() if src[l] in compacted}
                 if drop and not latent:  # slots stored only to be hidden (a latent slot serves some head)
                     k0, v0 = adapter.cache_kv(cache, next(iter(drop)))
@@ -391,7 +390,6 @@ class EvictionSession:
         if latent:  # what each head attends (the layer stores their union once)
             kept_layers = tuple(kept[i].clone() for i in range(L))
         else:
-            src = adapter.kv_source_layers(self.model)  # a KV-shared layer attends its source's entries
             kept_layers = tuple(adapter.layer_positions(cache, src[l]) for l in evl)
         timings["evict"] = time.perf_counter() - t0 if evict else 0.0
         timings["batch"] = 1
