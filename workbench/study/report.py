@@ -64,8 +64,10 @@ from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show.export import csv_bytes, versions
+from workbench.study.bypasses import bypass_note, bypass_table
 from workbench.study.conclusions import conclusions
 from workbench.study.kvpress_runs import write_kvpress_runs
+from workbench.study.report_calibration import calibration_stage
 from workbench.study.report_config import (
     DATA,
     DEFAULT_POLICIES,
@@ -292,7 +294,13 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
         notes.update(notes_c)
 
         items, sources = _items(cfg, lm.tokenizer, user)
-        df, partial = timed("sweep", lambda: _run_sweep(cfg, lm, items, out / "tables" / "sweep.parquet"))
+        run_cfg = cfg
+        if cfg.calibrate is not None:  # thresholds fixed on the calibration split; the study runs on the test split
+            items, run_cfg, t_cal, n_cal, info_extra["calibration"] = timed("calibration", lambda: calibration_stage(
+                cfg, items, lambda c, its: _run_sweep(c, lm, its, out / "tables" / "calibration_cells.parquet")))
+            tables.update(t_cal)
+            notes.update(n_cal)
+        df, partial = timed("sweep", lambda: _run_sweep(run_cfg, lm, items, out / "tables" / "sweep.parquet"))
         # from here every cell is in the sweep's parquet: an interrupt at any later stage still writes the report
         # from them, marked partial, and the same command resumes (no cell runs twice)
         interrupted = "the sweep" if partial else None
@@ -367,6 +375,8 @@ def _sweep_tables(cfg: ReportConfig, lm, items, df: pd.DataFrame, figures: dict,
     tables["sweep"] = df
     tables["summary"] = summary_table(df)
     _findings(df, tables, notes, info_extra, cfg.margin)
+    tables["bypasses"] = bypass_table(df)
+    notes["bypasses"] = bypass_note(tables["bypasses"])
     mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
     notes["sweep"] = (f"{len(items)} prompts × methods {list(cfg.methods)} (evict: policies {list(cfg.policies)} "
                       f"at budget fractions {list(cfg.budget_fracs)}), max_new_tokens {mnt} (per task); "
