@@ -99,6 +99,7 @@ def test_calibration_picks_the_most_removing_setting_within_the_margin():
     t = cal.table.set_index("candidate")
     assert t.loc["loose", "diff"] == pytest.approx(-0.3) and not t.loc["loose", "within_margin"]
     assert t.loc["paper", "removed_share"] == pytest.approx(0.3) and t.loc["paper", "n"] == 10
+    assert t.loc["paper", "reference"] == 1.0 and t.loc["paper", "bypass_rate"] == 0.0
     assert list(cal.table["chosen"]) == [True, False, False]
     # a wider margin admits the loose preset, which removes more
     assert calibrate(df, CANDS, margin=0.35).chosen == "loose"

@@ -105,7 +105,9 @@ def split_items(items: Sequence[TaskItem], fraction: float = DEFAULT_FRACTION,
 class Calibration:
     """What :func:`calibrate` chose: ``chosen`` (the candidate's name), ``params`` (its EntroPrefill parameters),
     ``rule_met`` (it is within the margin), ``margin``, ``table`` (one row per candidate: ``candidate, n, prompts,
-    diff, removed_share, bypass_rate, within_margin, chosen``) and ``note`` (one line)."""
+    reference, diff, removed_share, bypass_rate, within_margin, chosen``; ``reference``: full context's accuracy on
+    the same clusters, since a difference of 0 against a reference that is always wrong says little) and ``note``
+    (one line)."""
 
     chosen: str
     params: dict
@@ -129,11 +131,13 @@ def _candidate_row(name: str, params: dict, d: pd.DataFrame, ref: pd.DataFrame, 
                        bypassed=pair["bypass"].astype(float) if "bypass" in pair.columns else math.nan)
     pair = pair.dropna(subset=["diff", "removed"])
     if not len(pair):
-        return {"candidate": name, "n": 0, "prompts": 0, "diff": math.nan, "removed_share": math.nan,
-                "bypass_rate": math.nan}
+        return {"candidate": name, "n": 0, "prompts": 0, "reference": math.nan, "diff": math.nan,
+                "removed_share": math.nan, "bypass_rate": math.nan}
+    pair = pair.assign(ref=pd.to_numeric(pair[f"{metric}_ref"], errors="coerce"))
     per = pair.assign(unit=pair["task"].astype(str) + "/" + fnd.clusters(pair)).groupby("unit")
-    return {"candidate": name, "n": int(per.ngroups), "prompts": len(pair), "diff": float(per["diff"].mean().mean()),
-            "removed_share": float(per["removed"].mean().mean()), "bypass_rate": float(per["bypassed"].mean().mean())}
+    return {"candidate": name, "n": int(per.ngroups), "prompts": len(pair), "reference": float(per["ref"].mean().mean()),
+            "diff": float(per["diff"].mean().mean()), "removed_share": float(per["removed"].mean().mean()),
+            "bypass_rate": float(per["bypassed"].mean().mean())}
 
 
 def _params_of(s) -> dict:
@@ -164,7 +168,7 @@ def calibrate(df: pd.DataFrame, candidates: Sequence[tuple[str, dict]], margin: 
         pick, rule_met = int(ok["removed_share"].idxmax()), True
         note = (f"{table.at[pick, 'candidate']} chosen: removed share {table.at[pick, 'removed_share']:.3f}, "
                 f"difference {table.at[pick, 'diff']:+.3f} >= -δ = {-margin:.3f} on {table.at[pick, 'n']} "
-                "calibration clusters")
+                f"calibration clusters (full context right on {table.at[pick, 'reference']:.0%} of them)")
         if table.at[pick, "removed_share"] <= 0:
             note += "; it removes nothing on the calibration split (every prompt bypassed)"
     else:
