@@ -137,6 +137,10 @@ def test_report_config_calibrate_is_checked():
         ReportConfig(calibrate=1.0)
     with pytest.raises(ValueError, match=r"^calibrate: tunes EntroPrefill"):
         ReportConfig(calibrate=0.3, methods=("full", "evict"))
+    with pytest.raises(ValueError, match=r"^calibrate: with 2 units it must be in \(0, 0\.5\]"):
+        ReportConfig(calibrate=0.6, n_squad=1, n_needle=1)
+    with pytest.raises(ValueError, match=r"^calibrate: a calibration split needs at least 2 prompts"):
+        ReportConfig(calibrate=0.5, n_squad=0, n_needle=1)
     c = ReportConfig(calibrate=0.3)
     assert [n for n, _ in c.calibration_candidates()] == list(PRESETS)
     assert ReportConfig(presets=("strict",), entroprefill={"zeta": 0.3}).calibration_candidates() == [

@@ -26,8 +26,8 @@ from workbench.checks import check_args, check_nonempty
 from workbench.constraints import checks_for
 from workbench.study.tasks import TaskItem
 
-__all__ = ["Split", "Calibration", "CalibrationWarning", "split_items", "calibrate", "unit_of", "RULE",
-           "DEFAULT_FRACTION"]
+__all__ = ["Split", "Calibration", "CalibrationWarning", "split_items", "calibrate", "calibration_units", "unit_of",
+           "RULE", "DEFAULT_FRACTION"]
 
 DEFAULT_FRACTION = 0.3
 RULE = ("Calibration rule: on the calibration split only, each candidate EntroPrefill setting gets its mean paired "
@@ -90,15 +90,22 @@ def split_items(items: Sequence[TaskItem], fraction: float = DEFAULT_FRACTION,
     if n < 2:
         raise ValueError(f"items: a calibration split needs at least 2 independent units (clusters), got {n} "
                          f"({units}); add items or run without calibration")
-    n_cal = math.ceil(fraction * n - 1e-12)
-    if n_cal >= n:
-        raise ValueError(f"fraction: with {n} units it must be in (0, {(n - 1) / n:.4g}] so that the test split keeps "
-                         f"a unit, got {fraction!r}")
+    n_cal = calibration_units(n, fraction)
     rank = sorted(units, key=lambda u: hashlib.sha256(f"{seed}\0{u}".encode()).hexdigest())
     cal = set(rank[:n_cal])
     split = Split(calibration=tuple(sorted(cal)), test=tuple(u for u in units if u not in cal), fraction=float(fraction),
                   seed=int(seed))
     return ([it for it in items if unit_of(it) in cal], [it for it in items if unit_of(it) not in cal], split)
+
+
+def calibration_units(n: int, fraction: float, name: str = "fraction") -> int:
+    """``ceil(fraction · n)``, the calibration units of ``n``; refused (naming ``name``) when the test split would be
+    empty."""
+    n_cal = math.ceil(fraction * n - 1e-12)
+    if n_cal >= n:
+        raise ValueError(f"{name}: with {n} units it must be in (0, {(n - 1) / n:.4g}] so that the test split keeps "
+                         f"a unit, got {fraction!r}")
+    return n_cal
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from workbench.checks import check_fields, check_nonempty
 from workbench.choices import METHOD_NAMES, REPORT_DATA
 from workbench.constraints import checked
 from workbench.rerun import eviction
+from workbench.study.calibration import calibration_units
 from workbench.study.verdicts import DEFAULT_MARGIN
 
 __all__ = ["ReportConfig", "ReportResult", "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS"]
@@ -135,6 +136,13 @@ class ReportConfig:
         if self.calibrate is not None and "entroprefill" not in self.methods:
             raise ValueError(f"calibrate: tunes EntroPrefill's thresholds, so methods must include 'entroprefill', got "
                              f"methods {list(self.methods)}")
+        if self.calibrate is not None and self.items is None:  # each built-in prompt is its own unit: refuse now,
+            # before any model work, a split that would leave the test side empty (items files: when read)
+            n = self.n_squad + self.n_needle
+            if n < 2:
+                raise ValueError(f"calibrate: a calibration split needs at least 2 prompts, got n_squad + n_needle = "
+                                 f"{n}")
+            calibration_units(n, self.calibrate, "calibrate")
 
     def calibration_candidates(self) -> list[tuple[str, dict]]:
         """The settings calibration chooses among: ``(preset name, parameters)`` for each of ``presets`` (all
