@@ -12,6 +12,7 @@ import sys
 import pandas as pd
 import pytest
 from test_audit import FAR, HEAVY, SIZES, designed_capture
+from test_conclusions import LOOSE, _study
 
 from workbench.analyse.bypass import BYPASS_COLUMNS, bypass_reason
 from workbench.analyse.params import PRESETS, EntroPrefillParams
@@ -20,6 +21,7 @@ from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 from workbench.study.bypasses import bypass_table
 from workbench.study.calibration import CalibrationWarning, calibrate, split_items, unit_of
+from workbench.study.conclusions import conclusions
 from workbench.study.report_config import ReportConfig
 from workbench.study.tasks import TaskItem
 
@@ -235,3 +237,16 @@ def test_tiny_report_calibrates_then_tests(tmp_path):
     assert len(byp) == int(ep["bypass"].astype(bool).sum())
     page = (out / "report.html").read_text()
     assert c["split"]["digest"] in page and "Calibrate, then test" in page and "tab-bypasses" in page
+
+
+def test_the_pruning_row_says_which_step_refused():
+    d = _study([1] * 10, [1] * 10)
+    loose = d["params"] == json.dumps(LOOSE)
+    d["bypass_step"] = ""
+    d.loc[loose & d["bypass"].astype(bool), "bypass_step"] = "audit"
+    d.loc[(d["params"] == "{}") & (d["method"] == "entroprefill"), "bypass_step"] = ["target"] * 7 + ["streak"] * 3
+    t = conclusions(d).to_frame()
+    note = t[t["claim"] == "EntroPrefill loose prunes: removed share of the prompt's tokens"].iloc[0].note
+    assert note.endswith("refused by audit 1")
+    note = t[t["claim"] == "EntroPrefill paper prunes: removed share of the prompt's tokens"].iloc[0].note
+    assert "refused by target 7, streak 3" in note
