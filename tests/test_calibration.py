@@ -22,8 +22,10 @@ from workbench.run.spans import PromptSpans
 from workbench.study.bypasses import bypass_table
 from workbench.study.calibration import CalibrationWarning, calibrate, split_items, unit_of
 from workbench.study.conclusions import conclusions
+from workbench.study.report import run_report
+from workbench.study.report_calibration import check_split
 from workbench.study.report_config import ReportConfig
-from workbench.study.tasks import TaskItem
+from workbench.study.tasks import TaskItem, load_items
 
 
 def _item(i: int, cluster: str | None = None, task: str = "qa") -> TaskItem:
@@ -250,3 +252,20 @@ def test_the_pruning_row_says_which_step_refused():
     assert note.endswith("refused by audit 1")
     note = t[t["claim"] == "EntroPrefill paper prunes: removed share of the prompt's tokens"].iloc[0].note
     assert "refused by target 7, streak 3" in note
+
+
+def test_an_items_split_is_refused_before_any_model_work(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    f.write_text("\n".join(json.dumps({"task": "qa", "item_id": f"q{i}", "query": f"Fact {i}?",
+                                       "documents": [f"Fact {i}.", "Other."], "answers": [str(i)], "answer_doc": 0,
+                                       "meta": {"cluster": f"c{i // 2}"}}) for i in range(4)) + "\n")
+    items = load_items(f)  # 4 prompts in 2 clusters
+    check_split(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.5), items)
+    with pytest.raises(ValueError, match=r"^calibrate: with 2 units it must be in \(0, 0\.5\]"):
+        check_split(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.6), items)
+    with pytest.raises(ValueError, match=r"^calibrate: a calibration split needs at least 2"):
+        check_split(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.5), items[:2])
+    out = tmp_path / "rep"
+    with pytest.raises(ValueError, match=r"^calibrate: with 2 units"):
+        run_report(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.6, out=out), lm=object())
+    assert not out.exists()  # refused before anything was written

@@ -67,7 +67,7 @@ from workbench.show.export import csv_bytes, versions
 from workbench.study.bypasses import bypass_note, bypass_table
 from workbench.study.conclusions import conclusions
 from workbench.study.kvpress_runs import write_kvpress_runs
-from workbench.study.report_calibration import calibration_stage
+from workbench.study.report_calibration import calibration_stage, check_split
 from workbench.study.report_config import (
     DATA,
     DEFAULT_POLICIES,
@@ -258,6 +258,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     timings: dict[str, float] = {}
     out = cfg.out
     user = _user_data(cfg)  # before any model work, and before anything is written
+    check_split(cfg, user["items"])
     check_writable(out, "out", folder=True)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     # Chromium starts while the model loads (figure export needs it at the end)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from workbench.study.calibration import RULE, calibrate, split_items
+from workbench.study.calibration import RULE, calibrate, calibration_units, split_items, unit_of
 from workbench.study.report_config import ReportConfig
 
-__all__ = ["calibration_stage"]
+__all__ = ["calibration_stage", "check_split"]
 
 
 def calibration_stage(cfg: ReportConfig, items: list, run_sweep: Callable) -> tuple[list, ReportConfig, dict, dict,
@@ -47,3 +47,15 @@ def calibration_stage(cfg: ReportConfig, items: list, run_sweep: Callable) -> tu
                              "verdict."}
     run_cfg = dataclasses.replace(cfg, presets=(cal.chosen,))
     return test_items, run_cfg, tables, notes, info
+
+
+def check_split(cfg: ReportConfig, user_items: list | None) -> None:
+    """Refuse, before any model work, a ``cfg.calibrate`` that would leave a split empty: each built-in prompt is
+    its own unit, the user's items count by cluster."""
+    if cfg.calibrate is None or user_items is None:  # without items ReportConfig has checked it
+        return
+    n = cfg.n_squad + cfg.n_needle + len({unit_of(it) for it in user_items})
+    if n < 2:
+        raise ValueError(f"calibrate: a calibration split needs at least 2 independent units (clusters), the items "
+                         f"and built-in prompts give {n}")
+    calibration_units(n, cfg.calibrate, "calibrate")
