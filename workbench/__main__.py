@@ -89,7 +89,8 @@ def _report(args) -> int:
         print(_one_line("report", e), file=sys.stderr)
         _exit(2)
     except KeyboardInterrupt:  # after the sweep has begun run_report writes a partial report itself
-        store = cfg.out / "tables" / "sweep.parquet"
+        stores = [cfg.out / "tables" / n for n in ("sweep.parquet", "calibration_cells.parquet")]  # study, calibration
+        store = next((p for p in stores if p.is_file()), stores[0])
         print("python -m workbench report: interrupted before the report was written; " + (
             f"the finished cells in {store} are kept: re-run the same command to resume" if store.is_file() else
             "nothing to report"), file=sys.stderr)

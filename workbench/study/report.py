@@ -25,6 +25,10 @@ The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
    Wilson CI, and a loud warning when it is too low), one sentence per comparison with paired statistics
    (n, wins/ties/losses, McNemar, bootstrap CI of the difference), accuracy conditional on the reference
    being right, and the timing rule (shared eviction prefill as its own row, amortised over its cells).
+   **Calibrate, then test** (``calibrate``, off by default; :mod:`workbench.study.report_calibration`): the items
+   split by cluster, EntroPrefill's preset chosen on the calibration split (``tables/calibration*``, its cells in
+   ``tables/calibration_cells.parquet``), and everything above run on the test split only. **Bypasses**: every
+   bypassed EntroPrefill prompt with the step that refused it and its numbers (``tables/bypasses``).
 3. **needle eviction** — the first needle prompt under every policy from one shared prefill
    (``eviction.run_policies``) and how many of the needle's tokens each cache kept
    (``eviction.survival_table``). Figure: kept positions per policy.
