@@ -26,7 +26,7 @@ from workbench.study.sweep import COLUMNS
 FIGURES = {"sink_mass", "attention_strip", "head_weights", "chunk_priorities", "trace_layers", "certificate",
            "accuracy_vs_budget", "kv_bytes_table", "kept_positions"}
 TABLES = {"trace", "priorities", "head_pooling", "items", "sweep", "summary", "needle_survival", "reference_check",
-          "accuracy", "comparisons", "timing", "conclusions"}
+          "accuracy", "comparisons", "timing", "conclusions", "bypasses"}
 TINY_LIMIT_S = 300  # the tiny setting takes ~1 min on a loaded 2-core machine; this catches a runaway setting
 
 

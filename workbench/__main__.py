@@ -72,7 +72,7 @@ def _report(args) -> int:
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
               methods=tuple(args.methods) if args.methods else None, threads=args.threads,
               progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler,
-              margin=args.margin, presets=args.presets)
+              margin=args.margin, presets=args.presets, calibrate=args.calibrate)
     if args.items is not None and not args.tiny:  # the items replace the built-in families unless asked for
         kw["n_squad"] = 0 if args.n_squad is None else args.n_squad
         kw["n_needle"] = 0 if args.n_needle is None else args.n_needle
@@ -89,7 +89,8 @@ def _report(args) -> int:
         print(_one_line("report", e), file=sys.stderr)
         _exit(2)
     except KeyboardInterrupt:  # after the sweep has begun run_report writes a partial report itself
-        store = cfg.out / "tables" / "sweep.parquet"
+        stores = [cfg.out / "tables" / n for n in ("sweep.parquet", "calibration_cells.parquet")]  # study, calibration
+        store = next((p for p in stores if p.is_file()), stores[0])
         print("python -m workbench report: interrupted before the report was written; " + (
             f"the finished cells in {store} are kept: re-run the same command to resume" if store.is_file() else
             "nothing to report"), file=sys.stderr)
@@ -247,6 +248,9 @@ def main(argv=None) -> int:
                         "parameters)")
     r.add_argument("--margin", type=float, default=None,
                    help="non-inferiority margin δ of the verdicts, in [0, 1) (default 0.1; printed with the rule)")
+    r.add_argument("--calibrate", type=float, default=None, metavar="FRACTION",
+                   help="fix EntroPrefill's preset on this share of the clusters, in (0, 1), and report every verdict "
+                        "on the rest (default: off)")
     r.set_defaults(fn=_report)
     q = sub.add_parser("plan", help="how many independent clusters a claim needs (80%% power), before running it")
     q.add_argument("--kind", choices=("superiority", "non-inferiority"), default="superiority")

@@ -221,6 +221,10 @@ _P: dict[str, Constraint] = {
     "report.tiny": Bool(),
     "report.margin": _real(0.0, 1.0, closed="left"),
     "report.presets": Seq(Choice(PRESET_NAMES), nonempty=False, distinct=True),
+    "report.calibrate": optional(_real(0.0, 1.0, closed="neither", note="share of the clusters that calibrate")),
+    # ---- split_items() (study.calibration): the share of the independent units drawn for calibration
+    "calibration.fraction": _real(0.0, 1.0, closed="neither", note="share of the clusters that calibrate"),
+    "calibration.seed": SEED,
     # ---- export() (show)
     "export.fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
     "export.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),

@@ -437,6 +437,9 @@ def _pruning(g: pd.DataFrame):
     odd = int(((share > 0) == byp).sum())
     text = (f"pruned on {int((~byp).sum())} of {len(byp)} prompts (bypass rate {float(per_b.mean()):.2f} over "
             f"{len(per_b)} clusters)")
+    steps = g.loc[m, "bypass_step"][byp].value_counts() if "bypass_step" in g.columns else pd.Series(dtype=int)
+    if len(steps):  # which step refused (workbench.analyse.bypass); the numbers are in the bypasses table
+        text += "; refused by " + ", ".join(f"{k or 'unknown'} {v}" for k, v in steps.items())
     if odd:
         text += (f"; WARNING: on {odd} prompts the removed share and the bypass flag disagree (a bypass that removed "
                  "tokens, or a prune that removed none)")

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Sequence
 
+from workbench.analyse.bypass import bypass_reason
 from workbench.analyse.params import EntroPrefillParams
 from workbench.checks import is_int
 from workbench.rerun.eviction import (
@@ -62,7 +63,9 @@ def entroprefill(lm, item: TaskItem, params: dict) -> dict:
             "retained_tokens": r.T_prime, "kv_bytes": r.kv_bytes, "l_star": -99 if r.l_star is None else r.l_star,
             "bypass": r.bypass, "removed_chunks": len(r.removed),
             "answer_chunk_removed": bool(ans_chunk is not None and ans_chunk in r.removed),
-            "prefill_s": r.prefill_s, "decode_s": r.decode_s}
+            "prefill_s": r.prefill_s, "decode_s": r.decode_s,
+            # which step refused a bypassed prompt, with its numbers (adaptive mode only: a fixed layer never audits)
+            **(bypass_reason(r.trace) if layer is None and r.trace is not None else {})}
 
 
 def _job(prompt, params: dict):

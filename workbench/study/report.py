@@ -25,6 +25,10 @@ The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
    Wilson CI, and a loud warning when it is too low), one sentence per comparison with paired statistics
    (n, wins/ties/losses, McNemar, bootstrap CI of the difference), accuracy conditional on the reference
    being right, and the timing rule (shared eviction prefill as its own row, amortised over its cells).
+   **Calibrate, then test** (``calibrate``, off by default; :mod:`workbench.study.report_calibration`): the items
+   split by cluster, EntroPrefill's preset chosen on the calibration split (``tables/calibration*``, its cells in
+   ``tables/calibration_cells.parquet``), and everything above run on the test split only. **Bypasses**: every
+   bypassed EntroPrefill prompt with the step that refused it and its numbers (``tables/bypasses``).
 3. **needle eviction** — the first needle prompt under every policy from one shared prefill
    (``eviction.run_policies``) and how many of the needle's tokens each cache kept
    (``eviction.survival_table``). Figure: kept positions per policy.
@@ -64,8 +68,10 @@ from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show.export import csv_bytes, versions
+from workbench.study.bypasses import bypass_note, bypass_table
 from workbench.study.conclusions import conclusions
 from workbench.study.kvpress_runs import write_kvpress_runs
+from workbench.study.report_calibration import calibration_stage, check_split
 from workbench.study.report_config import (
     DATA,
     DEFAULT_POLICIES,
@@ -256,6 +262,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     timings: dict[str, float] = {}
     out = cfg.out
     user = _user_data(cfg)  # before any model work, and before anything is written
+    check_split(cfg, user["items"])
     check_writable(out, "out", folder=True)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     # Chromium starts while the model loads (figure export needs it at the end)
@@ -292,7 +299,13 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
         notes.update(notes_c)
 
         items, sources = _items(cfg, lm.tokenizer, user)
-        df, partial = timed("sweep", lambda: _run_sweep(cfg, lm, items, out / "tables" / "sweep.parquet"))
+        run_cfg = cfg
+        if cfg.calibrate is not None:  # thresholds fixed on the calibration split; the study runs on the test split
+            items, run_cfg, t_cal, n_cal, info_extra["calibration"] = timed("calibration", lambda: calibration_stage(
+                cfg, items, lambda c, its: _run_sweep(c, lm, its, out / "tables" / "calibration_cells.parquet")))
+            tables.update(t_cal)
+            notes.update(n_cal)
+        df, partial = timed("sweep", lambda: _run_sweep(run_cfg, lm, items, out / "tables" / "sweep.parquet"))
         # from here every cell is in the sweep's parquet: an interrupt at any later stage still writes the report
         # from them, marked partial, and the same command resumes (no cell runs twice)
         interrupted = "the sweep" if partial else None
@@ -367,6 +380,8 @@ def _sweep_tables(cfg: ReportConfig, lm, items, df: pd.DataFrame, figures: dict,
     tables["sweep"] = df
     tables["summary"] = summary_table(df)
     _findings(df, tables, notes, info_extra, cfg.margin)
+    tables["bypasses"] = bypass_table(df)
+    notes["bypasses"] = bypass_note(tables["bypasses"])
     mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
     notes["sweep"] = (f"{len(items)} prompts × methods {list(cfg.methods)} (evict: policies {list(cfg.policies)} "
                       f"at budget fractions {list(cfg.budget_fracs)}), max_new_tokens {mnt} (per task); "

@@ -10,6 +10,7 @@ from workbench.checks import check_fields, check_nonempty
 from workbench.choices import METHOD_NAMES, REPORT_DATA
 from workbench.constraints import checked
 from workbench.rerun import eviction
+from workbench.study.calibration import calibration_units
 from workbench.study.verdicts import DEFAULT_MARGIN
 
 __all__ = ["ReportConfig", "ReportResult", "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS"]
@@ -60,6 +61,10 @@ class ReportConfig:
         progress: show tqdm progress bars.
         margin: the non-inferiority margin δ of "What this study shows" [in [0, 1)]; default
             :data:`workbench.study.verdicts.DEFAULT_MARGIN` (0.10), printed with the verdict rule.
+        calibrate: ``None`` (default: no split) or the share of the independent clusters drawn for calibration
+            [in (0, 1)]: the EntroPrefill candidates (``presets``, all of ``analyse.params.PRESETS`` when none is
+            given) run on the calibration split, :func:`workbench.study.calibration.calibrate` chooses one, and
+            the study (every verdict) runs on the test split only (needs ``entroprefill`` in ``methods``).
     """
 
     out: Path = Path("out/report")
@@ -89,6 +94,7 @@ class ReportConfig:
     progress: bool = True
     tiny: bool = False
     margin: float = DEFAULT_MARGIN
+    calibrate: float | None = None
 
     @classmethod
     def tiny_config(cls, **kw) -> "ReportConfig":
@@ -127,6 +133,21 @@ class ReportConfig:
                              f"{', '.join(allowed)})")
 
         EntroPrefillParams(**{k: v for k, v in self.entroprefill.items() if k != "layer"})  # validates
+        if self.calibrate is not None and "entroprefill" not in self.methods:
+            raise ValueError(f"calibrate: tunes EntroPrefill's thresholds, so methods must include 'entroprefill', got "
+                             f"methods {list(self.methods)}")
+        if self.calibrate is not None and self.items is None:  # each built-in prompt is its own unit: refuse now,
+            # before any model work, a split that would leave the test side empty (items files: when read)
+            n = self.n_squad + self.n_needle
+            if n < 2:
+                raise ValueError(f"calibrate: a calibration split needs at least 2 prompts, got n_squad + n_needle = "
+                                 f"{n}")
+            calibration_units(n, self.calibrate, "calibrate")
+
+    def calibration_candidates(self) -> list[tuple[str, dict]]:
+        """The settings calibration chooses among: ``(preset name, parameters)`` for each of ``presets`` (all
+        presets when none is given), ``entroprefill`` applied on top of each."""
+        return [(p, {**PRESETS[p]["params"], **self.entroprefill}) for p in (self.presets or tuple(PRESETS))]
 
     def entroprefill_settings(self) -> list[dict]:
         """The sweep's EntroPrefill parameter sets: one per preset (its parameters, ``entroprefill`` on top), or
