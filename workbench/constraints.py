@@ -221,6 +221,15 @@ _P: dict[str, Constraint] = {
     "report.tiny": Bool(),
     "report.margin": _real(0.0, 1.0, closed="left"),
     "report.presets": Seq(Choice(PRESET_NAMES), nonempty=False, distinct=True),
+    # the study's RULER-style families (names checked against study.ruler.RULER_TASKS by ReportConfig) and its
+    # per-prompt analyses (0 = skip)
+    "report.ruler": Seq(InstanceOf(str, "a RULER-style family name", examples=("niah_single",), nonempty=True),
+                        nonempty=False, distinct=True),
+    "report.ruler_lengths": Seq(_int(256, 131072), nonempty=True, distinct=True),
+    "report.ruler_seeds": _int(1, 1000),
+    "report.leap_prompts": _int(0, 1000),
+    "report.kept_prompts": _int(0, 1000),
+    "report.cap_tokens": _int(0, 4096),
     # ---- export() (show)
     "export.fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
     "export.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),
