@@ -419,11 +419,12 @@ def _n_note(df: pd.DataFrame) -> str:
     return ", ".join(f"{k} {v}" for k, v in g.items())
 
 
-def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict, margin: float, frames: dict) -> None:
+def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict, margin: float, frames: dict | None = None) -> None:
     """The reference check, the comparisons with their sentences, accuracies with Wilson CIs and the timing rule."""
     ref, warns = fnd.reference_check(df)
     comp = fnd.comparisons(df)
     # the seed claims: the sweep's, and the leap / priority / kept ones when their tables were made (else: said)
+    frames = frames or {}
     shows = conclusions(df, frames.get("leap"), frames.get("ranks"), kept=frames.get("kept"), margin=margin)
     tables["conclusions"] = shows.to_frame()
     info["conclusions"] = {"rule": shows.rule(), "counts": shows.counts(), "missing": list(shows.missing),
