@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -82,9 +84,11 @@ def test_ruler_alone_is_a_study():
 
 
 @pytest.mark.model
-def test_report_items_writes_the_whole_study(tmp_path, smollm):
+def test_report_items_writes_the_whole_study(tmp_path, smollm, monkeypatch):
     """``report --tiny --items FILE --leap-prompts 3 --kept-prompts 3``: the leap, priority and answer-kept tables
-    in the report folder, their claims in "What this study shows" and their findings on the page."""
+    in the report folder, their claims in "What this study shows" and their findings on the page; then
+    ``benchmarks/study.py``'s layout written from that folder, from which ``study_tables.py`` regenerates the
+    study's tables without a model."""
     f = tmp_path / "orchard.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in ITEMS))
     out = tmp_path / "rep"
@@ -114,3 +118,18 @@ def test_report_items_writes_the_whole_study(tmp_path, smollm):
     assert "held-out reference" in page and "orchard: headmax vs renyi" in page
     man = json.loads((out / "manifest.json").read_text())
     assert man["config"]["leap_prompts"] == 3 and "prompt_analyses" in man["timings"]
+    # benchmarks/study.py's files from the report folder, and study_tables.py on them
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    monkeypatch.syspath_prepend(str(bench))
+    import study
+
+    lay = tmp_path / "lay"
+    lay.mkdir()
+    md = study.write_layout(out, lay / "study.parquet")
+    assert md.startswith("## What this study shows") and "orchard: headmax vs renyi" in md
+    assert {p.name for p in lay.iterdir()} >= {"study.parquet", "study_leap.parquet", "study_ranks.parquet",
+                                               "study_kept.parquet", "study_conclusions.parquet", "study_summary.md"}
+    pd.testing.assert_frame_equal(pd.read_parquet(lay / "study_conclusions.parquet"), concl)
+    monkeypatch.setattr(sys, "argv", ["study_tables.py", "--out-dir", str(lay)])
+    runpy.run_path(str(bench / "study_tables.py"), run_name="__main__")
+    assert "### What this study shows" in (lay / "study_tables.md").read_text()
