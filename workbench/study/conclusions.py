@@ -282,7 +282,8 @@ def _deferkv(df, comp, ref, metric, level, ruler, margin) -> tuple[list, list]:
 
 def _kept(kept, df, ref, level) -> tuple[list, list]:
     if kept is None:
-        return [], ["DeferKV keeps more of the gold answer's tokens than SnapKV: no answer-tokens-kept table (none given, or empty)."]
+        return [], ["DeferKV keeps more of the gold answer's tokens than SnapKV: no answer-tokens-kept table (none given, or empty; "
+                       "report --kept-prompts N writes one, tables/kept.parquet)."]
     if "task" not in kept.columns:
         return [], ["DeferKV vs SnapKV answer tokens kept: the table has no task column, so its reference cannot be "
                     "checked."]
