@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from test_shift import _synthetic_capture
 
+import workbench.study.report as report
 from workbench.analyse.shift import HELD_OUT_AFTER, HELD_OUT_GAP, ShiftAnalysis, step_gains
 from workbench.study.leap import leap_rows
 from workbench.study.report_analyses import per_task
@@ -133,3 +134,17 @@ def test_report_items_writes_the_whole_study(tmp_path, smollm, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["study_tables.py", "--out-dir", str(lay)])
     runpy.run_path(str(bench / "study_tables.py"), run_name="__main__")
     assert "### What this study shows" in (lay / "study_tables.md").read_text()
+
+
+@pytest.mark.model
+def test_report_runs_ruler_families(smollm):
+    """``--ruler``: the RULER-style grid (families × lengths × seeds) joins the report's prompts, with its source."""
+    cfg = ReportConfig(n_squad=0, n_needle=0, ruler=("niah_single", "variable_tracking"), ruler_lengths=(512,),
+                       ruler_seeds=2)
+    items, sources = report._items(cfg, smollm.tokenizer, {"items": None, "filler": None}, smollm.shape.max_context)
+    assert [it.task for it in items] == ["niah_single"] * 2 + ["variable_tracking"] * 2
+    assert len({it.item_id for it in items}) == 4 and all(it.meta["length"] == 512 for it in items)
+    assert sources[0]["task"] == "niah_single, variable_tracking" and sources[0]["items"] == 4
+    with pytest.raises(ValueError, match="lengths"):  # longer than the model's context: refused
+        report._items(ReportConfig(n_squad=0, n_needle=0, ruler=("niah_single",), ruler_lengths=(131072,)),
+                      smollm.tokenizer, {"items": None, "filler": None}, smollm.shape.max_context)

@@ -164,7 +164,7 @@ class ReportConfig:
 class ReportResult:
     """What :func:`run_report` wrote: ``html``, ``figures`` ``{name: [paths]}``, ``tables``
     ``{name: [csv, parquet]}``, ``manifest`` and the per-stage ``timings`` (seconds). ``partial``: the run was
-    interrupted (``interrupted`` says during what: ``"the sweep"``, ``"the needle eviction"``, ``"the figure
+    interrupted (``interrupted`` says during what: ``"the sweep"``, ``"the prompt analyses"``, ``"the needle eviction"``, ``"the figure
     export"``, ``"the tables"`` or ``"the HTML page"``); ``export_error``: one line when figure files could not
     be written (the tables and the page are)."""
 
