@@ -72,7 +72,10 @@ def _report(args) -> int:
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
               methods=tuple(args.methods) if args.methods else None, threads=args.threads,
               progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler,
-              margin=args.margin, presets=args.presets, calibrate=args.calibrate)
+              margin=args.margin, presets=args.presets, calibrate=args.calibrate,
+              ruler=tuple(args.ruler) if args.ruler else None,
+              ruler_lengths=tuple(args.ruler_lengths) if args.ruler_lengths else None, ruler_seeds=args.ruler_seeds,
+              leap_prompts=args.leap_prompts, kept_prompts=args.kept_prompts, cap_tokens=args.cap_tokens)
     if args.items is not None and not args.tiny:  # the items replace the built-in families unless asked for
         kw["n_squad"] = 0 if args.n_squad is None else args.n_squad
         kw["n_needle"] = 0 if args.n_needle is None else args.n_needle
@@ -251,6 +254,17 @@ def main(argv=None) -> int:
     r.add_argument("--calibrate", type=float, default=None, metavar="FRACTION",
                    help="fix EntroPrefill's preset on this share of the clusters, in (0, 1), and report every verdict "
                         "on the rest (default: off)")
+    # the whole study: RULER-style families and the per-prompt analyses (benchmarks/study.py runs through these)
+    r.add_argument("--ruler", nargs="+", default=None, metavar="FAMILY",
+                   help="RULER-style families (study.ruler.RULER_TASKS: niah_single, niah_multikey, ...)")
+    r.add_argument("--ruler-lengths", nargs="+", type=int, default=None, help="RULER-style lengths (default 1024)")
+    r.add_argument("--ruler-seeds", type=int, default=None, help="RULER-style items per family and length (default 1)")
+    r.add_argument("--leap-prompts", type=int, default=None,
+                   help="prompts per task captured for the leap and priority analyses (default 0: skipped)")
+    r.add_argument("--kept-prompts", type=int, default=None,
+                   help="prompts per task for the answer tokens DeferKV and SnapKV keep (default 0: skipped)")
+    r.add_argument("--cap-tokens", type=int, default=None,
+                   help="full context again with this many new tokens: did the cap cut answers off? (default 0: no)")
     r.set_defaults(fn=_report)
     q = sub.add_parser("plan", help="how many independent clusters a claim needs (80%% power), before running it")
     q.add_argument("--kind", choices=("superiority", "non-inferiority"), default="superiority")

@@ -225,6 +225,15 @@ _P: dict[str, Constraint] = {
     # ---- split_items() (study.calibration): the share of the independent units drawn for calibration
     "calibration.fraction": _real(0.0, 1.0, closed="neither", note="share of the clusters that calibrate"),
     "calibration.seed": SEED,
+    # the study's RULER-style families (names checked against study.ruler.RULER_TASKS by ReportConfig) and its
+    # per-prompt analyses (0 = skip)
+    "report.ruler": Seq(InstanceOf(str, "a RULER-style family name", examples=("niah_single",), nonempty=True),
+                        nonempty=False, distinct=True),
+    "report.ruler_lengths": Seq(_int(256, 131072), nonempty=True, distinct=True),
+    "report.ruler_seeds": _int(1, 1000),
+    "report.leap_prompts": _int(0, 1000),
+    "report.kept_prompts": _int(0, 1000),
+    "report.cap_tokens": _int(0, 4096),
     # ---- export() (show)
     "export.fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
     "export.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),

@@ -282,7 +282,8 @@ def _deferkv(df, comp, ref, metric, level, ruler, margin) -> tuple[list, list]:
 
 def _kept(kept, df, ref, level) -> tuple[list, list]:
     if kept is None:
-        return [], ["DeferKV keeps more of the gold answer's tokens than SnapKV: no answer-tokens-kept table (none given, or empty)."]
+        return [], ["DeferKV keeps more of the gold answer's tokens than SnapKV: no answer-tokens-kept table (none given, or empty; "
+                       "report --kept-prompts N writes one, tables/kept.parquet)."]
     if "task" not in kept.columns:
         return [], ["DeferKV vs SnapKV answer tokens kept: the table has no task column, so its reference cannot be "
                     "checked."]
@@ -303,7 +304,7 @@ def _kept(kept, df, ref, level) -> tuple[list, list]:
 def _leap(leap, df, ref, level) -> tuple[list, list]:
     if leap is None:
         return [], ["The boundary leap (0→1 against 1→2 and −1→0): no per-prompt step-gain table (none given, or empty; "
-                    "it needs a capture per prompt: benchmarks/study.py writes one, <stem>_leap.parquet)."]
+                    "it needs a capture per prompt: report --leap-prompts N writes one, tables/leap.parquet)."]
     if "task" not in leap.columns:
         return [], ["The boundary leap: the step-gain table has no task column, so its reference cannot be checked."]
     t = _with_clusters(leap, df)
@@ -339,8 +340,8 @@ def _step(s: str) -> str:
 def _ranks(ranks, df, ref, level) -> tuple[list, list]:
     if ranks is None:
         return [], ["Rényi against mass-only, ζ = 1 and the per-head max (the answer chunk's standing): no per-prompt "
-                    "rank table (none given, or empty; it needs a capture per prompt: benchmarks/study.py writes one, "
-                    "<stem>_ranks.parquet)."]
+                    "rank table (none given, or empty; it needs a capture per prompt: report --leap-prompts N "
+                    "writes one, tables/ranks.parquet)."]
     if "task" not in ranks.columns:
         return [], ["Rényi against the other priorities: the rank table has no task column, so its reference cannot "
                     "be checked."]

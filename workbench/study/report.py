@@ -20,7 +20,13 @@ The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
    Figures: accuracy vs budget, accuracy / KV-bytes table (per task).
    **What this study shows** (:mod:`workbench.study.conclusions`, at the top of the page): each seed claim the
    sweep can speak to (DeferKV vs SnapKV per budget and family, EntroPrefill per preset) with n, effect, CI, p and
-   a verdict, and the claims it cannot assess (the leap and the priorities need captures: ``benchmarks/study.py``).
+   a verdict, with the leap, the priorities and the answer tokens kept when ``leap_prompts`` / ``kept_prompts``
+   ask for them, and the claims it cannot assess.
+   **Per-prompt analyses** (:mod:`workbench.study.report_analyses`, on every family the report runs: SQuAD, needles,
+   RULER-style ``ruler``, ``items``): the leap (step recall gains against the gapped held-out reference) and the
+   answer chunk's standing under each priority on ``leap_prompts`` prompts per task, the gold answer's tokens
+   DeferKV and SnapKV keep on ``kept_prompts``, and the cap check at ``cap_tokens``; tables ``leap``,
+   ``leap_steps``, ``ranks``, ``priority_standing``, ``kept``, ``kept_summary``, ``cap``.
    **Findings** (:mod:`workbench.study.findings`): the reference check (full-context accuracy with its
    Wilson CI, and a loud warning when it is too low), one sentence per comparison with paired statistics
    (n, wins/ties/losses, McNemar, bootstrap CI of the difference), accuracy conditional on the reference
@@ -63,6 +69,7 @@ from tqdm.auto import tqdm
 import workbench.study.datasets as datasets
 import workbench.study.findings as fnd
 import workbench.study.report_parts as parts
+import workbench.study.ruler as ruler
 import workbench.study.tasks as tasks
 from workbench.run.models import load_model
 from workbench.show import export as ex
@@ -71,6 +78,7 @@ from workbench.show.export import csv_bytes, versions
 from workbench.study.bypasses import bypass_note, bypass_table
 from workbench.study.conclusions import conclusions
 from workbench.study.kvpress_runs import write_kvpress_runs
+from workbench.study.report_analyses import prompt_analyses_part
 from workbench.study.report_calibration import calibration_stage, check_split
 from workbench.study.report_config import (
     DATA,
@@ -172,7 +180,7 @@ def _user_data(cfg: ReportConfig) -> dict:
             "filler": datasets.load_filler(cfg.filler) if cfg.filler is not None and cfg.n_needle else None}
 
 
-def _items(cfg: ReportConfig, tokenizer, user: dict) -> tuple[list, list[dict]]:
+def _items(cfg: ReportConfig, tokenizer, user: dict, max_context: int | None = None) -> tuple[list, list[dict]]:
     """The study's items and the provenance of every source they come from (label, kind, path, sha256, size,
     items used); ``user``: :func:`_user_data`."""
     items, sources = [], []
@@ -189,6 +197,14 @@ def _items(cfg: ReportConfig, tokenizer, user: dict) -> tuple[list, list[dict]]:
         new = tasks.needle(tokenizer, hay, lengths=(cfg.needle_length,), depths=depths, n=1, seed=cfg.seed)
         items += new
         sources.append({**datasets.provenance(hay), "task": "needle", "items": len(new)})
+    if cfg.ruler:
+        new = ruler.ruler_grid(tokenizer, cfg.ruler, lengths=cfg.ruler_lengths, seeds=range(cfg.ruler_seeds),
+                               max_context=max_context)
+        items += new
+        sources.append({"label": new[0].meta.get("source", "ruler-style"), "kind": "generated", "path": None,
+                        "sha256": None,
+                        "size": f"{len(new)} items", "description": "RULER-style synthetic families (study.ruler)",
+                        "task": ", ".join(cfg.ruler), "items": len(new)})
     if cfg.items is not None:
         new = user["items"]
         items += new
@@ -298,7 +314,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
         tables.update(tables_c)
         notes.update(notes_c)
 
-        items, sources = _items(cfg, lm.tokenizer, user)
+        items, sources = _items(cfg, lm.tokenizer, user, lm.shape.max_context)
         run_cfg = cfg
         if cfg.calibrate is not None:  # thresholds fixed on the calibration split; the study runs on the test split
             items, run_cfg, t_cal, n_cal, info_extra["calibration"] = timed("calibration", lambda: calibration_stage(
@@ -339,7 +355,15 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
             return html_path, manifest, table_files
 
         try:
-            _sweep_tables(cfg, lm, items, df, figures, tables, notes, info_extra)
+            frames, t_a, n_a, found = {}, {}, {}, []
+            if not partial:  # the per-prompt analyses (leap, priorities, answer tokens kept, cap): report_analyses
+                at[0] = "the prompt analyses"
+                t_a, n_a, frames, found = timed("prompt_analyses", lambda: prompt_analyses_part(
+                    cfg, lm, items, df, out / "tables"))
+            _sweep_tables(cfg, lm, items, df, figures, tables, notes, info_extra, frames)
+            tables.update(t_a)
+            notes.update(n_a)
+            info_extra["findings"] = info_extra.get("findings", []) + found
             needles = [it for it in items if it.task == "needle"]
             if needles and not partial:
                 at[0] = "the needle eviction"
@@ -374,12 +398,13 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
 
 
 def _sweep_tables(cfg: ReportConfig, lm, items, df: pd.DataFrame, figures: dict, tables: dict, notes: dict,
-                  info_extra: dict) -> None:
-    """The sweep's tables, findings, notes and figures (into ``figures``, ``tables``, ``notes``, ``info_extra``)."""
+                  info_extra: dict, frames: dict | None = None) -> None:
+    """The sweep's tables, findings, notes and figures (into ``figures``, ``tables``, ``notes``, ``info_extra``);
+    ``frames``: the per-prompt ``leap``, ``ranks`` and ``kept`` tables the conclusions read."""
     tables["items"] = items_frame(items)
     tables["sweep"] = df
     tables["summary"] = summary_table(df)
-    _findings(df, tables, notes, info_extra, cfg.margin)
+    _findings(df, tables, notes, info_extra, cfg.margin, frames or {})
     tables["bypasses"] = bypass_table(df)
     notes["bypasses"] = bypass_note(tables["bypasses"])
     mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
@@ -409,11 +434,13 @@ def _n_note(df: pd.DataFrame) -> str:
     return ", ".join(f"{k} {v}" for k, v in g.items())
 
 
-def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict, margin: float) -> None:
+def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict, margin: float, frames: dict | None = None) -> None:
     """The reference check, the comparisons with their sentences, accuracies with Wilson CIs and the timing rule."""
     ref, warns = fnd.reference_check(df)
     comp = fnd.comparisons(df)
-    shows = conclusions(df, margin=margin)  # the seed claims the sweep can speak to (no leap / priority tables: said)
+    # the seed claims: the sweep's, and the leap / priority / kept ones when their tables were made (else: said)
+    frames = frames or {}
+    shows = conclusions(df, frames.get("leap"), frames.get("ranks"), kept=frames.get("kept"), margin=margin)
     tables["conclusions"] = shows.to_frame()
     info["conclusions"] = {"rule": shows.rule(), "counts": shows.counts(), "missing": list(shows.missing),
                            "next": shows.next_step()}

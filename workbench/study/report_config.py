@@ -11,6 +11,7 @@ from workbench.choices import METHOD_NAMES, REPORT_DATA
 from workbench.constraints import checked
 from workbench.rerun import eviction
 from workbench.study.calibration import calibration_units
+from workbench.study.ruler import RULER_TASKS
 from workbench.study.verdicts import DEFAULT_MARGIN
 
 __all__ = ["ReportConfig", "ReportResult", "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS"]
@@ -65,6 +66,14 @@ class ReportConfig:
             [in (0, 1)]: the EntroPrefill candidates (``presets``, all of ``analyse.params.PRESETS`` when none is
             given) run on the calibration split, :func:`workbench.study.calibration.calibrate` chooses one, and
             the study (every verdict) runs on the test split only (needs ``entroprefill`` in ``methods``).
+        ruler, ruler_lengths, ruler_seeds: RULER-style families (``study.ruler.RULER_TASKS`` names; ``()``: none)
+            at each length [ints in [256, 131072]] and seeds ``0 … ruler_seeds − 1`` [int in [1, 1000]].
+        leap_prompts: prompts per task captured for the leap (step recall gains against the gapped held-out
+            reference) and priority (the answer chunk's standing) analyses [int in [0, 1000]; 0: skip].
+        kept_prompts: prompts per task for the share of the gold answer's tokens DeferKV and SnapKV keep at
+            ``budget_fracs`` [int in [0, 1000]; 0: skip].
+        cap_tokens: full context again on every prompt with this many new tokens, paired against the sweep's
+            (did the cap cut answers off?) [int in [0, 4096]; 0: skip].
     """
 
     out: Path = Path("out/report")
@@ -95,6 +104,12 @@ class ReportConfig:
     tiny: bool = False
     margin: float = DEFAULT_MARGIN
     calibrate: float | None = None
+    ruler: tuple[str, ...] = ()
+    ruler_lengths: tuple[int, ...] = (1024,)
+    ruler_seeds: int = 1
+    leap_prompts: int = 0
+    kept_prompts: int = 0
+    cap_tokens: int = 0
 
     @classmethod
     def tiny_config(cls, **kw) -> "ReportConfig":
@@ -113,10 +128,10 @@ class ReportConfig:
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"out: must be a folder (the report writes report.html, figures/ and tables/ in it), got "
                              f"the file {str(self.out)!r}")
-        if self.n_squad + self.n_needle < 1 and self.items is None:
-            raise ValueError("n_squad: n_squad + n_needle must be >= 1 when no items file is given (the study "
-                             "needs a prompt)")
-        for name in ("methods", "budget_fracs", "presets"):  # stored as tuples (budget fractions as floats)
+        if self.n_squad + self.n_needle < 1 and self.items is None and not self.ruler:
+            raise ValueError("n_squad: n_squad + n_needle must be >= 1 when no items file and no RULER family is "
+                             "given (the study needs a prompt)")
+        for name in ("methods", "budget_fracs", "presets", "ruler", "ruler_lengths"):  # stored as tuples (budget fractions as floats)
             object.__setattr__(self, name, self.CHECKS[name].check(name, getattr(self, name)))
         pols = tuple(eviction.REGISTRY.resolve(p) if ":" in p else p for p in self.policies)
         bad = [p for p in pols if p not in eviction.REGISTRY or p == "full"]
@@ -126,6 +141,9 @@ class ReportConfig:
         if "evict" in self.methods:  # the same refusal as run_policies' for an empty list
             check_nonempty("policies", pols)
         object.__setattr__(self, "policies", pols)
+        bad = [r for r in self.ruler if r not in RULER_TASKS]
+        if bad:
+            raise ValueError(f"ruler: {bad[0]!r} is not a RULER-style family (allowed: {', '.join(RULER_TASKS)})")
         allowed = sorted({f.name for f in fields(EntroPrefillParams) if f.init} | {"layer"})
         unknown = sorted(map(str, set(self.entroprefill) - set(allowed)))
         if unknown:
@@ -167,7 +185,7 @@ class ReportConfig:
 class ReportResult:
     """What :func:`run_report` wrote: ``html``, ``figures`` ``{name: [paths]}``, ``tables``
     ``{name: [csv, parquet]}``, ``manifest`` and the per-stage ``timings`` (seconds). ``partial``: the run was
-    interrupted (``interrupted`` says during what: ``"the sweep"``, ``"the needle eviction"``, ``"the figure
+    interrupted (``interrupted`` says during what: ``"the sweep"``, ``"the prompt analyses"``, ``"the needle eviction"``, ``"the figure
     export"``, ``"the tables"`` or ``"the HTML page"``); ``export_error``: one line when figure files could not
     be written (the tables and the page are)."""
 
