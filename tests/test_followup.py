@@ -66,7 +66,7 @@ def test_full_budget_equals_a_plain_two_turn_generation(model, spans):
     """B ≥ T: both answers equal a full-context two-turn greedy generation token for token."""
     stop = stop_token_ids(model)
     T = spans.T
-    res = run_followup(model, spans, [FullCache(), SnapKV(), DeferKV()], [T], N_NEW, lambda body: TURN2)
+    res = run_followup(model, spans, [(FullCache(), T), (SnapKV(), T), (DeferKV(), T)], N_NEW, lambda body: TURN2)
     a1 = _greedy(model, spans.input_ids, N_NEW, stop)
     body = answer_body(a1, stop)
     a2 = _greedy(model, list(spans.input_ids) + body + TURN2, N_NEW, stop)
@@ -84,7 +84,7 @@ def test_small_budget_turn_two_sees_kept_set_answer_one_and_question_two(model, 
     the argmax rows of one masked forward over the conversation, and the entry count is that sum."""
     stop = stop_token_ids(model)
     T, B = spans.T, 12
-    (r,) = run_followup(model, spans, [policy], [B], N_NEW, lambda body: TURN2)
+    (r,) = run_followup(model, spans, [(policy, B)], N_NEW, lambda body: TURN2)
     assert r.error is None, r.error
     d = r.first.evicted_at
     assert r.first.kept_prompt.shape[-1] == B and B < T
@@ -102,8 +102,8 @@ def test_small_budget_turn_two_sees_kept_set_answer_one_and_question_two(model, 
 def test_turn_two_failure_is_reported_failed(model, spans):
     """A turn 2 that cannot run is the result's failed step; answer 1 stands and answer 2 is not an empty answer."""
     T = spans.T
-    empty, too_long = run_followup(model, spans, [SnapKV(n_sink=2, recent=4, window=4)], [12, 14], N_NEW, lambda body: []), \
-        run_followup(model, spans, [SnapKV(n_sink=2, recent=4, window=4)], [12], N_NEW, lambda body: [3] * 100_000)
+    empty, too_long = run_followup(model, spans, [(SnapKV(n_sink=2, recent=4, window=4), b) for b in (12, 14)], N_NEW, lambda body: []), \
+        run_followup(model, spans, [(SnapKV(n_sink=2, recent=4, window=4), 12)], N_NEW, lambda body: [3] * 100_000)
     for r in [*empty, *too_long]:
         assert r.first.error is None and r.first.ids
         assert r.second.error is not None and r.second.ids == []
@@ -113,13 +113,13 @@ def test_turn_two_failure_is_reported_failed(model, spans):
 
 
 def test_turn_one_failure_fails_both(model, spans):
-    (r,) = run_followup(model, spans, [SnapKV(n_sink=2, recent=4, window=4)], [1], N_NEW, lambda body: TURN2)
+    (r,) = run_followup(model, spans, [(SnapKV(n_sink=2, recent=4, window=4), 1)], N_NEW, lambda body: TURN2)
     assert r.first.error is not None and r.second.error is not None and r.error.startswith("turn 1: ")
 
 
 def test_bad_next_turn_is_refused(model, spans):
     with pytest.raises(ValueError, match="next_turn"):
-        run_followup(model, spans, [FullCache()], [spans.T], N_NEW, [1, 2])
+        run_followup(model, spans, [(FullCache(), spans.T)], N_NEW, [1, 2])
 
 
 def test_chat_next_turn_renders_the_second_user_turn(smollm):

@@ -103,28 +103,26 @@ def chat_next_turn(tokenizer, instruction: str, query2: str, *, chat: bool | Non
     return next_turn
 
 
-def run_followup(model, prompt, policies, budgets, max_new_tokens: int, next_turn: NextTurn, *,
+def run_followup(model, prompt, jobs, max_new_tokens: int, next_turn: NextTurn, *,
                  progress: bool = False) -> list[FollowupResult]:
-    """The follow-up protocol for every policy at every budget from one shared prefill of ``prompt`` (context and
-    question 1). ``next_turn(answer_body) -> token ids`` gives turn 2 (:func:`chat_next_turn`); it is called with
-    answer 1's tokens less its stop token. Results in ``policies × budgets`` order (a policy that keeps everything
-    once, with the first budget). A step that fails is that result's error (``first`` or ``second``), never an
-    answer: a policy refused by the model, an eviction that fails, a turn 2 the model cannot hold."""
-    policies = list(check_nonempty("policies", policies))
-    budgets = [BUDGET.check("budgets", b) for b in check_nonempty("budgets", budgets)]
+    """The follow-up protocol for each ``(policy, budget)`` of ``jobs`` from one shared prefill of ``prompt`` (context
+    and question 1). ``next_turn(answer_body) -> token ids`` gives turn 2 (:func:`chat_next_turn`); it is called with
+    answer 1's tokens less its stop token. One result per job, in order. A step that fails is that result's error
+    (``first`` or ``second``), never an answer: a policy refused by the model, an eviction that fails, a turn 2 the
+    model cannot hold."""
+    jobs = [(p, BUDGET.check("budget", b)) for p, b in check_nonempty("jobs", jobs)]
     if not callable(next_turn):
         raise ValueError(f"next_turn: must be a callable answer ids -> turn-2 ids, got {type(next_turn).__name__}")
     net = unwrap_model(model)[0]
-    refused = {i: policy_refusal(net, p) for i, p in enumerate(policies)}
-    needs = Needs.of([p for i, p in enumerate(policies) if not refused[i]])
+    refused = [policy_refusal(net, p) for p, _ in jobs]
+    needs = Needs.of([p for (p, _), why in zip(jobs, refused) if not why])
     sess = EvictionSession.prepare(model, prompt, needs, max_new_tokens, reusable=True, progress=progress)
     out = []
-    for i, p in enumerate(policies):
-        for b in budgets[:1] if p.keeps_all else budgets:
-            if refused[i]:
-                fail = GenerationResult.failed(p, b, sess.T, refused[i])
-                out.append(FollowupResult(first=fail, second=GenerationResult.failed(p, b, sess.T, "turn 1 failed")))
-                continue
+    for (p, b), why in zip(jobs, refused):
+        if why:
+            fail = GenerationResult.failed(p, b, sess.T, why)
+            out.append(FollowupResult(first=fail, second=GenerationResult.failed(p, b, sess.T, "turn 1 failed")))
+        else:
             out.append(_two_turns(sess, p, b, next_turn))
     return out
 
