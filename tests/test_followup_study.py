@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import workbench.study.followup as fu
+import workbench.study.report as report
 from workbench.rerun.eviction.followup import answer_body, chat_next_turn
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import LoadedModel, tiny_model
@@ -105,3 +106,15 @@ def test_report_config_takes_followup_items():
     assert json.loads(json.dumps(cfg.to_dict()))["n_followup"] == 3
     with pytest.raises(ValueError, match="n_followup"):
         ReportConfig(n_followup=-1)
+
+
+def test_report_sweep_runs_followup_items_under_full_and_evict_only(lm, tok, tmp_path):
+    """The report's items and grid: ``n_followup`` items from the essays, run under ``full`` and ``evict`` (every
+    policy and budget), never under ``entroprefill`` (no follow-up protocol there), with no failed cell."""
+    cfg = ReportConfig(out=tmp_path, n_squad=0, n_needle=0, n_followup=1, needle_length=256, data="sample",
+                       max_new_tokens=N_NEW, progress=False, budget_fracs=(0.5,), policies=("snapkv", "deferkv"))
+    items, sources = report._items(cfg, tok, {"items": None, "filler": None})
+    assert [it.task for it in items] == ["followup_multikey"] and sources[0]["task"] == "followup_multikey"
+    df, partial = report._run_sweep(cfg, lm, items, tmp_path / "sweep.parquet")
+    assert not partial and df["error"].isna().all()
+    assert sorted(df["method"]) == ["evict", "evict", "full"]
