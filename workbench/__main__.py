@@ -66,7 +66,7 @@ def _threads(v: str):
 
 def _report(args) -> int:
 
-    kw = dict(out=args.out, n_squad=args.n_squad, n_needle=args.n_needle, max_new_tokens=args.max_new_tokens,
+    kw = dict(out=args.out, n_squad=args.n_squad, n_needle=args.n_needle, n_followup=args.n_followup, max_new_tokens=args.max_new_tokens,
               needle_length=args.needle_length, model=args.model, device=args.device,
               policies=tuple(args.policies) if args.policies else None,
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
@@ -224,6 +224,9 @@ def main(argv=None) -> int:
     r.add_argument("--tiny", action="store_true", help="CI setting: 1 SQuAD + 1 needle prompt, 3 tokens, one policy")
     r.add_argument("--n-squad", type=int, default=None, help="SQuAD single-hop prompts (default 3; tiny 1)")
     r.add_argument("--n-needle", type=int, default=None, help="needle-in-a-haystack prompts (default 6; tiny 1)")
+    r.add_argument("--n-followup", type=int, default=None,
+                   help="follow-up items: one eviction, two questions on one haystack; the second answer is scored "
+                        "(default 0)")
     r.add_argument("--needle-length", type=int, default=None, help="haystack tokens (default 1024; tiny 128)")
     r.add_argument("--max-new-tokens", type=int, default=None,
                    help="greedy tokens per run (default: per task, tasks.TASK_MAX_NEW_TOKENS; tiny 3)")

@@ -198,6 +198,7 @@ _P: dict[str, Constraint] = {
     "report.model": optional(InstanceOf(_is_path, "a local folder or a hub id", nonempty=True)),
     "report.n_squad": _int(0, 1000),
     "report.n_needle": _int(0, 1000),
+    "report.n_followup": _int(0, 1000),
     "report.needle_length": _int(64, 8192),
     "report.n_distractors": _int(1, 20),
     "report.max_new_tokens": optional(_int(1, 4096)),

@@ -54,6 +54,7 @@ from workbench.analyse.shift import HELD_OUT_AFTER, HELD_OUT_GAP
 from workbench.analyse.stats import bootstrap_ci, fmt_ci, mde
 from workbench.checks import check_real
 from workbench.study import findings as fnd
+from workbench.study.followup import FOLLOWUP
 from workbench.study.ruler import RULER_TASKS
 from workbench.study.verdicts import DEFAULT_MARGIN, DESCRIPTIVE, KINDS, RULE, VERDICTS, plan, rule_text, verdict
 
@@ -66,6 +67,7 @@ COLUMNS = ("claim", "source", "kind", "comparison", "task", "metric", "direction
 PRIORITY_BASELINES = {"mass": "mass-only", "renyi, zeta=1": "ζ = 1", "headmax": "the per-head max",
                       "uniform": "uniform"}
 GUIDE, PAPER = "DeferKV guide", "EntroPrefill paper"
+FOLLOWUP_CLAIM = ", second answer (one eviction, two questions)"  # the follow-up protocol's rows
 
 
 def preset_name(params: dict) -> str:
@@ -265,9 +267,11 @@ def _deferkv(df, comp, ref, metric, level, ruler, margin) -> tuple[list, list]:
         return rows, missing
     sel = sel[~sel["scope"].str.startswith("all tasks")]
     claim = "DeferKV ≥ SnapKV at the same budget"
+    followup = set(df.loc[df["meta_protocol"] == FOLLOWUP, "task"]) if "meta_protocol" in df.columns else set()
     for r in sel.itertuples(index=False):
         ok, note = _gate(ref, [r.scope])
-        rows.append(_row(claim, GUIDE, f"{r.a} vs {r.b}", r.scope, metric, "non-inferiority", r, r.prompts,
+        rows.append(_row(claim + (FOLLOWUP_CLAIM if r.scope in followup else ""), GUIDE, f"{r.a} vs {r.b}", r.scope,
+                         metric, "non-inferiority", r, r.prompts,
                          level=level, ok=ok, margin=margin, reference=note))
     passing = [t for t in sorted(set(sel["scope"])) if t in ruler and _gate(ref, [t])[0]]
     if len(passing) > 1:  # the guide's claim is a RULER average: pooled over the families whose reference passes

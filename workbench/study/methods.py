@@ -26,6 +26,7 @@ from workbench.rerun.eviction import (
 from workbench.rerun.eviction.result import PolicyRunError
 from workbench.rerun.prune import run_pruned
 from workbench.run.generate import greedy_generate, stop_token_ids
+from workbench.study.followup import followup_cells, full_job, is_followup
 from workbench.study.sweep import register_method
 from workbench.study.tasks import TaskItem
 
@@ -36,7 +37,12 @@ POLICY_FIELDS = tuple(sorted({f for cls in ALL_POLICIES for f in cls.__dataclass
 
 @register_method("full", params=(), description="full context, greedy decoding (the reference)", replace=True)
 def run_full_context(lm, item: TaskItem, params: dict) -> dict:
-    """Full context, greedy decoding (the reference)."""
+    """Full context, greedy decoding (the reference); on a follow-up item both turns from the full cache."""
+    if is_followup(item):
+        (out,) = followup_cells(lm, item, [params], full_job)
+        if isinstance(out, Exception):
+            raise out
+        return out
     prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
     ids, kv = greedy_generate(lm, prompt.spans.input_ids, params["max_new_tokens"], stop_token_ids(lm))
     return {"generated_ids": ids, "prompt_tokens": prompt.T, "prefill_tokens": prompt.T,
@@ -51,6 +57,9 @@ def entroprefill(lm, item: TaskItem, params: dict) -> dict:
     """EntroPrefill: pruned prefill then greedy decoding (``layer``: None/"adaptive" or an int l*)."""
     p = {k: v for k, v in params.items() if k not in ("layer", "max_new_tokens", "seed")}
     ep = EntroPrefillParams(**p)
+    if is_followup(item):  # a pruned prefill of turn 1 alone would answer question 2 with the pruned context
+        raise ValueError(f"item: {item.item_id} is a follow-up item (two questions on one cache); entroprefill has no "
+                         "follow-up protocol, run it under 'full' and 'evict'")
     layer = params.get("layer")
     if layer is not None and layer != "adaptive" and not is_int(layer):
         raise ValueError(f"layer: must be None, 'adaptive' or an integer layer (never truncated), got {layer!r}")
@@ -96,6 +105,8 @@ def evict_cells(lm, item: TaskItem, cells: Sequence[dict]) -> list[dict | Except
     time of its batch (scoring, evicting and decoding every distinct setting of it) divided by the
     settings it holds; ``batched`` is the largest decode batch the cell was part of (1: it decoded alone,
     e.g. a per-head budget); the report amortises ``shared_s`` over the cells that share it."""
+    if is_followup(item):  # two questions on one evicted cache (workbench.study.followup)
+        return followup_cells(lm, item, cells, _job)
     prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
     out: list = [None] * len(cells)
     jobs = {}  # cell index -> (policy, B)

@@ -77,6 +77,7 @@ from workbench.show import plots
 from workbench.show.export import csv_bytes, versions
 from workbench.study.bypasses import bypass_note, bypass_table
 from workbench.study.conclusions import conclusions
+from workbench.study.followup import followup_multikey, is_followup
 from workbench.study.kvpress_runs import write_kvpress_runs
 from workbench.study.report_analyses import prompt_analyses_part
 from workbench.study.report_calibration import calibration_stage, check_split
@@ -177,7 +178,8 @@ def _user_data(cfg: ReportConfig) -> dict:
     """The user's files (``items``, ``filler``), read and validated completely before any model work: errors name
     the file, the line and the field."""
     return {"items": tasks.load_items(cfg.items) if cfg.items is not None else None,
-            "filler": datasets.load_filler(cfg.filler) if cfg.filler is not None and cfg.n_needle else None}
+            "filler": datasets.load_filler(cfg.filler) if cfg.filler is not None and (cfg.n_needle or cfg.n_followup)
+            else None}
 
 
 def _items(cfg: ReportConfig, tokenizer, user: dict, max_context: int | None = None) -> tuple[list, list[dict]]:
@@ -205,6 +207,11 @@ def _items(cfg: ReportConfig, tokenizer, user: dict, max_context: int | None = N
                         "sha256": None,
                         "size": f"{len(new)} items", "description": "RULER-style synthetic families (study.ruler)",
                         "task": ", ".join(cfg.ruler), "items": len(new)})
+    if cfg.n_followup:
+        hay = user["filler"] if user["filler"] is not None else datasets.load_essays(src)
+        new = followup_multikey(tokenizer, hay, lengths=(cfg.needle_length,), n=cfg.n_followup, seed=cfg.seed)
+        items += new
+        sources.append({**datasets.provenance(hay), "task": "followup_multikey", "items": len(new)})
     if cfg.items is not None:
         new = user["items"]
         items += new
@@ -244,19 +251,20 @@ def _run_sweep(cfg: ReportConfig, lm, items, path: Path) -> tuple[pd.DataFrame, 
     and writing to ``path`` after every cell, under one progress bar with an ETA over the whole study.
     Returns ``(rows of this study's grid, interrupted)``: Ctrl-C / SIGTERM stops it with every finished
     cell saved."""
-    grid = _method_grid(cfg)
-    groups: dict[int, list] = {}
+    grids = {False: _method_grid(cfg)}  # follow-up items: both turns under full and evict (no pruned-prefill protocol)
+    grids[True] = [m for m in grids[False] if m[0] != "entroprefill"]
+    groups: dict[tuple, list] = {}
     for it in items:
-        groups.setdefault(cfg.max_new_tokens or max_new_tokens_for(it.task), []).append(it)
-    keys = {c.key(lm.model_id, n) for n, its in groups.items() for c in expand_grid(its, grid, (cfg.seed,))}
+        groups.setdefault((cfg.max_new_tokens or max_new_tokens_for(it.task), is_followup(it)), []).append(it)
+    keys = {c.key(lm.model_id, n) for (n, f), its in groups.items() for c in expand_grid(its, grids[f], (cfg.seed,))}
     old = read_resumable(path)  # a damaged file is moved aside (kept), its cells run again
     done = set(old.loc[old["error"].isna(), "cell"]) & keys if len(old) else set()
     bar = tqdm(total=len(keys), initial=len(done), desc="study", unit="cell", disable=not cfg.progress,
                smoothing=0.1)
     interrupted = False
     try:  # the `evict` cells of a prompt run together: one shared prefill, batched decoding (methods.evict_cells)
-        for n, its in groups.items():
-            sweep(lm, its, grid, seeds=(cfg.seed,), out=path, max_new_tokens=n, progress=False, on_error="record",
+        for (n, f), its in groups.items():
+            sweep(lm, its, grids[f], seeds=(cfg.seed,), out=path, max_new_tokens=n, progress=False, on_error="record",
                   checkpoint_s=0.0, on_row=lambda row: bar.update(1))
     except KeyboardInterrupt:
         interrupted = True

@@ -38,6 +38,8 @@ class ReportConfig:
         n_needle: needle prompts (needle depths spread over ``[0.1, 0.9]``) [int >= 0]; ``n_squad + n_needle >= 1``;
             default 6, enough for the default model to pass the reference floor.
         needle_length: haystack length in tokens [int in [64, 8192]].
+        n_followup: follow-up items (``followup.followup_multikey``: one eviction, two questions on one haystack of
+            ``needle_length`` tokens; the second answer is scored) [int >= 0]; run under ``full`` and ``evict`` only.
         n_distractors: SQuAD distractor paragraphs per prompt [int >= 1].
         max_new_tokens: greedy tokens per run [int >= 1]; ``None``: each family's own
             (``tasks.TASK_MAX_NEW_TOKENS``, 32 for custom items).
@@ -85,6 +87,7 @@ class ReportConfig:
     # clusters cannot show non-inferiority at δ = 0.1 (Tango's exact test needs 29), so those read inconclusive.
     n_needle: int = 6
     needle_length: int = 1024
+    n_followup: int = 0
     n_distractors: int = 4
     max_new_tokens: int | None = None
     data: str = "auto"
@@ -128,9 +131,9 @@ class ReportConfig:
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"out: must be a folder (the report writes report.html, figures/ and tables/ in it), got "
                              f"the file {str(self.out)!r}")
-        if self.n_squad + self.n_needle < 1 and self.items is None and not self.ruler:
-            raise ValueError("n_squad: n_squad + n_needle must be >= 1 when no items file and no RULER family is "
-                             "given (the study needs a prompt)")
+        if self.n_squad + self.n_needle + self.n_followup < 1 and self.items is None and not self.ruler:
+            raise ValueError("n_squad: n_squad + n_needle + n_followup must be >= 1 when no items file and no RULER "
+                             "family is given (the study needs a prompt)")
         for name in ("methods", "budget_fracs", "presets", "ruler", "ruler_lengths"):  # stored as tuples (budget fractions as floats)
             object.__setattr__(self, name, self.CHECKS[name].check(name, getattr(self, name)))
         pols = tuple(eviction.REGISTRY.resolve(p) if ":" in p else p for p in self.policies)
