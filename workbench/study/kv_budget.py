@@ -24,7 +24,12 @@ from workbench.constraints import PARAMS
 from workbench.rerun.eviction import preview
 from workbench.run import adapter
 
-__all__ = ["ratio_budget", "ladder_budget", "predicted_bytes", "QUERY_MODES"]
+__all__ = ["ratio_budget", "ladder_budget", "predicted_bytes", "QUERY_MODES", "KVPRESS_RATIOS", "KV_LADDER"]
+
+KVPRESS_RATIOS = (0.25, 0.5, 0.75, 0.875)
+"""The compression ratios kvpress's RULER results are quoted at."""
+KV_LADDER = (0.5, 0.25, 0.125, 0.0625)
+"""The matched-byte ladder: KV bytes kept as a fraction of the full cache's."""
 
 
 def ratio_budget(T: int, compression_ratio: float) -> int:

@@ -114,9 +114,10 @@ def write_table(df: pd.DataFrame, folder, name: str) -> list[Path]:
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (task, method, parameters): runs, mean EM / F1 / contains / first-token agreement, the mean
     retained fraction of the prompt and mean KV bytes (reshaping of the sweep frame, no new science)."""
+    cols = ["task", "method", "setting", "runs", "em", "f1", "contains", "first_token_agree", "retained_frac",
+            "wall_s", "errors", *fnd.PROTOCOL]
     if df.empty:
-        return pd.DataFrame(columns=["task", "method", "setting", "runs", "em", "f1", "contains",
-                                     "first_token_agree", "retained_frac", "kv_bytes", "wall_s", "errors"])
+        return pd.DataFrame(columns=cols)
     d = df.copy()
     d["setting"] = d.apply(_setting, axis=1)
     d["retained_frac"] = pd.to_numeric(d["retained_tokens"], errors="coerce") / pd.to_numeric(d["prompt_tokens"],
@@ -125,8 +126,12 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     g = d.groupby(["task", "method", "setting"], sort=True, dropna=False)
     out = g.agg(runs=("item_id", "size"), em=("em", "mean"), f1=("f1", "mean"), contains=("contains", "mean"),
                 first_token_agree=("first_token_agree", "mean"), retained_frac=("retained_frac", "mean"),
-                kv_bytes=("kv_bytes", "mean"), wall_s=("wall_s", "mean"), errors=("errors", "sum")).reset_index()
-    return out
+                wall_s=("wall_s", "mean"), errors=("errors", "sum")).reset_index()
+    ok = d[d["errors"] == 0]  # the figures of the cells that ran
+    figures = pd.DataFrame([{"task": t, "method": m, "setting": s, **fnd.protocol_figures(g)}
+                            for (t, m, s), g in ok.groupby(["task", "method", "setting"], sort=True)],
+                           columns=["task", "method", "setting", *fnd.PROTOCOL])
+    return out.merge(figures, on=["task", "method", "setting"], how="left")[cols]
 
 
 def _setting(row) -> str:
@@ -200,8 +205,12 @@ def _method_grid(cfg: ReportConfig) -> list:
             grid.append(("full", {}))
         elif m == "entroprefill":
             grid += [("entroprefill", p) for p in cfg.entroprefill_settings()]
-        elif m == "evict":
-            grid.append(("evict", {"policy": list(cfg.policies), "budget_frac": list(cfg.budget_fracs)}))
+        elif m == "evict":  # an aware cell names no query mode (its key is the one it always had)
+            modes = ([{}] if "aware" in cfg.query else []) + ([{"query": "agnostic"}] if "agnostic" in cfg.query else [])
+            budgets = [("budget_frac", cfg.budget_fracs), ("compression_ratio", cfg.compression_ratios),
+                       ("kv_frac", cfg.kv_ladder)]
+            grid += [("evict", {"policy": list(cfg.policies), key: list(values), **q})
+                     for q in modes for key, values in budgets if values]
     return grid
 
 
@@ -369,7 +378,14 @@ def _sweep_tables(cfg: ReportConfig, lm, items, df: pd.DataFrame, figures: dict,
     _findings(df, tables, notes, info_extra, cfg.margin)
     mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
     notes["sweep"] = (f"{len(items)} prompts × methods {list(cfg.methods)} (evict: policies {list(cfg.policies)} "
-                      f"at budget fractions {list(cfg.budget_fracs)}), max_new_tokens {mnt} (per task); "
+                      f"at budget fractions {list(cfg.budget_fracs)}"
+                      + (f", kvpress compression ratios {list(cfg.compression_ratios)}" if cfg.compression_ratios else "")
+                      + (f", KV-byte rungs {list(cfg.kv_ladder)}" if cfg.kv_ladder else "")
+                      + f", query {' and '.join(cfg.query)}), max_new_tokens {mnt} (per task); "
+                      "every table carries the query mode, the achieved compression ratio, kv_frac (KV bytes kept / "
+                      "full; NaN for pruned prefill, whose full cache is never built), KV bytes, peak memory and time "
+                      "to first token (ttft_s; an aware eviction's first token comes from its prefill, before it "
+                      "evicts); "
                       f"{len(df)} runs, {int(df['error'].map(lambda e: isinstance(e, str)).sum()) if len(df) else 0}"
                       f" with errors, {int(df['hit_cap'].sum()) if len(df) else 0} replies hit the cap.")
     if len(df):
