@@ -4,18 +4,24 @@ stay within the rung, on a model whose layers store different amounts), query-aw
 agnostic one equal to ``run_question_agnostic``), and time to first token per cell."""
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from fractions import Fraction
 
+import pandas as pd
 import pytest
 import torch
+import yaml
 
+from workbench.__main__ import main
 from workbench.rerun.eviction import EvictionSession, Needs, policy_from_params, run_question_agnostic
 from workbench.run import adapter
 from workbench.run.models import LoadedModel, tiny_model
 from workbench.run.spans import PromptSpans
+from workbench.study.findings import PROTOCOL, evict_label, pair_query
 from workbench.study.kv_budget import ladder_budget, ratio_budget
+from workbench.study.kvpress_runs import write_kvpress_runs
 from workbench.study.sweep import sweep
 from workbench.study.tasks import TaskItem
 
@@ -143,3 +149,75 @@ def test_ladder_has_reachable_and_unreachable_rungs_here(per_layer_session):
     ladder_budget(sess, pol, 0.5)
     with pytest.raises(ValueError, match=r"kv_frac: 0.0625 is unreachable .* allowed: kv_frac >= "):
         ladder_budget(sess, pol, 0.0625)
+
+
+# ----------------------------------------------------------------------------- the report, end to end
+def test_kvpress_folders_follow_the_query_axis_and_name_ladder_rungs(tmp_path):
+    def row(item, params, **kw):
+        return dict(model="m/x", task="needle", item_id=item, method="evict", params=json.dumps(params, sort_keys=True),
+                    seed=0, max_new_tokens=4, answer="a", gold="g", match=1.0, contains=1.0, em=1.0, f1=1.0,
+                    prompt_tokens=100, hit_cap=False, error=None, meta_length=128, **kw)
+    rows = [row("i", {"policy": "snapkv", "budget_frac": 0.5}, retained_tokens=50, kv_bytes=50, query="aware",
+                compression_ratio=0.5),
+            row("i", {"policy": "snapkv", "budget_frac": 0.5, "query": "agnostic"}, retained_tokens=45, kv_bytes=45,
+                query="agnostic", compression_ratio=0.5),
+            row("i", {"policy": "snapkv", "kv_frac": 0.5}, retained_tokens=50, kv_bytes=50, query="aware",
+                compression_ratio=0.5, kv_frac=0.5),
+            row("i", {"policy": "snapkv", "compression_ratio": 0.875}, retained_tokens=12, kv_bytes=12, query="aware",
+                compression_ratio=0.88)]
+    names = sorted(p.name for p in write_kvpress_runs(pd.DataFrame(rows), tmp_path))
+    assert names == ["needle__128__m--x__snapkv-kv0.5__0.50__query_aware", "needle__128__m--x__snapkv__0.50",
+                     "needle__128__m--x__snapkv__0.50__query_aware", "needle__128__m--x__snapkv__0.88__query_aware"]
+    cfg = yaml.safe_load((tmp_path / names[0] / "config.yaml").read_text())
+    assert (cfg["kv_frac_rung"], cfg["kv_frac"], cfg["query_aware"]) == (0.5, 0.5, True)
+    assert yaml.safe_load((tmp_path / names[1] / "config.yaml").read_text())["query_aware"] is False
+
+
+def test_setting_labels_and_pair_query():
+    assert evict_label({"policy": "snapkv", "compression_ratio": 0.75}) == "snapkv @ r=0.75"
+    assert evict_label({"policy": "snapkv", "kv_frac": 0.125, "query": "agnostic"}) == "snapkv @ kv=0.125 (agnostic)"
+    assert pair_query("deferkv @ 0.5 vs snapkv @ 0.5 (agnostic)") == "aware vs agnostic"
+    assert pair_query("snapkv @ 0.5 (agnostic) vs full") == "agnostic vs aware"
+    assert pair_query("deferkv @ 0.5 vs snapkv @ 0.5") == "aware"
+
+
+def test_report_tiny_with_the_protocol_flags(tmp_path, smollm):
+    folder = tmp_path / "tiny-model"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tiny_model("llama", L=2, H_Q=4, G=2, vocab=len(smollm.tokenizer), seed=1).save_pretrained(folder)
+        smollm.tokenizer.save_pretrained(folder)
+    out = tmp_path / "rep"
+    rc = main(["report", "--tiny", "--model", str(folder), "--policies", "snapkv", "deferkv", "--compression-ratios",
+               "0.75", "--kv-ladder", "0.5", "--query", "aware", "agnostic", "--no-progress", "--threads", "1",
+               "--out", str(out)])
+    assert rc == 0
+    t = out / "tables"
+    acc = pd.read_csv(t / "accuracy.csv").set_index(["task", "setting"])
+    assert set(PROTOCOL) <= set(acc.columns)
+    for task in ("needle", "squad_single"):
+        assert acc.loc[(task, "snapkv @ 0.5"), "query"] == "aware"
+        assert acc.loc[(task, "snapkv @ 0.5 (agnostic)"), "query"] == "agnostic"
+        bad = acc.loc[(task, "deferkv @ 0.5 (agnostic)")]  # refused, counted as failed, never scored
+        assert bad["n"] == 0 and bad["failed"] == 1 and "cannot run query-agnostic" in bad["failed_reason"]
+        assert acc.loc[(task, "full"), "kv_frac"] == 1.0
+    for name in ("summary", "timing", "comparisons", "conclusions"):
+        assert "query" in pd.read_csv(t / f"{name}.csv").columns, name
+    sw = pd.read_parquet(t / "sweep.parquet")
+    ok = sw[sw["error"].isna()]
+    ratio = ok[(ok["p_compression_ratio"] == 0.75) & (ok["query"] == "aware")]
+    assert len(ratio) == 4 and (ratio["retained_tokens"] == [max(1, int(T * 0.25)) for T in ratio["prompt_tokens"]]).all()
+    ladder = ok[ok["p_kv_frac"] == 0.5]
+    assert len(ladder) and (ladder["kv_frac"] <= 0.5).all() and (ladder["kv_frac"] > 0.45).all()
+    ev = ok[ok["method"] == "evict"]
+    assert (ev["ttft_s"] > 0).all() and (ev["ttft_s"] <= ev["shared_s"] + ev["method_s"]).all()
+    full = ok[ok["method"] == "full"]
+    assert (full["ttft_s"] <= full["wall_s"]).all()
+    runs = {p.name for p in (out / "kvpress").iterdir()}
+    assert any(n.endswith("__snapkv__0.50") for n in runs) and any(n.endswith("__snapkv__0.50__query_aware")
+                                                                   for n in runs)
+    assert any("__snapkv-kv0.5__" in n for n in runs)
+    concl = pd.read_csv(t / "conclusions.csv")
+    cross = concl[concl["claim"].str.startswith("DeferKV (query-aware) ≥ SnapKV query-agnostic")]
+    assert len(cross) and (cross["query"] == "aware vs agnostic").all()
+    assert "DeferKV query-agnostic: not run" in (out / "report.html").read_text()

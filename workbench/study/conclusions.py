@@ -60,7 +60,7 @@ from workbench.study.verdicts import DEFAULT_MARGIN, DESCRIPTIVE, KINDS, RULE, V
 __all__ = ["conclusions", "Conclusions", "VERDICTS", "KINDS", "DESCRIPTIVE", "DEFAULT_MARGIN", "preset_name",
            "verdict", "rule_text", "RULE", "PRIORITY_BASELINES", "plan"]
 
-COLUMNS = ("claim", "source", "kind", "comparison", "task", "metric", "direction", "n", "prompts", "mean_a", "mean_b",
+COLUMNS = ("claim", "source", "kind", "comparison", "query", "task", "metric", "direction", "n", "prompts", "mean_a", "mean_b",
            "effect", "lo", "hi", "p", "test", "margin", "lo1", "hi1", "p_ni", "p_inf", "ni_test", "disc", "mde", "claimed",
            "underpowered", "verdict", "reference", "note")
 PRIORITY_BASELINES = {"mass": "mass-only", "renyi, zeta=1": "ζ = 1", "headmax": "the per-head max",
