@@ -22,6 +22,7 @@ from workbench.run.spans import PromptSpans
 from workbench.study.findings import PROTOCOL, evict_label, pair_query
 from workbench.study.kv_budget import ladder_budget, ratio_budget
 from workbench.study.kvpress_runs import write_kvpress_runs
+from workbench.study.report_config import ReportConfig
 from workbench.study.sweep import sweep
 from workbench.study.tasks import TaskItem
 
@@ -221,3 +222,11 @@ def test_report_tiny_with_the_protocol_flags(tmp_path, smollm):
     cross = concl[concl["claim"].str.startswith("DeferKV (query-aware) ≥ SnapKV query-agnostic")]
     assert len(cross) and (cross["query"] == "aware vs agnostic").all()
     assert "DeferKV query-agnostic: not run" in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize("kw, name", [({"compression_ratios": (1.0,)}, "compression_ratios"),
+                                      ({"kv_ladder": (0.0,)}, "kv_ladder"), ({"query": ("both",)}, "query"),
+                                      ({"query": ()}, "query")])
+def test_report_config_refuses_bad_protocol_settings(tmp_path, kw, name):
+    with pytest.raises(ValueError, match=name):
+        ReportConfig(out=tmp_path / "r", **kw)
