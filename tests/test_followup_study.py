@@ -11,6 +11,7 @@ import torch
 
 import workbench.study.followup as fu
 import workbench.study.report as report
+import workbench.study.report_items as report_items
 from workbench.rerun.eviction.followup import answer_body, chat_next_turn
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import LoadedModel, tiny_model
@@ -113,7 +114,7 @@ def test_report_sweep_runs_followup_items_under_full_and_evict_only(lm, tok, tmp
     policy and budget), never under ``entroprefill`` (no follow-up protocol there), with no failed cell."""
     cfg = ReportConfig(out=tmp_path, n_squad=0, n_needle=0, n_followup=1, needle_length=256, data="sample",
                        max_new_tokens=N_NEW, progress=False, budget_fracs=(0.5,), policies=("snapkv", "deferkv"))
-    items, sources = report._items(cfg, tok, {"items": None, "filler": None})
+    items, sources = report_items.study_items(cfg, tok, {"items": None, "filler": None})
     assert [it.task for it in items] == ["followup_multikey"] and sources[0]["task"] == "followup_multikey"
     df, partial = report._run_sweep(cfg, lm, items, tmp_path / "sweep.parquet")
     assert not partial and df["error"].isna().all()

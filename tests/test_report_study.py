@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from test_shift import _synthetic_capture
 
-import workbench.study.report as report
+import workbench.study.report_items as report_items
 from workbench.analyse.shift import HELD_OUT_AFTER, HELD_OUT_GAP, ShiftAnalysis, step_gains
 from workbench.study.leap import leap_rows
 from workbench.study.report_analyses import per_task
@@ -141,10 +141,10 @@ def test_report_runs_ruler_families(smollm):
     """``--ruler``: the RULER-style grid (families × lengths × seeds) joins the report's prompts, with its source."""
     cfg = ReportConfig(n_squad=0, n_needle=0, ruler=("niah_single", "variable_tracking"), ruler_lengths=(512,),
                        ruler_seeds=2)
-    items, sources = report._items(cfg, smollm.tokenizer, {"items": None, "filler": None}, smollm.shape.max_context)
+    items, sources = report_items.study_items(cfg, smollm.tokenizer, {"items": None, "filler": None}, smollm.shape.max_context)
     assert [it.task for it in items] == ["niah_single"] * 2 + ["variable_tracking"] * 2
     assert len({it.item_id for it in items}) == 4 and all(it.meta["length"] == 512 for it in items)
     assert sources[0]["task"] == "niah_single, variable_tracking" and sources[0]["items"] == 4
     with pytest.raises(ValueError, match="lengths"):  # longer than the model's context: refused
-        report._items(ReportConfig(n_squad=0, n_needle=0, ruler=("niah_single",), ruler_lengths=(131072,)),
+        report_items.study_items(ReportConfig(n_squad=0, n_needle=0, ruler=("niah_single",), ruler_lengths=(131072,)),
                       smollm.tokenizer, {"items": None, "filler": None}, smollm.shape.max_context)

@@ -15,6 +15,7 @@ from workbench.capture import RowSet, run_capture
 from workbench.run import shipped
 from workbench.run.examples import load_example
 from workbench.run.models import default_model_folder, load_model, resolve_device
+from workbench.study.kv_budget import KV_LADDER, KVPRESS_RATIOS
 from workbench.study.report import ReportConfig, run_report
 from workbench.study.verdicts import plan
 from workbench.util import LockBusy
@@ -64,12 +65,19 @@ def _threads(v: str):
         raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {v!r}") from None
 
 
+def _given(values, default):
+    """A list flag that may be given bare: ``None`` when absent, ``default`` when bare, else its values."""
+    return None if values is None else tuple(values or default)
+
+
 def _report(args) -> int:
 
     kw = dict(out=args.out, n_squad=args.n_squad, n_needle=args.n_needle, n_followup=args.n_followup, max_new_tokens=args.max_new_tokens,
               needle_length=args.needle_length, model=args.model, device=args.device,
               policies=tuple(args.policies) if args.policies else None,
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
+              compression_ratios=_given(args.compression_ratios, KVPRESS_RATIOS),
+              kv_ladder=_given(args.kv_ladder, KV_LADDER), query=tuple(args.query) if args.query else None,
               methods=tuple(args.methods) if args.methods else None, threads=args.threads,
               progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler,
               margin=args.margin, presets=args.presets, calibrate=args.calibrate,
@@ -243,6 +251,15 @@ def main(argv=None) -> int:
                         "(default: streaming h2o snapkv deferkv; tiny: deferkv)")
     r.add_argument("--budget-fracs", nargs="+", type=float, default=None,
                    help="eviction budgets as fractions of the prompt (default 0.25 0.5; tiny 0.5)")
+    r.add_argument("--compression-ratios", nargs="*", type=float, default=None,
+                   help="eviction budgets as kvpress compression ratios (fraction of the prompt's KV cache removed; "
+                        "B = max(1, int(T*(1-r)))); bare: 0.25 0.5 0.75 0.875")
+    r.add_argument("--kv-ladder", nargs="*", type=float, default=None,
+                   help="matched-byte rungs: KV bytes kept as a fraction of the full cache's; bare: 0.5 0.25 0.125 "
+                        "0.0625 (a rung out of reach is a failed cell saying why)")
+    r.add_argument("--query", nargs="+", choices=("aware", "agnostic"), default=None,
+                   help="query modes of the eviction cells (default aware; agnostic: kvpress's, the context "
+                        "compressed without the question)")
     r.add_argument("--model", default=None, help="a research model's short name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), a local HF folder or a cached hub id (default: embedded SmolLM2)")
     r.add_argument("--device", default="auto")
     r.add_argument("--threads", type=_threads, default=None,

@@ -45,6 +45,7 @@ from workbench.choices import (
     POOLINGS,
     PRESET_NAMES,
     PRIORITIES,
+    QUERY_MODES,
     REPORT_DATA,
     ROW_DTYPES,
     WIDTH_PRESETS,
@@ -155,6 +156,11 @@ _P: dict[str, Constraint] = {
     "expected_attention.epsilon": _UNIT,
     "budget": BUDGET,
     "budget_frac": BUDGET_FRAC,
+    # kvpress's compression ratio: the fraction of the prompt's KV cache removed (study.kv_budget.ratio_budget)
+    "compression_ratio": _real(0.0, 1.0, closed="left"),
+    # the matched-byte ladder: KV bytes kept as a fraction of the full prompt cache's (study.kv_budget.ladder_budget)
+    "kv_frac": _real(0.0, 1.0, closed="right"),
+    "query": Choice(QUERY_MODES),
     "policy": Choice(POLICY_NAMES),  # the built-in names (the eviction registry may add more)
     # ---- analyses shown by the panels
     "K": _COUNT1,
@@ -210,6 +216,9 @@ _P: dict[str, Constraint] = {
     "report.policies": Seq(InstanceOf(str, "a policy name (built-in or registered) or 'module:Class'",
                                       examples=("snapkv", "deferkv", "h2o"), nonempty=True), nonempty=False, distinct=True),
     "report.budget_fracs": Seq(BUDGET_FRAC, nonempty=True),
+    "report.compression_ratios": Seq(_real(0.0, 1.0, closed="left"), nonempty=False, distinct=True),
+    "report.kv_ladder": Seq(_real(0.0, 1.0, closed="right"), nonempty=False, distinct=True),
+    "report.query": Seq(Choice(QUERY_MODES), nonempty=True, distinct=True),
     "report.entroprefill": InstanceOf(dict, "a dict of EntroPrefill parameters", examples=({}, {"zeta": 0.3})),
     "report.capture_tail": _int(0, 4096),
     "report.capture_decode": _int(0, 256),

@@ -61,7 +61,7 @@ from workbench.study.verdicts import DEFAULT_MARGIN, DESCRIPTIVE, KINDS, RULE, V
 __all__ = ["conclusions", "Conclusions", "VERDICTS", "KINDS", "DESCRIPTIVE", "DEFAULT_MARGIN", "preset_name",
            "verdict", "rule_text", "RULE", "PRIORITY_BASELINES", "plan"]
 
-COLUMNS = ("claim", "source", "kind", "comparison", "task", "metric", "direction", "n", "prompts", "mean_a", "mean_b",
+COLUMNS = ("claim", "source", "kind", "comparison", "query", "task", "metric", "direction", "n", "prompts", "mean_a", "mean_b",
            "effect", "lo", "hi", "p", "test", "margin", "lo1", "hi1", "p_ni", "p_inf", "ni_test", "disc", "mde", "claimed",
            "underpowered", "verdict", "reference", "note")
 PRIORITY_BASELINES = {"mass": "mass-only", "renyi, zeta=1": "ζ = 1", "headmax": "the per-head max",
@@ -205,7 +205,8 @@ def _row(claim, source, comparison, task, metric, kind, r, prompts, *, level, ok
     v = verdict(kind, lo=get("lo"), hi=get("hi"), p=get("p"), lo1=get("lo1"), hi1=get("hi1"), p_ni=get("p_ni"),
                 p_inf=get("p_inf"), margin=margin, level=level, reference_ok=ok)
     test = "McNemar exact" if r["test"] == "mcnemar" else "sign test"
-    return dict(claim=claim, source=source, kind=kind, comparison=comparison, task=task, metric=metric,
+    return dict(claim=claim, source=source, kind=kind, comparison=comparison, query=fnd.pair_query(comparison),
+                task=task, metric=metric,
                 direction="≥ −δ" if ni_kind else "> 0", n=n, prompts=int(prompts), mean_a=float(r["mean_a"]),
                 mean_b=float(r["mean_b"]), effect=float(r["diff"]), lo=get("lo"), hi=get("hi"), p=get("p"), test=test,
                 margin=margin if ni_kind else math.nan, lo1=get("lo1") if ni_kind else math.nan,
@@ -220,7 +221,8 @@ def _row(claim, source, comparison, task, metric, kind, r, prompts, *, level, ok
 def _descriptive(claim, source, comparison, task, metric, *, n, prompts, mean, lo=math.nan, hi=math.nan,
                  reference="", note="") -> dict:
     """A descriptive row: a quantity with no claimed direction, no test and no verdict."""
-    return dict(claim=claim, source=source, kind="descriptive", comparison=comparison, task=task, metric=metric,
+    return dict(claim=claim, source=source, kind="descriptive", comparison=comparison, query="aware",
+                task=task, metric=metric,
                 direction="none (descriptive)", n=int(n), prompts=int(prompts), mean_a=float(mean), mean_b=math.nan,
                 effect=float(mean), lo=lo, hi=hi, p=math.nan, test="—", margin=math.nan, lo1=math.nan, hi1=math.nan,
                 p_ni=math.nan, p_inf=math.nan, ni_test="", disc=math.nan, mde=math.nan, claimed=math.nan, underpowered=False,
@@ -256,6 +258,23 @@ def _ref_text(ref: pd.DataFrame, task) -> str:
     r = r.iloc[0]
     return (f"right on {int(r['right'])}/{int(r['n'])}, needs >= {fnd.MIN_REFERENCE_ACCURACY:.0%} and >= "
             f"{fnd.MIN_REFERENCE_RIGHT} right")
+
+
+def _agnostic(comp, ref, metric, level, margin) -> tuple[list, list]:
+    """DeferKV (query-aware: it needs the question) against SnapKV query-agnostic, kvpress's protocol, at one budget."""
+    if not len(comp) or not comp["b"].str.endswith(f" ({fnd.AGNOSTIC})").any():
+        return [], []
+    a, b = comp["a"].str.partition(" @ ")[2], comp["b"].str.partition(" @ ")[2]
+    sel = comp[comp["a"].str.startswith("deferkv @ ") & comp["b"].str.startswith("snapkv @ ") &
+               (b == a + f" ({fnd.AGNOSTIC})") & ~comp["scope"].str.startswith("all tasks")]
+    rows = [_row("DeferKV (query-aware) ≥ SnapKV query-agnostic (kvpress's protocol) at the same budget", GUIDE,
+                 f"{r.a} vs {r.b}", r.scope, metric, "non-inferiority", r, r.prompts, level=level,
+                 ok=_gate(ref, [r.scope])[0], margin=margin, reference=_gate(ref, [r.scope])[1])
+            for r in sel.itertuples(index=False)]
+    if not comp["a"].str.startswith("deferkv @ ").any():
+        return rows, []
+    return rows, ["DeferKV query-agnostic: not run; it evicts after the first answer step, which needs the question "
+                  "in the cache (the sweep refuses those cells), so its rows are query-aware only."]
 
 
 def _deferkv(df, comp, ref, metric, level, ruler, margin) -> tuple[list, list]:
@@ -471,7 +490,8 @@ def conclusions(df: pd.DataFrame, leap: pd.DataFrame | None = None, ranks: pd.Da
     if "a" not in comp.columns:
         comp = pd.DataFrame(columns=["scope", "a", "b", "prompts"])
     rows, missing = [], []
-    for part in (_deferkv(df, comp, ref, metric, level, set(from_ruler), margin), _kept(kept, df, ref, level),
+    for part in (_deferkv(df, comp, ref, metric, level, set(from_ruler), margin),
+                 _agnostic(comp, ref, metric, level, margin), _kept(kept, df, ref, level),
                  _leap(leap, df, ref, level), _ranks(ranks, df, ref, level),
                  _entroprefill(df, comp, ref, metric, level, margin)):
         rows += part[0]

@@ -66,18 +66,15 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-import workbench.study.datasets as datasets
 import workbench.study.findings as fnd
 import workbench.study.report_parts as parts
-import workbench.study.ruler as ruler
-import workbench.study.tasks as tasks
 from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show.export import csv_bytes, versions
 from workbench.study.bypasses import bypass_note, bypass_table
 from workbench.study.conclusions import conclusions
-from workbench.study.followup import followup_multikey, is_followup
+from workbench.study.followup import is_followup
 from workbench.study.kvpress_runs import write_kvpress_runs
 from workbench.study.report_analyses import prompt_analyses_part
 from workbench.study.report_calibration import calibration_stage, check_split
@@ -91,10 +88,11 @@ from workbench.study.report_config import (
 )
 from workbench.study.report_export import export_figures
 from workbench.study.report_html import write_html
+from workbench.study.report_items import study_items, user_data
 from workbench.study.storage import check_writable, read_resumable
 from workbench.study.sweep import expand_grid, read_sweep, sweep
 from workbench.study.tasks import items_frame, max_new_tokens_for
-from workbench.util import atomic_write_bytes, auto_threads, file_sha256, jsonable
+from workbench.util import atomic_write_bytes, auto_threads, jsonable
 
 __all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write_html", "write_table",
            "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS", "export_width"]
@@ -129,9 +127,10 @@ def write_table(df: pd.DataFrame, folder, name: str) -> list[Path]:
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (task, method, parameters): runs, mean EM / F1 / contains / first-token agreement, the mean
     retained fraction of the prompt and mean KV bytes (reshaping of the sweep frame, no new science)."""
+    cols = ["task", "method", "setting", "runs", "em", "f1", "contains", "first_token_agree", "retained_frac",
+            "wall_s", "errors", *fnd.PROTOCOL]
     if df.empty:
-        return pd.DataFrame(columns=["task", "method", "setting", "runs", "em", "f1", "contains",
-                                     "first_token_agree", "retained_frac", "kv_bytes", "wall_s", "errors"])
+        return pd.DataFrame(columns=cols)
     d = df.copy()
     d["setting"] = d.apply(_setting, axis=1)
     d["retained_frac"] = pd.to_numeric(d["retained_tokens"], errors="coerce") / pd.to_numeric(d["prompt_tokens"],
@@ -140,8 +139,12 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     g = d.groupby(["task", "method", "setting"], sort=True, dropna=False)
     out = g.agg(runs=("item_id", "size"), em=("em", "mean"), f1=("f1", "mean"), contains=("contains", "mean"),
                 first_token_agree=("first_token_agree", "mean"), retained_frac=("retained_frac", "mean"),
-                kv_bytes=("kv_bytes", "mean"), wall_s=("wall_s", "mean"), errors=("errors", "sum")).reset_index()
-    return out
+                wall_s=("wall_s", "mean"), errors=("errors", "sum")).reset_index()
+    ok = d[d["errors"] == 0]  # the figures of the cells that ran
+    figures = pd.DataFrame([{"task": t, "method": m, "setting": s, **fnd.protocol_figures(g)}
+                            for (t, m, s), g in ok.groupby(["task", "method", "setting"], sort=True)],
+                           columns=["task", "method", "setting", *fnd.PROTOCOL])
+    return out.merge(figures, on=["task", "method", "setting"], how="left")[cols]
 
 
 def _setting(row) -> str:
@@ -165,63 +168,6 @@ def export_width(name: str, fig) -> str:
     return "double" if name in WIDE or len(plain) > SINGLE_TITLE_CHARS else "single"
 
 
-def _data_source(cfg: ReportConfig) -> str:
-    """``"cache"`` or ``"sample"`` for the datasets loaders (``auto``: the cache when both sources are fetched)."""
-    if cfg.data == "fetched":
-        return "cache"
-    if cfg.data == "sample":
-        return "sample"
-    return "cache" if datasets.is_fetched("squad") and datasets.is_fetched("essays") else "sample"
-
-
-def _user_data(cfg: ReportConfig) -> dict:
-    """The user's files (``items``, ``filler``), read and validated completely before any model work: errors name
-    the file, the line and the field."""
-    return {"items": tasks.load_items(cfg.items) if cfg.items is not None else None,
-            "filler": datasets.load_filler(cfg.filler) if cfg.filler is not None and (cfg.n_needle or cfg.n_followup)
-            else None}
-
-
-def _items(cfg: ReportConfig, tokenizer, user: dict, max_context: int | None = None) -> tuple[list, list[dict]]:
-    """The study's items and the provenance of every source they come from (label, kind, path, sha256, size,
-    items used); ``user``: :func:`_user_data`."""
-    items, sources = [], []
-    src = _data_source(cfg)
-    if cfg.n_squad:
-        arts = datasets.load_squad(src)
-        new = tasks.squad_single(arts, n=cfg.n_squad, n_distractors=cfg.n_distractors, seed=cfg.seed)
-        items += new
-        sources.append({**datasets.provenance(arts), "task": "squad_single", "items": len(new)})
-    if cfg.n_needle:
-        n = cfg.n_needle
-        depths = (0.5,) if n == 1 else tuple(round(0.1 + 0.8 * i / (n - 1), 3) for i in range(n))
-        hay = user["filler"] if user["filler"] is not None else datasets.load_essays(src)
-        new = tasks.needle(tokenizer, hay, lengths=(cfg.needle_length,), depths=depths, n=1, seed=cfg.seed)
-        items += new
-        sources.append({**datasets.provenance(hay), "task": "needle", "items": len(new)})
-    if cfg.ruler:
-        new = ruler.ruler_grid(tokenizer, cfg.ruler, lengths=cfg.ruler_lengths, seeds=range(cfg.ruler_seeds),
-                               max_context=max_context)
-        items += new
-        sources.append({"label": new[0].meta.get("source", "ruler-style"), "kind": "generated", "path": None,
-                        "sha256": None,
-                        "size": f"{len(new)} items", "description": "RULER-style synthetic families (study.ruler)",
-                        "task": ", ".join(cfg.ruler), "items": len(new)})
-    if cfg.n_followup:
-        hay = user["filler"] if user["filler"] is not None else datasets.load_essays(src)
-        new = followup_multikey(tokenizer, hay, lengths=(cfg.needle_length,), n=cfg.n_followup, seed=cfg.seed)
-        items += new
-        sources.append({**datasets.provenance(hay), "task": "followup_multikey", "items": len(new)})
-    if cfg.items is not None:
-        new = user["items"]
-        items += new
-        prov = {"label": new[0].meta["source"], "kind": "file", "path": str(cfg.items),
-                "sha256": file_sha256(cfg.items), "size": f"{len(new)} items",
-                "description": "TaskItems given by the user (JSONL)"}
-        sources.append({**prov, "task": ", ".join(sorted({it.task for it in new})), "items": len(new)})
-    return items, sources
-
-
 def _method_grid(cfg: ReportConfig) -> list:
     grid = []
     for m in cfg.methods:
@@ -229,8 +175,12 @@ def _method_grid(cfg: ReportConfig) -> list:
             grid.append(("full", {}))
         elif m == "entroprefill":
             grid += [("entroprefill", p) for p in cfg.entroprefill_settings()]
-        elif m == "evict":
-            grid.append(("evict", {"policy": list(cfg.policies), "budget_frac": list(cfg.budget_fracs)}))
+        elif m == "evict":  # an aware cell names no query mode (its key is the one it always had)
+            modes = ([{}] if "aware" in cfg.query else []) + ([{"query": "agnostic"}] if "agnostic" in cfg.query else [])
+            budgets = [("budget_frac", cfg.budget_fracs), ("compression_ratio", cfg.compression_ratios),
+                       ("kv_frac", cfg.kv_ladder)]
+            grid += [("evict", {"policy": list(cfg.policies), key: list(values), **q})
+                     for q in modes for key, values in budgets if values]
     return grid
 
 
@@ -285,7 +235,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
     out = cfg.out
-    user = _user_data(cfg)  # before any model work, and before anything is written
+    user = user_data(cfg)  # before any model work, and before anything is written
     check_split(cfg, user["items"])
     check_writable(out, "out", folder=True)
     (out / "tables").mkdir(parents=True, exist_ok=True)
@@ -322,7 +272,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
         tables.update(tables_c)
         notes.update(notes_c)
 
-        items, sources = _items(cfg, lm.tokenizer, user, lm.shape.max_context)
+        items, sources = study_items(cfg, lm.tokenizer, user, lm.shape.max_context)
         run_cfg = cfg
         if cfg.calibrate is not None:  # thresholds fixed on the calibration split; the study runs on the test split
             items, run_cfg, t_cal, n_cal, info_extra["calibration"] = timed("calibration", lambda: calibration_stage(
@@ -417,7 +367,14 @@ def _sweep_tables(cfg: ReportConfig, lm, items, df: pd.DataFrame, figures: dict,
     notes["bypasses"] = bypass_note(tables["bypasses"])
     mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
     notes["sweep"] = (f"{len(items)} prompts × methods {list(cfg.methods)} (evict: policies {list(cfg.policies)} "
-                      f"at budget fractions {list(cfg.budget_fracs)}), max_new_tokens {mnt} (per task); "
+                      f"at budget fractions {list(cfg.budget_fracs)}"
+                      + (f", kvpress compression ratios {list(cfg.compression_ratios)}" if cfg.compression_ratios else "")
+                      + (f", KV-byte rungs {list(cfg.kv_ladder)}" if cfg.kv_ladder else "")
+                      + f", query {' and '.join(cfg.query)}), max_new_tokens {mnt} (per task); "
+                      "every table carries the query mode, the achieved compression ratio, kv_frac (KV bytes kept / "
+                      "full; NaN for pruned prefill, whose full cache is never built), KV bytes, peak memory and time "
+                      "to first token (ttft_s; an aware eviction's first token comes from its prefill, before it "
+                      "evicts); "
                       f"{len(df)} runs, {int(df['error'].map(lambda e: isinstance(e, str)).sum()) if len(df) else 0}"
                       f" with errors, {int(df['hit_cap'].sum()) if len(df) else 0} replies hit the cap.")
     if len(df):

@@ -52,6 +52,14 @@ class ReportConfig:
         methods: sweep methods, a subset of ``("full", "entroprefill", "evict")``.
         policies: eviction policies for ``evict`` and the needle table (``eviction.REGISTRY`` names, or "module:Class").
         budget_fracs: eviction budgets as fractions of the prompt length [each in (0, 1]].
+        compression_ratios: eviction budgets as kvpress's compression ratios, the fraction of the prompt's KV cache
+            removed [each in [0, 1)], ``B = max(1, int(T·(1 − r)))`` (:func:`workbench.study.kv_budget.ratio_budget`);
+            ``()``: none (``--compression-ratios`` alone: kvpress's 0.25 0.5 0.75 0.875).
+        kv_ladder: matched-byte rungs, KV bytes kept as a fraction of the full cache's [each in (0, 1]]
+            (:func:`workbench.study.kv_budget.ladder_budget`; a rung out of reach is a failed cell saying why);
+            ``()``: none (``--kv-ladder`` alone: 0.5 0.25 0.125 0.0625).
+        query: the query modes of the ``evict`` cells, ``"aware"`` and/or ``"agnostic"`` (kvpress's default: the
+            context compressed without the question); default ``("aware",)``.
         entroprefill: EntroPrefill parameters for the sweep's ``entroprefill`` cells (``{}``: defaults).
         presets: EntroPrefill presets by name (``analyse.params.PRESETS``: paper, loose, strict), one
             ``entroprefill`` setting each, ``entroprefill`` applied on top of each; ``()``: the one setting
@@ -96,6 +104,9 @@ class ReportConfig:
     methods: tuple[str, ...] = METHODS
     policies: tuple[str, ...] = DEFAULT_POLICIES
     budget_fracs: tuple[float, ...] = (0.25, 0.5)
+    compression_ratios: tuple[float, ...] = ()
+    kv_ladder: tuple[float, ...] = ()
+    query: tuple[str, ...] = ("aware",)
     entroprefill: dict = field(default_factory=dict)
     presets: tuple[str, ...] = ()
     capture_tail: int = 32
@@ -134,7 +145,8 @@ class ReportConfig:
         if self.n_squad + self.n_needle + self.n_followup < 1 and self.items is None and not self.ruler:
             raise ValueError("n_squad: n_squad + n_needle + n_followup must be >= 1 when no items file and no RULER "
                              "family is given (the study needs a prompt)")
-        for name in ("methods", "budget_fracs", "presets", "ruler", "ruler_lengths"):  # stored as tuples (budget fractions as floats)
+        for name in ("methods", "budget_fracs", "presets", "ruler", "ruler_lengths", "compression_ratios", "kv_ladder",
+                     "query"):  # stored as tuples (budget fractions as floats)
             object.__setattr__(self, name, self.CHECKS[name].check(name, getattr(self, name)))
         pols = tuple(eviction.REGISTRY.resolve(p) if ":" in p else p for p in self.policies)
         bad = [p for p in pols if p not in eviction.REGISTRY or p == "full"]
