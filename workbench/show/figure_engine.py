@@ -25,6 +25,7 @@ from plotly import shapeannotation
 from plotly.basedatatypes import Undefined
 from plotly.subplots import make_subplots
 
+from workbench.show.private_compat import figure_traces, layout_props, subplot_grid, trace_props
 from workbench.show.theme import TEMPLATE
 from workbench.util import jsonable
 
@@ -80,8 +81,8 @@ class Draft:
     def of(cls, fig: go.Figure) -> "Draft":
         """A draft of a validated figure (dicts copied, read-only arrays shared), e.g. to re-lay it out."""
         d = cls()
-        d.traces = [_share_arrays(tr._props) for tr in fig.data]
-        d.layout = _share_arrays(fig._layout)
+        d.traces = [_share_arrays(trace_props(tr)) for tr in fig.data]
+        d.layout = _share_arrays(layout_props(fig))
         return d
 
     @classmethod
@@ -90,7 +91,7 @@ class Draft:
         key = repr(sorted(kw.items()))
         if key not in cls._GRIDS:
             ref = make_subplots(**kw)
-            cls._GRIDS[key] = (ref.layout.to_plotly_json(), ref._grid_ref)
+            cls._GRIDS[key] = (ref.layout.to_plotly_json(), subplot_grid(ref, kw.get("rows", 1), kw.get("cols", 1)))
         layout, grid_ref = cls._GRIDS[key]
         d = cls()
         d.layout, d._grid_ref = copy.deepcopy(layout), grid_ref
@@ -119,7 +120,7 @@ class Draft:
                     yield r, c
 
     def add_trace(self, trace, row: int | None = None, col: int | None = None, secondary_y: bool = False):
-        d = _share_arrays(trace._props) if hasattr(trace, "to_plotly_json") else dict(trace)
+        d = _share_arrays(trace_props(trace)) if hasattr(trace, "to_plotly_json") else dict(trace)
         if row is not None and self._grid_ref is not None:
             d["xaxis"], d["yaxis"] = self.refs(row, col, secondary_y)
         self.traces.append(d)
@@ -405,9 +406,9 @@ def update_figure(target, new, *, keep: Sequence[str] = KEEP_LAYOUT) -> bool:
         new_traces, new_layout_src = new.traces, new.layout
     else:
         same = len(target.data) == len(new.data) and all(a.type == b.type for a, b in zip(target.data, new.data))
-        new_traces, new_layout_src = [tr._props for tr in new.data], new._layout
+        new_traces, new_layout_src = [trace_props(tr) for tr in new.data], layout_props(new)
     new_layout = {k: v for k, v in _share_arrays(new_layout_src).items() if k not in keep}
-    relayout = {k: None for k in target._layout if k not in new_layout and k not in keep}
+    relayout = {k: None for k in layout_props(target) if k not in new_layout and k not in keep}
     relayout.update(new_layout)
     # plotly_update writes raw JSON; it only takes paths the target already knows (a new subplot axis is not)
     fits = all(k in target.layout for k in relayout)
@@ -417,7 +418,7 @@ def update_figure(target, new, *, keep: Sequence[str] = KEEP_LAYOUT) -> bool:
     if same and fits:
 
         new_data = [_share_arrays(tr) for tr in new_traces]
-        own = [(set(n) | set(o)) - {"type", "uid"} for n, o in zip(new_data, target._data)]
+        own = [(set(n) | set(o)) - {"type", "uid"} for n, o in zip(new_data, figure_traces(target))]
         if all(k in tr for tr, keys in zip(target.data, own) for k in keys):
             restyle = {k: [d.get(k) if k in keys else Undefined for d, keys in zip(new_data, own)]
                        for k in sorted(set().union(*own))}

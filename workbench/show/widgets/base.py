@@ -16,7 +16,7 @@ from workbench.analyse.params import PRIORITIES, EntroPrefillParams
 from workbench.checks import check_int
 from workbench.show import export
 from workbench.show.figure_engine import KEEP_LAYOUT, Draft, as_figure, drafts, update_figure
-from workbench.show.figure_widget import FigureWidget
+from workbench.show.figure_widget import FigureWidget, figure_widget
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
@@ -67,13 +67,17 @@ def live_layout(fig, width: int = FIGURE_WIDTH):
     return d
 
 
-def _hide(w) -> None:
+def _hide(w) -> bool:
     """Hide a figure widget in the page (its views stay): a plotly figure by its ``_hidden`` trait (its ``layout`` is
-    plotly's), a token view by its widget layout."""
+    plotly's), a token view by its widget layout. False for plotly's stock widget (the public fallback), which
+    has no way to hide: it is taken out of the page instead."""
     if isinstance(w, FigureWidget):
         w._hidden = True
+    elif isinstance(w, go.FigureWidget):
+        return False
     else:
         w.layout.display = "none"
+    return True
 
 
 def _widget_figure(fig, uirevision: str):
@@ -81,7 +85,7 @@ def _widget_figure(fig, uirevision: str):
     figure), or a :class:`TokenWidget` for a token view (HTML)."""
     if isinstance(fig, TokenView):
         return TokenWidget(fig)
-    return FigureWidget(fig, uirevision=uirevision)
+    return figure_widget(fig, uirevision=uirevision)
 
 
 def html_escape(s) -> str:
@@ -237,10 +241,9 @@ class Panel(abc.ABC):
             for w in self._removed:  # out of the page since the capture before: no view left
                 w.close()
             self._removed, self._retired = self._retired, list(self.figures.values())
-            for w in self._retired:
-                _hide(w)
+            kept = [w for w in self._retired if _hide(w)]
             self.figures = {name: self._new_figure(f, name) for name, f in figs.items()}
-            self._figure_box.children = (*self._retired, *self.figures.values())
+            self._figure_box.children = (*kept, *self.figures.values())
             self._controls_box.children = rows
             return
         self.status.value = status
