@@ -13,9 +13,10 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from workbench.analyse.params import PRIORITIES, EntroPrefillParams
+from workbench.analyse.pooling import PoolingCache
 from workbench.checks import check_int
 from workbench.show import export
-from workbench.show.figure_engine import KEEP_LAYOUT, Draft, as_figure, drafts, update_figure
+from workbench.show.figure_engine import KEEP_LAYOUT, Draft, as_figure, update_figure
 from workbench.show.figure_widget import FigureWidget, figure_widget
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
@@ -149,6 +150,15 @@ class Panel(abc.ABC):
     def state(self) -> CaptureState | None:
         """The shared state the panel follows, or ``None``."""
         return self._state
+
+    @property
+    def pooling_cache(self) -> PoolingCache:
+        """The panel's own :class:`~workbench.analyse.pooling.PoolingCache` of the capture it shows (a new one
+        for a new capture): slider moves that keep ``ζ``, ``τ`` and ``ρ_min`` re-use the pooling."""
+        cache = self.__dict__.get("_pooling_cache")
+        if cache is None or cache.capture is not self.capture:
+            cache = self._pooling_cache = PoolingCache(self.capture)
+        return cache
 
     def set_capture(self, capture: Capture) -> None:
         """Show ``capture`` in place: the controls get the new capture's ranges (layers, chunks, rows), keep
@@ -332,7 +342,7 @@ class Panel(abc.ABC):
     # ----- updating -----
     @abc.abstractmethod
     def compute(self) -> tuple[dict[str, go.Figure], str]:
-        """Figures for the current controls, ``{name: figure}``, and a status line."""
+        """Figures for the current controls, ``{name: figure or draft}`` (a figure function's ``.draft``), and a status line."""
 
     def _on_change(self, change) -> None:
         if not self._silent:
@@ -343,9 +353,8 @@ class Panel(abc.ABC):
 
         t0 = time.perf_counter()
         try:
-            with drafts():  # figures stay dicts of validated pieces until written into the widgets
-                figs, status = self.compute()
-                figs = {name: live_layout(f, self.live_width) for name, f in figs.items()}  # the rules, every update
+            figs, status = self.compute()  # drafts (``plots.<figure>.draft``): written into the widgets as dicts
+            figs = {name: live_layout(f, self.live_width) for name, f in figs.items()}  # the rules, every update
         except ValueError as e:  # a parameter combination the analysis rejects: say so, keep the figures
             self.error = str(e)
             self.status.value = f"<span style='color:#D55E00'>{html_escape(e)}</span>"
