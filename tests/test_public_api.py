@@ -154,3 +154,20 @@ def test_a_missing_private_name_warns_once_and_falls_back():
     said = [w for w in seen if issubclass(w.category, pc.PrivateAPIWarning)]
     assert len(said) == 1 and "trace._props" in str(said[0].message)
     assert list(pc.trace_props(go.Scatter(y=[2]))["y"]) == [2]
+
+
+def test_split_buffers_takes_buffers_out_as_ipywidgets_does():
+    """The oracle: ipywidgets' own ``_remove_buffers`` (what ``send_state`` uses) on the states a deaf figure is
+    relayed (dicts, lists, nested buffers, a buffer directly in a list)."""
+    import numpy as np
+    from ipywidgets.widgets.widget import _remove_buffers
+
+    from workbench.show.figure_widget import _to_js, split_buffers
+
+    z = np.arange(12, dtype=np.float64).reshape(3, 4)
+    states = [{"_py2js_addTraces": _to_js({"trace_data": [{"z": z, "x": np.arange(4.0), "name": "a"}],
+                                           "trace_edit_id": 3}, None)},
+              {"_py2js_addTraces": None}, {"_hidden": False, "raw": [b"ab", 1, {"m": memoryview(b"cd")}]}]
+    got, want = split_buffers(states), _remove_buffers(states)
+    assert got[0] == want[0] and got[1] == want[1]
+    assert [bytes(b) for b in got[2]] == [bytes(b) for b in want[2]] and len(got[2]) == 6

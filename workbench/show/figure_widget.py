@@ -208,31 +208,33 @@ _BINARY = (memoryview, bytearray, bytes)
 
 def split_buffers(value, path: list | None = None, paths: list | None = None, buffers: list | None = None):
     """``(value without its binary buffers, their paths, the buffers)``, as ipywidgets' ``send_state`` sends a
-    state: a buffer in a dict is left out of it, one in a list becomes None, and the page puts each back at its
-    path (:data:`_LOADER_ESM`'s ``relayed``)."""
+    state: a buffer in a dict is left out of it, one in a list becomes None, a container without buffers is
+    passed as it is, and the page puts each buffer back at its path (:data:`_LOADER_ESM`'s ``relayed``)."""
     path = [] if path is None else path
     paths = [] if paths is None else paths
     buffers = [] if buffers is None else buffers
     if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            if isinstance(v, _BINARY):
-                paths.append([*path, k])
-                buffers.append(v)
-            else:
-                out[k] = split_buffers(v, [*path, k], paths, buffers)[0]
-        value = out
+        items = list(value.items())
     elif isinstance(value, (list, tuple)):
-        out_list = []
-        for i, v in enumerate(value):
-            if isinstance(v, _BINARY):
-                paths.append([*path, i])
-                buffers.append(v)
-                out_list.append(None)
-            else:
-                out_list.append(split_buffers(v, [*path, i], paths, buffers)[0])
-        value = out_list
-    return value, paths, buffers
+        items = list(enumerate(value))
+    else:
+        return value, paths, buffers
+    out, changed = [], False
+    for k, v in items:
+        if isinstance(v, _BINARY):
+            paths.append([*path, k])
+            buffers.append(v)
+            out.append((k, None, isinstance(value, dict)))  # left out of a dict, None in a list
+            changed = True
+        else:
+            new = split_buffers(v, [*path, k], paths, buffers)[0]
+            changed = changed or new is not v
+            out.append((k, new, False))
+    if not changed:
+        return value, paths, buffers
+    if isinstance(value, dict):
+        return {k: v for k, v, drop in out if not drop}, paths, buffers
+    return [v for _, v, _ in out], paths, buffers
 
 
 class _PlotlyBundle(W.Widget):
