@@ -399,7 +399,9 @@ class HeadPooling:
         """
         check_capture_rows(capture)  # once per capture (cached verdict)
         if cache is not None:
-            return cache(self, capture)
+            if cache.capture is not capture:
+                raise ValueError("capture: a PoolingCache serves the capture it was made for; make one per capture")
+            return cache(self)
         # μ by the same sums as a cache computes it, so a result is the same to the last bit with or without one
         return self.pool(capture.observer_attn(), capture.head_group, capture.spans.n_sink, _va={})
 
@@ -420,10 +422,8 @@ class PoolingCache:
         self._stats: dict = {}
         self._va: dict = {}
 
-    def __call__(self, pooling: HeadPooling, capture: Capture | None = None) -> PoolingResult:
-        """``pooling(capture)``, from this cache where it holds the result (``capture``: this cache's own)."""
-        if capture is not None and capture is not self.capture:
-            raise ValueError("capture: a PoolingCache serves the capture it was made for; make one per capture")
+    def __call__(self, pooling: HeadPooling) -> PoolingResult:
+        """``pooling(self.capture)``, from this cache where it holds the result."""
         cap = self.capture
         A_obs, n_sink = cap.observer_attn(), int(cap.spans.n_sink)
         rho = float(pooling.rho_min)
