@@ -4,6 +4,7 @@ in one line why where it cannot (root, no user namespaces, ``$WORKBENCH_NO_SANDB
 from __future__ import annotations
 
 import sys
+import threading
 import types
 
 import pytest
@@ -73,8 +74,7 @@ def test_html_export_session_runs_sandboxed_unless_it_cannot(host, monkeypatch, 
 def fake_kaleido(monkeypatch):
     """kaleido's server calls recorded; ``fail_sandboxed``: a sandboxed start fails (a seccomp-bound container)."""
     calls = []
-    fake = types.SimpleNamespace(fail_sandboxed=False, calls=calls,
-                                 _global_server=types.SimpleNamespace(_thread=None))
+    fake = types.SimpleNamespace(fail_sandboxed=False, calls=calls)
 
     def start(**kw):
         calls.append(kw["enable_sandbox"])
@@ -87,7 +87,7 @@ def fake_kaleido(monkeypatch):
     monkeypatch.setitem(sys.modules, "kaleido", fake)
     monkeypatch.setattr(ks, "browser_path", lambda: "/usr/bin/chromium")
     monkeypatch.setattr(ks, "_call", lambda *a, **kw: b"")
-    monkeypatch.setattr(ks, "_STATE", {"running": False, "atexit": True})
+    monkeypatch.setattr(ks, "_STATE", {"running": False, "atexit": True, "threads": []})
     return fake
 
 
@@ -109,3 +109,30 @@ def test_a_sandbox_the_system_refuses_is_said_then_left_out(host, fake_kaleido, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "did not start in its sandbox (Failed to move to new namespace" in err[0]
     assert ks.NO_SANDBOX_ENV in err[0]
+
+
+def test_a_dead_server_thread_is_seen_and_the_server_restarted(host, fake_kaleido):
+    """The thread kaleido's start starts is the server's life: when it ends (Chromium died), the server is not
+    running, and the next export stops it and starts a new one (no render waits on a dead server)."""
+    host(1000)
+    stop, stops = threading.Event(), []
+
+    def start(**kw):
+        fake_kaleido.calls.append(kw["enable_sandbox"])
+        threading.Thread(target=stop.wait, daemon=True).start()
+
+    fake_kaleido.start_sync_server = start
+    fake_kaleido.stop_sync_server = lambda **kw: stops.append(kw)
+    ks.ensure_server()
+    first = ks.server_thread()
+    assert ks.server_running() and first is not None and first.is_alive()
+    ks.ensure_server()
+    assert fake_kaleido.calls == [True] and stops == []  # alive: kept
+    stop.set()
+    first.join(5)
+    assert not ks.server_running()
+    stop.clear()
+    ks.ensure_server()
+    assert fake_kaleido.calls == [True, True] and len(stops) == 1
+    assert ks.server_running() and ks.server_thread() is not first
+    stop.set()

@@ -21,6 +21,7 @@ import plotly.graph_objects as go
 import pytest
 
 from workbench.show import export as ex
+from workbench.show import kaleido_server as ks
 from workbench.show.plots import TEMPLATE
 
 TITLE = "Sink ζ τ η Δ certificate"  # "fi": a ligature glyph in the PDF; short: no wrap at a single column
@@ -303,17 +304,16 @@ def test_export_all_writes_every_figure(tmp_path):
 
 
 def test_server_is_persistent_and_restartable(tmp_path):
-    import kaleido
-
     assert ex.server_running()
-    thread = kaleido._global_server._thread
+    thread = ks.server_thread()
+    assert thread is not None and thread.is_alive()
     ex.export(scatter(), tmp_path / "a", formats=("svg",), csv=False, sidecar=False, title=True)
     ex.export(scatter(), tmp_path / "b", formats=("svg",), csv=False, sidecar=False, title=True)
-    assert kaleido._global_server._thread is thread  # the same Chromium served both
+    assert ks.server_thread() is thread  # the same Chromium served both
     ex.shutdown_server()
     assert not ex.server_running() and not thread.is_alive()
     ex.export(scatter(), tmp_path / "c", formats=("svg",), csv=False, sidecar=False, title=True)  # a new server
-    assert ex.server_running() and kaleido._global_server._thread is not thread
+    assert ex.server_running() and ks.server_thread() is not thread
     a, c = (tmp_path / "a.svg").read_text(), (tmp_path / "c.svg").read_text()
     texts = lambda s: re.findall(r">([^<>]+)</text>", s)  # noqa: E731
     assert svg_root(a) == svg_root(c) and texts(a) == texts(c)  # the new server renders the same figure

@@ -50,7 +50,7 @@ def boxes(page, svg_path: Path) -> dict:
 
 def test_every_figure_function_is_covered(figures):
     public = {n for n in plots.__all__ if callable(getattr(plots, n)) and not n.startswith("_")} - {
-        "figure_frame", "update_figure", "drafts", "as_figure", "categorical", "categorical_px", "token_values",
+        "figure_frame", "update_figure", "figure_function", "as_figure", "categorical", "categorical_px", "token_values",
         "removed_positions"}
     assert public == set(FIGURE_FUNCTIONS)
     assert set(FIGURE_FUNCTIONS) <= {k.split("-")[0] for k in figures}

@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchmetrics.functional.text.squad import squad
 
 from workbench.study import metrics
 
@@ -24,6 +28,24 @@ def test_em_f1_hand_computed(pred, golds, em, f1):
 
 def test_normalisation_is_the_squad_one():
     assert metrics.normalize_answer("  The  Quick, brown FOX — an a-b ") == "quick brown fox — ab"
+
+
+_WORDS = st.sampled_from(["the", "The", "a", "An", "an", "Denver", "broncos", "1887", "it's", "—", "x-y", "a.b",
+                          "", " ", "  ", "\t", ",", "!", "théâtre", "Ünïcode", "THE", "anna", "then"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_WORDS, max_size=8).map(" ".join), st.lists(_WORDS, max_size=8).map(" ".join))
+def test_normalisation_gives_torchmetrics_squad_scores(pred, gold):
+    """EM and F1 computed from :func:`normalize_answer` by the SQuAD v1.1 rules equal torchmetrics' public
+    ``squad`` metric (percent) on the same pair: the inlined normaliser is the one that metric applies."""
+    p, g = metrics.normalize_answer(pred).split(), metrics.normalize_answer(gold).split()
+    common = sum((Counter(p) & Counter(g)).values())
+    f1 = 2 * common / (len(p) + len(g)) if p and g else float(p == g)  # torchmetrics: empty vs empty is 1
+    ref = squad([{"prediction_text": pred, "id": "0"}], [{"answers": {"answer_start": [0], "text": [gold]},
+                                                           "id": "0"}])
+    assert float(ref["exact_match"]) == pytest.approx(100.0 * (p == g))
+    assert float(ref["f1"]) == pytest.approx(100.0 * f1, abs=1e-4)
 
 
 def test_contains_is_whole_word():

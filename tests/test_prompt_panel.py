@@ -12,6 +12,7 @@ from workbench.analyse.params import EntroPrefillParams
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 from workbench.show import plots
+from workbench.show.private_compat import public_only
 from workbench.show.widgets import AuditPanel, CaptureState, HeadsPanel, PagesPanel, PriorityPanel, TokenPanel
 from workbench.study import prompt_panel as pp_mod
 from workbench.study.prompt_panel import PromptPanel, split_documents
@@ -41,6 +42,8 @@ def _synthetic(sizes, L, seed=0):
     return Capture.synthetic(spans, L=L, H_Q=6, G=2, seed=seed, concentration=2.0)
 
 
+@pytest.mark.skipif(public_only(), reason="the workbench FigureWidget's own behaviour; the forced public fallback "
+                    "shows plotly's stock widget instead (show.private_compat)")
 def test_panels_follow_the_state_and_keep_valid_values():
     c1, c2 = _synthetic([8, 6, 9, 7, 5], L=4), _synthetic([10, 12, 9], L=3, seed=1)
     state = CaptureState(c1)

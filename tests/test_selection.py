@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 
+import highspy
 import numpy as np
 import pytest
 import torch
@@ -432,11 +435,13 @@ def test_lp_failure_is_reported_not_silent(monkeypatch):
     Sel._LP_MEMO.clear()
     from workbench.analyse import lp as LP
 
-    class Stuck(LP._highs._Highs):          # the solver gives up (a status HiGHS can return), not optimal
+    class Stuck(highspy.Highs):          # the solver gives up (a status HiGHS can return), not optimal
         def getModelStatus(self):
-            return LP._highs.HighsModelStatus.kIterationLimit
+            return highspy.HighsModelStatus.kIterationLimit
 
-    monkeypatch.setattr(LP._highs, "_Highs", Stuck)
+    stuck = Stuck()
+    stuck.setOptionValue("output_flag", False)
+    monkeypatch.setattr(LP, "_solver", lambda: stuck)
     n, m = np.array([4, 6]), np.array([[0.3, 0.4]])
     res = GreedySelection(target_tokens=3, eps_row=0.5, m0=0).select([0.0, 1.0], n, m)
     assert res.U == 10.0 and res.lp_status.startswith("failed: HiGHS status Iteration limit reached")
@@ -450,7 +455,7 @@ def test_lp_failure_is_reported_not_silent(monkeypatch):
 @settings(max_examples=examples(75), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_highs_row_duals_equal_linprogs(problem):
-    """:func:`workbench.analyse.lp.highs_row_duals` (scipy's HiGHS called directly) solves the LP of
+    """:func:`workbench.analyse.lp.highs_row_duals` (HiGHS called directly through ``highspy``) solves the LP of
     :func:`_lp_solve` as ``linprog(method="highs")`` does: the same status, and duals that are optimal for the
     same LP (the certificate they price equals linprog's value; on a degenerate LP the two may pick different
     optimal duals, so the prices themselves are compared only through the certificate)."""
@@ -474,3 +479,12 @@ def test_highs_row_duals_say_when_there_is_no_optimum():
 
     duals, status = highs_row_duals(np.array([-1.0, -2.0]), np.array([[1.0, 1.0]]), np.array([-1.0]))
     assert duals is None and status == "failed: HiGHS status Infeasible; trivial bound U = N used"
+
+
+def test_highs_row_duals_print_nothing():
+    """HiGHS prints a licence banner on the C stdout when a process builds its first solver; a slider's first
+    LP must not put it in the user's terminal."""
+    code = ("import numpy as np; from workbench.analyse.lp import highs_row_duals; "
+            "print(highs_row_duals(np.array([-1.0, -2.0]), np.array([[1.0, 1.0]]), np.array([1.0]))[1])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout == "optimal\n"

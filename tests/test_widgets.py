@@ -14,6 +14,7 @@ import torch
 from workbench.analyse.params import EntroPrefillParams
 from workbench.show import plots
 from workbench.show import widgets as Wd
+from workbench.show.private_compat import public_only
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -498,6 +499,8 @@ def test_figure_arrays_travel_as_binary_buffers():
     assert sum(memoryview(b).nbytes for b in bufs) >= z2.nbytes
 
 
+@pytest.mark.skipif(public_only(), reason="the workbench FigureWidget's own behaviour; the forced public fallback "
+                    "shows plotly's stock widget instead (show.private_compat)")
 def test_every_widget_opens_its_comm_with_what_it_shows(tiny, monkeypatch):
     """The browser model of every figure is born with the figure: the comm of each panel's
     FigureWidget opens with its traces, title and ``uirevision`` as state, and the token view with its HTML.
@@ -664,6 +667,8 @@ def _synthetic_capture(seed: int = 0):
     return Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=seed, concentration=2.0)
 
 
+@pytest.mark.skipif(public_only(), reason="the workbench FigureWidget's own behaviour; the forced public fallback "
+                    "shows plotly's stock widget instead (show.private_compat)")
 def test_figures_follow_the_room_the_page_reports():
     """A figure's view reports the width of the box that holds it (``_view_width``): the panel lays every figure out
     again at :func:`~workbench.show.widgets.base.live_width` of it (the room, capped at ``FIGURE_WIDTH``, floored at
@@ -710,6 +715,8 @@ def _array(v) -> np.ndarray:
     return np.asarray(v, dtype=float)
 
 
+@pytest.mark.skipif(public_only(), reason="the workbench FigureWidget's own behaviour; the forced public fallback "
+                    "shows plotly's stock widget instead (show.private_compat)")
 def test_a_deaf_figure_gets_its_figure_and_every_change_through_the_bundles_widget(monkeypatch):
     """The page's probe (``figure_widget._LOADER_ESM``): a figure answers it on its own model (``_probe``), then on the
     bundle's widget (``{"ack": id}``, a plain model anywidget never holds). When the page reports an instance of the

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HeadPooling",
+    "PoolingCache",
     "PoolingResult",
     "residual_stats",
     "group_softmax",
@@ -388,31 +389,52 @@ class HeadPooling:
             rho_min=float(self.rho_min),
         )
 
-    def __call__(self, capture: Capture) -> PoolingResult:
+    def __call__(self, capture: Capture, cache: PoolingCache | None = None) -> PoolingResult:
         """Pool ``capture.observer_attn()`` with the capture's head groups and ``spans.n_sink``.
 
-        The observer mean ``a`` and the residual statistics depend only on the capture, ``n_sink``
-        and ``ρ_min``; they are computed once per capture, so moving ``ζ`` or ``τ`` costs only the
-        softmax, the floor and ``μ``.
+        ``cache``: a :class:`PoolingCache` of this capture (what a panel owns), which keeps the observer mean
+        and the residual statistics (they depend only on the capture, ``n_sink`` and ``ρ_min``) and the last
+        few results, so that moving ``ζ`` or ``τ`` costs only the softmax, the floor and ``μ``, and moving
+        any other parameter nothing. Without one, everything is computed.
         """
         check_capture_rows(capture)  # once per capture (cached verdict)
-        A_obs = capture.observer_attn()
-        n_sink = capture.spans.n_sink
+        if cache is not None:
+            if cache.capture is not capture:
+                raise ValueError("capture: a PoolingCache serves the capture it was made for; make one per capture")
+            return cache(self)
+        # μ by the same sums as a cache computes it, so a result is the same to the last bit with or without one
+        return self.pool(capture.observer_attn(), capture.head_group, capture.spans.n_sink, _va={})
 
-        def stats():
-            a = observer_mean(A_obs)
-            return (a, *residual_stats(a, int(n_sink), self.rho_min))
 
-        if hasattr(capture, "cached"):
-            # the last 4 pooling results of this capture: a slider that does not touch ζ, τ, ρ_min
-            # (ε_s, λ, the target, ε_row, ...) re-uses μ instead of an O(L·H_Q·T) product
-            memo = capture.cached("pool_results", dict)
-            key = (float(self.zeta), float(self.tau), float(self.rho_min), int(n_sink))
-            if key not in memo:
-                st = capture.cached(("pool_stats", int(n_sink), float(self.rho_min)), stats)
-                va = capture.cached(("pool_va", int(n_sink), float(self.rho_min)), dict)  # Σ_h v_h a_h per τ
-                memo[key] = self.pool(A_obs, capture.head_group, n_sink, _stats=st, _va=va)
-                while len(memo) > 4:
-                    memo.pop(next(iter(memo)))
-            return memo[key]
-        return self.pool(A_obs, capture.head_group, n_sink)
+class PoolingCache:
+    """The pooling results of one capture that its owner (a widget panel) reuses from one slider move to the
+    next: the observer mean and residual statistics per ``(n_sink, ρ_min)``, ``Σ_h v_h a_h`` per ``τ``, and the
+    last :attr:`size` results per ``(ζ, τ, ρ_min, n_sink)`` (a slider that does not touch them, ``ε_s``, ``λ``,
+    the target, ``ε_row``, re-uses ``μ`` instead of an ``O(L·H_Q·T)`` product). Results equal
+    ``pooling(capture)``'s; the capture must not be edited in place while the cache is used.
+    """
+
+    def __init__(self, capture: Capture, size: int = 4):
+        check_int("size", size, 1)
+        self.capture = capture
+        self.size = int(size)
+        self._results: dict = {}
+        self._stats: dict = {}
+        self._va: dict = {}
+
+    def __call__(self, pooling: HeadPooling) -> PoolingResult:
+        """``pooling(self.capture)``, from this cache where it holds the result."""
+        cap = self.capture
+        A_obs, n_sink = cap.observer_attn(), int(cap.spans.n_sink)
+        rho = float(pooling.rho_min)
+        key = (float(pooling.zeta), float(pooling.tau), rho, n_sink)
+        if key not in self._results:
+            check_capture_rows(cap)
+            if (n_sink, rho) not in self._stats:
+                a = observer_mean(A_obs)
+                self._stats[(n_sink, rho)] = (a, *residual_stats(a, n_sink, rho))
+            va = self._va.setdefault((n_sink, rho), {})
+            self._results[key] = pooling.pool(A_obs, cap.head_group, n_sink, _stats=self._stats[(n_sink, rho)], _va=va)
+            while len(self._results) > self.size:
+                self._results.pop(next(iter(self._results)))
+        return self._results[key]

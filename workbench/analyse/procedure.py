@@ -19,6 +19,7 @@ import torch
 from workbench.analyse import priorities as P
 from workbench.analyse.audit import NO_LAYER_CAN_PASS, audit_from_rows, hoeffding_b
 from workbench.analyse.params import EntroPrefillParams
+from workbench.analyse.pooling import PoolingCache
 from workbench.analyse.rows import check_capture_rows
 from workbench.analyse.selection import SelectionResult, mass_table
 from workbench.checks import check_int
@@ -187,10 +188,12 @@ class ProposalInputs:
     mass: torch.Tensor
 
 
-def proposal_inputs(capture: Capture, params: EntroPrefillParams) -> ProposalInputs:
-    """Pooling, priorities, the priority used and the mass table of a capture under ``params``."""
+def proposal_inputs(capture: Capture, params: EntroPrefillParams,
+                    pooling_cache: PoolingCache | None = None) -> ProposalInputs:
+    """Pooling, priorities, the priority used and the mass table of a capture under ``params``
+    (``pooling_cache``: the caller's :class:`~workbench.analyse.pooling.PoolingCache` of this capture)."""
     spans = capture.spans
-    pooling = params.pooling()(capture)
+    pooling = params.pooling()(capture, pooling_cache)
     prio = params.priorities().score(pooling.mu, spans)
     S = _priority_S(params, pooling, prio, spans, capture.L)
     m_all = capture.cached("observer_mass_table", lambda: mass_table(capture.observer_attn(), spans))  # [L, H_Q*W, k]
@@ -212,7 +215,8 @@ def layer_proposal(capture: Capture, params: EntroPrefillParams, l: int, *, cert
 
 
 @single_threaded
-def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify: bool = True) -> TraceResult:
+def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify: bool = True,
+          pooling_cache: PoolingCache | None = None) -> TraceResult:
     """Run the adaptive layer selection of paper §5 (steps 1–7) on a capture, without a model.
 
     Per monitored layer ``l`` (in increasing order): pooling (§2) → priorities (§3) → mass table of
@@ -235,6 +239,8 @@ def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify
         params: ``EntroPrefillParams`` (defaults if None).
         certify: compute the LP certificate ``U_l`` per layer (off for the online decision inside a
             pruned prefill, where only the decisions are needed; they do not depend on ``U_l``).
+        pooling_cache: a :class:`~workbench.analyse.pooling.PoolingCache` of ``capture`` the caller keeps
+            between calls (a panel's slider moves), so that the pooling is not computed again.
 
     Returns:
         ``TraceResult``.
@@ -260,7 +266,7 @@ def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify
                      "(it cannot bind)")
         _warn_unbound(notes[-1])
     if k == 0:
-        pooling = params.pooling()(capture)
+        pooling = params.pooling()(capture, pooling_cache)
         notes.append("no candidate chunks (k = 0): ordinary inference, nothing removed")
         records = [
             dict(layer=l, valid=bool(pooling.valid[l]), valid_residual=bool(pooling.valid[l]), valid_doc=False,
@@ -275,7 +281,7 @@ def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify
                            S=torch.zeros(L, 0, dtype=torch.float64), audit_rows=torch.zeros(0, dtype=torch.int64),
                            spans=spans, model_id=getattr(capture, "model_id", None))
 
-    inputs = proposal_inputs(capture, params)
+    inputs = proposal_inputs(capture, params, pooling_cache)
     pooling, prio, S = inputs.pooling, inputs.priorities, inputs.S
     too_big = params.target_tokens is not None and params.target_tokens > spans.N
     if too_big:

@@ -131,7 +131,9 @@ class Capture:
     def cached(self, key, fn):
         """Memoise a parameter-free derived quantity of this capture (what sliders reuse).
 
-        Captures are treated as immutable: replace ``attn`` and the cache is stale; call
+        ``key`` names a quantity of the capture alone (``"observer_attn"``); a quantity that depends on a
+        method's parameters is kept by its caller (``workbench.analyse.pooling.PoolingCache``, owned by a
+        panel), not here. Captures are treated as immutable: replace ``attn`` and the cache is stale; call
         ``clear_cache()`` after mutating a capture in place.
         """
         if key not in self._derived:

@@ -186,7 +186,7 @@ def register_wrapped_attention(base: str, make_wrapper: Callable[[Callable], Cal
     """
     name = CAPTURE_PREFIX + base.replace("|", "_")
     AttentionInterface.register(name, make_wrapper(base_attention_function(base)))
-    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(base)
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS.get(base)
     if mask_fn is None:
         raise TypeError(f"attn_implementation: no mask function for base implementation {base!r}")
     AttentionMaskInterface.register(name, mask_fn)
@@ -274,7 +274,7 @@ def original_positions(model, cache=None):
     chunks = {l: families.layer_chunk(model, l) for l in families.chunked_layers(model)}
     AttentionInterface.register(name, _position_wrapper(state, base_attention_function(old), base == "eager", chunks,
                                                         kv_source_layers(model)))
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[old])
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[old])
     set_attn_implementation(model, name)
     try:
         yield state
@@ -725,7 +725,7 @@ def per_head_key_mask(model, drop: dict, head_group: torch.Tensor):
 
     name = KEYMASK_PREFIX + base.replace("|", "_")
     AttentionInterface.register(name, wrapped)
-    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(base)
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS.get(base)
     if mask_fn is None:
         raise TypeError(f"attn_implementation: no mask function for base implementation {base!r}")
     AttentionMaskInterface.register(name, mask_fn)
@@ -762,7 +762,7 @@ def attention_queries(model, fn: Callable):
 
     name = QUERIES_PREFIX + old.replace("|", "_")
     AttentionInterface.register(name, wrapped)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[old])
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[old])
     set_attn_implementation(model, name)
     try:
         yield

@@ -1,7 +1,9 @@
-"""Every plotly-private speed trick, fenced in this one file (see ``workbench.show.plots`` for why).
+"""Every plotly speed trick, fenced in this one file (see ``workbench.show.plots`` for why; its reads of plotly's
+own dicts go through :mod:`workbench.show.private_compat`).
 
 - :class:`Draft` — multi-panel figures drafted as plain dicts with the same calls as ``go.Figure`` and
-  validated once; :func:`drafts` lets widgets skip the final ``go.Figure``;
+  validated once; a figure function's ``.draft`` (:func:`figure_function`) lets widgets skip the final
+  ``go.Figure``;
 - :func:`add_span` — one shape per spanning line (plotly's ``add_vline``/``add_hline`` re-assign the whole
   shape tuple per call);
 - :func:`update_figure` — one ``plotly_update`` per slider move, sharing plotly's read-only arrays;
@@ -10,9 +12,9 @@
 The widget that shows these figures in a notebook, and its ES module, is :mod:`workbench.show.figure_widget`.
 """
 
-import contextlib
 import contextvars
 import copy
+import functools
 import html
 import numbers
 import re
@@ -25,10 +27,11 @@ from plotly import shapeannotation
 from plotly.basedatatypes import Undefined
 from plotly.subplots import make_subplots
 
+from workbench.show.private_compat import figure_traces, layout_props, subplot_grid, trace_props
 from workbench.show.theme import TEMPLATE
 from workbench.util import jsonable
 
-__all__ = ["drafts", "as_figure", "figure_frame", "update_figure"]
+__all__ = ["figure_function", "as_figure", "figure_frame", "update_figure"]
 
 
 def figure_meta(figure: str, model_id, params=None, **kw) -> dict:
@@ -80,8 +83,8 @@ class Draft:
     def of(cls, fig: go.Figure) -> "Draft":
         """A draft of a validated figure (dicts copied, read-only arrays shared), e.g. to re-lay it out."""
         d = cls()
-        d.traces = [_share_arrays(tr._props) for tr in fig.data]
-        d.layout = _share_arrays(fig._layout)
+        d.traces = [_share_arrays(trace_props(tr)) for tr in fig.data]
+        d.layout = _share_arrays(layout_props(fig))
         return d
 
     @classmethod
@@ -90,7 +93,7 @@ class Draft:
         key = repr(sorted(kw.items()))
         if key not in cls._GRIDS:
             ref = make_subplots(**kw)
-            cls._GRIDS[key] = (ref.layout.to_plotly_json(), ref._grid_ref)
+            cls._GRIDS[key] = (ref.layout.to_plotly_json(), subplot_grid(ref, kw.get("rows", 1), kw.get("cols", 1)))
         layout, grid_ref = cls._GRIDS[key]
         d = cls()
         d.layout, d._grid_ref = copy.deepcopy(layout), grid_ref
@@ -119,7 +122,7 @@ class Draft:
                     yield r, c
 
     def add_trace(self, trace, row: int | None = None, col: int | None = None, secondary_y: bool = False):
-        d = _share_arrays(trace._props) if hasattr(trace, "to_plotly_json") else dict(trace)
+        d = _share_arrays(trace_props(trace)) if hasattr(trace, "to_plotly_json") else dict(trace)
         if row is not None and self._grid_ref is not None:
             d["xaxis"], d["yaxis"] = self.refs(row, col, secondary_y)
         self.traces.append(d)
@@ -169,25 +172,38 @@ class Draft:
         return go.Figure({"data": self.traces, "layout": self.layout})
 
 
+# set only while a figure function's ``.draft`` runs (:func:`figure_function`): the figure functions it calls
+# return their drafts too; no caller outside this module sets it
 _AS_DRAFT = contextvars.ContextVar("workbench_plots_as_draft", default=False)
 
 
-@contextlib.contextmanager
-def drafts():
-    """Inside this context, figure functions built on a :class:`Draft` return the draft itself (plain dicts
-    made of validated pieces) instead of a ``go.Figure``. :func:`update_figure` takes a draft and writes
-    it into a widget without building, validating and deep-copying a whole ``go.Figure`` first (~15 ms per
-    figure at T = 2048). The widget panels wrap their slider updates in it; tests build every figure
-    outside it, validated as usual."""
-    token = _AS_DRAFT.set(True)
-    try:
-        yield
-    finally:
-        _AS_DRAFT.reset(token)
+def figure_function(fn):
+    """Make ``fn`` (a figure function built on :func:`finish`) return a ``go.Figure``, always, and give it a
+    ``.draft(...)`` twin, with the same arguments, that returns the :class:`Draft` (plain dicts made of
+    validated pieces) instead. :func:`update_figure` writes a draft into a widget without building,
+    validating and deep-copying a whole ``go.Figure`` first (~15 ms per figure at T = 2048): the widget
+    panels ask for drafts explicitly (``plots.head_heatmap.draft(pool)``); everyone else gets figures."""
+
+    @functools.wraps(fn)
+    def figure(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        return out if _AS_DRAFT.get() else as_figure(out)  # inside a .draft: the caller's draft
+
+    def draft(*args, **kwargs):
+        token = _AS_DRAFT.set(True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _AS_DRAFT.reset(token)
+
+    draft.__name__ = draft.__qualname__ = f"{fn.__name__}.draft"
+    draft.__doc__ = f"``{fn.__name__}(...)`` as a :class:`~workbench.show.figure_engine.Draft` (see figure_function)."
+    figure.draft = draft
+    return figure
 
 
 def as_figure(fig) -> go.Figure:
-    """``fig`` as a ``go.Figure`` (a draft from :func:`drafts` is validated here)."""
+    """``fig`` as a ``go.Figure`` (a draft from a figure function's ``.draft`` is validated here)."""
     return fig.figure() if isinstance(fig, Draft) else fig
 
 
@@ -217,7 +233,7 @@ def _legend_only_drawn(traces) -> None:
 
 def finish(fig, title: str, meta: dict, *, aspect: dict | None = None, **layout) -> go.Figure:
     """Title, ``meta`` and the workbench template; a :class:`Draft` becomes its ``go.Figure`` here (or
-    stays a draft inside :func:`drafts`). ``aspect``: the export height / width per column preset
+    stays a draft inside a figure function's ``.draft``: :func:`figure_function`). ``aspect``: the export height / width per column preset
     (``{"single": …, "double": …}``, into ``meta["aspect"]``; multi-panel figures need more height).
     Traces that draw nothing leave the legend (:func:`_legend_only_drawn`)."""
     if aspect is not None:
@@ -389,7 +405,7 @@ def update_figure(target, new, *, keep: Sequence[str] = KEEP_LAYOUT) -> bool:
     When both have the same number of traces with the same types in the same order, every trace's
     top-level properties and the layout (titles, annotations, shapes, axes, ``meta``) are replaced by
     ``new``'s in ONE ``plotly_update`` (a FigureWidget sends one message holding only what changed).
-    ``new`` is a validated figure, or a draft from inside :func:`drafts` (made of validated pieces), so
+    ``new`` is a validated figure, or a draft from a figure function's ``.draft`` (made of validated pieces), so
     its JSON is written as it is: nothing is validated twice, which is what makes a slider move cheap.
     Otherwise the traces are replaced. Layout keys named in ``keep`` (size, ``uirevision``, template)
     stay as they are in ``target``.
@@ -405,9 +421,9 @@ def update_figure(target, new, *, keep: Sequence[str] = KEEP_LAYOUT) -> bool:
         new_traces, new_layout_src = new.traces, new.layout
     else:
         same = len(target.data) == len(new.data) and all(a.type == b.type for a, b in zip(target.data, new.data))
-        new_traces, new_layout_src = [tr._props for tr in new.data], new._layout
+        new_traces, new_layout_src = [trace_props(tr) for tr in new.data], layout_props(new)
     new_layout = {k: v for k, v in _share_arrays(new_layout_src).items() if k not in keep}
-    relayout = {k: None for k in target._layout if k not in new_layout and k not in keep}
+    relayout = {k: None for k in layout_props(target) if k not in new_layout and k not in keep}
     relayout.update(new_layout)
     # plotly_update writes raw JSON; it only takes paths the target already knows (a new subplot axis is not)
     fits = all(k in target.layout for k in relayout)
@@ -417,7 +433,7 @@ def update_figure(target, new, *, keep: Sequence[str] = KEEP_LAYOUT) -> bool:
     if same and fits:
 
         new_data = [_share_arrays(tr) for tr in new_traces]
-        own = [(set(n) | set(o)) - {"type", "uid"} for n, o in zip(new_data, target._data)]
+        own = [(set(n) | set(o)) - {"type", "uid"} for n, o in zip(new_data, figure_traces(target))]
         if all(k in tr for tr, keys in zip(target.data, own) for k in keys):
             restyle = {k: [d.get(k) if k in keys else Undefined for d, keys in zip(new_data, own)]
                        for k in sorted(set().union(*own))}

@@ -12,8 +12,9 @@ import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
 import traitlets
-from ipywidgets.widgets.widget import _remove_buffers  # what send_state uses: buffers out, their paths kept
-from plotly.serializers import _js_to_py, _py_to_js
+from plotly.serializers import custom_serializers as plotly_serializers
+
+from workbench.show.private_compat import edit_ids, figure_traces, layout_props, state_lock, widget_internals_ok
 
 __all__ = ["FigureWidget"]
 
@@ -184,7 +185,7 @@ def _buffer(a: np.ndarray) -> dict:
 def _to_js(v, widget_manager):
     """The Python → browser serializer of every figure trait: numeric arrays travel as binary buffers.
 
-    plotly's own (``plotly.serializers._py_to_js``) sends a 1-D float or int32 array as one binary buffer, but a
+    plotly's own (``plotly.serializers.custom_serializers["to_json"]``) sends a 1-D float or int32 array as one binary buffer, but a
     2-D array (a heatmap's ``z``, ``[rows, columns]``) and any int64 array as JSON lists of numbers, written by
     Python and parsed by the browser number by number. Here a 2-D numeric array is sent as a list of its rows,
     each one binary buffer (plotly's front end makes each a typed array, and plotly.js takes a list of typed
@@ -198,10 +199,42 @@ def _to_js(v, widget_manager):
         a = _typed(v)
         if a is not None:
             return _buffer(a) if a.ndim == 1 else [_buffer(row) for row in a]
-    return _py_to_js(v, widget_manager)
+    return plotly_serializers["to_json"](v, widget_manager)
 
 
-_SERIALIZERS = {"to_json": _to_js, "from_json": _js_to_py}
+_SERIALIZERS = {"to_json": _to_js, "from_json": plotly_serializers["from_json"]}
+_BINARY = (memoryview, bytearray, bytes)
+
+
+def split_buffers(value, path: list | None = None, paths: list | None = None, buffers: list | None = None):
+    """``(value without its binary buffers, their paths, the buffers)``, as ipywidgets' ``send_state`` sends a
+    state: a buffer in a dict is left out of it, one in a list becomes None, a container without buffers is
+    passed as it is, and the page puts each buffer back at its path (:data:`_LOADER_ESM`'s ``relayed``)."""
+    path = [] if path is None else path
+    paths = [] if paths is None else paths
+    buffers = [] if buffers is None else buffers
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = list(enumerate(value))
+    else:
+        return value, paths, buffers
+    out, changed = [], False
+    for k, v in items:
+        if isinstance(v, _BINARY):
+            paths.append([*path, k])
+            buffers.append(v)
+            out.append((k, None, isinstance(value, dict)))  # left out of a dict, None in a list
+            changed = True
+        else:
+            new = split_buffers(v, [*path, k], paths, buffers)[0]
+            changed = changed or new is not v
+            out.append((k, new, False))
+    if not changed:
+        return value, paths, buffers
+    if isinstance(value, dict):
+        return {k: v for k, v, drop in out if not drop}, paths, buffers
+    return [v for _, v, _ in out], paths, buffers
 
 
 class _PlotlyBundle(W.Widget):
@@ -278,7 +311,7 @@ class FigureWidget(go.FigureWidget):
             super().__init__(data, layout, **kw)
             if uirevision is not None:
                 self.layout.uirevision = uirevision
-                self._widget_layout = copy.deepcopy(self._layout_obj._props)  # no comm yet: nothing is sent
+                self._widget_layout = copy.deepcopy(layout_props(self))  # no comm yet: nothing is sent
             holder, self._bundle_sha = _plotly_bundle()
             self._bundle_model = f"IPY_MODEL_{holder.model_id}"
             self._holder = holder
@@ -315,10 +348,11 @@ class FigureWidget(go.FigureWidget):
             super().send_state(key)
         if deaf:
             state = self.get_state(key=key)
-            if not plain and self._property_lock:  # what super() keeps up to date while the page sets a trait
+            lock = state_lock(self)
+            if not plain and lock:  # what super() keeps up to date while the page sets a trait
                 for name, value in state.items():
-                    if name in self._property_lock:
-                        self._property_lock[name] = value
+                    if name in lock:
+                        lock[name] = value
             if state:
                 self._relay(deaf, [state])
 
@@ -327,8 +361,8 @@ class FigureWidget(go.FigureWidget):
         (``content["traces"]``: how many it has) replaced by the present ones, its layout by the present one (keys it
         has that the figure no longer has: removed), its ``_hidden``, as plotly's own messages (the edit ids are the
         last ones, so the deltas its view sends back are taken)."""
-        fig = {"data": self._data, "layout": self._layout}  # plotly's own: numpy arrays stay arrays (buffers)
-        t, lay = self._last_trace_edit_id, self._last_layout_edit_id
+        fig = {"data": figure_traces(self), "layout": layout_props(self)}  # numpy arrays stay arrays (buffers)
+        t, lay = edit_ids(self) or (0, 0)
         n = int(content.get("traces") or 0)
         stale = [k for k in content.get("layout_keys") or [] if k not in fig["layout"]]
         edits = []
@@ -345,11 +379,24 @@ class FigureWidget(go.FigureWidget):
     def _relay(self, pids: list[str], states: list[dict]) -> None:
         """Set ``states`` (serialized, as :meth:`get_state` gives them), in order, on the page's instances ``pids``
         through the bundle's widget, their binary buffers sent as buffers, as ipywidgets' own ``send_state`` takes them
-        out (``_remove_buffers``; the page puts them back: :data:`_LOADER_ESM`'s ``relayed``)."""
-        states, paths, buffers = _remove_buffers(states)
+        out (:func:`split_buffers`; the page puts them back: :data:`_LOADER_ESM`'s ``relayed``)."""
+        states, paths, buffers = split_buffers(states)
         self._holder.send({"relay": list(pids), "states": states, "buffer_paths": paths}, buffers)
 
     def open(self) -> None:
         """Open the comm, except while ``__init__`` is still building the figure."""
         if not getattr(self, "_open_later", False):
             super().open()
+
+
+def figure_widget(fig, *, uirevision: str | None = None) -> go.FigureWidget:
+    """The widget a panel shows ``fig`` in: a :class:`FigureWidget`, or plotly's stock ``go.FigureWidget`` (with
+    ``uirevision``) when plotly's widget internals it builds on are gone or the public fallback is forced
+    (:mod:`workbench.show.private_compat`): the figure and its updates as plotly sends them, without the binary
+    2-D arrays, the relay to views anywidget gave up on, or the room its view reports."""
+    if widget_internals_ok():
+        return FigureWidget(fig, uirevision=uirevision)
+    fw = go.FigureWidget(fig)
+    if uirevision is not None:
+        fw.layout.uirevision = uirevision
+    return fw

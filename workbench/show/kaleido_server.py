@@ -26,6 +26,7 @@ from workbench.choices import EXPORT_FORMATS
 from workbench.util import private_temp_dir
 
 __all__ = ["FORMATS", "RENDER_TIMEOUT_S", "browser_path", "ensure_server", "shutdown_server", "server_running",
+           "server_thread",
            "render_all", "RenderSize", "sandbox", "NO_SANDBOX_ENV"]
 
 FORMATS = EXPORT_FORMATS  # ("pdf", "svg", "png")
@@ -47,7 +48,7 @@ class RenderSize(Protocol):
 
 # ----------------------------------------------------------------------------- kaleido server
 _LOCK = threading.RLock()
-_STATE = {"running": False, "atexit": False}
+_STATE: dict = {"running": False, "atexit": False, "threads": []}
 
 
 def browser_path() -> str | None:
@@ -95,10 +96,13 @@ def sandbox(*, say: bool = True) -> tuple[bool, str | None]:
     return why is None, why
 
 
-def _server():
-    import kaleido
-
-    return kaleido._global_server  # noqa: SLF001 - to see whether its thread is alive
+def server_thread() -> threading.Thread | None:
+    """The thread kaleido's sync server runs in (its Chromium lives as long as it does), or None when none was
+    started here. kaleido says whether its server was opened, not whether its thread is still alive (a
+    Chromium that died leaves a server that takes requests and never answers), so :func:`_start` notes the
+    thread that ``kaleido.start_sync_server`` starts."""
+    threads = _STATE.get("threads") or ()
+    return next((t for t in threads if t.is_alive()), threads[0] if threads else None)
 
 
 def server_running() -> bool:
@@ -106,7 +110,7 @@ def server_running() -> bool:
     with _LOCK:
         if not _STATE["running"]:
             return False
-        t = getattr(_server(), "_thread", None)
+        t = server_thread()
         return bool(t is not None and t.is_alive())
 
 
@@ -142,8 +146,10 @@ def _start(sandboxed: bool, timeout_s: float) -> None:
 
     # one tab per format: the formats of a figure render at the same time (kaleido reloads a tab after
     # each render, ~0.3 s, so three formats one after another took ~1.2 s)
+    before = set(threading.enumerate())
     kaleido.start_sync_server(n=len(FORMATS), mathjax=False, timeout=timeout_s, silence_warnings=True,
                               enable_sandbox=sandboxed)
+    _STATE["threads"] = [t for t in threading.enumerate() if t not in before]  # under _LOCK: kaleido's alone
     _STATE["running"] = True
     if not _STATE["atexit"]:
         atexit.register(shutdown_server)
@@ -163,12 +169,8 @@ def shutdown_server() -> None:
         if not _STATE["running"]:
             return
         _STATE["running"] = False
-        srv = _server()
-        t = getattr(srv, "_thread", None)
-        if t is not None and not t.is_alive():  # a dead thread cannot take the stop message
-            srv._initialized = False  # noqa: SLF001
-            return
-        kaleido.stop_sync_server(silence_warnings=True)
+        _STATE["threads"] = []
+        kaleido.stop_sync_server(silence_warnings=True)  # a dead server thread is joined at once
 
 
 def _probe_figure() -> dict:

@@ -17,7 +17,7 @@ import copy
 
 import plotly.graph_objects as go
 import plotly.io as pio
-from plotly.io._base_renderers import PlotlyRenderer
+from plotly.io.base_renderers import PlotlyRenderer
 
 from workbench.show.widgets.base import live_layout
 

@@ -32,7 +32,7 @@ not lists of strings. At T = 2048 a figure takes 10–35 ms (``benchmarks/widget
 """
 from __future__ import annotations
 
-from workbench.show.figure_engine import as_figure, drafts, figure_frame, update_figure
+from workbench.show.figure_engine import as_figure, figure_frame, figure_function, update_figure
 from workbench.show.plots.analysis import (
     attention_strip,
     certificate,
@@ -77,6 +77,6 @@ __all__ = [
     "shift_gains", "page_union_bounds", "deferkv_weights", "counterexample_rows", "counterexample_logits",
     "counterexample_errors", "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "token_attention",
     "token_values", "removed_positions", "kept_compare",
-    "figure_frame", "update_figure", "drafts", "as_figure",
+    "figure_frame", "update_figure", "figure_function", "as_figure",
     "pooled_measure", "head_weights", "answer_rank", "removal_budget", "envelope_scatter", "hoeffding_radius",
 ]

@@ -18,6 +18,7 @@ from workbench.show.figure_engine import (
     Draft,
     add_span,
     as_numpy,
+    figure_function,
     figure_meta,
     finish,
     plot_array,
@@ -141,6 +142,7 @@ _HEAD_QUANTITIES = {
 }
 
 
+@figure_function
 def head_heatmap(pooling, quantity: HeadQuantity = "w", *, model_id: str | None = None, params=None) -> go.Figure:
     """Layer × head heatmap of one head statistic of a :class:`~workbench.analyse.pooling.PoolingResult`.
 
@@ -169,6 +171,7 @@ def head_heatmap(pooling, quantity: HeadQuantity = "w", *, model_id: str | None 
                    coloraxis=dict(colorbar=dict(title=dict(text=quantity)), **cax))
 
 
+@figure_function
 def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False, model_id: str | None = None,
                           params=None) -> go.Figure:
     """Per-head residual distribution ``a^h_j / z_h`` over the non-sink keys of one layer (head × position).
@@ -256,6 +259,7 @@ def pooled_measure(pooling, layer: int, spans, *, log: bool = True, max_tick_tok
 
 
 # ============================================================================= priorities (SPEC §3)
+@figure_function
 def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "chunk",
                      model_id: str | None = None, params=None) -> go.Figure:
     """Chunk priorities of one layer: three stacked bar panels ``S_i``, ``ℓ_i`` (null line at 1), ``κ_i``.
@@ -343,6 +347,7 @@ def _selections(source) -> tuple[dict, object]:
                      f"got {type(source).__name__}")
 
 
+@figure_function
 def certificate(source, budget: int | None = None, *, model_id: str | None = None, params=None) -> go.Figure:
     """Greedy removal ``D_l`` against the certificate ``U_l`` and the gap ``U_l − D_l``, per layer.
 
@@ -399,6 +404,7 @@ STATUS_COLOR = {"accept": PALETTE[2], "audit_fail": REMOVED, "below_target": PAL
                  "no_audit": PALETTE[4], "invalid": NEUTRAL, "no_candidates": NEUTRAL}
 
 
+@figure_function
 def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None = None, params=None) -> go.Figure:
     """The per-layer trace of the 7-step procedure (``procedure.trace``): three panels over the monitored layers.
 

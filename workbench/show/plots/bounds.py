@@ -15,6 +15,7 @@ from workbench.show.figure_engine import (
     Draft,
     add_span,
     as_numpy,
+    figure_function,
     figure_meta,
     finish,
     plot_array,
@@ -39,6 +40,7 @@ from workbench.show.theme import (
 
 
 # ============================================================================= envelope (SPEC §4)
+@figure_function
 def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None, params=None) -> go.Figure:
     """Deletion envelope against the actual discarded mass, per constraint row ``a = (h, u)`` of one layer.
 
@@ -136,6 +138,7 @@ def envelope_scatter(envs, *, removals=None, model_id: str | None = None, params
 
 
 # ============================================================================= stability and cost (SPEC §7)
+@figure_function
 def drift(stability, *, model_id: str | None = None, params=None) -> go.Figure:
     """Drift ``‖X^l|_R − Y^l‖_{max,2}`` per layer after ``l*`` (log scale), the block defects ``e_l``, and the
     first-token certificate ``m > 2ΛΔ_L``: the dashed line is ``m/(2Λ)``, the largest ``Δ_L`` it certifies.
@@ -215,6 +218,7 @@ PREVIEW_PAGES = 256
 """Pages up to which the pages figure's heatmap previews each page's text on hover (G × pages strings per move)."""
 
 
+@figure_function
 def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
     """Pages and GQA unions of a :class:`~workbench.analyse.pages.PageResult`.
 
@@ -304,6 +308,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
 
 
 # ============================================================================= shift (SPEC §9)
+@figure_function
 def shift_steps(shift, *, level: ShiftLevel = "group", layer: int | None = None, model_id: str | None = None,
                 params=None) -> go.Figure:
     """Prefill-vs-decode attention shift of a :class:`~workbench.analyse.shift.ShiftResult`.

@@ -5,7 +5,7 @@ deletion error against the shallow mass ``ε``."""
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.show.figure_engine import Draft, figure_meta, finish, plot_array
+from workbench.show.figure_engine import Draft, figure_function, figure_meta, finish, plot_array
 from workbench.show.theme import KEPT, PALETTE, categorical
 
 
@@ -21,6 +21,7 @@ def _check_result(result) -> None:
                          f"got {type(result).__name__}")
 
 
+@figure_function
 def counterexample_rows(result, *, model_id: str | None = None, params=None) -> go.Figure:
     """Prompt A's last query: its shallow attention row (mass ``ε`` on ``j*``) beside the deep head's row (mass
     ``1 − γ`` on ``j*``), over the key positions, on a log scale.
@@ -42,6 +43,7 @@ def counterexample_rows(result, *, model_id: str | None = None, params=None) -> 
                   xaxis=dict(dtick=1), legend=dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom"))
 
 
+@figure_function
 def counterexample_logits(result, *, model_id: str | None = None, params=None) -> go.Figure:
     """The two first-token logits ``z = (o, −o + β)`` of prompts A and B, full and with ``E = {j*}`` removed
     after the shallow layer (grouped bars).

@@ -14,6 +14,7 @@ from workbench.show.figure_engine import (
     Draft,
     add_span,
     as_numpy,
+    figure_function,
     figure_meta,
     finish,
     plot_array,
@@ -60,6 +61,7 @@ def _highlight_positions(highlight, sp, T: int) -> list[int]:
     return out
 
 
+@figure_function
 def kept_positions(results, prompt, highlight=None, *, layer: int | None = None, group: int | None = None,
                    model_id: str | None = None, params=None) -> go.Figure:
     """Prompt positions each eviction run kept: one heatmap row per (policy, budget), one column per token.

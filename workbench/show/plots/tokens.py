@@ -20,7 +20,7 @@ import numpy as np
 
 from workbench.checks import check_int
 from workbench.rerun.eviction.compare import MEMBERSHIP, KeptComparison, kept_set
-from workbench.show.figure_engine import as_numpy, figure_meta
+from workbench.show.figure_engine import as_numpy, figure_function, figure_meta
 from workbench.show.plots.common import answer_chunk, removed_chunks, spans_of
 from workbench.show.token_view import TOKEN_SCALE, TokenView
 
@@ -95,6 +95,7 @@ def removed_positions(removed, spans, layer: int | None = None, group: int | Non
     return out
 
 
+@figure_function
 def token_attention(capture: Capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
                     pooling=None, removed=None, removed_layer: int | None = None, removed_group: int | None = None,
                     log: bool = False, exclude_sinks: bool = False, page: int = 0, per_page: int = 384,
@@ -166,6 +167,7 @@ def _paged(sp, T: int, page: int, per_page: int) -> tuple[int, int, int]:
     return page * per_page, min(T, (page + 1) * per_page), n_pages
 
 
+@figure_function
 def kept_compare(comparison: KeptComparison | None, prompt, *, page: int = 0, per_page: int = 384,
                  placeholder: str | None = None, model_id: str | None = None, params=None) -> TokenView:
     """Two settings' kept prompt positions in one token view, the difference marked.

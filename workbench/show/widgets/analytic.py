@@ -57,13 +57,13 @@ class HeadsPanel(Panel):
 
     def analysis(self):
         p = ep_from(self.controls, self.base)
-        return p.pooling()(self.capture)
+        return self.pooling_cache(p.pooling())
 
     def compute(self):
         pool = self._analyse()
         l = int(self.controls["layer"].value)
-        figs = {"heads": plots.head_heatmap(pool, quantity=self.controls["quantity"].value),
-                "residual": plots.residual_distribution(pool, l, self.capture.spans,
+        figs = {"heads": plots.head_heatmap.draft(pool, quantity=self.controls["quantity"].value),
+                "residual": plots.residual_distribution.draft(pool, l, self.capture.spans,
                                                         log=bool(self.controls["log"].value))}
         nv = int((~pool.valid).sum())
         st = f"{pool.L} layers × {pool.n_heads} heads; {nv} layer(s) with an invalid head (z ≤ ρ_min)"
@@ -107,7 +107,7 @@ class PriorityPanel(Panel):
         l, cert, k = int(c["layer"].value), bool(c["certify"].value), self.capture.spans.k
         key = (p.replace(m0=0), l, cert)
         if key not in self._m0_memo:
-            inputs = proposal_inputs(self.capture, p)
+            inputs = proposal_inputs(self.capture, p, self.pooling_cache)
             out = []
             for m0 in (0, k):
                 sel = layer_proposal(self.capture, p.replace(m0=m0), l, certify=cert, inputs=inputs).selection
@@ -135,7 +135,7 @@ class PriorityPanel(Panel):
         cap = self.capture
         p = ep_from(self.controls, self.base)
         l = int(self.controls["layer"].value)
-        inputs = proposal_inputs(cap, p)  # exactly what trace() uses, for every params.priority
+        inputs = proposal_inputs(cap, p, self.pooling_cache)  # exactly what trace() uses, for every params.priority
         sel = layer_proposal(cap, p, l, certify=bool(self.controls["certify"].value), inputs=inputs).selection
         pool, prio = inputs.pooling, inputs.priorities
         env = None
@@ -147,14 +147,14 @@ class PriorityPanel(Panel):
     def compute(self):
         p, pool, prio, sel, env = self._analyse()
         l = int(self.controls["layer"].value)
-        figs = {"priorities": plots.chunk_priorities(prio, self.capture.spans, l,
+        figs = {"priorities": plots.chunk_priorities.draft(prio, self.capture.spans, l,
                                                                   removed=None if sel is None else sel.removed)}
         if env is not None:
-            figs["envelope"] = plots.envelope_rows(env)
+            figs["envelope"] = plots.envelope_rows.draft(env)
         elif "envelope" in self.figures:
             figs["envelope"] = go.Figure(self.figures["envelope"])  # unchanged
         if sel is not None:  # the saving target as a line, the greedy D against the LP's U (when certified)
-            figs["certificate"] = plots.certificate({l: sel})
+            figs["certificate"] = plots.certificate.draft({l: sel})
         elif "certificate" in self.figures:
             figs["certificate"] = go.Figure(self.figures["certificate"])
         if sel is None:
@@ -215,14 +215,14 @@ class AuditPanel(Panel):
     def analysis(self):
 
         p = ep_from(self.controls, self.base)
-        return trace(self.capture, p, certify=bool(self.controls["certify"].value))
+        return trace(self.capture, p, certify=bool(self.controls["certify"].value), pooling_cache=self.pooling_cache)
 
     def compute(self):
 
         tr = self._analyse()
         budget = target_tokens(tr.params.target, self.capture.spans.N, tr.params.target_tokens)
-        figs = {"trace": plots.trace_layers(tr),
-                "certificate": plots.certificate(tr, budget)}
+        figs = {"trace": plots.trace_layers.draft(tr),
+                "certificate": plots.certificate.draft(tr, budget)}
         st = html_escape(tr.decision)
         if tr.notes:
             st += "<br><small>" + "<br>".join(html_escape(n) for n in tr.notes) + "</small>"
@@ -278,7 +278,7 @@ class ShiftPanel(Panel):
         sh = self._analyse()
         c = self.controls
         layer = None if c["layer"].value == "all" else int(c["layer"].value)
-        fig = plots.shift_steps(sh, level=c["level"].value, layer=layer)
+        fig = plots.shift_steps.draft(sh, level=c["level"].value, layer=layer)
         s = sh.summary()
         parts = [f"{r.level}: recall r=0 {r.recall_0:.3f} → r=1 {r.recall_1:.3f}, leap fraction {r.leap_fraction:.2f}"
                  for r in s.itertuples()]
@@ -337,7 +337,7 @@ class PagesPanel(Panel):
         ep = ep_from(c, self.base)
         key = (ep.zeta, ep.tau, int(c["page"].value), int(c["K"].value))
         if key not in self._results:  # a layer move re-draws the figure only
-            pool = ep.pooling()(self.capture)
+            pool = self.pooling_cache(ep.pooling())
             if self._memo is None or self._memo.a is not pool.a:
                 self._memo = PageScoreMemo(pool.a, self.capture.head_group)
             self._results[key] = PageSelection(b=key[2], K=key[3], s=self.s, e=self.e).select(
@@ -352,6 +352,6 @@ class PagesPanel(Panel):
         by = pr.bytes
         st = (f"layer {l}: page union U = {int(pr.U[l])} of {pr.importance.shape[-1]} pages; KV bytes: per-group pages "
               f"{by['per_group_pages']:,}, union {by['union']:,}, dense {by['dense']:,}")
-        return {"pages": plots.pages(pr, l, self.capture.spans)}, st
+        return {"pages": plots.pages.draft(pr, l, self.capture.spans)}, st
 
 

@@ -13,10 +13,11 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from workbench.analyse.params import PRIORITIES, EntroPrefillParams
+from workbench.analyse.pooling import PoolingCache
 from workbench.checks import check_int
 from workbench.show import export
-from workbench.show.figure_engine import KEEP_LAYOUT, Draft, as_figure, drafts, update_figure
-from workbench.show.figure_widget import FigureWidget
+from workbench.show.figure_engine import KEEP_LAYOUT, Draft, as_figure, update_figure
+from workbench.show.figure_widget import FigureWidget, figure_widget
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
@@ -67,13 +68,17 @@ def live_layout(fig, width: int = FIGURE_WIDTH):
     return d
 
 
-def _hide(w) -> None:
+def _hide(w) -> bool:
     """Hide a figure widget in the page (its views stay): a plotly figure by its ``_hidden`` trait (its ``layout`` is
-    plotly's), a token view by its widget layout."""
+    plotly's), a token view by its widget layout. False for plotly's stock widget (the public fallback), which
+    has no way to hide: it is taken out of the page instead."""
     if isinstance(w, FigureWidget):
         w._hidden = True
+    elif isinstance(w, go.FigureWidget):
+        return False
     else:
         w.layout.display = "none"
+    return True
 
 
 def _widget_figure(fig, uirevision: str):
@@ -81,7 +86,7 @@ def _widget_figure(fig, uirevision: str):
     figure), or a :class:`TokenWidget` for a token view (HTML)."""
     if isinstance(fig, TokenView):
         return TokenWidget(fig)
-    return FigureWidget(fig, uirevision=uirevision)
+    return figure_widget(fig, uirevision=uirevision)
 
 
 def html_escape(s) -> str:
@@ -145,6 +150,15 @@ class Panel(abc.ABC):
     def state(self) -> CaptureState | None:
         """The shared state the panel follows, or ``None``."""
         return self._state
+
+    @property
+    def pooling_cache(self) -> PoolingCache:
+        """The panel's own :class:`~workbench.analyse.pooling.PoolingCache` of the capture it shows (a new one
+        for a new capture): slider moves that keep ``ζ``, ``τ`` and ``ρ_min`` re-use the pooling."""
+        cache = self.__dict__.get("_pooling_cache")
+        if cache is None or cache.capture is not self.capture:
+            cache = self._pooling_cache = PoolingCache(self.capture)
+        return cache
 
     def set_capture(self, capture: Capture) -> None:
         """Show ``capture`` in place: the controls get the new capture's ranges (layers, chunks, rows), keep
@@ -237,10 +251,9 @@ class Panel(abc.ABC):
             for w in self._removed:  # out of the page since the capture before: no view left
                 w.close()
             self._removed, self._retired = self._retired, list(self.figures.values())
-            for w in self._retired:
-                _hide(w)
+            kept = [w for w in self._retired if _hide(w)]
             self.figures = {name: self._new_figure(f, name) for name, f in figs.items()}
-            self._figure_box.children = (*self._retired, *self.figures.values())
+            self._figure_box.children = (*kept, *self.figures.values())
             self._controls_box.children = rows
             return
         self.status.value = status
@@ -329,7 +342,7 @@ class Panel(abc.ABC):
     # ----- updating -----
     @abc.abstractmethod
     def compute(self) -> tuple[dict[str, go.Figure], str]:
-        """Figures for the current controls, ``{name: figure}``, and a status line."""
+        """Figures for the current controls, ``{name: figure or draft}`` (a figure function's ``.draft``), and a status line."""
 
     def _on_change(self, change) -> None:
         if not self._silent:
@@ -340,9 +353,8 @@ class Panel(abc.ABC):
 
         t0 = time.perf_counter()
         try:
-            with drafts():  # figures stay dicts of validated pieces until written into the widgets
-                figs, status = self.compute()
-                figs = {name: live_layout(f, self.live_width) for name, f in figs.items()}  # the rules, every update
+            figs, status = self.compute()  # drafts (``plots.<figure>.draft``): written into the widgets as dicts
+            figs = {name: live_layout(f, self.live_width) for name, f in figs.items()}  # the rules, every update
         except ValueError as e:  # a parameter combination the analysis rejects: say so, keep the figures
             self.error = str(e)
             self.status.value = f"<span style='color:#D55E00'>{html_escape(e)}</span>"

@@ -182,9 +182,9 @@ class CompareMode(CompareControls):
         hl = self.highlight() or None
         if missing:
             reason = "; ".join(missing)
-            kept = (plots.kept_positions(shown, self.prompt, highlight=hl) if shown
+            kept = (plots.kept_positions.draft(shown, self.prompt, highlight=hl) if shown
                     else self.no_preview(reason, f"A: {pa.name}, B: {pb.name}", Ba))
-            view = plots.kept_compare(None, cap, per_page=per_page, placeholder=reason, model_id=cap.model_id)
+            view = plots.kept_compare.draft(None, cap, per_page=per_page, placeholder=reason, model_id=cap.model_id)
             return {"kept": kept, "compare": view}, (f"{html_escape(reason)}; press run to generate under both "
                                                      f"and compare the runs' kept sets")
         cmp = compare_kept(prev_a, prev_b, layer=self.compare_layer(), labels=setting_labels(prev_a, prev_b))
@@ -193,8 +193,8 @@ class CompareMode(CompareControls):
                   f"B: {html_escape(cmp.label_b)}; {n['A only']} A only, {n['B only']} B only, {n['both']} both, "
                   f"{n['neither']} neither of T = {cmp.T} prompt positions; {self.kv_note_both(prev_a, prev_b)}; "
                   f"press run to generate under both")
-        return {"kept": plots.kept_positions(shown, self.prompt, highlight=hl),
-                "compare": plots.kept_compare(cmp, cap, per_page=per_page, model_id=cap.model_id)}, status
+        return {"kept": plots.kept_positions.draft(shown, self.prompt, highlight=hl),
+                "compare": plots.kept_compare.draft(cmp, cap, per_page=per_page, model_id=cap.model_id)}, status
 
     def kv_note_both(self, prev_a, prev_b) -> str:
         """The KV bytes both previews say their runs will hold after eviction (the panel's ``kv_note`` rule)."""

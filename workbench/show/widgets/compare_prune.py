@@ -109,12 +109,12 @@ class PruneCompareMode(CompareControls):
         the capture) and both decisions in the status."""
         self.compare_check()
         cap = self.capture
-        tr_b = trace(cap, self.params_b(), certify=False)
+        tr_b = trace(cap, self.params_b(), certify=False, pooling_cache=self.pooling_cache)
         ka = retained_set(tr_a, cap.spans, self.layer_of("a"))
         kb = retained_set(tr_b, cap.spans, self.layer_of("b"))
         cmp = compare_retained(ka, kb, cap.T, self.labels())
         n = cmp.counts()
-        figs = dict(figs, compare=plots.kept_compare(cmp, cap, per_page=max(16, cap.T), model_id=cap.model_id))
+        figs = dict(figs, compare=plots.kept_compare.draft(cmp, cap, per_page=max(16, cap.T), model_id=cap.model_id))
         lb = self.layer_of("b")
         b_what = html_escape(tr_b.decision) if lb is None else f"fixed l* = {lb}: removes chunks {list(tr_b.selections[lb].removed)}"
         return figs, (f"A ({html_escape(cmp.label_a)}): {status}<br>B ({html_escape(cmp.label_b)}): {b_what}<br>"

@@ -46,4 +46,4 @@ class CounterexamplePanel(Panel):
                   f"{'passes' if res.audit.passed else 'fails'}; deep mass on j* = {float(res.deep[c.j_star]):.3f} "
                   f"= 1 − γ<br>|o − o_R|: A {res.errors[0]:.4f}, B {res.errors[1]:.4f} ≥ (1 − γ)V = {res.bound:.4f}; "
                   f"first token of A: full {first['A', 'full']}, reduced {first['A', 'reduced']}")
-        return {"rows": plots.counterexample_rows(res), "logits": plots.counterexample_logits(res)}, status
+        return {"rows": plots.counterexample_rows.draft(res), "logits": plots.counterexample_logits.draft(res)}, status

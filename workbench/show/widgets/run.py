@@ -214,7 +214,7 @@ class PrunePanel(PruneCompareMode, _RunMixin, Panel):
 
     def analysis(self):
 
-        return trace(self.capture, ep_from(self.controls, self.base), certify=False)
+        return trace(self.capture, ep_from(self.controls, self.base), certify=False, pooling_cache=self.pooling_cache)
 
     def _show_layer(self, change=None) -> None:
         """The fixed-l* slider shows only in fixed-layer mode."""
@@ -223,9 +223,9 @@ class PrunePanel(PruneCompareMode, _RunMixin, Panel):
     def compute(self):
         tr = self._analyse()
         fixed = None if self.controls["mode"].value == "adaptive" else int(self.controls["run_layer"].value)
-        figs = {"trace": plots.trace_layers(tr, fixed_layer=fixed)}
+        figs = {"trace": plots.trace_layers.draft(tr, fixed_layer=fixed)}
         if self.last_stability is not None:
-            figs["drift"] = plots.drift(self.last_stability)
+            figs["drift"] = plots.drift.draft(self.last_stability)
         elif "drift" in self.figures:  # the last run was a bypass: nothing pruned, no drift
             figs["drift"] = go.Figure(layout=dict(title="No drift: the last run was a bypass (nothing pruned)",
                                                   meta={"figure": "drift", "bypass": True}))
@@ -432,7 +432,7 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
             reason = f"{pol.name} scores with evidence a capture does not hold: no preview; press run"
             return {"kept": self.no_preview(reason, pol.name, B)}, (
                 f"{reason} to generate under it with B = {B} of T = {self.capture.T} prompt positions")
-        fig = plots.kept_positions([prev], self.prompt, highlight=self.highlight() or None)
+        fig = plots.kept_positions.draft([prev], self.prompt, highlight=self.highlight() or None)
         B = prev.budget
         return {"kept": fig}, (f"preview from the capture: {pol.name}, B = {B} of T = {prev.T} prompt positions"
                                + (" (no eviction: B ≥ T)" if B >= prev.T else "") + f"; {self.kv_note(prev)}")

@@ -87,15 +87,14 @@ class TokenPanel(Panel):
         kind, i = c["source"].value
         pooling = None
         if kind == "pooled":
-            pooling = self.capture.cached(("token_panel_pooling", self.base.zeta, self.base.tau),
-                                          lambda: self.base.pooling()(self.capture))
+            pooling = self.pooling_cache(self.base.pooling())
         return dict(layer=int(c["layer"].value), query=c["query"].value, head=i if kind == "head" else None,
                     group=i if kind == "group" else None, pooling=pooling)
 
     def compute(self):
         a = self._analyse()
         c = self.controls
-        fig = plots.token_attention(self.capture, **a, removed=self.removed, removed_layer=self.removed_layer,
+        fig = plots.token_attention.draft(self.capture, **a, removed=self.removed, removed_layer=self.removed_layer,
                                     removed_group=self.removed_group, log=bool(c["log"].value),
                                     exclude_sinks=bool(c["exclude_sinks"].value), page=int(c["page"].value),
                                     per_page=self.per_page)
