@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from tqdm.auto import tqdm
@@ -27,7 +28,7 @@ from workbench.capture.budget import check_capture_budget, estimate_capture_byte
 from workbench.capture.data import Capture
 from workbench.checks import check_context, check_fields
 from workbench.choices import RowDtype
-from workbench.constraints import PARAMS, checked
+from workbench.constraints import PARAMS, checked, shared
 from workbench.run import adapter, families
 from workbench.run.spans import PromptSpans, spans_of
 
@@ -54,6 +55,7 @@ class RowSet:
     tail: int = 32
     custom: tuple[int, ...] = ()
     n_decode: int = 0
+    _parameter_constraints: ClassVar = shared("observers", "audit", "tail", "custom", "n_decode")
 
     def __post_init__(self):
         check_fields(self)  # every field against its constraint (workbench.constraints.PARAMS)
