@@ -132,7 +132,7 @@ _P: dict[str, Constraint] = {
     # ---- PromptPanel (study): a RULER-style length (study.ruler.MIN_LENGTH and up), the document boxes
 }
 
-_OWNER: dict[str, str] = {}  # registered key -> the module or class that declared it
+_OWNER: dict[str, str] = dict.fromkeys(_P, __name__)  # registered key -> the module or class that declared it
 
 PARAMS: Mapping[str, Constraint] = MappingProxyType(_P)
 """Every parameter's constraint, by name (qualified by its owner where a name has several meanings): the shared
@@ -164,8 +164,10 @@ def register(key: str, c: Constraint, owner: str) -> None:
     if not isinstance(c, Constraint):
         raise TypeError(f"{key}: must be a Constraint (workbench.checks), got {c!r}")
     held = _P.get(key)
-    if held is not None and held is not c and _OWNER.get(key, owner) != owner:
-        raise ValueError(f"{key}: already the constraint {held!r} of {_OWNER.get(key)}; qualify the key "
+    if held is c:
+        return
+    if held is not None and _OWNER[key] != owner:
+        raise ValueError(f"{key}: already the constraint {held!r} of {_OWNER[key]}; qualify the key "
                          f"(\"<owner>.{key}\") or reuse that constraint (constraints.shared({key!r}))")
     _P[key] = c
     _OWNER[key] = owner
