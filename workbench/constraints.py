@@ -49,7 +49,6 @@ from workbench.choices import (
     POLICY_NAMES,
     POOLINGS,
     PRIORITIES,
-    ROW_DTYPES,
 )
 
 __all__ = ["PARAMS", "shared", "register", "register_all", "checked", "BUDGET", "BUDGET_FRAC", "DEVICE", "POSITION", "pruned_layer",
@@ -121,11 +120,9 @@ _P: dict[str, Constraint] = {
     "custom": Seq(POSITION, nonempty=False),
     "n_decode": _COUNT0,
     "device": DEVICE,
-    # ---- entry points' own arguments (build_prompt, run_pruned, run_capture, load_model, sweep)
+    # ---- entry points' shared arguments (build_prompt, run_pruned, run_capture, the panels)
     "max_context": optional(_int(1)),
     "chat": optional(Bool()),
-    "capture.dtype": Choice(ROW_DTYPES),
-    "capture.max_bytes": optional(_int(1)),
     "keep_hidden": Bool(),
     "progress": Bool(),
     "seeds": AnyOf(SEED, Seq(SEED, nonempty=True)),

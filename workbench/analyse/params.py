@@ -74,7 +74,7 @@ class EntroPrefillParams:
                                      "target_tokens")
 
     def __post_init__(self):
-        check_fields(self)  # every field against its constraint (workbench.constraints.PARAMS)
+        check_fields(self)  # every field against its declared constraint
         resolve_target(self, self.target, self.target_tokens)
         if self.monitored is not None:  # stored sorted, as ints
             object.__setattr__(self, "monitored", self.CHECKS["monitored"].check("monitored", self.monitored))
