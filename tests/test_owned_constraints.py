@@ -13,6 +13,7 @@ import torch
 
 import workbench as wb
 import workbench.constraints as constraints_module
+from workbench.analyse.stats import STATS_CHECKS, bootstrap_ci, mde
 from workbench.checks import Interval, constraints_of
 from workbench.constraints import PARAMS, checked, register, register_all
 
@@ -114,3 +115,14 @@ def test_the_base_layer_names_no_upper_layer_key():
     src = Path(constraints_module.__file__).read_text()
     for word in ('"report.', '"export.', '"sweep.', '"prompt_panel.', '"deferkv.', '"counterexample.', "duck"):
         assert word not in src, word
+
+
+def test_the_statistics_check_their_arguments_with_their_declared_constraints():
+    with pytest.raises(ValueError) as e:
+        mde(10, float("inf"))  # an infinite discordance was taken, giving an infinite "detectable" effect
+    assert str(e.value) == "discordance: must be a finite real number >= 0, got inf"
+    with pytest.raises(ValueError, match=r"^level: must be in \(0, 1\), got 1.5$"):
+        bootstrap_ci([1.0, 2.0], level=1.5)
+    with pytest.raises(ValueError, match=r"^sided: must be one of \[1, 2\], got 3$"):
+        mde(10, 0.5, sided=3)
+    assert PARAMS["stats.n_boot"] is STATS_CHECKS["n_boot"]
