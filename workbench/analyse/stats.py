@@ -47,17 +47,11 @@ EXACT_FLIPS = 16     # up to this many nonzero differences the sign-flip test en
 N_FLIPS = 100_000    # beyond: seeded Monte Carlo flips
 
 
+_UNIT_OPEN = Interval("real", 0.0, 1.0, closed="neither")
 STATS_CHECKS = register_all("stats", {
-    "level": Interval("real", 0.0, 1.0, closed="neither"),
-    "n_boot": Interval("int", 100),
-    "margin": Interval("real", 0.0, 1.0, closed="left"),
-    "n": Interval("int", 1),
-    "discordance": Interval("real", 0.0),
-    "alpha": Interval("real", 0.0, 1.0, closed="neither"),
-    "power": Interval("real", 0.0, 1.0, closed="neither"),
-    "sided": Choice((1, 2)),
-    "effect": Interval("real", 0.0, None, closed="right"),
-}, __name__)
+    "level": _UNIT_OPEN, "alpha": _UNIT_OPEN, "power": _UNIT_OPEN, "margin": Interval("real", 0.0, 1.0, closed="left"),
+    "n_boot": Interval("int", 100), "n": Interval("int", 1), "discordance": Interval("real", 0.0),
+    "sided": Choice((1, 2)), "effect": Interval("real", 0.0, None, closed="right")}, __name__)
 """The constraints of the statistics' scalar arguments (registered as ``stats.<name>``)."""
 
 
