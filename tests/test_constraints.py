@@ -378,7 +378,7 @@ def _model_entry_points():
         ("load_model.device", "device", PARAMS["device"], lambda t, v: load_model(device=v, progress=False), False),
         ("load_model.dtype", "dtype", PARAMS["load.dtype"], lambda t, v: load_model(device="cpu", dtype=v,
                                                                                    progress=False), False),
-        ("load_model.attn_implementation", "attn_implementation", PARAMS["attn_implementation"],
+        ("load_model.attn_implementation", "attn_implementation", PARAMS["load.attn_implementation"],
          lambda t, v: load_model(attn_implementation=v, progress=False), False),
     ]
     return eps

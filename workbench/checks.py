@@ -29,6 +29,7 @@ from workbench.constraint_types import (
     Seq,
     check_args,
     check_fields,
+    constraints_of,
     is_int,
     is_real,
     optional,
@@ -37,7 +38,7 @@ from workbench.constraint_types import (
 __all__ = ["is_int", "is_real", "check_int", "check_real", "check_bool", "check_choice", "check_target",
            "check_target_tokens", "check_max_new_tokens", "check_positions", "check_str", "check_device",
            "check_context", "check_nonempty", "SEED_MAX", "Constraint", "Interval", "Choice", "Bool", "Const", "AnyOf",
-           "Seq", "InstanceOf", "optional", "check_fields", "check_args"]
+           "Seq", "InstanceOf", "optional", "check_fields", "check_args", "constraints_of"]
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed's range
 

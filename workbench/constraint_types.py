@@ -6,13 +6,16 @@ in :mod:`workbench.constraints`.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 import numbers
 import os
+import weakref
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 __all__ = ["is_int", "is_real", "Constraint", "Interval", "Choice", "Bool", "Const", "AnyOf", "Seq", "InstanceOf",
-           "optional", "check_fields", "check_args"]
+           "optional", "check_fields", "check_args", "constraints_of"]
 
 
 def is_int(x) -> bool:
@@ -372,7 +375,41 @@ def check_args(checks: Mapping[str, Constraint], values: Mapping) -> None:
 
 
 def check_fields(obj, checks: Mapping[str, Constraint] | None = None) -> None:
-    """Check every field of a dataclass instance named in ``checks`` (default ``type(obj).CHECKS``; a class
-    without one, e.g. a user's own policy subclass, checks its fields itself)."""
-    for name, c in (getattr(type(obj), "CHECKS", {}) if checks is None else checks).items():
+    """Check every field of a dataclass instance against its declared constraint (default
+    :func:`constraints_of` its class: a researcher's own subclass is checked like a built-in)."""
+    for name, c in (constraints_of(type(obj)) if checks is None else checks).items():
         c.check(name, getattr(obj, name))
+
+
+_DECLARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_HOW = ('declare it next to the fields, e.g. _parameter_constraints = {{"{name}": Interval("real", 0, 1)}} (the '
+        'bases\' declarations are merged in; the constraint types are in workbench.checks: Interval, Choice, Bool, '
+        'Seq, InstanceOf, optional; InstanceOf(object, "any value") leaves a field unchecked on purpose)')
+
+
+def constraints_of(cls) -> Mapping[str, Constraint]:
+    """The constraint of every dataclass field of ``cls``, read from the ``_parameter_constraints`` mappings its
+    class and its bases declare (a subclass's entry overrides its base's).
+
+    A field with no declared constraint is refused with a ``TypeError`` saying how to declare one: an
+    undeclared field would otherwise take any value silently.
+    """
+    got = _DECLARED.get(cls)
+    if got is not None:
+        return got
+    declared: dict[str, Constraint] = {}
+    for k in reversed(cls.__mro__):
+        declared.update(vars(k).get("_parameter_constraints", {}))
+    out: dict[str, Constraint] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in declared:
+            raise TypeError(f"{cls.__name__}.{f.name}: the field has no declared constraint; "
+                            + _HOW.format(name=f.name))
+        c = declared[f.name]
+        if not isinstance(c, Constraint):
+            raise TypeError(f"{cls.__name__}._parameter_constraints[{f.name!r}]: must be a Constraint "
+                            f"(workbench.checks), got {c!r}")
+        out[f.name] = c
+    got = MappingProxyType(out)
+    _DECLARED[cls] = got
+    return got

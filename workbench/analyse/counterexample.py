@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from workbench.analyse.audit import AuditResult, audit_bounds
-from workbench.checks import check_fields
-from workbench.constraints import checked
+from workbench.checks import Interval, check_fields
+from workbench.constraints import checked, shared
 
 __all__ = ["ShallowCounterexample", "CounterexampleResult", "deletion_sweep", "PROMPTS", "RUNS"]
 
@@ -39,7 +39,7 @@ RUNS = ("full", "reduced")     # every position, or E = {j*} removed after the s
 PROMPT_LABEL = {"A": "A (c = +V)", "B": "B (c = −V)"}
 
 
-@checked(prefix="counterexample")
+@checked("counterexample")
 @dataclass(frozen=True)
 class ShallowCounterexample:
     """The construction of paper §6.1 for one ``(ε, γ)``.
@@ -64,6 +64,10 @@ class ShallowCounterexample:
     C: ClassVar[int] = 0
     M: ClassVar[int] = 1
     ONE: ClassVar[int] = 2 + 8
+    _parameter_constraints: ClassVar = {"eps": Interval("real", 0.0, 1.0, closed="neither"),
+                                        "gamma": Interval("real", 0.0, 1.0, closed="neither"),
+                                        "V": Interval("real", 0.0, None, closed="right"),
+                                        "beta": Interval("real", 0.0, None, closed="right"), **shared("eps_audit")}
 
     def __post_init__(self):
         check_fields(self)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pandas as pd
 import torch
@@ -26,8 +27,8 @@ from torch import Tensor
 
 from workbench.analyse.pooling import group_onehot
 from workbench.analyse.ranking import topk_mask
-from workbench.checks import check_fields, check_int
-from workbench.constraints import checked
+from workbench.checks import Interval, check_fields, check_int
+from workbench.constraints import PARAMS, checked, shared
 
 __all__ = [
     "keep_sets",
@@ -290,7 +291,7 @@ class PageResult:
         )
 
 
-@checked(prefix="pages", b="page")
+@checked("pages")
 @dataclass(frozen=True)
 class PageSelection:
     """Parameters of page selection (SPEC §8).
@@ -306,6 +307,8 @@ class PageSelection:
     K: int = 8
     s: int = 64
     e: int = 2
+    _parameter_constraints: ClassVar = {**shared("K"), "b": PARAMS["page"], "s": Interval("int", 1),
+                                        "e": Interval("int", 1)}
 
     def __post_init__(self):
         check_fields(self)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 __all__ = ["EntroPrefillParams", "PRESETS"]
 
@@ -17,7 +18,7 @@ from workbench.analyse.priorities import ChunkPriorities
 from workbench.analyse.selection import GreedySelection, resolve_target
 from workbench.checks import check_fields
 from workbench.choices import AUDIT_MODES, PRIORITIES, AuditMode, Priority  # noqa: F401 (AUDIT_MODES, PRIORITIES re-exported)
-from workbench.constraints import checked
+from workbench.constraints import checked, shared
 
 
 @checked()
@@ -68,9 +69,12 @@ class EntroPrefillParams:
     seed: int = 0
     priority: Priority = "renyi"
     target_tokens: int | None = None
+    _parameter_constraints: ClassVar = shared("zeta", "tau", "rho_min", "eps_s", "lam", "target", "eps_row", "m0", "monitored",
+                                     "audit_mode", "m_a", "delta", "eps_audit", "d_max", "streak", "seed", "priority",
+                                     "target_tokens")
 
     def __post_init__(self):
-        check_fields(self)  # every field against its constraint (workbench.constraints.PARAMS)
+        check_fields(self)  # every field against its declared constraint
         resolve_target(self, self.target, self.target_tokens)
         if self.monitored is not None:  # stored sorted, as ints
             object.__setattr__(self, "monitored", self.CHECKS["monitored"].check("monitored", self.monitored))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from workbench.analyse.rows import check_capture_rows, check_rows
 from workbench.checks import check_fields, check_int
-from workbench.constraints import PARAMS, checked
+from workbench.constraints import PARAMS, checked, shared
 from workbench.shapes import shaped
 
 if TYPE_CHECKING:
@@ -320,6 +320,7 @@ class HeadPooling:
     zeta: float = 0.5
     tau: float = 1.0
     rho_min: float = 1e-6
+    _parameter_constraints: ClassVar = shared("zeta", "tau", "rho_min")
 
     def __post_init__(self):
         check_fields(self)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor
 
 from workbench.checks import check_fields
-from workbench.constraints import checked
+from workbench.constraints import checked, shared
 
 __all__ = [
     "ChunkPriorities",
@@ -196,6 +197,7 @@ class ChunkPriorities:
     eps_s: float = 0.1
     lam: float = 0.5
     rho_min: float = 1e-6
+    _parameter_constraints: ClassVar = shared("eps_s", "lam", "rho_min")
 
     def __post_init__(self):
         check_fields(self)

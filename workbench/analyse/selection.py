@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -34,7 +35,7 @@ from workbench.analyse.lp import highs_row_duals
 from workbench.analyse.priorities import chunk_sums_idx, take_last
 from workbench.analyse.rows import check_rows
 from workbench.checks import check_fields, check_target, check_target_tokens
-from workbench.constraints import checked
+from workbench.constraints import checked, shared
 from workbench.shapes import shaped
 
 VERDICT_INFEASIBLE = "target infeasible (proved: U < target)"
@@ -356,6 +357,7 @@ class GreedySelection:
     eps_row: float = 0.05
     m0: int = 1
     target_tokens: int | None = None
+    _parameter_constraints: ClassVar = shared("target", "eps_row", "m0", "target_tokens")
 
     def __post_init__(self):
         check_fields(self)

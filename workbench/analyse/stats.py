@@ -33,6 +33,9 @@ from scipy import stats as sps
 from scipy.optimize import brentq
 from scipy.special import gammaln
 
+from workbench.checks import Choice, Interval, check_args
+from workbench.constraints import register_all
+
 __all__ = ["wilson_ci", "bootstrap_ci", "sign_test", "mcnemar", "Paired", "paired", "accuracy", "fmt_ci",
            "sign_flip_test", "NonInferiority", "noninferiority", "tango_bounds", "tango_exact_p", "mde", "units_needed",
            "POWER"]
@@ -44,10 +47,16 @@ EXACT_FLIPS = 16     # up to this many nonzero differences the sign-flip test en
 N_FLIPS = 100_000    # beyond: seeded Monte Carlo flips
 
 
+_UNIT_OPEN = Interval("real", 0.0, 1.0, closed="neither")
+STATS_CHECKS = register_all("stats", {
+    "level": _UNIT_OPEN, "alpha": _UNIT_OPEN, "power": _UNIT_OPEN, "margin": Interval("real", 0.0, 1.0, closed="left"),
+    "n_boot": Interval("int", 100), "n": Interval("int", 1), "discordance": Interval("real", 0.0),
+    "sided": Choice((1, 2)), "effect": Interval("real", 0.0, None, closed="right")}, __name__)
+"""The constraints of the statistics' scalar arguments (registered as ``stats.<name>``)."""
+
+
 def _check_level(level) -> float:
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
-        raise ValueError(f"level: must be a number in (0, 1), got {level!r}")
-    return float(level)
+    return STATS_CHECKS["level"].check("level", level)
 
 
 def wilson_ci(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
@@ -91,8 +100,7 @@ def bootstrap_ci(x, level: float = LEVEL, *, n_boot: int = N_BOOT, seed: int = 0
         seed: numpy generator seed.
     """
     level = _check_level(level)
-    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or n_boot < 100:
-        raise ValueError(f"n_boot: must be an integer >= 100, got {n_boot!r}")
+    STATS_CHECKS["n_boot"].check("n_boot", n_boot)
     a = _values(x)
     if a.size == 0:
         return (math.nan, math.nan)
@@ -269,8 +277,7 @@ def noninferiority(d, margin: float, level: float = LEVEL) -> NonInferiority:
       part is a standard procedure.
     """
     level = _check_level(level)
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
-        raise ValueError(f"margin: must be a number in [0, 1), got {margin!r}")
+    STATS_CHECKS["margin"].check("margin", margin)
     a = _values(d, "d")
     if a.size == 0:
         return NonInferiority(float(margin), math.nan, math.nan, math.nan, math.nan)
@@ -303,15 +310,7 @@ def _z(alpha: float, sided: int) -> float:
 
 
 def _check_power(n, discordance, alpha, power, sided):
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n: must be an integer >= 1, got {n!r}")
-    if not (isinstance(discordance, (int, float)) and 0 <= discordance):
-        raise ValueError(f"discordance: must be a number >= 0, got {discordance!r}")
-    for name, v in (("alpha", alpha), ("power", power)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
-            raise ValueError(f"{name}: must be a number in (0, 1), got {v!r}")
-    if sided not in (1, 2):
-        raise ValueError(f"sided: must be 1 or 2, got {sided!r}")
+    check_args({k: STATS_CHECKS[k] for k in ("n", "discordance", "alpha", "power", "sided")}, locals())
 
 
 def mde(n: int, discordance: float, alpha: float = 1 - LEVEL, power: float = POWER, *, sided: int = 2) -> float:
@@ -337,8 +336,7 @@ def units_needed(effect: float, discordance: float, alpha: float = 1 - LEVEL, po
                  sided: int = 2) -> int:
     """The fewest independent units whose :func:`mde` at ``discordance`` is at most ``effect`` (``> 0``); Connor's
     ``n = (z_α √ψ + z_β √(ψ − Δ²))² / Δ²`` rounded up, then checked against :func:`mde`."""
-    if isinstance(effect, bool) or not isinstance(effect, (int, float)) or not effect > 0:
-        raise ValueError(f"effect: must be a number > 0, got {effect!r}")
+    STATS_CHECKS["effect"].check("effect", effect)
     _check_power(1, discordance, alpha, power, sided)
     psi = float(discordance)
     if effect * effect > psi:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.checks import check_int
-from workbench.choices import RowDtype
-from workbench.constraints import PARAMS
+from workbench.checks import Choice, Interval, check_int, optional
+from workbench.choices import ROW_DTYPES, RowDtype
+from workbench.constraints import register_all
 
 __all__ = ["CaptureMemory", "estimate_capture_bytes", "check_capture_budget", "row_dtype", "max_capture_bytes",
            "ENV_MAX_BYTES", "HALF_REL_ERROR"]
@@ -37,12 +37,18 @@ ENV_MAX_BYTES = "WORKBENCH_CAPTURE_MAX_BYTES"
 HALF_REL_ERROR = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 """Largest relative rounding error of one stored value (round to nearest, normal range)."""
 
+CAPTURE_CHECKS = register_all("capture", {
+    "dtype": Choice(ROW_DTYPES),
+    "max_bytes": optional(Interval("int", 1)),
+}, __name__)
+"""The constraints of the capture's storage dtype and byte limit (registered as ``capture.<name>``)."""
+
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def row_dtype(name: RowDtype) -> torch.dtype:
     """The torch dtype of a storage dtype name in ``ROW_DTYPES``."""
-    return _TORCH[PARAMS["capture.dtype"].check("dtype", name)]
+    return _TORCH[CAPTURE_CHECKS["dtype"].check("dtype", name)]
 
 
 def _gib(n: float) -> str:
@@ -105,7 +111,7 @@ def max_capture_bytes(max_bytes: int | None = None) -> int | None:
     """The limit in force: ``max_bytes`` if given, else ``$WORKBENCH_CAPTURE_MAX_BYTES`` (an integer, or with
     a ``K``/``M``/``G`` suffix, powers of 1024), else no limit (``None``)."""
     if max_bytes is not None:
-        return PARAMS["capture.max_bytes"].check("max_bytes", max_bytes)
+        return CAPTURE_CHECKS["max_bytes"].check("max_bytes", max_bytes)
     raw = os.environ.get(ENV_MAX_BYTES, "").strip()
     if not raw:
         return None

@@ -18,16 +18,23 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from tqdm.auto import tqdm
 
 from workbench._version import __version__
-from workbench.capture.budget import check_capture_budget, estimate_capture_bytes, max_capture_bytes, row_dtype
+from workbench.capture.budget import (
+    CAPTURE_CHECKS,
+    check_capture_budget,
+    estimate_capture_bytes,
+    max_capture_bytes,
+    row_dtype,
+)
 from workbench.capture.data import Capture
-from workbench.checks import check_context, check_fields
+from workbench.checks import check_args, check_context, check_fields
 from workbench.choices import RowDtype
-from workbench.constraints import PARAMS, checked
+from workbench.constraints import checked, shared
 from workbench.run import adapter, families
 from workbench.run.spans import PromptSpans, spans_of
 
@@ -54,9 +61,10 @@ class RowSet:
     tail: int = 32
     custom: tuple[int, ...] = ()
     n_decode: int = 0
+    _parameter_constraints: ClassVar = shared("observers", "audit", "tail", "custom", "n_decode")
 
     def __post_init__(self):
-        check_fields(self)  # every field against its constraint (workbench.constraints.PARAMS)
+        check_fields(self)  # every field against its declared constraint
         for name in ("audit", "custom"):  # explicit positions stored as a tuple of ints
             v = getattr(self, name)
             if v is not None and not isinstance(v, str):
@@ -344,6 +352,10 @@ def model_identity(model, model_id: str | None = None) -> str:
     return f"{name} ({s.model_type}, L={s.L}, H_Q={s.H_Q}, G={s.G}, d={s.d})"
 
 
+RUN_CAPTURE_CHECKS = {**CAPTURE_CHECKS, **shared("progress")}
+"""The constraints of :func:`run_capture`'s scalar arguments."""
+
+
 @torch.no_grad()
 def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), model_id: str | None = None,
                 progress: bool = True, dtype: RowDtype = "float32", max_bytes: int | None = None) -> Capture:
@@ -364,9 +376,7 @@ def run_capture(model, prompt, rows: RowSet | None = None, *, hidden_layers=(), 
         a :class:`Capture` with ``attn [L, H_Q, R, T + n_decode]``. In a hybrid family (capture only) the
         layers without softmax attention have NaN rows; ``Capture.softmax_layers`` lists the layers with rows.
     """
-    PARAMS["capture.dtype"].check("dtype", dtype)  # the scalar arguments, before any model work
-    PARAMS["capture.max_bytes"].check("max_bytes", max_bytes)
-    PARAMS["progress"].check("progress", progress)
+    check_args(RUN_CAPTURE_CHECKS, locals())  # the scalar arguments, before any model work
     if hasattr(model, "tokenizer") and hasattr(model, "model"):
         model_id = model_id or model.model_id
         model = model.model

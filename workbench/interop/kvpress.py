@@ -50,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import re
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import ClassVar
 
 import torch
@@ -76,7 +75,8 @@ except ModuleNotFoundError as e:
     raise ImportError("workbench.interop.kvpress needs NVIDIA kvpress, an optional extra that is not installed: "
                       "pip install -e '.[kvpress]' (or pip install 'kvpress>=0.5.5')", name="kvpress") from e
 
-from workbench.constraints import checks_for
+from workbench.checks import InstanceOf
+from workbench.constraints import shared
 from workbench.rerun.eviction import REGISTRY, EvictionPolicy, Needs
 
 __all__ = ["PressPolicy", "from_press", "press_policy_class", "press_refusal", "register_press"]
@@ -103,7 +103,8 @@ class PressPolicy(EvictionPolicy):
     recent: int = 0
     seed: int = 0
     name: ClassVar[str] = "kvpress"
-    CHECKS: ClassVar = MappingProxyType(checks_for("n_sink", "recent", "seed"))  # ``press`` is checked below
+    _parameter_constraints: ClassVar = {**shared("seed"),
+                                        "press": InstanceOf(object, "a kvpress ScorerPress (press_refusal checks it)")}
 
     def __post_init__(self):
         why = press_refusal(self.press)

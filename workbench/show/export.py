@@ -30,7 +30,6 @@ import dataclasses
 import datetime as _dt
 import hashlib
 import importlib.metadata as md
-import inspect
 import json
 import math
 import numbers
@@ -48,9 +47,9 @@ from plotly.basedatatypes import BaseFigure
 from tqdm.auto import tqdm
 
 from workbench._version import __version__
-from workbench.checks import check_args
-from workbench.choices import WIDTH_PRESETS
-from workbench.constraints import checks_for
+from workbench.checks import AnyOf, Bool, Choice, Const, InstanceOf, Interval, Seq, check_args, optional
+from workbench.choices import EXPORT_FORMATS, WIDTH_PRESETS
+from workbench.constraints import register_all
 from workbench.show import plots
 from workbench.show.chromium import ChromiumSession
 from workbench.show.decimate import full_frame
@@ -299,6 +298,37 @@ def _check_name_length(stem: str, sizes, fmts, extra) -> None:
                          f"bytes, and a file name holds at most {NAME_MAX}; use a stem of at most {room} bytes")
 
 
+def _is_figure(x) -> bool:
+    """A plotly figure or FigureWidget, a token view, or a token widget holding one as ``.view``."""
+    return isinstance(x, (BaseFigure, TokenView)) or isinstance(getattr(x, "view", None), TokenView)
+
+
+def _is_path(x) -> bool:
+    return isinstance(x, (str, os.PathLike))
+
+
+_PX = Interval("real", 0.0, None, closed="right")
+EXPORT_CHECKS = register_all("export", {
+    "fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
+    "path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),
+    "width": AnyOf(Choice(WIDTH_PRESETS), _PX, Seq(AnyOf(Choice(WIDTH_PRESETS), _PX), nonempty=True)),
+    "formats": AnyOf(Choice(EXPORT_FORMATS), Seq(Choice(EXPORT_FORMATS), nonempty=True, distinct=True)),
+    "params": optional(InstanceOf(Mapping, "a mapping")),
+    "data": optional(InstanceOf(pd.DataFrame, "a pandas DataFrame")),
+    "scale": _PX,
+    "height": optional(_PX),
+    "aspect": optional(_PX),
+    "font_size": AnyOf(Const("auto"), Const(None), _PX),
+    "title": Bool(),
+    "prompt": InstanceOf(object, "None, a string, a Prompt or token ids (checked by prompt_hash)"),
+    "prompt_hash": optional(InstanceOf(str, "a string", nonempty=True)),
+    "model_id": optional(InstanceOf(str, "a string", nonempty=True)),
+    "csv": Bool(),
+    "sidecar": Bool(),
+}, __name__)
+"""The constraint of every argument of :func:`export` (registered as ``export.<name>``)."""
+
+
 def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, params: Mapping | None = None,
            data: pd.DataFrame | None = None, scale: float = DEFAULT_SCALE, height: float | None = None,
            aspect: float | None = None, font_size="auto", title: bool = False, prompt=None,
@@ -334,7 +364,7 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         ValueError: unknown format or width preset, width/height/scale ≤ 0, a bad path or fig.
         RuntimeError: no Chromium, or kaleido failed (nothing is written then).
     """
-    check_args(EXPORT_CHECKS, locals())  # every argument against its constraint (constraints.PARAMS["export.*"])
+    check_args(EXPORT_CHECKS, locals())  # every argument against its declared constraint
 
     if isinstance(fig, BaseFigure) and not isinstance(fig, go.Figure):  # a FigureWidget
         fig = go.Figure(fig)
@@ -422,10 +452,6 @@ def export(fig, path, *, width="single", formats: Sequence[str] = FORMATS, param
         }
         files[folder / f"{stem}.json"] = (json.dumps(jsonable(side), indent=2, ensure_ascii=False) + "\n").encode()
     return atomic_write_files(files)
-
-
-EXPORT_CHECKS = checks_for(*inspect.signature(export).parameters, prefix="export")
-"""The constraint of every argument of :func:`export` (``workbench.constraints.PARAMS["export.<name>"]``)."""
 
 
 def export_all(figures: Mapping, folder, *, widths: Mapping | None = None, progress: bool = False,

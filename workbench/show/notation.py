@@ -12,10 +12,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from workbench.analyse.counterexample import ShallowCounterexample
 from workbench.constraints import PARAMS
+from workbench.rerun.eviction.policies.deferkv import DeferKV
 from workbench.util import atomic_write_bytes
 
 __all__ = ["Symbol", "SYMBOLS", "CONTROLS", "tooltip", "markdown", "write_markdown", "DOC_PATH"]
+
+OWNERS = (ShallowCounterexample, DeferKV)  # importing them registers the qualified keys named below
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "notation.md"
 

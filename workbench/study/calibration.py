@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 import workbench.study.findings as fnd
-from workbench.checks import check_args, check_nonempty
-from workbench.constraints import checks_for
+from workbench.checks import SEED, Interval, check_args, check_nonempty
+from workbench.constraints import register_all
 from workbench.study.tasks import TaskItem
 
 __all__ = ["Split", "Calibration", "CalibrationWarning", "split_items", "calibrate", "calibration_units", "unit_of",
@@ -37,8 +37,10 @@ RULE = ("Calibration rule: on the calibration split only, each candidate EntroPr
         "is chosen and flagged (rule_met false). The test split then runs the chosen setting only, and every "
         "verdict is computed on the test split.")
 
-_SPLIT_CHECKS = checks_for("fraction", "seed", prefix="calibration")
-_CAL_CHECKS = checks_for("margin", prefix="report")
+_SPLIT_CHECKS = register_all("calibration", {
+    "fraction": Interval("real", 0.0, 1.0, closed="neither", note="share of the clusters that calibrate"),
+    "seed": SEED}, __name__)
+_CAL_CHECKS = register_all("calibration", {"margin": Interval("real", 0.0, 1.0, closed="left")}, __name__)
 
 
 class CalibrationWarning(UserWarning):

@@ -17,8 +17,8 @@ import re
 import ipywidgets as W
 
 from workbench.capture import RowSet, run_capture
-from workbench.checks import Choice, check_context
-from workbench.constraints import PARAMS
+from workbench.checks import Choice, Interval, check_context
+from workbench.constraints import PARAMS, register_all
 from workbench.run.prompt import build_prompt, has_visible_text
 from workbench.show.widgets.state import CaptureState
 from workbench.study.ruler import RULER_TASKS, build_ruler
@@ -40,6 +40,10 @@ def _auto() -> W.Layout:
 
 
 TASK = Choice(tuple(sorted(RULER_TASKS)))
+PROMPT_PANEL_CHECKS = register_all("prompt_panel", {
+    "length": Interval("int", 256, 1_000_000),  # a RULER-style length: study.ruler.MIN_LENGTH and up
+    "n_boxes": Interval("int", 1, 64),          # the document boxes
+}, __name__)
 
 
 def split_documents(boxes) -> list[str]:
@@ -86,7 +90,7 @@ class PromptPanel:
         if not isinstance(state, CaptureState):
             raise ValueError(f"state: must be a CaptureState, got {type(state).__name__}")
         PARAMS["max_context"].check("max_context", max_context)
-        PARAMS["prompt_panel.n_boxes"].check("n_boxes", n_boxes)
+        PROMPT_PANEL_CHECKS["n_boxes"].check("n_boxes", n_boxes)
         TASK.check("task", task)
         self.lm, self.state = lm, state
         self.max_context = max_context if max_context is not None else (lm.shape.max_context or None)
@@ -180,7 +184,7 @@ class PromptPanel:
             prompt = build_prompt(tok, docs, q.strip())
             self._fits(prompt.T, "documents", rows)
             return prompt, None, rows
-        PARAMS["prompt_panel.length"].check("length", self.length.value)
+        PROMPT_PANEL_CHECKS["length"].check("length", self.length.value)
         PARAMS["seed"].check("seed", self.seed.value)
         if self.max_context and self.length.value > self.max_context:
             raise ValueError(f"length: must be <= the model's context {self.max_context} tokens (less the chat "

@@ -2,13 +2,27 @@
 range) and what a run wrote (:class:`ReportResult`)."""
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import ClassVar
 
 from workbench.analyse.params import PRESETS, EntroPrefillParams
-from workbench.checks import check_fields, check_nonempty
-from workbench.choices import METHOD_NAMES, REPORT_DATA
-from workbench.constraints import checked
+from workbench.checks import (
+    AnyOf,
+    Bool,
+    Choice,
+    Const,
+    InstanceOf,
+    Interval,
+    Seq,
+    check_fields,
+    check_nonempty,
+    optional,
+)
+from workbench.choices import METHOD_NAMES, PRESET_NAMES, QUERY_MODES, REPORT_DATA
+from workbench.constraints import BUDGET_FRAC, checked, shared
 from workbench.rerun import eviction
 from workbench.study.calibration import calibration_units
 from workbench.study.ruler import RULER_TASKS
@@ -24,8 +38,18 @@ DATA = REPORT_DATA
 DEFAULT_THREADS = "auto"
 
 
+
+
+def _is_path(x) -> bool:
+    return isinstance(x, (str, os.PathLike))
+
+
+def _is_file(x) -> bool:
+    return _is_path(x) and bool(str(x).strip()) and Path(x).is_file()
+
+
 # ----------------------------------------------------------------------------- settings
-@checked(prefix="report")
+@checked("report")
 @dataclass(frozen=True)
 class ReportConfig:
     """What the report runs.
@@ -124,6 +148,48 @@ class ReportConfig:
     leap_prompts: int = 0
     kept_prompts: int = 0
     cap_tokens: int = 0
+    _parameter_constraints: ClassVar = {
+        **shared("device"),
+        "out": InstanceOf(_is_path, "a folder path", examples=("out/x", Path("out/y")), nonempty=True),
+        "model": optional(InstanceOf(_is_path, "a local folder or a hub id", nonempty=True)),
+        "n_squad": Interval("int", 0, 1000),
+        "n_needle": Interval("int", 0, 1000),
+        "needle_length": Interval("int", 64, 8192),
+        "n_followup": Interval("int", 0, 1000),
+        "n_distractors": Interval("int", 1, 20),
+        "max_new_tokens": optional(Interval("int", 1, 4096)),
+        "data": Choice(REPORT_DATA),
+        "items": optional(InstanceOf(_is_file, "an existing file")),
+        "filler": optional(InstanceOf(_is_file, "an existing file")),
+        "methods": Seq(Choice(METHOD_NAMES), nonempty=True, distinct=True),
+        # names are looked up in the (extensible) policy registry in __post_init__
+        "policies": Seq(InstanceOf(str, "a policy name (built-in or registered) or 'module:Class'",
+                                   examples=("snapkv", "deferkv", "h2o"), nonempty=True), nonempty=False, distinct=True),
+        "budget_fracs": Seq(BUDGET_FRAC, nonempty=True),
+        "compression_ratios": Seq(Interval("real", 0.0, 1.0, closed="left"), nonempty=False, distinct=True),
+        "kv_ladder": Seq(Interval("real", 0.0, 1.0, closed="right"), nonempty=False, distinct=True),
+        "query": Seq(Choice(QUERY_MODES), nonempty=True, distinct=True),
+        "entroprefill": InstanceOf(dict, "a dict of EntroPrefill parameters", examples=({}, {"zeta": 0.3})),
+        "presets": Seq(Choice(PRESET_NAMES), nonempty=False, distinct=True),
+        "capture_tail": Interval("int", 0, 4096),
+        "capture_decode": Interval("int", 0, 256),
+        "seed": Interval("int", 0, 2**31 - 1),
+        "threads": AnyOf(Const("auto"), Const(None), Interval("int", 1, 1024)),
+        "widths": InstanceOf(Mapping, "a mapping figure name -> width", examples=({}, {"heads": "double"})),
+        "progress": Bool(),
+        "tiny": Bool(),
+        "margin": Interval("real", 0.0, 1.0, closed="left"),
+        "calibrate": optional(Interval("real", 0.0, 1.0, closed="neither", note="share of the clusters that calibrate")),
+        # the RULER-style families (names checked against study.ruler.RULER_TASKS in __post_init__) and the
+        # per-prompt analyses (0 = skip)
+        "ruler": Seq(InstanceOf(str, "a RULER-style family name", examples=("niah_single",), nonempty=True),
+                     nonempty=False, distinct=True),
+        "ruler_lengths": Seq(Interval("int", 256, 131072), nonempty=True, distinct=True),
+        "ruler_seeds": Interval("int", 1, 1000),
+        "leap_prompts": Interval("int", 0, 1000),
+        "kept_prompts": Interval("int", 0, 1000),
+        "cap_tokens": Interval("int", 0, 4096),
+    }
 
     @classmethod
     def tiny_config(cls, **kw) -> "ReportConfig":
@@ -135,7 +201,7 @@ class ReportConfig:
         return cls(**base)
 
     def __post_init__(self):
-        check_fields(self)  # every field against its constraint (workbench.constraints.PARAMS["report.*"])
+        check_fields(self)  # every field against its declared constraint
         for name in ("out", "items", "filler"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, Path(getattr(self, name)))

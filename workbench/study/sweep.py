@@ -57,8 +57,8 @@ from collections.abc import Callable
 import pandas as pd
 from tqdm.auto import tqdm
 
-from workbench.checks import check_args
-from workbench.constraints import checks_for
+from workbench.checks import Choice, Interval, check_args
+from workbench.constraints import register_all, shared
 from workbench.run.models import LoadedModel
 from workbench.study.cells import run_cell, run_cells
 from workbench.study.executors import model_source, run_local, run_ray
@@ -83,8 +83,14 @@ __all__ = ["Method", "register_method", "unregister_method", "get_method", "avai
            "MEASURED"]
 
 
-SWEEP_CHECKS = checks_for("max_new_tokens", "executor", "on_error", "checkpoint_s", "on_busy", prefix="sweep")
-"""The constraint of each scalar or choice argument of :func:`sweep` (``workbench.constraints.PARAMS``)."""
+SWEEP_CHECKS = register_all("sweep", {
+    **shared("max_new_tokens"),
+    "executor": Choice(("local", "ray")),
+    "on_error": Choice(("raise", "record")),
+    "checkpoint_s": Interval("real", 0.0, None, note="seconds; 0 = after every cell"),
+    "on_busy": Choice(("wait", "raise")),
+}, __name__)
+"""The constraint of each scalar or choice argument of :func:`sweep` (registered as ``sweep.<name>``)."""
 
 
 def sweep(model, items, methods, *, seeds=(0,), out: str | os.PathLike | None = None, max_new_tokens: int = 16,

@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench.constraints import PARAMS
+from workbench.checks import Interval
+from workbench.constraints import register_all
 from workbench.rerun.eviction.evidence import PROVIDES, Evidence, MissingEvidence, Needs
 from workbench.rerun.eviction.outputs import checked_protected
 from workbench.rerun.eviction.policies import FullCache, build_policy
@@ -287,6 +288,12 @@ def _rows_of(policy: EvictionPolicy, sess: EvictionSession, seed: int) -> list[t
     return out
 
 
+CHECK_POLICY_CHECKS = register_all("check_policy", {
+    # the determinism check seeds numpy with seed, seed + 1 and seed + 12345
+    "seed": Interval("int", 0, 2**32 - 1 - 12345, note="numpy takes seed + 12345 too"),
+}, __name__)
+
+
 def check_policy(policy, models=("tiny", "default"), *, session: EvictionSession | None = None,
                  seed: int = 0) -> pd.DataFrame:
     """Run the policy contract (module docstring) on ``policy`` and return the table of checks.
@@ -307,7 +314,7 @@ def check_policy(policy, models=("tiny", "default"), *, session: EvictionSession
         exception; a check that cannot run (no budget ``B < T`` leaves a position to evict, a protected mask that
         is not one) is a failed row saying why, never a vacuous pass. Bad arguments raise a ``ValueError``.
     """
-    PARAMS["check_policy.seed"].check("seed", seed)
+    CHECK_POLICY_CHECKS["seed"].check("seed", seed)
     if session is not None and not isinstance(session, EvictionSession):
         raise ValueError(f"session: must be None or an EvictionSession (contract_session(...)), got "
                          f"{type(session).__name__}")

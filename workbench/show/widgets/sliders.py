@@ -7,10 +7,14 @@ from dataclasses import dataclass
 
 import ipywidgets as W
 
+from workbench.analyse.counterexample import ShallowCounterexample
 from workbench.checks import Constraint, Interval
 from workbench.constraints import PARAMS
+from workbench.rerun.eviction.policies.deferkv import DeferKV
 
 __all__ = ["SliderSpec", "SLIDERS"]
+
+OWNERS = (ShallowCounterexample, DeferKV)  # importing them registers the qualified keys named below
 
 
 # ----------------------------------------------------------------------------- sliders

@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.checks import Interval
 from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import Evidence
 from workbench.rerun.eviction.policies.base import EvictionPolicy, OnBasePolicy
@@ -35,6 +36,7 @@ class AdaKV(OnBasePolicy):
 
     base: EvictionPolicy = SnapKV()
     alpha_safeguard: float = 0.2
+    _parameter_constraints = {"alpha_safeguard": Interval("real", 0.0, 1.0)}
     name: ClassVar[str] = "adakv"
 
     def allocate(self, ev: Evidence, budget: int) -> Tensor:

@@ -11,7 +11,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from workbench.checks import check_fields
+from workbench.checks import InstanceOf, check_fields
+from workbench.constraints import register, shared
 from workbench.rerun.eviction.evidence import Evidence, Needs
 
 __all__ = ["EvictionPolicy", "OnBasePolicy", "protected_mask", "split_budget"]
@@ -30,6 +31,7 @@ class EvictionPolicy(abc.ABC):
     """Shared behaviour of the policy dataclasses (see :mod:`workbench.rerun.eviction.policies`)."""
 
     name: ClassVar[str] = "policy"
+    _parameter_constraints: ClassVar = shared("n_sink", "recent")  # a subclass's own fields: its own declaration
     defer: ClassVar[int] = 0
     keeps_all: ClassVar[bool] = False
 
@@ -60,15 +62,17 @@ class EvictionPolicy(abc.ABC):
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def __post_init__(self):
-        check_fields(self)  # every field against its constraint (``CHECKS``, set by ``constraints.checked``)
+        check_fields(self)  # every field against the constraint its class (or a base) declares
 
 
 class OnBasePolicy(EvictionPolicy):
     """A policy built on another one's scores (``self.base``, an evicting policy): a rescaling or a budget
     allocation. The base's decode step, evidence, scores, protected set and tie-break are kept unless the
-    subclass overrides them (``base`` is checked by its constraint, ``constraints.PARAMS["base"]``)."""
+    subclass overrides them."""
 
     base: EvictionPolicy
+    _parameter_constraints: ClassVar = {"base": InstanceOf(
+        lambda x: isinstance(x, EvictionPolicy) and not x.keeps_all, "an evicting EvictionPolicy (not the full cache)")}
 
     @property
     def defer(self) -> int:
@@ -85,6 +89,9 @@ class OnBasePolicy(EvictionPolicy):
 
     def tiebreak(self, ev: Evidence) -> Tensor | None:
         return self.base.tiebreak(ev)
+
+
+register("base", OnBasePolicy._parameter_constraints["base"], __name__)  # one constraint for every subclass's base
 
 
 def split_budget(total: int, weights: Tensor, floor: int, cap: int) -> Tensor:

@@ -7,13 +7,14 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.checks import Interval
 from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean
 from workbench.rerun.eviction.policies.base import EvictionPolicy, OnBasePolicy
 from workbench.rerun.eviction.policies.snapkv import SnapKV
 
 
-@checked(prefix="criticalkv")
+@checked()
 @dataclass(frozen=True)
 class CriticalKV(OnBasePolicy):
     """Value-aware rescaling of any policy's score: ``S'_j = (S_j + ε) · ‖W_O v_j‖_1``, the L1 norm of
@@ -32,6 +33,7 @@ class CriticalKV(OnBasePolicy):
 
     base: EvictionPolicy = SnapKV()
     epsilon: float = 1e-4
+    _parameter_constraints = {"epsilon": Interval("real", 0.0, 1.0)}
     name: ClassVar[str] = "criticalkv"
 
     def needs(self) -> Needs:

@@ -7,8 +7,9 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.checks import Interval
 from workbench.choices import Pooling
-from workbench.constraints import checked
+from workbench.constraints import checked, shared
 from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean, pool, row_sum
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 
@@ -26,7 +27,7 @@ def deferkv_alpha(W: int, lam: float, decode_weight: float | None = None) -> Ten
     return torch.cat([a, torch.tensor([float(decode_weight)], dtype=torch.float64)])
 
 
-@checked(prefix="deferkv")
+@checked()
 @dataclass(frozen=True)
 class DeferKV(EvictionPolicy):
     """DeferKV (evict after decode step ``t = 1``): ``S_i = Σ_r α_r A_{r,i}`` over ``r = -W+1 … 1``,
@@ -51,6 +52,7 @@ class DeferKV(EvictionPolicy):
     kernel: int = 7
     decode_weight: float | None = None
     pooling: Pooling = "max"
+    _parameter_constraints = {**shared("window", "kernel", "decode_weight", "pooling"), "lam": Interval("real", -50.0, 50.0)}
     name: ClassVar[str] = "deferkv"
     defer: ClassVar[int] = 1
 

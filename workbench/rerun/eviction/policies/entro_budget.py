@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from workbench.analyse.pooling import HeadPooling
-from workbench.constraints import checked
+from workbench.constraints import checked, shared
 from workbench.rerun.eviction.evidence import Evidence, Needs
 from workbench.rerun.eviction.policies.base import EvictionPolicy, OnBasePolicy, split_budget
 from workbench.rerun.eviction.policies.snapkv import SnapKV
@@ -37,6 +37,7 @@ class EntroBudget(OnBasePolicy):
     tau: float = 1.0
     rho_min: float = 1e-6
     W_p: int = 8
+    _parameter_constraints = shared("zeta", "tau", "rho_min", "W_p")
     name: ClassVar[str] = "entro-budget"
 
     def needs(self) -> Needs:

@@ -8,13 +8,14 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.checks import Bool, Interval
 from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.run.rotary import RotaryMaps
 
 
-@checked(prefix="expected_attention")
+@checked("expected_attention")
 @dataclass(frozen=True)
 class ExpectedAttention(EvictionPolicy):
     """The question-agnostic forecast (evict at ``t = 0``): attention predicted for the *future* queries
@@ -46,6 +47,8 @@ class ExpectedAttention(EvictionPolicy):
     use_covariance: bool = True
     use_vnorm: bool = True
     epsilon: float = 0.0
+    _parameter_constraints = {"n_sink": Interval("int", 0, 16), "n_future": Interval("int", 1, 1 << 20),
+                              "use_covariance": Bool(), "use_vnorm": Bool(), "epsilon": Interval("real", 0.0, 1.0)}
     name: ClassVar[str] = "expected-attention"
 
     def needs(self) -> Needs:

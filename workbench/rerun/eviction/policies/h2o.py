@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from workbench.choices import H2ONormalise
-from workbench.constraints import checked
+from workbench.constraints import checked, shared
 from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 
@@ -34,6 +34,7 @@ class H2O(EvictionPolicy):
     n_sink: int = 4
     recent: int = 32
     normalise: H2ONormalise = "sum"
+    _parameter_constraints = shared("normalise")
     name: ClassVar[str] = "h2o"
 
     def needs(self) -> Needs:

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from workbench.analyse.pages import group_scores, page_importance
 from workbench.analyse.pooling import HeadPooling
-from workbench.constraints import checked
+from workbench.constraints import checked, shared
 from workbench.rerun.eviction.evidence import Evidence, Needs
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 
@@ -37,6 +37,7 @@ class PageEntroKV(EvictionPolicy):
     tau: float = 1.0
     rho_min: float = 1e-6
     W_p: int = 8
+    _parameter_constraints = shared("page", "zeta", "tau", "rho_min", "W_p")
     name: ClassVar[str] = "page-entrokv"
 
     def needs(self) -> Needs:

@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from workbench.checks import Interval
 from workbench.constraints import checked
 from workbench.rerun.eviction.evidence import Evidence
 from workbench.rerun.eviction.policies.base import EvictionPolicy, OnBasePolicy, split_budget
@@ -34,6 +35,7 @@ class PyramidKV(OnBasePolicy):
 
     base: EvictionPolicy = SnapKV()
     beta: float = 20.0
+    _parameter_constraints = {"beta": Interval("real", 1.0, 1e6)}
     name: ClassVar[str] = "pyramidkv"
 
     def layer_budgets(self, L: int, T: int, budget: int) -> Tensor:

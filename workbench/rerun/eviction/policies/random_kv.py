@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from workbench.constraints import checked
+from workbench.constraints import checked, shared
 from workbench.rerun.eviction.evidence import Evidence
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 
@@ -20,6 +20,7 @@ class RandomKV(EvictionPolicy):
     n_sink: int = 4
     recent: int = 32
     seed: int = 0
+    _parameter_constraints = shared("seed")
     name: ClassVar[str] = "random"
 
     def scores(self, ev: Evidence) -> Tensor:

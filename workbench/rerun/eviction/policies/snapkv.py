@@ -7,7 +7,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from workbench.choices import Pooling
-from workbench.constraints import checked
+from workbench.constraints import checked, shared
 from workbench.rerun.eviction.evidence import Evidence, Needs, group_mean, pool, row_sum
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 
@@ -36,6 +36,7 @@ class SnapKV(EvictionPolicy):
     window: int = 32
     kernel: int = 7
     pooling: Pooling = "max"
+    _parameter_constraints = shared("window", "kernel", "pooling")
     name: ClassVar[str] = "snapkv"
 
     def needs(self) -> Needs:
