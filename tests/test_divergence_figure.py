@@ -23,8 +23,9 @@ def test_csv_holds_the_numbers_and_the_sidecar_the_parameters(tmp_path):
     ex.export(fig, tmp_path / "div", width="single", formats=("svg",))
     df = pd.read_csv(tmp_path / "div.csv")
     for d, side in ((a, "A"), (b, "B")):
-        rows = df[(df["name"] == "KL(full ‖ compressed)") & (df["setting"] == f"{side}: {d.label}")]
+        rows = df[df["name"].str.startswith("KL") & (df["setting"] == f"{side}: {d.label}")].sort_values("x")
         np.testing.assert_allclose(rows["y"].to_numpy(), d.kl, rtol=1e-9)
+        assert rows["parted"].tolist() == d.parted.tolist() and rows["token"].iloc[0] == "·The"
         np.testing.assert_allclose(df[(df["name"] == "Δ margin") & (df["setting"] == f"{side}: {d.label}")]["y"],
                                    d.dmargin, rtol=1e-9)
     part = df[df["name"] == "first parting token"]

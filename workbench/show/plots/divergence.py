@@ -23,8 +23,10 @@ def _check(name: str, d):
 
 
 def answer_divergence(a, b=None, *, model_id: str | None = None, params=None) -> go.Figure:
-    """Per answer token of the full-cache answer: ``KL(p_full ‖ p_compressed)`` (bars, top), ``Δ log p`` of the
-    chosen token and ``Δ margin`` (lines, bottom), the first parting token marked (▼ and a dotted line).
+    """Per answer token of the full-cache answer: ``KL(p_full ‖ p_compressed)`` (bars, top; from the first parting
+    token on in a second colour), ``Δ log p`` of the chosen token and ``Δ margin`` (lines, bottom), the first parting
+    token marked (▼ and a dotted line). The tokens are in the hover and the CSV (as tick labels they overprint at
+    one column).
 
     Args:
         a: an :class:`~workbench.analyse.divergence.AnswerDivergence`.
@@ -45,10 +47,13 @@ def answer_divergence(a, b=None, *, model_id: str | None = None, params=None) ->
         cd = customdata(toks, [names[c - 1]] * n, parted.tolist())
         meta = {"customdata": ["token", "setting", "parted"]}
         show = c == 1
-        fig.add_trace(go.Bar(x=x, y=plot_array(d.kl), name="KL(full ‖ compressed)", legendgroup="kl", showlegend=show,
-                             marker_color=np.where(parted, PARTED_COLOUR, KL_COLOUR), customdata=cd, meta=meta,
-                             hovertemplate="%{customdata[0]} (token %{x}): KL %{y:.3g}<extra>%{customdata[1]}"
-                                           "</extra>"), row=1, col=c)
+        for part, label, colour in ((False, "KL(full ‖ compressed)", KL_COLOUR),
+                                    (True, "KL once the answers part", PARTED_COLOUR)):
+            m = parted == part
+            fig.add_trace(go.Bar(x=x[m], y=plot_array(d.kl[m]), name=label, legendgroup=label, showlegend=show,
+                                 marker_color=colour, customdata=cd[m], meta=meta,
+                                 hovertemplate="%{customdata[0]} (token %{x}): KL %{y:.3g}<extra>%{customdata[1]}"
+                                               "</extra>"), row=1, col=c)
         for key, label, colour, dash in (("dlogp", "Δ log p(chosen)", PALETTE[2], "solid"),
                                          ("dmargin", "Δ margin", PALETTE[3], "dash")):
             fig.add_trace(go.Scatter(x=x, y=plot_array(getattr(d, key)), mode="lines+markers", name=label,
