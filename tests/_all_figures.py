@@ -10,6 +10,7 @@ import torch
 from workbench.analyse.audit import hoeffding_b
 from workbench.analyse.cost import CostModel
 from workbench.analyse.counterexample import ShallowCounterexample, deletion_sweep
+from workbench.analyse.divergence import logit_divergence
 from workbench.analyse.envelope import envelope, envelope_all_layers
 from workbench.analyse.pages import PageSelection
 from workbench.analyse.params import EntroPrefillParams
@@ -33,7 +34,7 @@ FIGURE_FUNCTIONS = ("sink_mass_heatmap", "attention_strip", "head_heatmap", "res
                     "shift_gains", "page_union_bounds", "deferkv_weights",
                     "counterexample_rows", "counterexample_logits", "counterexample_errors",
                     "pooled_measure", "head_weights", "answer_rank", "removal_budget", "envelope_scatter",
-                    "hoeffding_radius")
+                    "hoeffding_radius", "answer_divergence")
 
 
 def synthetic_inputs(L: int = 12, H_Q: int = 9, G: int = 3):
@@ -95,6 +96,19 @@ def every_removal(cap, pool, layer: int, size: int = 2) -> tuple[list, list]:
     return Es, [envelope(A, pool.mu[layer], pool.omega[layer], sp.removal_mask(E), layer=layer) for E in Es]
 
 
+def divergences():
+    """Two :class:`AnswerDivergence` on one 12-token answer (synthetic logits; ``A`` parts at token 5)."""
+    g = torch.Generator().manual_seed(4)
+    full = torch.randn(12, 40, generator=g, dtype=torch.float64) * 3
+    ids = full.argmax(-1).tolist()
+    toks = [" The", " V", "ell", "mar", " lighthouse", " was", " first", " lit", " in", " ", "1", "8"]
+    a = full + torch.randn(12, 40, generator=g, dtype=torch.float64) * 0.4
+    b = full + torch.randn(12, 40, generator=g, dtype=torch.float64) * 1.2
+    other = ids[:5] + [(ids[5] + 1) % 40] + ids[6:]
+    return (logit_divergence(full, a, ids, other_ids=other, tokens=toks, label="streaming, B = 40"),
+            logit_divergence(full, b, ids, tokens=toks, label="snapkv, B = 48"))
+
+
 def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
     """``{function name: figure}`` for every name in :data:`FIGURE_FUNCTIONS` (several views of some)."""
     sp, cap, params, tr = synthetic_inputs(L, H_Q, G)
@@ -151,4 +165,6 @@ def all_figures(L: int = 12, H_Q: int = 9, G: int = 3) -> dict:
         "removal_budget": plots.removal_budget(fr["removal_budget"], layer=l),
         "envelope_scatter": plots.envelope_scatter(envs_E, removals=Es),
         "hoeffding_radius": plots.hoeffding_radius(fr["hoeffding_radius"], eps_audit=0.2, J=11, H_Q=9),
+        "answer_divergence": plots.answer_divergence(divergences()[0], model_id="m"),
+        "answer_divergence-compare": plots.answer_divergence(*divergences(), model_id="m"),
     }

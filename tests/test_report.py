@@ -26,7 +26,7 @@ from workbench.study.sweep import COLUMNS
 FIGURES = {"sink_mass", "attention_strip", "head_weights", "chunk_priorities", "trace_layers", "certificate",
            "accuracy_vs_budget", "kv_bytes_table", "kept_positions"}
 TABLES = {"trace", "priorities", "head_pooling", "items", "sweep", "summary", "needle_survival", "reference_check",
-          "accuracy", "comparisons", "timing", "conclusions", "bypasses"}
+          "accuracy", "comparisons", "timing", "conclusions", "bypasses", "answer_divergence"}
 TINY_LIMIT_S = 300  # the tiny setting takes ~1 min on a loaded 2-core machine; this catches a runaway setting
 
 
@@ -148,6 +148,11 @@ def test_tables_parse_with_expected_rows(report):
     assert 0 <= surv.loc[1, "kept_mean"] <= 1
     needle_T = int(sw.loc[(sw["task"] == "needle") & (sw["method"] == "full"), "prompt_tokens"].iloc[0])
     assert int(surv.loc[1, "budget"]) == math.ceil(0.5 * needle_T)
+
+    div = pd.read_csv(t / "answer_divergence.csv")  # per family, the one policy at the one budget fraction
+    assert sorted(div["task"]) == ["needle", "squad_single"] and (div["method"] == "deferkv").all()
+    assert div["error"].isna().all() and (div["mean_kl"] >= 0).all() and div["n_answer"].between(1, 3).all()
+    assert (div["budget"] == [math.ceil(0.5 * T) for T in div["T"]]).all()
 
     tr = pd.read_csv(t / "trace.csv")
     assert len(tr) == 29 and {"layer", "D", "U", "decision"} <= set(tr.columns)  # monitored layers 1..L-1

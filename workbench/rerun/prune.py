@@ -35,7 +35,7 @@ from workbench.capture.identity import check_model_match
 from workbench.checks import check_context, check_max_new_tokens
 from workbench.constraints import PARAMS, pruned_layer
 from workbench.run import adapter, families
-from workbench.run.generate import greedy_continue, stop_token_ids
+from workbench.run.generate import forced_continue, greedy_continue, stop_token_ids
 from workbench.run.models import unwrap_model
 from workbench.run.spans import spans_of
 
@@ -58,6 +58,8 @@ class PruneResult:
         prefill_s, decode_s: wall times.
         kv_bytes: bytes of the KV cache after the prefill.
         hidden: block inputs ``{l: float32 [T', D]}`` for ``l > l*`` (and ``L`` = final-norm input), when asked.
+        logits: with ``forced``, float32 ``[n, V]``: row ``j`` predicts ``forced[j]`` (teacher forcing; row 0 is
+            ``first_logits``); ``generated_ids`` are then the forced ids.
     """
 
     l_star: int | None
@@ -76,6 +78,7 @@ class PruneResult:
     kv_bytes: int
     params: dict = field(default_factory=dict)
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)
+    logits: torch.Tensor | None = None
 
     @property
     def bypass(self) -> bool:
@@ -114,6 +117,13 @@ def _check_removed(spans, removed) -> list[int]:
         if not 0 <= i < spans.k:
             raise ValueError(f"removed: chunk index {i} out of range [0, {spans.k - 1}] (k = {spans.k})")
     return out
+
+
+def _forced_ids(forced, max_new_tokens: int) -> list[int]:
+    f = [int(i) for i in torch.as_tensor(forced).flatten().tolist()]
+    if not 1 <= len(f) <= max_new_tokens:
+        raise ValueError(f"forced: must hold 1 to max_new_tokens = {max_new_tokens} token ids, got {len(f)}")
+    return f
 
 
 class _Gatherer:
@@ -211,6 +221,7 @@ def run_pruned(
     keep_hidden: bool = False,
     progress: bool = True,
     allow_foreign: bool = False,
+    forced=None,
 ) -> PruneResult:
     """Prefill with mid-prefill pruning, then greedy-decode ``max_new_tokens`` tokens.
 
@@ -227,6 +238,8 @@ def run_pruned(
         keep_hidden: keep the block inputs of layers ``> l*`` (for the stability diagnostics).
         allow_foreign: run spans built by another tokenizer, or a capture of another model (refused
             by default: :func:`~workbench.capture.identity.check_model_match`).
+        forced: token ids (1 to ``max_new_tokens``, e.g. the full-cache answer) to decode teacher-forced instead
+            of greedily (:func:`~workbench.run.generate.forced_continue`); :attr:`PruneResult.logits` holds every row.
     """
     params = params or EntroPrefillParams()
     model, tok, model_id = unwrap_model(model)
@@ -237,6 +250,7 @@ def run_pruned(
     check_model_match(model, tok, prompt, allow_foreign=allow_foreign)
     shape = adapter.model_shape(model)
     check_max_new_tokens(max_new_tokens)
+    forced = _forced_ids(forced, max_new_tokens) if forced is not None else None
     check_context(spans.T, max_new_tokens, shape.max_context)
     why = families.position_refusal(model, "run_pruned: pruned prefill", spans.T + max_new_tokens)
     if why:
@@ -274,12 +288,18 @@ def run_pruned(
     t1 = time.perf_counter()
     if g.R is not None:
         adapter.track_positions(cache, g.R)
+    logits = None
     with adapter.positions_context(model, cache) as pstate:
         def step(t):
             pstate.q_pos = torch.tensor([T + t - 1])
             bar.update(1)
-        generated, _, cache = greedy_continue(model, cache, int(first_logits.argmax()), T, max_new_tokens,
-                                              stop_token_ids(model, tok), on_step=step)
+        if forced is not None:
+            generated = forced
+            rest, cache = forced_continue(model, cache, generated, T, on_step=step)
+            logits = torch.cat([first_logits[None], rest]) if len(generated) > 1 else first_logits[None]
+        else:
+            generated, _, cache = greedy_continue(model, cache, int(first_logits.argmax()), T, max_new_tokens,
+                                                  stop_token_ids(model, tok), on_step=step)
     decode_s = time.perf_counter() - t1
     bar.close()
     R = g.R if g.R is not None else torch.arange(T)
@@ -303,7 +323,7 @@ def run_pruned(
     return PruneResult(l_star=l_star, removed=removed_final, retained=R.cpu(), T=T, T_prime=int(len(R)), mode=mode,
                        decision=decision, trace=tr, generated_ids=generated, text=text, first_logits=first_logits,
                        prefill_s=prefill_s, decode_s=decode_s, kv_bytes=kv_bytes, params=params.to_dict(),
-                       hidden=g.hidden)
+                       hidden=g.hidden, logits=logits)
 
 
 @torch.no_grad()

@@ -14,7 +14,8 @@ import torch
 from workbench.checks import check_max_new_tokens
 from workbench.run import adapter
 
-__all__ = ["stop_token_ids", "decode_answer", "truncate_at_stop", "greedy_continue", "greedy_generate"]
+__all__ = ["stop_token_ids", "decode_answer", "truncate_at_stop", "greedy_continue", "forced_continue",
+           "greedy_generate"]
 
 
 def stop_token_ids(model, tokenizer=None) -> frozenset[int]:
@@ -76,6 +77,26 @@ def greedy_continue(model, cache, first_token: int, T: int, max_new_tokens: int,
         cache = adapter.output_cache(out) or cache
         ids.append(int(out.logits[0, -1].argmax()))
     return ids, steps, cache
+
+
+@torch.no_grad()
+def forced_continue(model, cache, forced: Sequence[int], T: int, *,
+                    on_step: Callable[[int], None] | None = None) -> tuple[torch.Tensor, object]:
+    """Teacher forcing after a prefill of ``T`` positions: token ``forced[t-1]`` is fed at its original position
+    ``T + t - 1`` for ``t = 1 … len(forced) - 1``, whatever the stop tokens (the greedy loop's positions).
+
+    Returns ``(logits, cache)``: float32 ``[len(forced) - 1, V]`` on the CPU, row ``t - 1`` predicting
+    ``forced[t]``. ``on_step(t)`` is called before the forward that produces row ``t - 1``."""
+    device = next(model.parameters()).device
+    rows = []
+    for t in range(1, len(forced)):
+        if on_step is not None:
+            on_step(t)
+        out = adapter.forward(model, torch.tensor([[int(forced[t - 1])]], device=device), cache=cache,
+                              position_ids=torch.tensor([[T + t - 1]], device=device), logits_to_keep=1)
+        cache = adapter.output_cache(out) or cache
+        rows.append(out.logits[0, -1].float().cpu())
+    return (torch.stack(rows) if rows else torch.zeros(0, 0)), cache
 
 
 @torch.no_grad()

@@ -38,6 +38,8 @@ The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
 3. **needle eviction** — the first needle prompt under every policy from one shared prefill
    (``eviction.run_policies``) and how many of the needle's tokens each cache kept
    (``eviction.survival_table``). Figure: kept positions per policy.
+4. **answer divergence** — per task family and policy, what eviction changed in the answer (mean KL, first parting
+   token; :func:`workbench.study.report_parts.divergence_part`): table ``answer_divergence``.
 
 Output folder::
 
@@ -329,6 +331,10 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
                 figures.update(f_n)
                 tables.update(t_n)
                 notes["needle_survival"] = note
+            if items and not partial:
+                at[0] = "the answer divergence"
+                tables["answer_divergence"], notes["answer_divergence"] = timed(
+                    "answer_divergence", lambda: parts.divergence_part(cfg, lm, items))
             if partial:  # an interrupted run writes its page quickly: no figure export
                 _stop_server(server_thread)
             else:

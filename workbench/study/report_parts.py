@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import re
 
+import pandas as pd
+
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.procedure import trace
 from workbench.capture import RowSet, run_capture
 from workbench.rerun import eviction
+from workbench.rerun.divergence import answer_divergences
 from workbench.run.examples import load_example
 from workbench.show import plots
 from workbench.show.export import prompt_hash
 from workbench.study.report_config import ReportConfig
 from workbench.study.tasks import max_new_tokens_for
 
-__all__ = ["capture_part", "needle_part", "needle_sentence"]
+__all__ = ["capture_part", "needle_part", "needle_sentence", "divergence_part"]
 
 
 def needle_sentence(item) -> str:
@@ -77,3 +80,32 @@ def needle_part(cfg: ReportConfig, lm, item):
             f"{budgets} from one shared prefill; kept_mean = fraction of needle tokens kept (mean over layers and KV "
             f"groups); correct = the answer {item.answers[0]!r} occurs in the reply.")
     return figs, {"needle_survival": surv}, note
+
+
+def divergence_part(cfg: ReportConfig, lm, items):
+    """What each eviction policy changed in the answer, per task family (its first prompt, the smallest budget
+    fraction): mean KL over the full-cache answer's tokens and the first token where the greedy answers part.
+    A policy that cannot run there (refused, a budget under its protected count) is a row with its error, not a
+    number. Returns ``(table, note)``."""
+    rows = []
+    frac = min(cfg.budget_fracs)
+    first: dict = {}
+    for it in items:
+        first.setdefault(it.task, it)
+    for item in first.values():
+        prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
+        B = eviction.resolve_budget(prompt.T, budget_frac=frac)
+        n = cfg.max_new_tokens or max_new_tokens_for(item.task)
+        for name in cfg.policies:
+            row = {"task": item.task, "item_id": item.item_id, "method": name, "budget": B, "T": prompt.T}
+            try:
+                d = answer_divergences(lm, prompt, [(eviction.policy_from_params(name), B)], max_new_tokens=n)[0]
+                row.update(n_answer=d.n, mean_kl=d.mean_kl, first_divergence=d.first_divergence, error=None)
+            except ValueError as e:
+                row.update(n_answer=None, mean_kl=None, first_divergence=None, error=str(e).splitlines()[0])
+            rows.append(row)
+    note = (f"Per family (its first prompt) and eviction policy at the smallest budget fraction {frac:g}: the "
+            "compressed run teacher-forced on the full-cache answer; mean_kl = mean over the answer's tokens of "
+            "KL(p_full ‖ p_compressed) in nats; first_divergence = the first answer token (0-based) where the greedy "
+            "answers part (empty: they agree); error: why the policy did not run.")
+    return pd.DataFrame(rows), note

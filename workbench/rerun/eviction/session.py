@@ -215,14 +215,22 @@ class EvictionSession:
         return self
 
     @torch.no_grad()
-    def run(self, policy: EvictionPolicy, budget: int, *, rerotate: bool = False) -> GenerationResult:
+    def run(self, policy: EvictionPolicy, budget: int, *, rerotate: bool = False,
+            forced=None) -> GenerationResult:
         """Evict with ``policy`` at budget ``B`` and decode ``max_new_tokens`` tokens (stops at EOS).
 
         ``rerotate=True`` re-positions the kept keys after compaction (StreamingLLM paper style): the key
         in storage slot ``s`` is turned from its original position to position ``s``, and decoding continues
         at the compacted length; the default keeps every key at its original position (decoding at
-        ``T + t - 1``). Needs the same count in every layer and KV head (no budget allocation)."""
-        return self._decode([self._evict(policy, budget, rerotate=rerotate)])[0]
+        ``T + t - 1``). Needs the same count in every layer and KV head (no budget allocation).
+
+        ``forced``: teacher forcing on these ids (the full-cache answer, at most ``max_new_tokens``): each step
+        feeds the next of them, not the greedy choice, for ``len(forced)`` tokens whatever the stop tokens;
+        ``ids`` are ``forced`` and logits row ``j`` predicts token ``j`` (:meth:`RunState.force`)."""
+        st = self._evict(policy, budget, rerotate=rerotate)
+        if forced is not None:
+            st.force(forced, self.n)
+        return self._decode([st])[0]
 
     @torch.no_grad()
     def run_batch(self, jobs) -> list[GenerationResult]:
@@ -423,7 +431,7 @@ class EvictionSession:
         the same length at the same step; a lone state runs exactly as an unbatched generation."""
         n = self.n
         for st in states:
-            st.done = len(st.ids) >= n or st.ids[-1] in self.eos
+            st.done = st.finished(n, self.eos)
         bar = tqdm(total=sum(n - len(st.ids) for st in states if not st.done), desc="decode",
                    disable=not self.progress, leave=False)
         with adapter.positions_context(self.model) as pstate:
@@ -467,8 +475,8 @@ class EvictionSession:
                 st.timings["batch"] = max(st.timings["batch"], len(grp))
                 if self.keep_logits:
                     st.logits.append(logit[i].cpu())
-                st.ids.append(int(logit[i].argmax()))
-                st.done = len(st.ids) >= n or st.ids[-1] in self.eos
+                st.ids.append(st.forced[len(st.ids)] if st.forced else int(logit[i].argmax()))
+                st.done = st.finished(n, self.eos)
             bar.update(len(grp))
 
     def _results(self, states) -> list[GenerationResult]:

@@ -54,6 +54,7 @@ from workbench.show.plots.bounds import (
     shift_steps,
 )
 from workbench.show.plots.counterexample import counterexample_errors, counterexample_logits, counterexample_rows
+from workbench.show.plots.divergence import answer_divergence
 from workbench.show.plots.sensitivity import answer_rank, head_weights, hoeffding_radius, removal_budget
 from workbench.show.plots.study import accuracy_vs_budget, deferkv_weights, kept_positions, kv_bytes_table
 from workbench.show.plots.tokens import kept_compare, removed_positions, token_attention, token_values
@@ -76,7 +77,7 @@ __all__ = [
     "envelope_rows", "certificate", "trace_layers", "drift", "break_even", "pages", "shift_steps",
     "shift_gains", "page_union_bounds", "deferkv_weights", "counterexample_rows", "counterexample_logits",
     "counterexample_errors", "kept_positions", "accuracy_vs_budget", "kv_bytes_table", "token_attention",
-    "token_values", "removed_positions", "kept_compare",
+    "token_values", "removed_positions", "kept_compare", "answer_divergence",
     "figure_frame", "update_figure", "figure_function", "as_figure",
     "pooled_measure", "head_weights", "answer_rank", "removal_budget", "envelope_scatter", "hoeffding_radius",
 ]
