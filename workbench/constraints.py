@@ -251,6 +251,13 @@ _P: dict[str, Constraint] = {
     "export.model_id": optional(InstanceOf(str, "a string", nonempty=True)),
     "export.csv": Bool(),
     "export.sidecar": Bool(),
+    # ---- export_interactive() (show.interactive): a panel as an offline page whose sliders still work
+    "interactive.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),
+    "interactive.sliders": optional(Seq(InstanceOf(str, "a slider's name", examples=("zeta",), nonempty=True),
+                                        nonempty=True, distinct=True)),
+    "interactive.points": _int(2, 40, note="values a slider at most"),
+    "interactive.max_mb": _real(0.0, 50.0, closed="right", note="the page's size bound in MB"),
+    "interactive.sidecar": Bool(),
 }
 
 PARAMS: Mapping[str, Constraint] = MappingProxyType(_P)
