@@ -242,3 +242,28 @@ def test_every_invalid_argument_is_refused_with_its_constraint(name, value, tmp_
     with pytest.raises(ValueError, match=re.escape(ix.INTERACTIVE_CHECKS[name].message(name, value))):
         ix.export_interactive(CounterexamplePanel(), **kw)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_panel_at_the_bundled_prompt_moves_offline_within_the_size_bound(offline_page, smollm_capture, tmp_path):
+    """The priority panel on the default model's capture of the bundled prompt: its layer slider moves the figures
+    in the page with the network off; the page's size is printed (benchmarks/RESULTS.md has it)."""
+    page, fetched, errors = offline_page
+    panel = PriorityPanel(smollm_capture)
+    html_path, side_path = panel.export_interactive(tmp_path / "priority", sliders=["layer"], points=40)
+    side = json.loads(side_path.read_text())
+    size = html_path.stat().st_size
+    print(f"\ninteractive PriorityPanel page at the bundled prompt (T = {smollm_capture.T}, layer slider, "
+          f"{side['n_states']} states): {size / 1e6:.2f} MB")
+    assert side["grid"]["layer"] == list(range(smollm_capture.L)) and side["failed_states"] == 0
+    assert size == side["html_bytes"] <= ix.MAX_MB * 1e6
+    assert side["model_id"] == smollm_capture.model_id and side["prompt_hash"]
+    _open(page, html_path)
+    before = _plot_data(page)
+    _move(page, 0, 0 if panel.params()["layer"] else smollm_capture.L - 1)
+    assert _plot_data(page) != before
+    layer = side["grid"]["layer"][0]
+    _move(page, 0, 0)
+    panel.set(layer=layer)
+    for k, name in enumerate(side["figures"]):
+        _same_traces(_plot_data(page, k), panel.figures[name])
+    assert fetched == [] and errors == []
