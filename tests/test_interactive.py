@@ -267,3 +267,31 @@ def test_a_panel_at_the_bundled_prompt_moves_offline_within_the_size_bound(offli
     for k, name in enumerate(side["figures"]):
         _same_traces(_plot_data(page, k), panel.figures[name])
     assert fetched == [] and errors == []
+
+
+class _RefusesLargeEps(CounterexamplePanel):
+    """A panel whose analysis refuses ε > 1e-3 (as an analysis refuses a parameter combination)."""
+
+    def compute(self):
+        if float(self.controls["eps"].value) > 1e-3:
+            raise ValueError("eps: refused above 1e-3 in this test")
+        return super().compute()
+
+
+def test_a_refused_state_is_shown_as_failed_not_as_a_figure(offline_page, tmp_path):
+    page, fetched, errors = offline_page
+    panel = _RefusesLargeEps()
+    html_path, side_path = panel.export_interactive(tmp_path / "refuses", points=40)
+    side = json.loads(side_path.read_text())
+    grid = side["grid"]["eps"]
+    refused = [i for i, v in enumerate(grid) if v > 1e-3]
+    assert refused and side["failed_states"] == len(refused)
+    _open(page, html_path)
+    _move(page, 0, refused[-1])
+    assert "not computed at this setting: eps: refused above 1e-3" in page.evaluate(
+        "document.getElementById('wb-status').textContent")
+    assert page.evaluate("Array.from(document.querySelectorAll('.wb-figure')).every(e => e.style.display === 'none')")
+    _move(page, 0, 0)  # back to a computed state: its figures and status return
+    assert page.evaluate("Array.from(document.querySelectorAll('.wb-figure')).every(e => e.style.display === '')")
+    assert "shallow mass" in page.evaluate("document.getElementById('wb-status').textContent")
+    assert fetched == [] and errors == []
