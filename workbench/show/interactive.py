@@ -16,7 +16,8 @@ runs), and writes
 **Size bound.** The page holds plotly.js (about 4.8 MB) plus the states; it is refused above ``max_mb`` MB
 (default and ceiling :data:`MAX_MB` = 50 MB) with its size, before anything is written. A state whose parameters
 the analysis refuses is kept as a failed state: the page shows the refusal in the status line and no figure.
-Figures are laid out at the panel's live width (the screen layout of :func:`~workbench.show.widgets.base.live_layout`).
+The page opens at the grid values nearest the panel's own; figures are laid out at the panel's live width (the
+screen layout of :func:`~workbench.show.widgets.base.live_layout`).
 """
 from __future__ import annotations
 
