@@ -19,7 +19,16 @@ import pytest
 
 import workbench as wb
 from workbench.show import interactive as ix
-from workbench.show.widgets import CounterexamplePanel, EvictionPanel, PriorityPanel, TokenPanel
+from workbench.show.widgets import (
+    AuditPanel,
+    CounterexamplePanel,
+    EvictionPanel,
+    HeadsPanel,
+    PagesPanel,
+    PriorityPanel,
+    ShiftPanel,
+    TokenPanel,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -295,3 +304,19 @@ def test_a_refused_state_is_shown_as_failed_not_as_a_figure(offline_page, tmp_pa
     assert page.evaluate("Array.from(document.querySelectorAll('.wb-figure')).every(e => e.style.display === '')")
     assert "shallow mass" in page.evaluate("document.getElementById('wb-status').textContent")
     assert fetched == [] and errors == []
+
+
+@pytest.mark.parametrize("cls", [HeadsPanel, PriorityPanel, AuditPanel, ShiftPanel, PagesPanel, TokenPanel],
+                         ids=lambda c: c.__name__)
+def test_every_capture_panel_exports_and_keeps_its_controls(cls, tiny, tmp_path):
+    """Each panel that follows a capture exports its first slider at every grid value with no failed state, and its
+    controls and figures on screen are as before (the export computes beside them)."""
+    lm, spans, cap = tiny
+    panel = cls(cap)
+    before = panel.params()
+    shown = {n: json.loads(f.to_json())["data"] for n, f in panel.figures.items() if hasattr(f, "to_json")}
+    _, side_path = panel.export_interactive(tmp_path / cls.__name__, points=3)
+    side = json.loads(side_path.read_text())
+    assert side["failed_states"] == 0 and side["n_states"] == len(next(iter(side["grid"].values())))
+    assert panel.params() == before
+    assert {n: json.loads(f.to_json())["data"] for n, f in panel.figures.items() if hasattr(f, "to_json")} == shown
