@@ -85,6 +85,7 @@ if TYPE_CHECKING:  # editors and type checkers read the flat names here (``X as 
     from workbench.show import widgets as widgets
     from workbench.show.export import export as export
     from workbench.show.export import export_all as export_all
+    from workbench.show.interactive import export_interactive as export_interactive
     from workbench.show.outputs import use_laid_out_outputs as use_laid_out_outputs
     from workbench.study import findings as findings
     from workbench.study import tasks as tasks
@@ -155,6 +156,7 @@ NAMES = {
     "PromptPanel": "workbench.study.prompt_panel",
     "export": "workbench.show.export",
     "export_all": "workbench.show.export",
+    "export_interactive": "workbench.show.interactive",
     "use_laid_out_outputs": "workbench.show.outputs",
     "one_thread": "workbench.util",
 }

@@ -9,6 +9,8 @@ Every panel has
   panel shows is exactly what the plot function gives for the current parameters);
 - ``.params()`` — the current parameter values (plain JSON types);
 - ``.export_all(folder, **kw)`` — every figure through :func:`workbench.show.export.export_all`.
+- ``.export_interactive(path, sliders=..., points=...)`` — one offline HTML page in which one or two of its sliders
+  still work (:func:`workbench.show.interactive.export_interactive`; not the panels that run the model).
 
 Analytic panels take a :class:`~workbench.capture.data.Capture` and never call a model: moving one
 of their sliders recomputes pure analysis functions (SPEC §2–§9) on cached per-capture statistics.

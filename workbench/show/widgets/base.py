@@ -18,6 +18,7 @@ from workbench.checks import check_int
 from workbench.show import export
 from workbench.show.figure_engine import KEEP_LAYOUT, Draft, as_figure, update_figure
 from workbench.show.figure_widget import FigureWidget, figure_widget
+from workbench.show.interactive import export_interactive
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
@@ -381,6 +382,38 @@ class Panel(abc.ABC):
         self.timings = {"analysis_ms": self._analysis_ms, "figure_ms": compute - self._analysis_ms,
                         "sync_ms": _ms(t1), "total_ms": _ms(t0)}
         self.n_updates += 1
+
+    # ----- figures at other control values (the interactive page) -----
+    #: why the panel's figures cannot be computed at other control values without the user (e.g. a model run from
+    #: a button); ``None``: :meth:`figures_at` gives them
+    live_only: str | None = None
+
+    def figures_at(self, **values) -> tuple[dict, str, dict]:
+        """The figures (laid out at the live width), the status line and the values the controls took, at control
+        ``values``, through the panel's own figure path (what a slider move computes). The controls come back to
+        their values after; the figures on screen are not touched. A refused combination raises ``ValueError``."""
+        unknown = set(values) - set(self.controls)
+        if unknown:
+            raise ValueError(f"values: unknown controls {sorted(unknown)}; known: {sorted(self.controls)}")
+        before = {k: w.value for k, w in self.controls.items()}
+        silent, self._silent = self._silent, True
+        try:
+            for k, v in values.items():
+                self.controls[k].value = v
+            took = {k: self.controls[k].value for k in values}
+            figs, status = self.compute()
+            figs = {name: live_layout(f, self.live_width) for name, f in figs.items()}
+            return {name: as_figure(f) for name, f in figs.items()}, status, took
+        finally:
+            for k, v in before.items():
+                if self.controls[k].value != v:
+                    self.controls[k].value = v
+            self._silent = silent
+
+    def export_interactive(self, path, **kw) -> list[Path]:
+        """This panel as one offline HTML page whose sliders still work, and its sidecar
+        (:func:`workbench.show.interactive.export_interactive`; ``kw`` go to it)."""
+        return export_interactive(self, path, **kw)
 
     # ----- export -----
     export_root = Path("exports")  # relative to the notebook's folder (JupyterLab opens the links)

@@ -63,6 +63,8 @@ class _RunMixin:
     itself runs synchronously (scripts, tests).
     """
 
+    live_only = "its figures follow a model run started from its button, not its sliders alone"
+
     def _init_run(self, label: str, steps: int) -> None:
         self.cache: dict = {}
         self.model_calls = 0  # runs actually executed (cache misses)
