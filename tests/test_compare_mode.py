@@ -126,7 +126,7 @@ def test_compare_run_equals_the_single_runs(real_panel, smollm, smollm_capture, 
     before_run = panel.status.value  # the preview's KV bytes, before any model call
     prev_a, prev_b = panel.preview_of(panel.policy(), B), panel.preview_of(panel.policy_b(), B)
     cmp = panel.run()
-    assert panel.model_calls == 4  # session + full cache + A + B
+    assert panel.model_calls == 6  # session + full cache + A + B + A and B teacher-forced (their divergence)
     assert panel.last_compare is cmp and cmp.a.label == f"snapkv, B = {B}" and cmp.b.label == f"deferkv, B = {B}"
     single = Wd.EvictionPanel(smollm_capture, smollm, example_prompt, policy="snapkv", budget=B, max_new_tokens=4)
     ra = single.run()

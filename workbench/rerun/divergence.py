@@ -22,7 +22,22 @@ from workbench.rerun.eviction.session import EvictionSession
 from workbench.rerun.prune import run_pruned
 from workbench.run.models import unwrap_model
 
-__all__ = ["answer_divergence", "answer_divergences"]
+__all__ = ["answer_divergence", "answer_divergences", "session_divergence"]
+
+
+def session_divergence(sess: EvictionSession, full, policy: EvictionPolicy, budget: int, *, own_ids=None,
+                       tokenizer=None) -> AnswerDivergence:
+    """The :class:`AnswerDivergence` of ``policy`` at ``budget`` in a prepared ``sess`` (``keep_logits=True``)
+    against its full-cache answer ``full`` (``sess.run(FullCache(), sess.T)``): the policy's run teacher-forced on
+    ``full.ids``, and its own greedy answer ``own_ids`` (run here when ``None``) for where the answers part."""
+    if full.logits is None or len(full.ids) == 0:
+        raise ValueError("full: needs the full-cache answer's logits (a session with keep_logits=True) and at "
+                         "least one answer token")
+    forced = sess.run(policy, budget, forced=full.ids)
+    own = sess.run(policy, budget).ids if own_ids is None else own_ids
+    tokens = [tokenizer.decode([i]) for i in full.ids] if tokenizer is not None else None
+    return logit_divergence(full.logits, forced.logits, full.ids, other_ids=own, tokens=tokens,
+                            label=f"{policy.name}, B = {budget}")
 
 
 def _setting(s) -> tuple[EvictionPolicy | EntroPrefillParams, int | None]:
@@ -59,18 +74,15 @@ def answer_divergences(model, prompt, settings: Sequence, *, max_new_tokens: int
     out = []
     for p, B in settings:
         if isinstance(p, EvictionPolicy):
-            forced = sess.run(p, B, forced=full.ids)
-            own = sess.run(p, B).ids
-            logits, label = forced.logits, f"{p.name}, B = {B}"
-        else:
-            forced = run_pruned(model, prompt, p, layer=layer, removed=removed, max_new_tokens=n, forced=full.ids,
-                                progress=progress)
-            own = run_pruned(model, prompt, p, layer=layer, removed=removed, max_new_tokens=n,
-                             progress=progress).generated_ids
-            logits = forced.logits
-            label = "pruned prefill, bypass" if forced.bypass else \
-                f"pruned prefill, l* = {forced.l_star}, T' = {forced.T_prime} of {forced.T}"
-        out.append(logit_divergence(full.logits, logits, full.ids, other_ids=own, tokens=tokens, label=label))
+            out.append(session_divergence(sess, full, p, B, tokenizer=tok))
+            continue
+        forced = run_pruned(model, prompt, p, layer=layer, removed=removed, max_new_tokens=n, forced=full.ids,
+                            progress=progress)
+        own = run_pruned(model, prompt, p, layer=layer, removed=removed, max_new_tokens=n,
+                         progress=progress).generated_ids
+        label = "pruned prefill, bypass" if forced.bypass else \
+            f"pruned prefill, l* = {forced.l_star}, T' = {forced.T_prime} of {forced.T}"
+        out.append(logit_divergence(full.logits, forced.logits, full.ids, other_ids=own, tokens=tokens, label=label))
     return out
 
 

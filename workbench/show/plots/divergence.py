@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from workbench.show.figure_engine import Draft, add_span, figure_meta, finish, plot_array
+from workbench.show.figure_engine import Draft, add_span, figure_function, figure_meta, finish, plot_array
 from workbench.show.plots.common import customdata
 from workbench.show.theme import PALETTE, token_label
 
@@ -22,6 +22,7 @@ def _check(name: str, d):
     return d
 
 
+@figure_function
 def answer_divergence(a, b=None, *, model_id: str | None = None, params=None) -> go.Figure:
     """Per answer token of the full-cache answer: ``KL(p_full ‖ p_compressed)`` (bars, top; from the first parting
     token on in a second colour), ``Δ log p`` of the chosen token and ``Δ margin`` (lines, bottom), the first parting

@@ -213,7 +213,7 @@ class CompareMode(CompareControls):
         pa, pb = self.policy(), self.policy_b()
         Ba, Bb = int(c["budget"].value), int(c["budget_b"].value)
         ka, kb = self.run_key(), self.run_key_b()
-        self.progress.max = 3
+        self.progress.max = 4
         with self._busy():
             self._step(0, "prefill…" if self._session is None else "full cache…")
             sess = self.session()
@@ -223,7 +223,12 @@ class CompareMode(CompareControls):
             self._step(2, f"B: {pb.name}…")
             rb = self._cached(kb, lambda: sess.run(pb, Bb))
             cmp = compare_runs(full, ra, rb, layer=self.compare_layer())
-            self._step(3, "done")
+            self._step(3, "divergence from the full-cache answer…")
+            da = self.divergence_of(sess, full, pa, Ba, ra, ka)
+            db = self.divergence_of(sess, full, pb, Bb, rb, kb)
+            self._step(4, "done")
         self.last_compare = cmp
+        self.last_divergence_ab = None if da is None else (da, db)
         self.answers.value = compare_table(cmp)
+        self.update()  # the divergence figure of A and B joins
         return cmp

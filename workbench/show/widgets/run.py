@@ -41,6 +41,7 @@ from workbench.show.widgets.base import (
 )
 from workbench.show.widgets.compare import CompareMode
 from workbench.show.widgets.compare_prune import PruneCompareMode
+from workbench.show.widgets.divergence_view import DivergenceView
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -295,7 +296,7 @@ def _no_preview(reason: str, policy: str, budget: int, model_id) -> go.Figure:
                                     showarrow=False)])
 
 
-class EvictionPanel(CompareMode, _RunMixin, Panel):
+class EvictionPanel(DivergenceView, CompareMode, _RunMixin, Panel):
     """KV eviction policies (SPEC §9): policy, budget ``B``, DeferKV ``λ`` and the page size.
 
     The sliders update the *preview* of the kept prompt positions, scored from the capture's rows
@@ -306,11 +307,13 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
 
     *compare* (:class:`~workbench.show.widgets.compare.CompareMode`) puts a second setting ``B`` beside this one
     (``A``): both kept sets in one token view with the difference marked, and Run generates under both.
+    After a run, the *divergence* figure (:class:`~workbench.show.widgets.divergence_view.DivergenceView`) shows
+    what the eviction changed in the answer (A and B in compare mode).
     """
 
     title = "KV-cache eviction (SPEC §9)"
     TOOLTIP_KEYS = CompareMode.TOOLTIP_KEYS
-    TRANSIENT = ("compare",)
+    TRANSIENT = ("compare", "divergence")
 
     def __init__(self, capture: Capture, model, prompt, *, policy: PolicyName = "deferkv", budget: int | None = None,
                  max_new_tokens: int = 12, n_sink: int | None = None, recent: int = 32):
@@ -340,8 +343,9 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         self.controls["policy"].observe(self._show_applicable, names="value")
         self._show_applicable()
         self._init_compare()
+        self._init_divergence()
         self._session = None
-        self._init_run("Run eviction", 2)
+        self._init_run("Run eviction", 3)
         self._finish()
 
     SLIDER_FIELDS = {"defer_lam": "lam", "page": "page"}  # slider → the policy field it sets
@@ -425,7 +429,11 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         return _no_preview(reason, policy, budget, self.capture.model_id)
 
     def compute(self):
-        prev = self._analyse()
+        figs, status = self.compute_preview(self._analyse())
+        return self.divergence_figures(figs), status
+
+    def compute_preview(self, prev):
+        """The kept-positions preview (both settings' in compare mode) and the status line."""
         if self.compare_on():
             return self.compare_compute(prev)
         pol = self.policy()
@@ -464,20 +472,26 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
         if self.compare_on():
             return self.run_compare()
         pol, key = self.policy(), self.run_key()
-        self.progress.max = 2
+        B = int(self.controls["budget"].value)
+        self.progress.max = 3
         with self._busy():
             self._step(0, "prefill…" if self._session is None else "full cache…")
             sess = self.session()
             full = self.full_result(sess)
             self._step(1, f"{pol.name}…")
-            res = self._cached(key, lambda: sess.run(pol, int(self.controls["budget"].value)))
-            self._step(2, "done")
+            res = self._cached(key, lambda: sess.run(pol, B))
+            self._step(2, "divergence from the full-cache answer…")
+            div = self.divergence_of(sess, full, pol, B, res, key)
+            self._step(3, "done")
         rows = [("KV bytes " + f"{full.kv_bytes_after:,}", f"KV bytes {res.kv_bytes_after:,} "
                  f"({res.kv_bytes_after / max(full.kv_bytes_after, 1):.0%}), evicted after step {res.evicted_at}")]
         hl = self.highlight()
         if hl:
             rows.append(("answer document kept (mean over layers, groups)", f"{float(res.survival(hl).nanmean()):.3f}"))
+        rows.append(("", self.divergence_note(div)))
         self.answers.value = _answer_table("full cache", _text(full, "ids"), f"{res.policy}, B = {res.budget}",
                                            _text(res, "ids"), rows)
+        self.last_divergence = div
+        self.update()  # the divergence figure joins (or leaves: an empty full answer)
         return res
 
