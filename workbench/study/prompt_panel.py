@@ -6,6 +6,11 @@ capture. Bad input (an empty document, no question, a prompt longer than the mod
 its range) is said in the panel, naming the field, and changes nothing: the state keeps its capture and the
 panels their figures.
 
+*Load model* chooses the model in the lab (a local folder, a hub id already in the local cache or a shipped
+research model's short name: :func:`workbench.run.models.load_model`) and captures the panel's prompt on it, so
+that every following panel switches to it; a model that is refused, or a prompt it cannot capture, is said in the
+panel and the previous model stays.
+
 It sits in the study layer because it builds the study's task families; the panels it feeds are the show
 layer's.
 """
@@ -13,13 +18,16 @@ from __future__ import annotations
 
 import html
 import re
+import warnings
 
 import ipywidgets as W
 
 from workbench.capture import RowSet, run_capture
 from workbench.checks import Choice, Interval, check_context
 from workbench.constraints import PARAMS, register_all
+from workbench.run.models import load_model
 from workbench.run.prompt import build_prompt, has_visible_text
+from workbench.run.shipped import SHIPPED
 from workbench.show.widgets.state import CaptureState
 from workbench.study.ruler import RULER_TASKS, build_ruler
 
@@ -93,6 +101,7 @@ class PromptPanel:
         PROMPT_PANEL_CHECKS["n_boxes"].check("n_boxes", n_boxes)
         TASK.check("task", task)
         self.lm, self.state = lm, state
+        self._max_context = max_context  # the caller's bound; None: each model's own context
         self.max_context = max_context if max_context is not None else (lm.shape.max_context or None)
         self.prompt = self.item = self.capture = None
         self.error: str | None = None
@@ -112,18 +121,26 @@ class PromptPanel:
                                layout=W.Layout(width="220px"),
                                tooltip="build the prompt, capture it (one prefill and the decode steps) and show it "
                                        "in every panel of the shared state")
+        self.model = W.Combobox(value="", options=sorted(SHIPPED), ensure_option=False, description="model",
+                                placeholder="a model folder, a cached hub id or a research model", style=_LABEL,
+                                layout=W.Layout(width="520px"))
+        self.load_button = W.Button(description="Load model", icon="download", layout=_auto(),
+                                    tooltip="load this model and capture the prompt below on it; every panel of "
+                                            "the shared state follows")
         self.status = W.HTML(self._summary())
         self.documents_box = W.VBox([W.HTML("documents: one per box, or several in a box separated by a line "
                                             "<code>---</code>"), self.boxes,
                                      W.HBox([self.add_box, self.remove_box]), self.question])
         self.task_box = W.VBox([W.HBox([self.task, self.length, self.seed])], layout=W.Layout(display="none"))
-        self.widget = W.VBox([W.HTML("<b>Prompt: documents and a question, or a RULER-style task</b>"), self.mode,
+        self.widget = W.VBox([W.HTML("<b>Prompt: documents and a question, or a RULER-style task</b>"),
+                              W.HBox([self.model, self.load_button]), self.mode,
                               self.documents_box, self.task_box, W.HBox([self.tail, self.n_decode]), self.button,
                               self.status])
         self.mode.observe(self._show_mode, names="value")
         self.add_box.on_click(lambda _b: self._add())
         self.remove_box.on_click(lambda _b: self._remove())
         self.button.on_click(lambda _b: self.build())
+        self.load_button.on_click(lambda _b: self.choose_model(self.model.value))
 
     # ----- the controls -----
     @staticmethod
@@ -218,6 +235,43 @@ class PromptPanel:
         if failed:
             msg += "<br>" + "<br>".join(_red(f"{p} still shows the previous capture: {r}") for p, r in failed.items())
         self.status.value = msg
+        return cap
+
+    def choose_model(self, spec: str):
+        """Load ``spec`` (a local model folder, a hub id already in the local cache or a research model's short
+        name) on the current model's device, and capture the panel's prompt on it (:meth:`build`): every following
+        panel switches to it. Returns the new capture, or ``None`` with the reason in the status line and
+        ``.error`` (a refused model, or a prompt it cannot capture): the previous model, capture and figures stay.
+        Warnings of a partly supported model are shown in the status line."""
+        spec = str(spec).strip()
+        if not spec:
+            self.error = "model: name a model folder, a hub id already in the local cache or a research model"
+            self.status.value = _red(self.error)
+            return None
+        self.load_button.disabled = True
+        self.status.value = f"<i>loading {html.escape(spec)}…</i>"
+        try:
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                lm = load_model(spec, device=str(self.lm.device), progress=False)
+        except (ValueError, TypeError, OSError) as e:
+            self.error = f"model: {spec} cannot be used: {e}"
+            self.status.value = _red(self.error)
+            return None
+        finally:
+            self.load_button.disabled = False
+        old = self.lm, self.max_context
+        self.lm = lm
+        self.max_context = self._max_context if self._max_context is not None else (lm.shape.max_context or None)
+        cap = self.build()
+        if cap is None:
+            self.lm, self.max_context = old
+            self.error = (f"model: {lm.model_id} loaded, but the prompt cannot be captured on it: {self.error}; the "
+                          f"panels keep {getattr(self.state.capture, 'model_id', '')}")
+            self.status.value = _red(self.error)
+            return None
+        notes = "".join(f"<br>{html.escape(str(w.message))}" for w in said)
+        self.status.value += notes
         return cap
 
     def _repr_mimebundle_(self, **kw):
