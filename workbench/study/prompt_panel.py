@@ -227,7 +227,7 @@ class PromptPanel:
             self.button.disabled = False
         self.error = None
         self.prompt, self.item, self.capture = prompt, item, cap
-        failed = self.state.set(cap, prompt)
+        failed = self.state.set(cap, prompt, model=self.lm)
         n = len(self.state.panels) - len(failed)
         msg = self._summary() + f"; shown in {n} of {len(self.state.panels)} panels"
         if item is not None:

@@ -22,14 +22,16 @@ def _is_capture(x) -> bool:
 
 
 class CaptureState:
-    """The capture (``.capture``), the prompt that built it (``.prompt``, may be ``None``) and the panels that
-    follow it (``.panels``, in the order they joined). ``.version`` counts the captures set (1: the first)."""
+    """The capture (``.capture``), the prompt that built it (``.prompt``, may be ``None``), the model that made it
+    (``.model``, may be ``None``: what captures a clicked token's row on demand) and the panels that follow it
+    (``.panels``, in the order they joined). ``.version`` counts the captures set (1: the first)."""
 
-    def __init__(self, capture: Capture, prompt=None):
+    def __init__(self, capture: Capture, prompt=None, *, model=None):
         if not _is_capture(capture):
             raise ValueError(f"capture: must be a Capture, got {type(capture).__name__}")
         self.capture = capture
         self.prompt = prompt
+        self.model = model
         self.panels: list = []
         self.version = 1
 
@@ -40,13 +42,14 @@ class CaptureState:
         if not any(p is panel for p in self.panels):
             self.panels.append(panel)
 
-    def set(self, capture: Capture, prompt=None) -> dict[str, str]:
-        """Make ``capture`` the state's capture and hand it to every following panel. Returns
+    def set(self, capture: Capture, prompt=None, *, model=None) -> dict[str, str]:
+        """Make ``capture`` (made by ``model``; ``None``: unknown) the state's capture and hand it to every
+        following panel. Returns
         ``{panel: reason}`` for the panels that could not show it (each keeps its previous capture, its figures
         and says so in its status line); empty when every panel follows."""
         if not _is_capture(capture):
             raise ValueError(f"capture: must be a Capture, got {type(capture).__name__}")
-        self.capture, self.prompt = capture, prompt
+        self.capture, self.prompt, self.model = capture, prompt, model
         self.version += 1
         failed: dict[str, str] = {}
         for i, p in enumerate(self.panels):
