@@ -8,7 +8,7 @@ import torch
 
 from workbench.capture import RowSet, run_capture
 from workbench.run.models import load_model, tiny_model
-from workbench.show.widgets import CaptureState, HeadsPanel, PriorityPanel
+from workbench.show.widgets import CaptureState, HeadsPanel, PriorityPanel, TokenPanel
 from workbench.study.prompt_panel import PromptPanel
 
 DOCS = ["The lighthouse keeper Marla Quint paints the tower red every spring.",
@@ -26,7 +26,7 @@ def folder(smollm, tmp_path):
 
 def test_a_saved_model_folder_is_loaded_and_every_panel_follows(smollm, smollm_capture, folder):
     state = CaptureState(smollm_capture)
-    heads, prio = HeadsPanel(state), PriorityPanel(state)
+    heads, prio, tokens = HeadsPanel(state), PriorityPanel(state), TokenPanel(state)
     panel = PromptPanel(smollm, state, documents=DOCS, question=QUESTION, tail=8, n_decode=1)
     panel.model.value = str(folder)
     panel.load_button.click()
@@ -34,12 +34,15 @@ def test_a_saved_model_folder_is_loaded_and_every_panel_follows(smollm, smollm_c
     cap = state.capture
     assert cap is panel.capture and cap.model_id.startswith(str(folder)) and panel.lm is not smollm
     assert cap.L == 2 and cap.attn.shape[:2] == (2, 4)                  # the tiny model's layers and heads
-    assert heads.capture is cap and prio.capture is cap and heads.controls["layer"].max == 1
-    assert str(folder) in panel.status.value and "shown in 2 of 2 panels" in panel.status.value
+    assert heads.capture is cap and prio.capture is cap and tokens.capture is cap and heads.controls["layer"].max == 1
+    assert str(folder) in panel.status.value and "shown in 3 of 3 panels" in panel.status.value
     # the rows are the folder's model's own: an independent load and capture of the same prompt
     ref = run_capture(load_model(str(folder), device="cpu", progress=False), panel.prompt, RowSet(tail=8, n_decode=1),
                       progress=False)
     assert torch.equal(ref.attn, cap.attn) and ref.spans.T == cap.T
+    # a clicked token's own row is captured on the chosen model (the state's)
+    assert state.model is panel.lm and tokens.click(1) == ("token", 1)
+    assert tokens.on_demand[1].model_id == cap.model_id and tokens.on_demand[1].attn.shape[:2] == (2, 4)
     # the next build captures on the chosen model too
     panel.set_documents(DOCS[:1], QUESTION)
     assert panel.build().L == 2
