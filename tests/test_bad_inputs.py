@@ -615,7 +615,7 @@ def test_case14_example_takes_bundled_names_only(capsys, tmp_path):
     for name in ("../tests/../data/squad_sample", "squad_sample", "/etc/passwd", "example_prompt.json"):
         line = _cli_error(capsys, ["capture", "--example", name, "--out", str(tmp_path / "x")])
         assert f"name: no bundled example {name!r}; available: ['example_prompt', 'needle_haystack']" in line
-    assert load_example("needle_haystack").name and not os.listdir(tmp_path)
+    assert load_example("needle_haystack").task and not os.listdir(tmp_path)
 
 
 def test_case19_lab_on_a_busy_port_refuses_before_printing_a_url(capsys, monkeypatch):
