@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Bool, Float
 
 from workbench.analyse.rows import check_rows
 from workbench.checks import Interval, check_fields, check_int, optional
@@ -117,7 +118,8 @@ def audit_sample(n_pop: int, m_a: int, seed: int) -> torch.Tensor:
 
 
 @shaped
-def audit_bounds(A_audit: torch.Tensor, removed: torch.Tensor, config: AuditConfig = AuditConfig()) -> AuditResult:
+def audit_bounds(A_audit: Float[torch.Tensor, "H_Q n_pop T"], removed: Bool[torch.Tensor, " T"],
+                 config: AuditConfig = AuditConfig()) -> AuditResult:
     """Per-head audit bound of the discarded mass of ``removed`` (SPEC §6).
 
     Args:
