@@ -207,7 +207,7 @@ def test_shift_and_pages_panels(smollm_capture):
     # the panel takes the slider path (PageScoreMemo: equal to the direct group scores to float64 rounding,
     # tests/test_pages.py); its figure is the one of that path, and its selection the direct one's here
     fast = PageSelection(b=8, K=5).select(pool.a, pool.w, cap.head_group, 64, memo=PageScoreMemo(pool.a, cap.head_group),
-                                          v=pool.v, zeta=0.7)
+                                          pooling=pool)
     assert torch.equal(fast.selected, pr.selected)
     torch.testing.assert_close(fast.p, pr.p, rtol=1e-12, atol=1e-15)
     assert_shows(pp.figures["pages"], plots.pages(fast, 3, cap.spans))

@@ -18,6 +18,7 @@ group weights ``w_h`` (SPEC §2, :class:`~workbench.analyse.pooling.HeadPooling`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,7 +26,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from workbench.analyse.pooling import group_onehot
+from workbench.analyse.pooling import PoolingResult, group_onehot
 from workbench.analyse.ranking import topk_mask
 from workbench.checks import Interval, check_fields, check_int
 from workbench.constraints import PARAMS, checked, shared
@@ -314,7 +315,7 @@ class PageSelection:
         check_fields(self)
 
     def select(self, a: Tensor, w: Tensor, head_group: Tensor, d: int, *, memo: PageScoreMemo | None = None,
-               v: Tensor | None = None, zeta: float | None = None) -> PageResult:
+               pooling: PoolingResult | None = None) -> PageResult:
         """Select the top-``K`` pages of every layer and KV group.
 
         Args:
@@ -322,9 +323,11 @@ class PageSelection:
             w: float ``[L, H_Q]`` head weights ``w_h`` (SPEC §2; sum to 1 within each group).
             head_group: int ``[H_Q]``, ``g(h)``.
             d: head dim (for the byte counts).
-            memo: a :class:`PageScoreMemo` of ``a`` (the slider path): with ``v`` (the within-group softmax
-                that made ``w``) and ``zeta`` the group scores and ``UOR`` come from it (equal to the direct
-                computation up to float64 rounding).
+            memo: a :class:`PageScoreMemo` of ``a`` (the slider path): with ``pooling``, the
+                :class:`~workbench.analyse.pooling.PoolingResult` that made ``a`` and ``w`` (its within-group
+                softmax ``v`` and its ``ζ``), the group scores and ``UOR`` come from it (equal to the direct
+                computation up to float64 rounding). ``ζ`` is read from the pooling, so it cannot disagree
+                with the ``w`` it made.
         """
         a = torch.as_tensor(a)
         w = torch.as_tensor(w)
@@ -332,9 +335,13 @@ class PageSelection:
             raise ValueError(f"a: must have shape [L, H, T], got {list(a.shape)}")
         L, H, T = a.shape
         if memo is not None:
-            if memo.a is not a or v is None or zeta is None:
-                raise ValueError("memo: must be a PageScoreMemo of this `a`, given with `v` and `zeta`")
-            p = memo.scores(v, float(zeta))
+            if memo.a is not a or pooling is None or pooling.a is not a or pooling.w is not w:
+                raise ValueError("memo: must be a PageScoreMemo of this `a`, given with the pooling "
+                                 "(PoolingResult) that made `a` and `w`")
+            if not math.isfinite(pooling.zeta):
+                raise ValueError(f"pooling: must know the zeta that made it (HeadPooling.pool), got zeta = "
+                                 f"{pooling.zeta}")
+            p = memo.scores(pooling.v, pooling.zeta)
         else:
             p = group_scores(a, w, head_group)
         G = p.shape[1]

@@ -17,7 +17,7 @@ import pandas as pd
 import torch
 
 from workbench.analyse import priorities as P
-from workbench.analyse.audit import NO_LAYER_CAN_PASS, audit_from_rows, hoeffding_b
+from workbench.analyse.audit import NO_LAYER_CAN_PASS, AuditConfig, audit_from_rows, hoeffding_b
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import PoolingCache
 from workbench.analyse.rows import check_capture_rows
@@ -251,6 +251,9 @@ def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify
     L, H_Q, k = capture.L, capture.H_Q, spans.k
     layers = params.monitored_layers(L)
     J = len(layers)
+    # one audit configuration for every monitored layer (the same sample, δ split over the J layers)
+    audit_config = AuditConfig(params.audit_mode, params.m_a, params.delta, J, params.seed,
+                               params.eps_audit) if J else None
     notes: list[str] = []
     b = 0.0
     if params.audit_mode == "sampled":
@@ -354,8 +357,7 @@ def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify
                 rec.update(status="no_audit", decision=f"continue: no audit rows, {NO_LAYER_CAN_PASS}")
             else:
                 eta_rows = A_aud[l][:, :, list(res.removed)].sum(-1)  # [H_Q, n_pop]: A_U(E_l) per audit row
-                au = audit_from_rows(eta_rows, params.audit_mode, params.m_a, params.delta, J, params.seed,
-                                     eps_audit=params.eps_audit)
+                au = audit_from_rows(eta_rows, audit_config)
                 audits[l] = au
                 rec.update(audited=True, max_audit_bound=au.max_bound, passed=au.passed)
                 if au.passed:

@@ -341,7 +341,7 @@ class PagesPanel(Panel):
             if self._memo is None or self._memo.a is not pool.a:
                 self._memo = PageScoreMemo(pool.a, self.capture.head_group)
             self._results[key] = PageSelection(b=key[2], K=key[3], s=self.s, e=self.e).select(
-                pool.a, pool.w, self.capture.head_group, self.d, memo=self._memo, v=pool.v, zeta=ep.zeta)
+                pool.a, pool.w, self.capture.head_group, self.d, memo=self._memo, pooling=pool)
             while len(self._results) > 2:
                 self._results.pop(next(iter(self._results)))
         return self._results[key]

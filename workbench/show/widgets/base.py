@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import abc
 import html
-import re
 import time
+import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -95,8 +95,15 @@ def html_escape(s) -> str:
 
 
 def head_dim_of(capture: Capture, default: int = 64) -> int:
-    m = re.search(r"\bd=(\d+)", str(getattr(capture, "model_id", "")))
-    return int(m.group(1)) if m else default
+    """The capture's head dimension (:attr:`Capture.head_dim`, from the model config); ``default`` for a synthetic
+    capture, which has no model, and with a warning for any other capture that does not know it."""
+    d = capture.head_dim
+    if d is None:
+        if capture.model_id != "synthetic":
+            warnings.warn(f"capture of {capture.model_id!r} records no head dimension: the KV byte counts take "
+                          f"d = {default} (pass head_dim= to the panel)", stacklevel=3)
+        return default
+    return d
 
 
 def _ms(t0: float) -> float:

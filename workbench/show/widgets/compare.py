@@ -18,6 +18,7 @@ from dataclasses import fields
 
 import ipywidgets as W
 
+from workbench.rerun.eviction import build_policy
 from workbench.rerun.eviction.compare import RunComparison, compare_kept, compare_runs, setting_labels
 from workbench.show import plots
 from workbench.show.widgets.answers import answer_table
@@ -153,7 +154,8 @@ class CompareMode(CompareControls):
     def policy_b(self):
         """The policy object of setting B."""
         c = self.controls
-        return self.build_policy(c["policy_b"].value, c["defer_lam_b"].value, c["page_b"].value)
+        return build_policy(self.classes[c["policy_b"].value], **self.common, lam=float(c["defer_lam_b"].value),
+                            page=int(c["page_b"].value))
 
     def run_key_b(self) -> tuple:
         pol = self.policy_b()

@@ -21,7 +21,7 @@ from workbench.rerun.eviction import (
     FullCache,
     GenerationResult,
     Needs,
-    SnapKV,
+    build_policy,
     every_policy,
     preview,
 )
@@ -353,22 +353,11 @@ class EvictionPanel(CompareMode, _RunMixin, Panel):
             self.controls[ctl].layout.display = None if field in names else "none"
 
     def policy(self):
-        """The policy object of the current controls."""
+        """The policy object of the current controls: the panel's common parameters, DeferKV's ``λ`` and the page
+        size, to those policies that have the field (the one builder, :func:`~workbench.rerun.eviction.build_policy`)."""
         c = self.controls
-        return self.build_policy(c["policy"].value, c["defer_lam"].value, c["page"].value)
-
-    def build_policy(self, name: str, lam: float, page: int):
-        """The policy ``name`` with the panel's common parameters, DeferKV's ``λ`` and the page size."""
-        cls = self.classes[name]
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in self.common.items() if k in names}
-        if "base" in names:  # rescaling and budget allocations act on SnapKV's scores
-            kw["base"] = SnapKV(**{k: v for k, v in self.common.items() if k in {f.name for f in fields(SnapKV)}})
-        if "lam" in names:
-            kw["lam"] = float(lam)
-        if "page" in names:
-            kw["page"] = int(page)
-        return cls(**kw)
+        return build_policy(self.classes[c["policy"].value], **self.common, lam=float(c["defer_lam"].value),
+                            page=int(c["page"].value))
 
     def highlight(self) -> list[int]:
         """Positions of the answer document (the needle), when the prompt knows it."""
