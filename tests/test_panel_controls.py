@@ -10,7 +10,8 @@ import pytest
 from _all_figures import synthetic_inputs
 
 from workbench.show import widgets as Wd
-from workbench.show.widgets.run import RunCancelled, _answer_table
+from workbench.show.widgets.run import _answer_table
+from workbench.show.widgets.run_control import RunCancelled
 
 
 @pytest.fixture(scope="module")
