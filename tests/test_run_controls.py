@@ -73,6 +73,23 @@ def test_cancel_stops_within_one_layer_and_keeps_the_previous_answers(tiny):
     assert panel.progress.description == "done" and "cancelled" not in panel.answers.value
 
 
+def test_cancel_stops_the_pruned_prefill_panel_within_one_layer(tiny):
+    lm, spans, cap = tiny
+    net = unwrap_model(lm)[0]
+    base = wb.EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
+    panel = Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=2)
+    ran: list = []
+    handles = _cancel_at(panel, net, 1, ran)
+    try:
+        panel.request_run()
+        panel.wait(60)
+    finally:
+        for h in handles:
+            h.remove()
+    assert ran == [0, 1] and panel.progress.description == "cancelled" and panel.model_calls == 0
+    assert panel.last_full is None and "not run yet" in panel.answers.value   # nothing of the stopped run shown
+
+
 def test_a_policy_without_preview_shows_its_runs_kept_set(tiny):
     lm, spans, cap = tiny
     with REGISTRY.scoped():
