@@ -11,7 +11,8 @@ from _all_figures import synthetic_inputs
 
 from workbench.rerun.eviction import CriticalKV, DeferKV, PageEntroKV, SnapKV
 from workbench.show import widgets as Wd
-from workbench.show.widgets.run import RunCancelled, _answer_table
+from workbench.show.widgets.run import _answer_table
+from workbench.show.widgets.run_control import RunCancelled
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import signal
@@ -145,6 +146,24 @@ def lab_command(*, notebook_dir: str = "notebooks", port: int = 8888, ip: str = 
     return cmd, f"http://{host}:{port}/lab?token={urllib.parse.quote(token, safe='')}", env
 
 
+#: JupyterLab settings the workbench's lab starts with (``overrides.d``: defaults a user's own settings still win
+#: over). JupyterLab drops cells run while a notebook's kernel is still starting (*Run All* pressed at once did
+#: nothing, and said nothing); it has no setting that queues them, but this one says so in a notification that
+#: stays until closed ("Kernel … is still initializing. You can run code cells when the kernel has initialized.")
+LAB_OVERRIDES = {"@jupyterlab/notebook-extension:tracker": {"enableKernelInitNotification": True}}
+#: where JupyterLab reads the overrides of this Python's installation (its app settings)
+LAB_SETTINGS = Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings"
+
+
+def write_lab_overrides(settings: Path | None = None) -> Path:
+    """Write :data:`LAB_OVERRIDES` to ``<settings>/overrides.d/attn-workbench-run.json`` (default
+    :data:`LAB_SETTINGS`); returns the file."""
+    path = Path(settings if settings is not None else LAB_SETTINGS) / "overrides.d" / "attn-workbench-run.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(LAB_OVERRIDES, indent=1) + "\n")
+    return path
+
+
 def kernel_installed(name: str = KERNEL) -> bool:
     """Whether the notebooks' named kernel is installed where Jupyter looks (``make setup`` installs it into
     this Python's prefix; also the user's and the system's data folders, ``$JUPYTER_DATA_DIR``, ``$JUPYTER_PATH``)."""
@@ -189,6 +208,12 @@ def _lab(args) -> int:
     if args.dry_run:
         print(" ".join(cmd))
         return 0 if ok else 1
+    try:
+        where = write_lab_overrides()
+        print(f"cells run before the kernel is ready are refused with a notification (setting in {where})")
+    except OSError as e:  # a read-only installation: the lab still starts, and says what it could not set
+        print(f"note: could not write the lab's settings ({e}); cells run before the kernel is ready are dropped "
+              f"silently: wait for the kernel to be idle before Run All", file=sys.stderr)
     os.execve(cmd[0], cmd, env)
     return 0  # pragma: no cover - execv does not return
 

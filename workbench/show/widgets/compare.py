@@ -24,7 +24,17 @@ from workbench.show import plots
 from workbench.show.widgets.answers import answer_table
 from workbench.show.widgets.base import SLIDERS, html_escape
 
-__all__ = ["CompareControls", "CompareMode", "compare_table"]
+__all__ = ["CompareControls", "CompareMode", "compare_table", "same_set_note"]
+
+
+def same_set_note(kept) -> str:
+    """What the compare view says when A and B (a ``KeptComparison``) keep the same positions (an all-"both" view
+    would look like a broken comparison), or ``""`` when they differ."""
+    n = kept.counts()
+    if n["A only"] or n["B only"]:
+        return ""
+    hint = "; choose one layer in *compare at* to see where they differ" if kept.layer is None else ""
+    return f"A and B keep the same set at this budget ({kept.where}){hint}"
 
 
 def _fmt(x: float) -> str:
@@ -53,6 +63,8 @@ def compare_table(cmp: RunComparison) -> str:
              side(a), side(b)),
             (f"kept positions ({cmp.kept.where}) of T = {cmp.kept.T}", f"A only {c['A only']}, both {c['both']}",
              f"B only {c['B only']}, neither {c['neither']}")]
+    if same_set_note(cmp.kept):
+        rows.append(("", same_set_note(cmp.kept), ""))
     return answer_table([("full cache", f.text or f"ids {list(f.ids)}"), (f"A: {a.label}", a.text or f"ids {list(a.ids)}"),
                          (f"B: {b.label}", b.text or f"ids {list(b.ids)}")], rows)
 
@@ -124,9 +136,11 @@ class CompareMode(CompareControls):
         other = next((n for n in ("snapkv", "deferkv") if n != first and n in self.classes), first)
         bud = c["budget"]
         c["compare"] = W.Checkbox(value=False, description="compare with setting B")
+        # one layer by default: over every layer (a position kept in any cache) both sides keep almost the whole
+        # prompt once B is a sizeable share of T, and the view would show A and B the same
         c["compare_layer"] = W.Dropdown(options=[("every layer", "all")] + [(f"layer {l}", l)
                                                                            for l in range(self.capture.L)],
-                                        value="all", description="compare at")
+                                        value=self.capture.L // 2, description="compare at")
         c["policy_b"] = W.Dropdown(options=c["policy"].options, value=other, description="policy (B)")
         c["budget_b"] = SLIDERS["budget"].make(bud.value, lo=bud.min, hi=bud.max, continuous=False)
         c["budget_b"].description = "eviction budget B (B)"
@@ -195,6 +209,8 @@ class CompareMode(CompareControls):
                   f"B: {html_escape(cmp.label_b)}; {n['A only']} A only, {n['B only']} B only, {n['both']} both, "
                   f"{n['neither']} neither of T = {cmp.T} prompt positions; {self.kv_note_both(prev_a, prev_b)}; "
                   f"press run to generate under both")
+        if same_set_note(cmp):
+            status = f"<b>{html_escape(same_set_note(cmp))}</b><br>{status}"
         return {"kept": plots.kept_positions.draft(shown, self.prompt, highlight=hl),
                 "compare": plots.kept_compare.draft(cmp, cap, per_page=per_page, model_id=cap.model_id)}, status
 
@@ -227,5 +243,5 @@ class CompareMode(CompareControls):
             cmp = compare_runs(full, ra, rb, layer=self.compare_layer())
             self._step(3, "done")
         self.last_compare = cmp
-        self.answers.value = compare_table(cmp)
+        self._show_answers(compare_table(cmp))
         return cmp

@@ -142,5 +142,5 @@ class PruneCompareMode(CompareControls):
             cmp = compare_pruned(full, ra, rb, self.labels())
             self._step(3, "done")
         self.last_compare = cmp
-        self.answers.value = prune_table(cmp)
+        self._show_answers(prune_table(cmp))
         return cmp
