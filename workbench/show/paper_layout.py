@@ -44,6 +44,8 @@ import re
 import numpy as np
 import plotly.io as pio
 
+from workbench.show.plot_room import colorbar_px, legend_names
+
 __all__ = ["paper_layout", "wrap_text", "CHAR_WIDTH", "PLOT_SHARE", "LEGEND_SHARE", "MIN_PT"]
 
 CHAR_WIDTH = 0.62  # average advance of a DejaVu Sans character, in font sizes (generous: ~0.55 measured)
@@ -125,9 +127,11 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
                         "y": 1 - (top / 2) / height, "yref": "container", "yanchor": "middle",
                         "pad": {"l": 4, "t": 0, "b": 0}, "automargin": False}
         margin["t"] = round(top + base * 0.9, 1)
-    # ---- legend: under the title (if any), above the plot area, its rows reserved in the top margin
+    # ---- legend: under the title (if any), above the plot area (as wide as the colour bars leave it), its rows
+    # reserved in the top margin
+    right = max(float(margin.get("r", 80)), colorbar_px(fig_dict, lay, tl, base))
     leg = lay.get("legend") if isinstance(lay.get("legend"), dict) else {}
-    names = _legend_names(fig_dict)
+    names = legend_names(fig_dict)
     leg_h = 0.0
     if names and lay.get("showlegend", True) is not False:
         lay["legend"] = leg
@@ -135,7 +139,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
         # plotly wraps a horizontal legend at x = 0 to the plot area's width (its ``_maxWidth``): one row when every
         # entry (40 px of symbol and gap, then the text) fits, else columns as wide as the widest entry. For several
         # rows the column width is set here (``entrywidth``), so that the rows reserved are the rows drawn.
-        room = max(1.0, width - float(margin.get("l", 80)) - float(margin.get("r", 80)))
+        room = max(1.0, width - float(margin.get("l", 80)) - right)
         text = [len(re.sub(r"<[^>]*>", "", n)) * LEGEND_CHAR * lf for n in names]
         if sum(text) + 45 * len(text) < room:
             rows = 1
@@ -158,7 +162,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
                 a["xanchor"] = "left"
     # ---- axis titles wrap to their axis (x: to the width; then the height; then y)
     floor = MIN_PT if preset is not None else 0.0
-    plot_w = max(1.0, width - float(margin.get("l", 80)) - float(margin.get("r", 80)))
+    plot_w = max(1.0, width - float(margin.get("l", 80)) - right)
     for key, ax in list(lay.items()):
         if re.fullmatch(r"xaxis\d*", key) and isinstance(ax, dict):
             _fit_axis_title(key, ax, plot_w, tl, base, floor)
@@ -462,8 +466,9 @@ def _row_gaps(lay: dict, tl: dict, plot_h: float, base: float) -> None:
                 px = max(px, tick * 1.4 + 8)
             t = (xa.get("title") or {}).get("text") if isinstance(xa.get("title"), dict) else None
             if t:
-                tf = _font(xa["title"].get("font"), base)
-                px = max(px, tick * 1.4 + 8 + tf * 1.3 * (t.count("<br>") + 1) + tf * 0.4 + 3)
+                tf = _font(xa["title"].get("font"), base)  # a wrapped title stands off by its extra lines too
+                px = max(px, tick * 1.4 + 8 + tf * 1.3 * (t.count("<br>") + 1)
+                         + float(xa["title"].get("standoff") or tf * 0.4) + 3)
         return px / plot_h
 
     gaps = [max(a[0] - b[1], need(a)) for a, b in zip(bands, bands[1:])]
@@ -479,16 +484,6 @@ def _row_gaps(lay: dict, tl: dict, plot_h: float, base: float) -> None:
         if re.fullmatch(r"yaxis\d*", k) and isinstance(v, dict) and isinstance(v.get("domain"), (list, tuple)) \
                 and tuple(v["domain"]) in new:
             v["domain"] = new[tuple(v["domain"])]
-
-
-def _legend_names(fig_dict: dict) -> list[str]:
-    """Names of the legend's entries (one per shown trace; one trace alone shows none, as in plotly)."""
-    data = [t for t in fig_dict.get("data") or [] if isinstance(t, dict)]
-    shown = [t for t in data if t.get("showlegend") is not False and t.get("type") not in ("heatmap", "table")
-             and t.get("visible", True) is not False]
-    if len(data) == 1 and data[0].get("showlegend") is not True:
-        return []
-    return [str(t.get("name") or f"trace {i}") for i, t in enumerate(shown)]
 
 
 def _limit_ticks(ax: dict, span_px: float, per_tick_px: float) -> None:
