@@ -172,3 +172,25 @@ def test_stacked_rows_leave_room_for_a_wrapped_x_title():
     gap = (lay["yaxis"]["domain"][0] - lay["yaxis2"]["domain"][1]) * plot_h
     tf = t["font"]["size"]
     assert gap >= lay["font"]["size"] * 0.85 * 1.4 + 8 + tf * 1.3 * (t["text"].count("<br>") + 1) + t["standoff"]
+
+
+def test_a_panel_beside_another_gets_room_for_its_y_labels():
+    """Two panels side by side under a full-width one (09's pages figure): the gap left of the right panel holds its
+    y tick labels and title, taken from the left panel (up to half of it); where that is not enough the right panel's
+    y axis moves to its right side, at the canvas edge. (Its wrapped 'UOR (s = 16)' lay on the left panel.)"""
+    def fig(title: str) -> go.Figure:
+        return go.Figure([go.Scatter(x=[0, 1], y=[0, 1]), go.Bar(x=[0, 1], y=[1, 2], xaxis="x2", yaxis="y2"),
+                          go.Scatter(x=[0, 1], y=[2.5, 2.6], xaxis="x3", yaxis="y3")],
+                         layout=dict(template="workbench", yaxis=dict(domain=[0.55, 1]),
+                                     xaxis2=dict(domain=[0, 0.45], anchor="y2"), yaxis2=dict(domain=[0, 0.45]),
+                                     xaxis3=dict(domain=[0.55, 1], anchor="y3"),
+                                     yaxis3=dict(domain=[0, 0.45], anchor="x3", title=dict(text=title))))
+    wide = go.Figure(fig("UOR"))
+    wide.update_layout(xaxis2_domain=[0, 0.3], xaxis3_domain=[0.7, 1])
+    d, _, _ = _laid(wide)                            # room enough: nothing moves
+    assert d["layout"]["xaxis2"]["domain"] == [0, 0.3] and "side" not in d["layout"]["yaxis3"]
+    d, size, _ = _laid(fig("UOR"))                   # a narrow gap: the left panel gives up some px
+    lay = d["layout"]
+    assert 0.225 <= lay["xaxis2"]["domain"][1] < 0.45 and "side" not in lay["yaxis3"]
+    d, _, _ = _laid(fig("union of the kept pages over the rows (s = 16)"))   # a wrapped long title: to the right
+    assert d["layout"]["yaxis3"]["side"] == "right" and d["layout"]["xaxis2"]["domain"] == [0, 0.45]

@@ -44,7 +44,7 @@ import re
 import numpy as np
 import plotly.io as pio
 
-from workbench.show.plot_room import colorbar_px, legend_names
+from workbench.show.plot_room import colorbar_px, column_gaps, legend_names
 
 __all__ = ["paper_layout", "wrap_text", "CHAR_WIDTH", "PLOT_SHARE", "LEGEND_SHARE", "MIN_PT"]
 
@@ -54,7 +54,7 @@ LEGEND_CHAR = 0.58  # ... of a legend entry's text (0.45-0.59 measured on this t
 PLOT_SHARE = 0.55  # the plot areas span at least this share of the height ...
 LEGEND_SHARE = 0.25  # ... the legend at most this share (paper rules) ...
 MIN_PT = 7.0  # ... and no text is smaller at a column preset (the SVG's user unit is the point)
-_SLACK = 0.03  # the estimates of the margins plotly's automargin settles on are not exact: aim inside the rules
+_SLACK = 0.05  # the estimates of the margins plotly's automargin settles on are not exact: aim inside the rules
 
 
 def wrap_text(text: str, max_px: float, font_px: float, char: float = CHAR_WIDTH) -> str:
@@ -173,6 +173,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
     for key, ax in list(lay.items()):
         if re.fullmatch(r"yaxis\d*", key) and isinstance(ax, dict):
             _fit_axis_title(key, ax, plot_h, tl, base, floor)
+    column_gaps(lay, plot_w, base)
     # ---- tables: fonts shrink until the columns fit the width (not under the floor: then split the columns)
     height = _fit_tables(fig_dict, plot_w, height, base, floor, grow)
     # ---- tick density and colour bars
@@ -456,8 +457,8 @@ def _row_gaps(lay: dict, tl: dict, plot_h: float, base: float) -> None:
         return  # one row, or panels side by side (overlapping bands): nothing stacked
     tick = base * 0.85
 
-    def need(band) -> float:  # px below a band: its x axes' tick labels and titles
-        px = 4.0
+    def need(band) -> float:  # px below a band: its x axes' tick labels and titles, or else the half tick labels
+        px = tick * 1.25          # of the y axes at the two facing edges (a 0 above a 1)
         for k, v in ys.items():
             if tuple(v["domain"]) != band:
                 continue
