@@ -194,3 +194,19 @@ def test_a_panel_beside_another_gets_room_for_its_y_labels():
     assert 0.225 <= lay["xaxis2"]["domain"][1] < 0.45 and "side" not in lay["yaxis3"]
     d, _, _ = _laid(fig("union of the kept pages over the rows (s = 16)"))   # a wrapped long title: to the right
     assert d["layout"]["yaxis3"]["side"] == "right" and d["layout"]["xaxis2"]["domain"] == [0, 0.45]
+
+
+def test_stacked_panels_without_x_labels_keep_their_facing_y_ticks_apart():
+    """Panels stacked on a shared x axis (03's priorities: S, lift, κ) have no x labels between them, but the lower
+    panel's top y tick label and the upper one's bottom label each stand half a line past their panel: the gap holds
+    both (their '1' and '0' overlapped at one column)."""
+    fig = go.Figure([go.Bar(x=[0, 1], y=[0, 1], xaxis=f"x{i or ''}", yaxis=f"y{i or ''}") for i in (0, 2, 3)],
+                    layout=dict(template="workbench", yaxis=dict(domain=[0.7, 1]), yaxis2=dict(domain=[0.35, 0.65]),
+                                yaxis3=dict(domain=[0, 0.3]), xaxis=dict(showticklabels=False, anchor="y"),
+                                xaxis2=dict(showticklabels=False, anchor="y2"), xaxis3=dict(anchor="y3")))
+    d, size, h = _laid(fig)
+    lay = d["layout"]
+    plot_h = h - lay["margin"]["t"] - max(lay["margin"]["b"], lay["font"]["size"] * 3.2)
+    for upper, lower in (("yaxis", "yaxis2"), ("yaxis2", "yaxis3")):
+        gap = (lay[upper]["domain"][0] - lay[lower]["domain"][1]) * plot_h
+        assert gap >= lay["font"]["size"] * 0.85 * 1.2, (upper, gap)

@@ -48,25 +48,7 @@ PANELS = {
 LONG_PANELS = ("heads", "pages", "token")
 
 #: ``panel → reason``: the states known to break a rule, each named (an xfail, never a skip)
-KNOWN: dict[str, str] = {
-    "priority": "priorities at one column, every state: the chunk axis' tick labels '0' and '1' overlap, plot < 55 %; "
-                "envelope at eps_row = min: plot < 55 %",
-    "eviction": lambda sp, c, p: Wd.EvictionPanel(c, None, SimpleNamespace(spans=sp), budget=64),
-    "pages": lambda sp, c, p: Wd.PagesPanel(c, p, s=32),
-    "counterexample": lambda sp, c, p: Wd.CounterexamplePanel(),
-}
-#: the panels the T = 33k prompt is shown in (the long-prompt notebook cells of ``tests/test_browser.py``)
-LONG_PANELS = ("heads", "pages", "token")
-
-#: ``panel → reason``: the states known to break a rule, each named (an xfail, never a skip)
-KNOWN: dict[str, str] = {
-    "priority": "priorities at one column, every state: the chunk axis' tick labels '0' and '1' overlap, plot < 55 %; "
-                "envelope at eps_row = min: plot < 55 %",
-    "shift": "shift at one column, every state: the 4-row legend takes 35 % (the colour bars narrow the plot), "
-             "the step axis title lies on the recall-gain plot, colour-bar ticks stack",
-    "eviction": "kept at one column, budget = max: the policy tick label runs into the y axis title",
-    "pages@33k": "pages at one column, T = 33k, every state: axis titles on tick labels and plots",
-}
+KNOWN: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +125,7 @@ def _report(found: dict) -> str:
 @pytest.mark.parametrize("case", list(PANELS))
 def test_every_slider_extreme_meets_the_paper_rules(syn, page, tmp_path, case, request):  # noqa: F811
     if case in KNOWN:
-        request.applymarker(pytest.mark.xfail(reason=KNOWN[case], strict=False))
+        request.applymarker(pytest.mark.xfail(reason=KNOWN[case], strict=True))
     found = _sweep(PANELS[case], syn, page, tmp_path)
     assert not found, f"{case}:\n" + _report(found)
 
@@ -151,7 +133,7 @@ def test_every_slider_extreme_meets_the_paper_rules(syn, page, tmp_path, case, r
 @pytest.mark.parametrize("case", LONG_PANELS)
 def test_long_prompt_meets_the_paper_rules(long, page, tmp_path, case, request):  # noqa: F811
     if f"{case}@33k" in KNOWN:
-        request.applymarker(pytest.mark.xfail(reason=KNOWN[f"{case}@33k"], strict=False))
+        request.applymarker(pytest.mark.xfail(reason=KNOWN[f"{case}@33k"], strict=True))
     found = _sweep(PANELS[case], long, page, tmp_path)
     assert not found, f"{case} at T = {long[0].T}:\n" + _report(found)
 
