@@ -8,9 +8,10 @@ a single column. The rules, on a figure dict whose fonts are already scaled to t
 - **Title**: dropped by default (the caption lives in the paper), the top margin shrinks to what the
   top tick label needs. Kept (``title=True``): wrapped to the width and placed in the container above
   everything else, its height added to the top margin.
-- **Legend**: above the plot area, horizontal, left-aligned (plotly wraps its entries to the width
-  and pushes the top margin), so it never meets the x-axis titles below nor the y-axis titles at the
+- **Legend**: above the plot area, horizontal, left-aligned (plotly wraps its entries to the plot's width, what
+  the colour bars leave: ``plot_room``), so it never meets the x-axis titles below nor the y-axis titles at the
   side, nor a colour bar on the right.
+- **Panels side by side**: the gap left of the right one holds its y labels, or they go to its right edge.
 - **Ticks**: at most one tick label per ~2 font sizes of a y axis or colour bar and per ~5 font sizes of an
   x axis (``nticks``; axes with explicit ticks keep theirs), so that small panels of a multi-panel figure
   do not stack their labels; colour-bar titles stand at the bar's side, not on its top tick.
