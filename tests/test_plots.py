@@ -25,6 +25,7 @@ from workbench.run.spans import PromptSpans
 from workbench.show import plots
 from workbench.show.figure_engine import KEEP_LAYOUT, Draft, add_span
 from workbench.show.plots.analysis import STATUS_COLOR
+from workbench.show.plots.common import answer_chunk
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -521,6 +522,24 @@ def _gen(policy, B, T, seed, L=3, G=2, compacted=(0, 1, 2)):
     return GenerationResult(policy=policy, params={"n_sink": 4, "recent": 8}, budget=B, T=T, ids=[1, 2], text="x",
                             kept=kept, evicted_at=0, compacted_layers=compacted, kv_bytes_before=1000,
                             kv_bytes_after=500, timings={})
+
+
+def test_kept_positions_outlines_the_answer_passage(syn):
+    """The answer passage is an outline over the kept cells, not a filled block (the eviction panel highlights the
+    whole answer document: a band per position made one solid block over the data); a highlighted position outside
+    the passage keeps its band. No y title: the row labels name policy and budget (at one column the title lay on
+    them)."""
+    cap, _, _ = syn
+    sp = cap.spans
+    s, e = sp.chunks[answer_chunk(sp)]
+    res = [_gen("deferkv", 25, sp.T, 1)]
+    outside = next(p for p in range(sp.n_sink, sp.T) if not s <= p < e)
+    fig = plots.kept_positions(res, sp, highlight=[*range(s, e), outside])
+    filled = [(sh.x0, sh.x1) for sh in fig.layout.shapes if sh.fillcolor not in (None, "rgba(0,0,0,0)")]
+    assert filled == [(outside - 0.5, outside + 0.5)]
+    outline = [sh for sh in fig.layout.shapes if sh.fillcolor == "rgba(0,0,0,0)"]
+    assert [(sh.x0, sh.x1) for sh in outline] == [(s - 0.5, e - 0.5)] and outline[0].line.width > 0
+    assert not fig.layout.yaxis2.title.text
 
 
 def test_kept_positions(syn):

@@ -67,8 +67,8 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     """Prompt positions each eviction run kept: one heatmap row per (policy, budget), one column per token.
 
     The cell is the fraction of (compacted layer, KV group) caches that kept the position (or 0/1 for one
-    ``layer`` and ``group``). Highlighted positions (the needle) are marked with green ticks on top and a
-    shaded band; the answer passage (when the prompt knows it) is outlined. Row labels give the
+    ``layer`` and ``group``). Highlighted positions (the needle) are marked with green ticks on top and, outside the
+    answer passage, a shaded band; the answer passage (when the prompt knows it) is outlined, not filled. Row labels give the
     fraction of the highlighted positions kept (``GenerationResult.survival``).
 
     Args:
@@ -122,9 +122,11 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     fig.add_trace(go.Heatmap(z=cells, x=bins.lo, y=labels, coloraxis="coloraxis", name="kept",
                              customdata=repeat_rows(cell_toks, len(results)), meta={"customdata": ["token"]},
                              hovertemplate="%{y}<br>%{x}: %{customdata}<br>kept %{z:.2f}<extra></extra>"), 2, 1)
-    for p in hi:
-        add_span(fig, "vrect", p - 0.5, p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
     ans = answer_chunk(sp)
+    inside = range(*sp.chunks[ans]) if ans is not None else range(0)
+    for p in hi:
+        if p not in inside:  # the outline marks those: a band over the whole passage hid its cells
+            add_span(fig, "vrect", p - 0.5, p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
     if ans is not None:
         s, e = sp.chunks[ans]
         add_span(fig, "vrect", s - 0.5, e - 0.5, line=dict(color=ANSWER, width=1.5), fillcolor="rgba(0,0,0,0)",
@@ -132,7 +134,8 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
                       annotation_font=dict(size=10, color="#fff"), row=2, col=1)
     fig.update_yaxes(visible=False, range=[-1, 1], row=1, col=1)
     fig.update_xaxes(showline=False, ticks="", showgrid=False, row=1, col=1)
-    fig.update_yaxes(title_text="policy, budget", autorange="reversed", row=2, col=1)
+    # no y title: the row labels name the policy and the budget, and at one column they fill the left margin
+    fig.update_yaxes(autorange="reversed", row=2, col=1)
     fig.update_xaxes(title_text="prompt position", range=[-0.5, T - 0.5], row=2, col=1)
     where = "fraction of compacted caches" if layer is None and group is None else \
         f"layer {'all' if layer is None else layer}, group {'all' if group is None else group}"
