@@ -25,6 +25,10 @@ from workbench.show.widgets.base import SLIDERS, html_escape
 
 __all__ = ["CompareControls", "CompareMode", "compare_table"]
 
+#: what the eviction panels' highlighted positions are (the answer document): the kept figure's row labels
+#: say whose share they give
+ANSWER_DOC = "answer doc"
+
 
 def _fmt(x: float) -> str:
     return "n/a (stopped before it)" if math.isnan(x) else f"{x:.4g}"
@@ -182,7 +186,7 @@ class CompareMode(CompareControls):
         hl = self.highlight() or None
         if missing:
             reason = "; ".join(missing)
-            kept = (plots.kept_positions(shown, self.prompt, highlight=hl) if shown
+            kept = (plots.kept_positions(shown, self.prompt, highlight=hl, highlight_name=ANSWER_DOC) if shown
                     else self.no_preview(reason, f"A: {pa.name}, B: {pb.name}", Ba))
             view = plots.kept_compare(None, cap, per_page=per_page, placeholder=reason, model_id=cap.model_id)
             return {"kept": kept, "compare": view}, (f"{html_escape(reason)}; press run to generate under both "
@@ -193,7 +197,7 @@ class CompareMode(CompareControls):
                   f"B: {html_escape(cmp.label_b)}; {n['A only']} A only, {n['B only']} B only, {n['both']} both, "
                   f"{n['neither']} neither of T = {cmp.T} prompt positions; {self.kv_note_both(prev_a, prev_b)}; "
                   f"press run to generate under both")
-        return {"kept": plots.kept_positions(shown, self.prompt, highlight=hl),
+        return {"kept": plots.kept_positions(shown, self.prompt, highlight=hl, highlight_name=ANSWER_DOC),
                 "compare": plots.kept_compare(cmp, cap, per_page=per_page, model_id=cap.model_id)}, status
 
     def kv_note_both(self, prev_a, prev_b) -> str:
