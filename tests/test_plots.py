@@ -313,6 +313,32 @@ def test_envelope_rows(syn):
         plots.envelope_rows(envs, layer=3)
 
 
+def test_envelope_rows_with_nothing_removed_says_so(syn):
+    """No removal (the greedy's D = 0, as on a short pasted prompt): every curve is the zero line; the figure says
+    why instead of drawing a blank."""
+    cap, _, tr = syn
+    l, pool = 2, tr.pooling
+    env = envelope(cap.observer_attn()[l], pool.mu[l], pool.omega[l], cap.spans.removal_mask([]), layer=l)
+    fig = plots.envelope_rows(env)
+    assert env.q == 0 and not np.any(np.asarray(fig.data[1].y, dtype=float))
+    assert fig.layout.meta["placeholder"].startswith("nothing removed at this layer (q = 0)")
+    assert any(a.text.startswith("nothing removed at this layer") for a in fig.layout.annotations)
+    some = envelope(cap.observer_attn()[l], pool.mu[l], pool.omega[l], cap.spans.removal_mask([1]), layer=l)
+    assert "placeholder" not in plots.envelope_rows(some).layout.meta
+
+
+def test_chunk_priorities_without_an_answer_has_no_star(syn):
+    """A pasted prompt has no answer span: no ★ in the ticks, none promised in the axis title."""
+    cap, _, tr = syn
+    sp = PromptSpans.synthetic([6, 5, 7, 4], query_len=10, answer_doc=None)
+    fig = plots.chunk_priorities(tr.priorities, sp, tr.l_star, removed=tr)
+    assert fig.layout.xaxis3.title.text == "candidate chunk"
+    assert not any("★" in t for t in fig.layout.xaxis3.ticktext)
+    assert not any(a.text == "answer" for a in fig.layout.annotations)
+    with_answer = plots.chunk_priorities(tr.priorities, cap.spans, tr.l_star, removed=tr)
+    assert with_answer.layout.xaxis3.title.text == "candidate chunk (★ answer)" and "c2★" in with_answer.layout.xaxis3.ticktext
+
+
 def test_envelope_scatter_points_are_every_row_of_every_removal(syn):
     cap, _, tr = syn
     pool, sp, l = tr.pooling, cap.spans, 2

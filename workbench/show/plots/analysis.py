@@ -320,7 +320,7 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
     if x == "chunk":
         fig.update_xaxes(tickmode="array", tickvals=xs,
                          ticktext=[f"c{i}" + ("★" if i == ans else "") for i in range(k)], row=3, col=1)
-        fig.update_xaxes(title_text="candidate chunk (★ answer)", row=3, col=1)
+        fig.update_xaxes(title_text="candidate chunk" + (" (★ answer)" if ans is not None else ""), row=3, col=1)
     else:
         fig.update_xaxes(title_text="prompt position", range=[0, sp.T], row=3, col=1)
     return finish(fig, title,
