@@ -220,6 +220,24 @@ def test_chunk_priorities_colouring_answer_and_hover(syn):
 
 
 # ----------------------------------------------------------------------------- certificate and trace
+def _linear_ticks(ax) -> list[float]:
+    lo, hi = sorted(ax.range)
+    n = math.floor((hi - ax.tick0) / ax.dtick)
+    return [ax.tick0 + i * ax.dtick for i in range(-n - 1, n + 1) if lo <= ax.tick0 + i * ax.dtick <= hi]
+
+
+def test_certificate_ticks_every_shown_layer_whole(syn):
+    """One layer (the priority panel's certificate) gets its tick; several get whole-layer ticks only."""
+    _, _, tr = syn
+    layers = sorted(tr.selections)
+    one = plots.certificate({layers[-1]: tr.selections[layers[-1]]})
+    for ax in (one.layout.xaxis, one.layout.xaxis2):
+        assert ax.tickmode == "linear" and _linear_ticks(ax) == [layers[-1]]
+    ax = plots.certificate(tr).layout.xaxis2
+    ticks = _linear_ticks(ax)
+    assert all(t == int(t) for t in ticks) and set(layers) <= set(ticks)
+
+
 def test_certificate_and_trace(syn):
     cap, params, tr = syn
     fig = plots.certificate(tr)

@@ -387,6 +387,11 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="gap", row=2, col=1)
     fig.update_xaxes(title_text="layer", row=2, col=1)
+    # whole-layer ticks: the target line's ends at ±0.5 would let plotly tick at halves, or (one layer, as in
+    # the priority panel) leave the only layer without a tick
+    span = layers[-1] - layers[0]
+    step = next((s for s in (1, 2, 5, 10, 20, 50) if span / s <= 10), 100)
+    fig.update_xaxes(tickmode="linear", tick0=layers[0], dtick=step, range=[layers[0] - 0.5, layers[-1] + 0.5])
     p = params if params is not None else getattr(tr, "params", None)
     return finish(fig, f"Greedy D_l vs certificate U_l (N = {N} candidate tokens)",
                    figure_meta("certificate", model_id_of(model_id, tr), p, budget=budget, target_tokens=tt, N=N,
