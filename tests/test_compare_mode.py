@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from workbench.analyse.cost import kv_bytes_dense
-from workbench.rerun.eviction import DeferKV, Evidence, SnapKV, preview
-from workbench.rerun.eviction.compare import KeptComparison, compare_kept, token_margin
+from workbench.rerun.eviction import DeferKV, Evidence, GenerationResult, SnapKV, preview
+from workbench.rerun.eviction.compare import KeptComparison, compare_kept, setting_labels, token_margin
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show import widgets as Wd
+from workbench.show.notation import symbol
 from workbench.show.plots.tokens import COMPARE_FILL
 
 FILL_OF = {v: k for k, v in COMPARE_FILL.items() if k in ("A only", "B only")}
@@ -390,3 +391,22 @@ def test_prune_compare_draws_both_retained_sets_and_runs_both(tiny, forwards):
     panel.set(compare=False)
     assert set(panel.figures) == {"trace"} and "target_b" not in panel.params()
     assert panel.run().generated_ids == ra.generated_ids
+
+
+def test_compare_labels_write_the_sliders_symbols(tiny):
+    """The compare table and status name a parameter as its slider does (ε_audit, λ, m₀), never its code name."""
+    from workbench.analyse.params import EntroPrefillParams
+
+    assert [symbol(k) for k in ("eps_audit", "lam", "m0", "eps_row", "target", "defer_lam", "no_such")] == \
+        ["ε_audit", "λ", "m₀", "ε_row", "target", "λ", "no_such"]
+    kept = torch.zeros(1, 1, 3, dtype=torch.long)
+    runs = [GenerationResult(policy="deferkv", params={"lam": lam}, budget=3, T=5, ids=[1], text="x", kept=kept,
+                             evicted_at=0, compacted_layers=(0,), kv_bytes_before=10, kv_bytes_after=5, timings={})
+            for lam in (0.1, 0.5)]
+    assert setting_labels(*runs, name=symbol) == ("deferkv, B = 3, λ = 0.1", "deferkv, B = 3, λ = 0.5")
+    lm, spans, cap = tiny
+    base = EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
+    panel = Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=4)
+    panel.set(compare=True, mode_b="fixed layer", run_layer_b=1, eps_audit_b=0.5, m0_b=0)
+    la, lb = panel.labels()
+    assert "ε_audit = " in lb and "m₀ = 0" in lb and "eps_audit" not in la + lb and "m0" not in la + lb

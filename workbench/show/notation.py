@@ -15,7 +15,7 @@ from pathlib import Path
 from workbench.constraints import PARAMS
 from workbench.util import atomic_write_bytes
 
-__all__ = ["Symbol", "SYMBOLS", "CONTROLS", "tooltip", "markdown", "write_markdown", "DOC_PATH"]
+__all__ = ["Symbol", "SYMBOLS", "CONTROLS", "tooltip", "symbol", "markdown", "write_markdown", "DOC_PATH"]
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "notation.md"
 
@@ -170,6 +170,16 @@ def tooltip(control: str) -> str:
             return _VIEW_HELP[control]
         raise ValueError(f"control: not in the notation table, got {control!r}; known: {sorted(CONTROLS)}")
     return f"{s.symbol} ({s.name}): {s.meaning}. SPEC {s.spec}; allowed: {s.allowed()}"
+
+
+def symbol(name: str) -> str:
+    """The symbol a reader knows the control or parameter ``name`` by, as its slider shows it (``eps_audit`` →
+    ``ε_audit``, ``lam`` → ``λ``, ``m0`` → ``m₀``): the table's first symbol, without its gloss; ``name``
+    itself when the table has none."""
+    s = CONTROLS.get(name)
+    if s is None:
+        return name
+    return s.symbol.split(",")[0].split(" (")[0].strip()
 
 
 def markdown() -> str:

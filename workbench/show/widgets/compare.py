@@ -20,6 +20,7 @@ import ipywidgets as W
 
 from workbench.rerun.eviction.compare import RunComparison, compare_kept, compare_runs, setting_labels
 from workbench.show import plots
+from workbench.show.notation import symbol
 from workbench.show.widgets.answers import answer_table
 from workbench.show.widgets.base import SLIDERS, html_escape
 
@@ -191,7 +192,7 @@ class CompareMode(CompareControls):
             view = plots.kept_compare(None, cap, per_page=per_page, placeholder=reason, model_id=cap.model_id)
             return {"kept": kept, "compare": view}, (f"{html_escape(reason)}; press run to generate under both "
                                                      f"and compare the runs' kept sets")
-        cmp = compare_kept(prev_a, prev_b, layer=self.compare_layer(), labels=setting_labels(prev_a, prev_b))
+        cmp = compare_kept(prev_a, prev_b, layer=self.compare_layer(), labels=setting_labels(prev_a, prev_b, name=symbol))
         n = cmp.counts()
         status = (f"compare (preview from the capture, {cmp.where}): A: {html_escape(cmp.label_a)}; "
                   f"B: {html_escape(cmp.label_b)}; {n['A only']} A only, {n['B only']} B only, {n['both']} both, "
@@ -226,7 +227,7 @@ class CompareMode(CompareControls):
             ra = self._cached(ka, lambda: sess.run(pa, Ba))
             self._step(2, f"B: {pb.name}…")
             rb = self._cached(kb, lambda: sess.run(pb, Bb))
-            cmp = compare_runs(full, ra, rb, layer=self.compare_layer())
+            cmp = compare_runs(full, ra, rb, layer=self.compare_layer(), labels=setting_labels(ra, rb, name=symbol))
             self._step(3, "done")
         self.last_compare = cmp
         self.answers.value = compare_table(cmp)
