@@ -97,6 +97,17 @@ def test_sink_mass_is_observer_mass_on_sinks(syn):
     assert torch.allclose(tr.pooling.sink_mass + tr.pooling.z, torch.ones_like(tr.pooling.z), atol=1e-6)
 
 
+def test_titles_and_ticks_read_as_text(syn):
+    """No raw TeX (``Σ_{j∈𝒮}``) in a title, and tick exponents as powers of ten (plotly's default SI letters
+    read "100µ" on a unitless axis), on every axis and colour bar of the template."""
+    _, _, tr = syn
+    fig = plots.head_heatmap(tr.pooling, "sink")
+    assert "_{" not in fig.layout.title.text and "Σ<sub>j∈𝒮</sub> a<sub>j</sub>" in fig.layout.title.text
+    tpl = fig.layout.template
+    assert tpl.layout.xaxis.exponentformat == tpl.layout.yaxis.exponentformat == "power"
+    assert tpl.layout.coloraxis.colorbar.exponentformat == tpl.data.heatmap[0].colorbar.exponentformat == "power"
+
+
 def test_head_heatmap_invalid_head_blank_and_bad_quantity(syn):
     _, _, tr = syn
     pool = tr.pooling

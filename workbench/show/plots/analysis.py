@@ -133,7 +133,7 @@ def _attach_span_bars(fig, spans, bins, y_full: np.ndarray, column: str) -> None
 _HEAD_QUANTITIES = {
     "w": ("w", "head weight w_h = ζ/r + (1−ζ) v_h"),
     "H": ("H", "non-sink Rényi-2 entropy H_h (nats)"),
-    "sink": ("sink_mass", "sink mass Σ_{j∈𝒮} a_j"),
+    "sink": ("sink_mass", "sink mass Σ<sub>j∈𝒮</sub> a<sub>j</sub>"),
     "z": ("z", "residual mass z_h"),
     "v": ("v", "within-group softmax v_h"),
     "C": ("C", "non-sink collision C_h"),
