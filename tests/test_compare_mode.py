@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from workbench.analyse.cost import kv_bytes_dense
+from workbench.analyse.params import EntroPrefillParams
 from workbench.rerun.eviction import DeferKV, Evidence, GenerationResult, SnapKV, preview
 from workbench.rerun.eviction.compare import KeptComparison, compare_kept, setting_labels, token_margin
 from workbench.show import export as ex
@@ -395,8 +396,6 @@ def test_prune_compare_draws_both_retained_sets_and_runs_both(tiny, forwards):
 
 def test_compare_labels_write_the_sliders_symbols(tiny):
     """The compare table and status name a parameter as its slider does (ε_audit, λ, m₀), never its code name."""
-    from workbench.analyse.params import EntroPrefillParams
-
     assert [symbol(k) for k in ("eps_audit", "lam", "m0", "eps_row", "target", "defer_lam", "no_such")] == \
         ["ε_audit", "λ", "m₀", "ε_row", "target", "λ", "no_such"]
     kept = torch.zeros(1, 1, 3, dtype=torch.long)

@@ -4,6 +4,7 @@ once per distinct parameter set; out-of-range values are clamped to valid parame
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -12,6 +13,8 @@ import pytest
 import torch
 
 from workbench.analyse.params import EntroPrefillParams
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
 from workbench.show import plots
 from workbench.show import widgets as Wd
 
@@ -761,3 +764,15 @@ def test_a_deaf_figure_gets_its_figure_and_every_change_through_the_bundles_widg
     panel.set(zeta=0.5)
     assert any("_py2js_update" in m["state"] for m in comm)              # the comm again, for p2
     assert any(c.get("relay") == ["p1"] for c, _ in relays)              # and still the relay, for p1
+
+
+def test_panel_params_round_float_sliders_to_their_step():
+    """A float slider's value as the sidecar records it: ζ moved to 0.35 is 0.35, not the widget's
+    0.35000000000000003; a log slider keeps 12 significant digits; integers and texts unchanged."""
+    cap = Capture.synthetic(PromptSpans.synthetic([8, 6, 9], answer_doc=0), L=3, H_Q=4, G=2, seed=0)
+    panel = Wd.PriorityPanel(cap, layer=1)
+    panel.controls["zeta"].value = 0.35000000000000003
+    panel.controls["tau"].value = 10 ** -0.95
+    p = panel.params()
+    assert repr(p["zeta"]) == "0.35" and p["tau"] == 0.11220184543 and p["m0"] == panel.controls["m0"].value
+    assert '"zeta": 0.35,' in json.dumps(p)

@@ -20,7 +20,7 @@ from workbench.show.figure_widget import FigureWidget
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
-from workbench.show.widgets.sliders import SLIDERS, SliderSpec
+from workbench.show.widgets.sliders import SLIDERS, SliderSpec, control_value
 from workbench.show.widgets.state import CaptureState
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.show.widgets.values import accepts, widget_tree
@@ -306,12 +306,9 @@ class Panel(abc.ABC):
 
     # ----- parameters -----
     def params(self) -> dict:
-        """Current control values, ``{name: value}`` (plain Python scalars and strings)."""
-        out = {}
-        for k, w in self.controls.items():
-            v = w.value
-            out[k] = float(v) if isinstance(v, float) else v
-        return out
+        """Current control values, ``{name: value}`` (plain Python scalars and strings; a float slider's rounded
+        to its step, :func:`~workbench.show.widgets.sliders.control_value`)."""
+        return {k: control_value(w) for k, w in self.controls.items()}
 
     def set(self, **values) -> None:
         """Set several controls at once and update once (values are clamped by the sliders)."""

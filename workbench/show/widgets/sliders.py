@@ -10,7 +10,7 @@ import ipywidgets as W
 from workbench.checks import Constraint, Interval
 from workbench.constraints import PARAMS
 
-__all__ = ["SliderSpec", "SLIDERS"]
+__all__ = ["SliderSpec", "SLIDERS", "control_value"]
 
 
 # ----------------------------------------------------------------------------- sliders
@@ -108,3 +108,16 @@ SLIDERS: dict[str, SliderSpec] = {
     "ce_eps": SliderSpec("ε (shallow mass on j*)", "log", 1e-9, 10 ** -0.5, 0.25, 1e-3, "counterexample.eps"),
     "ce_gamma": SliderSpec("γ (deep mass off j*)", "float", 0.001, 0.5, 0.001, 0.05, "counterexample.gamma"),
 }
+
+
+def control_value(w: W.Widget):
+    """A control's value as a plain Python scalar, a float slider's rounded to its step (the widget's float
+    arithmetic gives 0.35000000000000003 for ζ = 0.35; sidecars and kept values say 0.35). A log slider's step
+    is in the exponent: its value keeps 12 significant digits, dropping only the float noise."""
+    v = w.value
+    if not isinstance(v, float):
+        return v
+    step = repr(float(w.step)) if isinstance(w, W.FloatSlider) and w.step else ""
+    if "." not in step or "e" in step:  # a log slider, or a step without a plain decimal form
+        return float(f"{v:.12g}")
+    return round(v, len(step.split(".")[1].rstrip("0")))
