@@ -1,6 +1,7 @@
 """Tests of workbench.show.plots: figure contents equal the analysis results, meta, tidy frames, in-place updates."""
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
@@ -340,6 +341,15 @@ def test_envelope_rows(syn):
     assert fig.data[1].marker.color[3] == plots.REMOVED and "1 rows above" in fig.layout.title.text
     with pytest.raises(ValueError, match="^layer: must be one of the envelope layers"):
         plots.envelope_rows(envs, layer=3)
+
+
+def test_trace_title_states_a_long_decision_without_cutting_it(syn):
+    """A decision with a long chunk list: the title gives the count (no "…"), the full decision stays in meta."""
+    tr = syn[2]
+    long = dataclasses.replace(tr, decision=tr.decision.split(":")[0] + ": remove chunks " + str(list(range(40))))
+    title = plots.trace_layers(long).layout.title.text
+    assert "…" not in title and f"remove {len(tr.removed)} chunks" in title
+    assert plots.trace_layers(long).layout.meta["decision"] == long.decision
 
 
 def test_envelope_rows_with_nothing_removed_says_so(syn):

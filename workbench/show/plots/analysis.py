@@ -470,7 +470,12 @@ def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None 
     fig.add_annotation(x=0, y=0, xref="x domain",
                        yref=fig.refs(4, 1)[1] + " domain", xanchor="left", yanchor="bottom", text=key,
                        showarrow=False, font=dict(size=9), yshift=-2)
-    dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
+    dec = trace.decision
+    if len(dec) >= 90 and trace.l_star is not None:  # a long chunk list: its count in the title, the list in meta
+        sel = trace.selections[trace.l_star]
+        T = getattr(trace.spans, "T", None)
+        dec = (f"accept at l* = {trace.l_star}: remove {len(trace.removed)} chunks ({sel.D} of {sel.N} candidate "
+               f"tokens" + ("" if T is None else f"; T' = {T - sel.D}") + ")")
     return finish(fig, f"Layer trace: {html.escape(dec)}",
                    figure_meta("trace_layers", model_id_of(model_id, trace), params if params is not None else P,
                          l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J,
