@@ -115,13 +115,8 @@ SLIDERS: dict[str, SliderSpec] = {
 
 
 def control_value(w: W.Widget):
-    """A control's value as a plain Python scalar, a float slider's rounded to its step (the widget's float
-    arithmetic gives 0.35000000000000003 for ζ = 0.35; sidecars and kept values say 0.35). A log slider's step
-    is in the exponent: its value keeps 12 significant digits, dropping only the float noise."""
+    """A control's value as a sidecar writes it, a float to 12 significant digits: the widget's float arithmetic
+    gives 0.35000000000000003 for ζ = 0.35, written 0.35. Not rounded to the slider's step: a value set from code
+    (0.604 on a 0.01 slider) is what the panel computed with."""
     v = w.value
-    if not isinstance(v, float):
-        return v
-    step = repr(float(w.step)) if isinstance(w, W.FloatSlider) and w.step else ""
-    if "." not in step or "e" in step:  # a log slider, or a step without a plain decimal form
-        return float(f"{v:.12g}")
-    return round(v, len(step.split(".")[1].rstrip("0")))
+    return float(f"{v:.12g}") if isinstance(v, float) else v
