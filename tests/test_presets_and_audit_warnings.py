@@ -11,6 +11,7 @@ from test_audit import FAR, SIZES, designed_capture
 from workbench.analyse.params import PRESETS, EntroPrefillParams
 from workbench.analyse.procedure import AuditWarning, trace
 from workbench.run.spans import PromptSpans
+from workbench.show.widgets import AuditPanel
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +76,18 @@ def test_audit_warning_names_the_callers_line(spans):
     got = [x for x in w if issubclass(x.category, AuditWarning)]
     assert len(got) == 1
     assert (got[0].filename, got[0].lineno) == (__file__, line)
+
+
+
+def test_audit_warning_from_a_panel_slider_names_the_line_that_moved_it(spans):
+    """Through a panel's slider (the panel's callback, then the widget library's observer): the line that set
+    the value, not traitlets nor the panel."""
+    cap = designed_capture(spans, 4, [FAR] * 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        panel = AuditPanel(cap, EntroPrefillParams(streak=1), certify=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        panel.controls["streak"].value = 0; line = sys._getframe().f_lineno  # noqa: E702
+    got = [x for x in w if issubclass(x.category, AuditWarning)]
+    assert got and all((x.filename, x.lineno) == (__file__, line) for x in got)

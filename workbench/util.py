@@ -20,6 +20,7 @@ import math
 import numbers
 import os
 import shutil
+import sysconfig
 import tempfile
 import time
 import warnings
@@ -35,6 +36,7 @@ __all__ = ["one_thread", "single_threaded", "atomic_write_bytes", "atomic_write_
 CACHE_ENV = "WORKBENCH_CACHE"
 TMP_DIRNAME = ".workbench-tmp"
 _PACKAGE_DIR = str(Path(__file__).resolve().parent) + os.sep
+_LIBRARY_DIRS = tuple({str(Path(sysconfig.get_paths()[k]).resolve()) + os.sep for k in ("purelib", "platlib")})
 
 
 def _pid_alive(pid: int) -> bool:
@@ -139,13 +141,18 @@ def auto_threads() -> int:
 
 
 def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn`` attributed to the first frame outside the workbench package: the user's line, not a
-    decorator's wrapper or an inner helper (``skip_file_prefixes`` does this from Python 3.12; the floor is
-    3.10). When every frame is the package's own, the outermost one is named."""
-    level, f = 2, inspect.currentframe().f_back
-    while f is not None and f.f_back is not None and f.f_code.co_filename.startswith(_PACKAGE_DIR):
-        f, level = f.f_back, level + 1
-    warnings.warn(message, category, stacklevel=level)
+    """``warnings.warn`` attributed to the user's line: the first frame outside the workbench package and the
+    installed libraries (a decorator's wrapper, an inner helper, a widget library's callback are skipped), else
+    the first one outside the package. ``skip_file_prefixes`` does the first part from Python 3.12; the floor is
+    3.10."""
+    frames, f = [], inspect.currentframe().f_back
+    while f is not None:
+        frames.append(f.f_code.co_filename)
+        f = f.f_back
+    own = [not name.startswith(_PACKAGE_DIR) for name in frames]
+    user = [o and not name.startswith(_LIBRARY_DIRS) for o, name in zip(own, frames)]
+    at = user.index(True) if any(user) else own.index(True) if any(own) else len(frames) - 1
+    warnings.warn(message, category, stacklevel=at + 2)
 
 
 def single_threaded(fn):
