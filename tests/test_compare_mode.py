@@ -270,7 +270,7 @@ def test_same_setting_and_bad_inputs_say_so_and_change_nothing(tiny, forwards):
     assert forwards.n == 0 and panel.model_calls == 0 and panel.answers.value == answers
     # a λ that differs is another setting
     panel.set(defer_lam_b=0.5)
-    assert panel.error is None and "lam = 0.5" in panel.figures["compare"].view.meta["label_b"]
+    assert panel.error is None and "λ = 0.5" in panel.figures["compare"].view.meta["label_b"]  # the slider's symbol
     # B's budget out of range: clamped by the slider to [protected positions, T]
     panel.controls["budget_b"].value = 10**6
     assert panel.controls["budget_b"].value == spans.T
