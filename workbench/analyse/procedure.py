@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,7 +22,7 @@ from workbench.analyse.pooling import PoolingCache
 from workbench.analyse.rows import check_capture_rows
 from workbench.analyse.selection import SelectionResult, mass_table
 from workbench.checks import check_int
-from workbench.util import single_threaded
+from workbench.util import single_threaded, warn_at_caller
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -55,7 +54,7 @@ class AuditWarning(UserWarning):
 
 
 def _warn_unbound(msg: str) -> None:
-    warnings.warn(msg, AuditWarning, stacklevel=3)
+    warn_at_caller(msg, AuditWarning)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from workbench.constraints import PARAMS
 from workbench.rerun.eviction.policies.deferkv import DeferKV
 from workbench.util import atomic_write_bytes
 
-__all__ = ["Symbol", "SYMBOLS", "CONTROLS", "tooltip", "markdown", "write_markdown", "DOC_PATH"]
+__all__ = ["Symbol", "SYMBOLS", "CONTROLS", "tooltip", "symbol", "markdown", "write_markdown", "DOC_PATH"]
 
 OWNERS = (ShallowCounterexample, DeferKV)  # importing them registers the qualified keys named below
 
@@ -174,6 +174,16 @@ def tooltip(control: str) -> str:
             return _VIEW_HELP[control]
         raise ValueError(f"control: not in the notation table, got {control!r}; known: {sorted(CONTROLS)}")
     return f"{s.symbol} ({s.name}): {s.meaning}. SPEC {s.spec}; allowed: {s.allowed()}"
+
+
+def symbol(name: str) -> str:
+    """The symbol a reader knows the control or parameter ``name`` by, as its slider shows it (``eps_audit`` →
+    ``ε_audit``, ``lam`` → ``λ``, ``m0`` → ``m₀``): the table's first symbol, without its gloss; ``name``
+    itself when the table has none."""
+    s = CONTROLS.get(name)
+    if s is None:
+        return name
+    return s.symbol.split(",")[0].split(" (")[0].strip()
 
 
 def markdown() -> str:

@@ -75,7 +75,8 @@ def needle_part(cfg: ReportConfig, lm, item):
     positions = eviction.token_positions(prompt, lm.tokenizer, sentence)
     surv = eviction.survival_table(results, positions, answer=item.answers[0])
     surv.insert(0, "item_id", item.item_id)
-    figs = {"kept_positions": plots.kept_positions(results, prompt, highlight=positions, model_id=lm.model_id)}
+    figs = {"kept_positions": plots.kept_positions(results, prompt, highlight=positions, highlight_name="needle",
+                                                     model_id=lm.model_id)}
     note = (f"Needle {sentence!r} ({len(positions)} tokens) in a {prompt.T}-token haystack; every policy at budgets "
             f"{budgets} from one shared prefill; kept_mean = fraction of needle tokens kept (mean over layers and KV "
             f"groups); correct = the answer {item.answers[0]!r} occurs in the reply.")

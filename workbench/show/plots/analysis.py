@@ -134,7 +134,7 @@ def _attach_span_bars(fig, spans, bins, y_full: np.ndarray, column: str) -> None
 _HEAD_QUANTITIES = {
     "w": ("w", "head weight w_h = ζ/r + (1−ζ) v_h"),
     "H": ("H", "non-sink Rényi-2 entropy H_h (nats)"),
-    "sink": ("sink_mass", "sink mass Σ_{j∈𝒮} a_j"),
+    "sink": ("sink_mass", "sink mass Σ<sub>j∈𝒮</sub> a<sub>j</sub>"),
     "z": ("z", "residual mass z_h"),
     "v": ("v", "within-group softmax v_h"),
     "C": ("C", "non-sink collision C_h"),
@@ -324,7 +324,7 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
     if x == "chunk":
         fig.update_xaxes(tickmode="array", tickvals=xs,
                          ticktext=[f"c{i}" + ("★" if i == ans else "") for i in range(k)], row=3, col=1)
-        fig.update_xaxes(title_text="candidate chunk (★ answer)", row=3, col=1)
+        fig.update_xaxes(title_text="candidate chunk" + (" (★ answer)" if ans is not None else ""), row=3, col=1)
     else:
         fig.update_xaxes(title_text="prompt position", range=[0, sp.T], row=3, col=1)
     return finish(fig, title,
@@ -392,6 +392,11 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="gap", row=2, col=1)
     fig.update_xaxes(title_text="layer", row=2, col=1)
+    # whole-layer ticks: the target line's ends at ±0.5 would let plotly tick at halves, or (one layer, as in
+    # the priority panel) leave the only layer without a tick
+    span = layers[-1] - layers[0]
+    step = next((s for s in (1, 2, 5, 10, 20, 50) if span / s <= 10), 100)
+    fig.update_xaxes(tickmode="linear", tick0=layers[0], dtick=step, range=[layers[0] - 0.5, layers[-1] + 0.5])
     p = params if params is not None else getattr(tr, "params", None)
     return finish(fig, f"Greedy D_l vs certificate U_l (N = {N} candidate tokens)",
                    figure_meta("certificate", model_id_of(model_id, tr), p, budget=budget, target_tokens=tt, N=N,
@@ -471,7 +476,12 @@ def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None 
     fig.add_annotation(x=0, y=0, xref="x domain",
                        yref=fig.refs(4, 1)[1] + " domain", xanchor="left", yanchor="bottom", text=key,
                        showarrow=False, font=dict(size=9), yshift=-2)
-    dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
+    dec = trace.decision
+    if len(dec) >= 90 and trace.l_star is not None:  # a long chunk list: its count in the title, the list in meta
+        sel = trace.selections[trace.l_star]
+        T = getattr(trace.spans, "T", None)
+        dec = (f"accept at l* = {trace.l_star}: remove {len(trace.removed)} chunks ({sel.D} of {sel.N} candidate "
+               f"tokens" + ("" if T is None else f"; T' = {T - sel.D}") + ")")
     return finish(fig, f"Layer trace: {html.escape(dec)}",
                    figure_meta("trace_layers", model_id_of(model_id, trace), params if params is not None else P,
                          l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J,

@@ -86,10 +86,16 @@ def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None,
         add_span(fig, "vline", h * env.W - 0.5, line=dict(color="#ddd", width=1))
     n_bad = A - sum(holds)
     where = "" if env.layer is None else f", layer {env.layer}"
+    empty = {}
+    if env.q == 0 and not np.any(as_numpy(env.eta)):  # nothing removed: every curve is the zero line
+        empty["placeholder"] = ("nothing removed at this layer (q = 0): the envelope and η are 0 for every row; "
+                                "lower the saving target or choose another layer to see the envelope")
+        fig.add_annotation(text=empty["placeholder"].replace("; ", ";<br>"), x=0.5, y=0.5, xref="paper",
+                           yref="paper", showarrow=False, bgcolor="rgba(255,255,255,0.85)")
     return finish(fig, f"Deletion envelope vs actual η per row{where}"
                    + ("" if n_bad == 0 else f" ({n_bad} rows above the envelope)"),
                    figure_meta("envelope_rows", model_id, params, layer=env.layer, q=env.q, W=env.W, atol=env.atol,
-                         all_hold=env.all_hold),
+                         all_hold=env.all_hold, **empty),
                    xaxis_title="constraint row a = h·W + u (grouped by head)", yaxis_title="discarded mass",
                    yaxis=dict(rangemode="tozero"),
                    legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))

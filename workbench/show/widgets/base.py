@@ -22,7 +22,7 @@ from workbench.show.interactive import export_interactive
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
-from workbench.show.widgets.sliders import SLIDERS, SliderSpec
+from workbench.show.widgets.sliders import SLIDERS, SliderSpec, control_value
 from workbench.show.widgets.state import CaptureState
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.show.widgets.values import accepts, widget_tree
@@ -327,12 +327,17 @@ class Panel(abc.ABC):
 
     # ----- parameters -----
     def params(self) -> dict:
-        """Current control values, ``{name: value}`` (plain Python scalars and strings)."""
+        """Current control values, ``{name: value}`` (plain Python scalars and strings), exactly as computed with."""
         out = {}
         for k, w in self.controls.items():
             v = w.value
             out[k] = float(v) if isinstance(v, float) else v
         return out
+
+    def sidecar_params(self) -> dict:
+        """:meth:`params` as an export's sidecar writes them: floats without the widget's float noise
+        (:func:`~workbench.show.widgets.sliders.control_value`: ζ = 0.35, not 0.35000000000000003)."""
+        return {"panel": type(self).__name__, **{k: control_value(w) for k, w in self.controls.items()}}
 
     def set(self, **values) -> None:
         """Set several controls at once and update once (values are clamped by the sliders)."""
@@ -451,9 +456,9 @@ class Panel(abc.ABC):
 
     def export_all(self, folder, **kw):
         """Export every figure with :func:`workbench.show.export.export_all` (``params`` = the panel's
-        parameters unless given)."""
+        :meth:`sidecar_params` unless given)."""
 
-        kw.setdefault("params", {"panel": type(self).__name__, **self.params()})
+        kw.setdefault("params", self.sidecar_params())
         cap = getattr(self, "capture", None)
         if cap is not None:  # the sidecar names the model and the prompt
             kw.setdefault("model_id", getattr(cap, "model_id", None))

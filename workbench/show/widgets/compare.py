@@ -21,6 +21,7 @@ import ipywidgets as W
 from workbench.rerun.eviction import build_policy
 from workbench.rerun.eviction.compare import RunComparison, compare_kept, compare_runs, setting_labels
 from workbench.show import plots
+from workbench.show.notation import symbol
 from workbench.show.widgets.answers import answer_table
 from workbench.show.widgets.base import SLIDERS, html_escape
 
@@ -35,6 +36,10 @@ def same_set_note(kept) -> str:
         return ""
     hint = "; choose one layer in *compare at* to see where they differ" if kept.layer is None else ""
     return f"A and B keep the same set at this budget ({kept.where}){hint}"
+
+#: what the eviction panels' highlighted positions are (the answer document): the kept figure's row labels
+#: say whose share they give
+ANSWER_DOC = "answer doc"
 
 
 def _fmt(x: float) -> str:
@@ -198,12 +203,12 @@ class CompareMode(CompareControls):
         hl = self.highlight() or None
         if missing:
             reason = "; ".join(missing)
-            kept = (plots.kept_positions.draft(shown, self.prompt, highlight=hl) if shown
+            kept = (plots.kept_positions.draft(shown, self.prompt, highlight=hl, highlight_name=ANSWER_DOC) if shown
                     else self.no_preview(reason, f"A: {pa.name}, B: {pb.name}", Ba))
             view = plots.kept_compare.draft(None, cap, per_page=per_page, placeholder=reason, model_id=cap.model_id)
             return {"kept": kept, "compare": view}, (f"{html_escape(reason)}; press run to generate under both "
                                                      f"and compare the runs' kept sets")
-        cmp = compare_kept(prev_a, prev_b, layer=self.compare_layer(), labels=setting_labels(prev_a, prev_b))
+        cmp = compare_kept(prev_a, prev_b, layer=self.compare_layer(), labels=setting_labels(prev_a, prev_b, name=symbol))
         n = cmp.counts()
         status = (f"compare (preview from the capture, {cmp.where}): A: {html_escape(cmp.label_a)}; "
                   f"B: {html_escape(cmp.label_b)}; {n['A only']} A only, {n['B only']} B only, {n['both']} both, "
@@ -211,7 +216,7 @@ class CompareMode(CompareControls):
                   f"press run to generate under both")
         if same_set_note(cmp):
             status = f"<b>{html_escape(same_set_note(cmp))}</b><br>{status}"
-        return {"kept": plots.kept_positions.draft(shown, self.prompt, highlight=hl),
+        return {"kept": plots.kept_positions.draft(shown, self.prompt, highlight=hl, highlight_name=ANSWER_DOC),
                 "compare": plots.kept_compare.draft(cmp, cap, per_page=per_page, model_id=cap.model_id)}, status
 
     def kv_note_both(self, prev_a, prev_b) -> str:
@@ -240,7 +245,7 @@ class CompareMode(CompareControls):
             ra = self._cached(ka, lambda: sess.run(pa, Ba))
             self._step(2, f"B: {pb.name}…")
             rb = self._cached(kb, lambda: sess.run(pb, Bb))
-            cmp = compare_runs(full, ra, rb, layer=self.compare_layer())
+            cmp = compare_runs(full, ra, rb, layer=self.compare_layer(), labels=setting_labels(ra, rb, name=symbol))
             self._step(3, "done")
         self.last_compare = cmp
         self._show_answers(compare_table(cmp))

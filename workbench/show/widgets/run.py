@@ -37,7 +37,7 @@ from workbench.show.widgets.base import (
     ep_from,
     html_escape,
 )
-from workbench.show.widgets.compare import CompareMode
+from workbench.show.widgets.compare import ANSWER_DOC, CompareMode
 from workbench.show.widgets.compare_prune import PruneCompareMode
 from workbench.show.widgets.run_control import RunControls
 
@@ -309,7 +309,8 @@ class EvictionPanel(CompareMode, RunControls, Panel):
             reason = f"{pol.name} scores with evidence a capture does not hold: no preview; press run"
             return {"kept": self.no_preview(reason, pol.name, B)}, (
                 f"{reason} to generate under it with B = {B} of T = {self.capture.T} prompt positions")
-        fig = plots.kept_positions.draft([prev], self.prompt, highlight=self.highlight() or None)
+        fig = plots.kept_positions.draft([prev], self.prompt, highlight=self.highlight() or None,
+                                         highlight_name=ANSWER_DOC)
         B = prev.budget
         return {"kept": fig}, (f"preview from the capture: {pol.name}, B = {B} of T = {prev.T} prompt positions"
                                + (" (no eviction: B ≥ T)" if B >= prev.T else "") + f"; {self.kv_note(prev)}")
