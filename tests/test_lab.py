@@ -39,7 +39,7 @@ def test_token_stays_off_the_command_line_and_is_url_encoded(monkeypatch):
 
 
 def test_lab_starts_jupyter_with_the_token_in_its_environment(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(cli, "LAB_SETTINGS", tmp_path)   # the lab's settings: not into the test's own Python
+    monkeypatch.setenv("JUPYTERLAB_DIR", str(tmp_path))   # the lab's settings: not into the test's own Python
     monkeypatch.setattr(cli, "kernel_installed", lambda name=cli.KERNEL: True)
     monkeypatch.setattr(cli, "port_free", lambda ip, port: True)
     seen = {}
