@@ -33,8 +33,8 @@ def code_cells(nb) -> list:
 
 
 def uses_panel(nb) -> bool:
-    """A notebook with a panel: one from workbench.show.widgets (no notebook builds its own)."""
-    return any("widgets import" in _text(c["source"]) for c in code_cells(nb))
+    """A notebook with a panel: one from ``wb.widgets`` (no notebook builds its own)."""
+    return any("wb.widgets." in _text(c["source"]) for c in code_cells(nb))
 
 
 def outputs(nb):

@@ -121,25 +121,26 @@ def test_eviction_scale_smoke(tmp_path):
 
 
 def test_study_helpers(tmp_path):
-    """``benchmarks/study.py``'s pieces that decide numbers: the answer chunk's rank (mid-rank ties, NaN layers
-    skipped), the standing findings (a win = the answer kept longer than under Rényi), worker claims."""
-    import argparse
-
+    """The study's pieces that decide numbers (``workbench.study.priority_study``, ``.answer_kept``): the answer
+    chunk's rank (mid-rank ties, NaN layers skipped), the standing findings (a win = the answer kept longer than
+    under Rényi), the answer-kept findings; and ``benchmarks/study.py``'s flags as the report's settings."""
     import pandas as pd
-    import pytest
     import study
     import torch
+
+    from workbench.study.answer_kept import kept_findings
+    from workbench.study.priority_study import answer_rank, priority_findings
 
     nan = float("nan")
     S = torch.tensor([[0.1, 0.5, 0.3, 0.2],        # answer (chunk 2) second highest: rank 2
                       [0.4, 0.4, 0.4, 0.1],        # tied with two others at the top: ranks 1, 2, 3 -> mid 2
                       [nan, nan, nan, nan]], dtype=torch.float64)  # an invalid layer: skipped
-    assert study.answer_rank(S, 2) == 2.0
-    assert study.answer_rank(S[:1], 1) == 1.0 and study.answer_rank(S[:1], 0) == 4.0
-    assert study.answer_rank(S[2:], 0) != study.answer_rank(S[2:], 0)  # no valid layer: NaN
+    assert answer_rank(S, 2) == 2.0
+    assert answer_rank(S[:1], 1) == 1.0 and answer_rank(S[:1], 0) == 4.0
+    assert answer_rank(S[2:], 0) != answer_rank(S[2:], 0)  # no valid layer: NaN
     ranks = pd.DataFrame([dict(item_id=i, priority=p, k=4, rank=r) for i, rr in enumerate(
         [(1, 2), (1, 3), (2, 2), (1, 4), (1, 2), (1, 3)]) for p, r in zip(("headmax", "renyi"), rr)])
-    out = study.priority_findings(ranks)
+    out = priority_findings(ranks)
     # standing 5 - rank: headmax 4,4,3,4,4,4 (mean 23/6, first on 5 of 6), renyi 3,2,3,1,3,2 (14/6)
     assert "| renyi | 6 | 2.333 | 0.000 |" in out[0] and "| headmax | 6 | 3.833 | 0.833 |" in out[0]
     assert "headmax vs renyi" in out[1] and "5 wins / 1 ties / 0 losses" in out[1]
@@ -147,29 +148,31 @@ def test_study_helpers(tmp_path):
     kept = pd.DataFrame([dict(item_id=i, policy=p, budget_frac=f, kept=v)
                          for i in range(6) for f, (d, s) in ((0.25, (0.5 + 0.1 * (i > 0), 0.5)), (0.5, (0.6, 0.8)))
                          for p, v in (("deferkv", d), ("snapkv", s))])
-    out = study.kept_findings(kept)
+    out = kept_findings(kept)
     assert "| deferkv | 0.250 | 6 | 0.583 |" in out[0] and "| snapkv | 0.500 | 6 | 0.800 |" in out[0]
     assert "deferkv @ 0.25 vs snapkv @ 0.25" in out[1] and "5 wins / 1 ties / 0 losses" in out[1]
     assert "deferkv @ 0.5 vs snapkv @ 0.5" in out[2] and "0 wins / 0 ties / 6 losses" in out[2]
     assert "difference -0.20" in out[2] and "deferkv @ 0.5 is lower than snapkv @ 0.5" in out[2]
-    c = tmp_path / "claim"
-    assert study.claim(c, 1) and study.claim(c, 1) and not study.claim(c, 0)  # a restarted worker keeps its own
-    assert study.worker_arg("1/2") == (1, 2)
-    for bad in ("2/2", "x", "-1/2"):
-        with pytest.raises(argparse.ArgumentTypeError, match="--worker"):
-            study.worker_arg(bad)
+    # benchmarks/study.py is the report with the study's settings: its flags map one to one
+    cfg = study.config(study.parse(["--n-squad", "2", "--data", "sample", "--ruler", "niah_single", "--ruler-lengths",
+                                    "512", "--ruler-seeds", "1", "--policies", "snapkv", "deferkv", "--leap-prompts",
+                                    "2", "--kept-prompts", "3", "--cap-tokens", "0"]), tmp_path / "study")
+    assert (cfg.n_squad, cfg.n_needle, cfg.n_distractors, cfg.data) == (2, 0, 3, "sample")
+    assert (cfg.ruler, cfg.ruler_lengths, cfg.ruler_seeds) == (("niah_single",), (512,), 1)
+    assert (cfg.policies, cfg.budget_fracs, cfg.presets) == (("snapkv", "deferkv"), (0.25, 0.5), ("paper", "loose"))
+    assert (cfg.leap_prompts, cfg.kept_prompts, cfg.cap_tokens, cfg.threads) == (2, 3, 0, 1)
 
 
 @pytest.mark.model
 def test_study_cap_check(smollm, tmp_path):
-    """``study.cap_check``: full context again with more new tokens, paired against the study's own full cells.
+    """``cap_check``: full context again with more new tokens, paired against the study's own full cells.
     Greedy: each longer reply starts with the shorter one, so a win can only be an answer after the cap."""
     import pandas as pd
-    import study
     import torch
 
     from workbench.run.models import LoadedModel, tiny_model
     from workbench.study import datasets, tasks
+    from workbench.study.cap_check import cap_check
     from workbench.study.sweep import sweep
 
     model = tiny_model("llama", vocab=len(smollm.tokenizer), L=2, H_Q=4, G=2, d=16, seed=0)
@@ -178,7 +181,7 @@ def test_study_cap_check(smollm, tmp_path):
     items = tasks.squad_single(datasets.load_squad("sample"), n=2, n_distractors=1, seed=0)
     short = sweep(lm, items, [("full", {})], max_new_tokens=3, reference=False, progress=False)
     out = tmp_path / "cap6.parquet"
-    lines = study.cap_check(lm, items, short, out, 6)
+    lines = cap_check(lm, items, short, out, 6)
     long = pd.read_parquet(out)
     assert len(long) == 2 and (long.max_new_tokens == 6).all()
     for it in items:
@@ -188,20 +191,20 @@ def test_study_cap_check(smollm, tmp_path):
     assert lines[0] == (f"- Full context hit the cap of 3 tokens on {int(short.hit_cap.sum())} of 2 prompts; "
                         f"with 6 it hits it on {int(long.hit_cap.sum())}.")
     assert "n = 2 paired prompts" in lines[1] and "full, 6 tokens vs full, 3 tokens on squad_single" in lines[1]
-    assert study.cap_check(lm, items, short, out, 6) == lines  # resumed from the parquet: same finding
+    assert cap_check(lm, items, short, out, 6) == lines  # resumed from the parquet: same finding
 
 
 @pytest.mark.model
 def test_study_answer_kept(smollm):
-    """``study.answer_kept``: one row per (prompt, policy, budget) with the share kept in [0, 1]; a prompt whose gold
+    """``answer_kept``: one row per (prompt, policy, budget) with the share kept in [0, 1]; a prompt whose gold
     passage lacks every gold answer (a diffuse item) is left out with a warning that names it, not silently."""
     import dataclasses
 
-    import study
     import torch
 
     from workbench.run.models import LoadedModel, tiny_model
     from workbench.study import datasets, tasks
+    from workbench.study.answer_kept import answer_kept
 
     model = tiny_model("llama", vocab=len(smollm.tokenizer), L=2, H_Q=4, G=2, d=16, seed=0)
     lm = LoadedModel(model=model, tokenizer=smollm.tokenizer, model_id="tiny-llama-test",
@@ -211,7 +214,7 @@ def test_study_answer_kept(smollm):
     part = it.documents[it.answer_doc][:12]
     bad = dataclasses.replace(it, item_id="no-answer#0", answers=("zzz not in any passage",), answer_parts=(part,))
     with pytest.warns(UserWarning, match=r"1 of 2 prompts left out.*no-answer#0"):
-        k = study.answer_kept(lm, [it, bad], 2)
+        k = answer_kept(lm, [it, bad], 2)
     assert len(k) == 4 and set(k.item_id) == {it.item_id} and set(k.policy) == {"deferkv", "snapkv"}
     assert k.kept.between(0, 1).all() and (k.answer_tokens > 0).all()
     T = int(k["T"].iloc[0])

@@ -54,6 +54,9 @@ def test_capture_rejects_bad_arguments_before_loading(tmp_path, capsys, no_model
     (["--threads", "0"], "error: threads"),
     (["--margin", "1.2"], "error: margin: must be in [0, 1)"),
     (["--presets", "paper,papr"], "error: presets: must be a sequence of distinct entries"),
+    (["--calibrate", "1.0"], "error: calibrate: must be"),
+    (["--calibrate", "0.9"], "error: calibrate: with 2 units it must be in (0, 0.5]"),
+    (["--calibrate", "0.3", "--methods", "full", "evict"], "error: calibrate: tunes EntroPrefill"),
 ])
 def test_report_rejects_bad_arguments(tmp_path, capsys, no_model, argv, message):
     out = tmp_path / "rep"

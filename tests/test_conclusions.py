@@ -340,8 +340,10 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
     import torch
     from transformers import AutoTokenizer
 
+    from workbench.analyse.params import PRESETS
     from workbench.run.models import LoadedModel, default_model_folder, tiny_model
     from workbench.study import datasets, tasks
+    from workbench.study.leap import prompt_analyses
     from workbench.study.sweep import sweep
 
     bench = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -353,8 +355,10 @@ def test_a_tiny_study_end_to_end(tmp_path, monkeypatch):
                      model_id="tiny-llama-test", device=torch.device("cpu"), dtype=torch.float32)
     items = tasks.squad_single(datasets.load_squad("sample"), n=2, n_distractors=1, seed=0)
     out = tmp_path / "study.parquet"
-    df = sweep(lm, items, study.methods(["deferkv", "snapkv"]), out=out, max_new_tokens=3, progress=False)
-    steps, lp, ranks, leap = study.prompt_analyses(lm, items, 2)
+    methods = [("full", {}), ("entroprefill", {}), ("entroprefill", dict(PRESETS["loose"]["params"])),
+               ("evict", {"policy": ["deferkv", "snapkv"], "budget_frac": [0.25, 0.5]})]  # the study's methods
+    df = sweep(lm, items, methods, out=out, max_new_tokens=3, progress=False)
+    steps, lp, ranks, leap = prompt_analyses(lm, items, 2)
     assert steps is not None and set(leap["item_id"]) == {it.item_id for it in items}
     # the per-prompt table is what step_gains averages
     g01 = leap[(leap.r_from == 0) & (leap.r_to == 1)]["gain"].mean()

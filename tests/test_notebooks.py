@@ -109,7 +109,7 @@ def test_notebook_ends_with_checks(path):
     last = code[-1].source
     assert "assert " in last, f"{path.name}: the last code cell must assert the notebook's numbers"
     assert "print(" in last, f"{path.name}: the last code cell must print the numbers it checks"
-    assert "widgets import" not in last and "export_all(" not in last, f"{path.name}: panel/export cells come before the checks"
+    assert "wb.widgets." not in last and "export_all(" not in last, f"{path.name}: panel/export cells come before the checks"
 
 
 def test_every_source_has_a_notebook():

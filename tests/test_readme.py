@@ -1,5 +1,5 @@
-"""The README's Python: every fenced ``python`` block of README.md and notebooks/README.md compiles, and each
-name it uses resolves without running a model:
+"""The README's Python: every fenced ``python`` block of README.md, notebooks/README.md and docs/api.md compiles,
+and each name it uses resolves without running a model:
 
 - ``import`` / ``from … import`` name modules and attributes that exist;
 - an attribute chain on the workbench module (``wb.tasks.load_items``) resolves attribute by attribute, on the
@@ -10,7 +10,9 @@ name it uses resolves without running a model:
   a builtin.
 
 And the flat API keeps its rule (``workbench/__init__.py``): a flat name is a function or class, a module only
-as a plural-noun namespace.
+as a plural-noun namespace; its ``TYPE_CHECKING`` block lists exactly the flat names (for editors); the notebook
+sources use it alone (``import workbench as wb``), every ``wb.…`` name resolving. The README stays under
+12,000 characters.
 """
 from __future__ import annotations
 
@@ -27,7 +29,10 @@ import pytest
 import workbench
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", ROOT / "notebooks" / "README.md"]
+# the README, the notebooks' index and the API page the README's longer examples live on (docs/API_CONTRACT.md's
+# blocks are signature sketches, not code)
+DOCS = [ROOT / "README.md", ROOT / "notebooks" / "README.md", ROOT / "docs" / "api.md"]
+README_MAX_CHARS = 12_000
 _FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
 
@@ -167,7 +172,18 @@ def test_every_python_block_compiles_and_resolves(path):
     n, problems = _check_file(path)
     assert not problems, "\n".join(problems)
     if path.name == "README.md" and path.parent == ROOT:
-        assert n >= 2, "README.md: its Python examples are gone"
+        assert n >= 1, "README.md: its Python example is gone"
+
+
+def test_readme_is_short_and_its_examples_moved_to_docs():
+    """The README reads in minutes (at most 12,000 characters) and opens with the two commands, then the example;
+    the longer examples live in docs/api.md, whose blocks the test above compiles and resolves too."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text) <= README_MAX_CHARS, f"README.md: {len(text)} characters, at most {README_MAX_CHARS}"
+    assert text.index("make lab") < text.index("make test") < text.index("```python") < text.index("## Data flow")
+    assert ROOT / "docs" / "api.md" in DOCS and len(python_blocks(ROOT / "docs" / "api.md")) >= 3
+    for link in re.findall(r"\]\(((?:docs|notebooks|benchmarks)/[^)#]+)", text):
+        assert (ROOT / link).exists(), f"README.md links to {link}, which does not exist"
 
 
 def test_readme_examples_use_the_flat_api():
@@ -252,3 +268,72 @@ def test_the_family_table_is_the_library_table():
         assert kind[name].startswith("**partially supported"), name
     for name in set(F.supported_families()) - capture_only - hybrids:
         assert not kind[name].startswith(("**refused**", "**partially supported: capture on")), name
+
+
+def _type_checking_imports() -> dict[str, str]:
+    """``{bound name: "module:attr"}`` of the ``if TYPE_CHECKING:`` block of ``workbench/__init__.py``."""
+    tree = ast.parse((ROOT / "workbench" / "__init__.py").read_text(encoding="utf-8"))
+    blocks = [n for n in tree.body if isinstance(n, ast.If) and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING"]
+    assert len(blocks) == 1, "workbench/__init__.py: one `if TYPE_CHECKING:` block lists the flat API for editors"
+    bound = {}
+    for node in blocks[0].body:
+        assert isinstance(node, ast.ImportFrom), f"line {node.lineno}: only `from … import … as …` in the block"
+        for a in node.names:
+            name = a.asname or a.name
+            assert name not in bound, f"{name!r} bound twice"
+            bound[name] = f"{node.module}:{a.name}"
+    return bound
+
+
+def test_the_flat_api_is_visible_to_editors():
+    """The ``TYPE_CHECKING`` block binds exactly the lazy table's names (``NAMES``, ``MODULES``, so ``__all__``),
+    each to the object ``__getattr__`` returns: an editor completes ``wb.`` with what exists at run time."""
+    bound = _type_checking_imports()
+    expected = {name: where if ":" in where else f"{where}:{name}" for name, where in workbench.NAMES.items()}
+    expected |= {name: "{}:{}".format(*module.rsplit(".", 1)) for name, module in workbench.MODULES.items()}
+    assert bound == expected, (f"missing from the block: {sorted(set(expected) - set(bound))}; not flat names: "
+                               f"{sorted(set(bound) - set(expected))}; other targets: "
+                               f"{sorted(n for n in set(bound) & set(expected) if bound[n] != expected[n])}")
+    assert set(bound) == set(workbench.__all__) - {"__version__"}
+
+
+NOTEBOOK_SOURCES = sorted((ROOT / "notebooks" / "src").glob("[0-9][0-9]_*.py"))
+# optional extras (``pip install -e .[kvpress]``): importing them needs the extra, so they are no flat names and a
+# notebook imports them only in the cell that checks the extra is installed
+OPTIONAL_EXTRAS = ("workbench.interop.",)
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_SOURCES, ids=[p.stem for p in NOTEBOOK_SOURCES])
+def test_notebooks_use_the_flat_api(path):
+    """A notebook source imports nothing of the package but ``import workbench as wb`` (an optional extra aside),
+    and every ``wb.…`` chain it uses resolves on the package, every call binding its arguments."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    deep = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "workbench" \
+                and not node.module.startswith(OPTIONAL_EXTRAS):
+            deep.append(f"{path.name}:{node.lineno}: from {node.module} import …")
+        elif isinstance(node, ast.Import):
+            deep += [f"{path.name}:{node.lineno}: import {a.name}" + (f" as {a.asname}" if a.asname else "")
+                     for a in node.names if a.name.split(".")[0] == "workbench" and (a.name, a.asname) != ("workbench", "wb")]
+    assert not deep, "\n".join(deep)
+    assert any(isinstance(n, ast.Import) and [(a.name, a.asname) for a in n.names] == [("workbench", "wb")]
+               for n in ast.walk(tree)), f"{path.name}: no `import workbench as wb`"
+    res = _Resolver()
+    res.known["wb"] = workbench
+    res.calls(tree, path.name)
+    assert not res.problems, "\n".join(res.problems)
+
+
+def test_the_notebook_checker_finds_what_it_should(tmp_path):
+    """The notebook checker: a deep import and a misspelt or wrongly called flat name are reported."""
+    src = tmp_path / "99_bad.py"
+    src.write_text("import workbench as wb\nfrom workbench.capture import RowSet\nwb.run_captur(1)\nwb.RowSet(tails=3)\n"
+                   "wb.widgets.HeadsPanl\n")
+    with pytest.raises(AssertionError, match="from workbench.capture import"):
+        test_notebooks_use_the_flat_api(src)
+    src.write_text("import workbench as wb\nwb.run_captur(1)\nwb.RowSet(tails=3)\nwb.widgets.HeadsPanl\n")
+    with pytest.raises(AssertionError) as e:
+        test_notebooks_use_the_flat_api(src)
+    for expected in ("no attribute 'run_captur'", "unexpected keyword argument 'tails'", "no attribute 'HeadsPanl'"):
+        assert expected in str(e.value), str(e.value)

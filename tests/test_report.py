@@ -26,7 +26,7 @@ from workbench.study.sweep import COLUMNS
 FIGURES = {"sink_mass", "attention_strip", "head_weights", "chunk_priorities", "trace_layers", "certificate",
            "accuracy_vs_budget", "kv_bytes_table", "kept_positions"}
 TABLES = {"trace", "priorities", "head_pooling", "items", "sweep", "summary", "needle_survival", "reference_check",
-          "accuracy", "comparisons", "timing", "conclusions"}
+          "accuracy", "comparisons", "timing", "conclusions", "bypasses"}
 TINY_LIMIT_S = 300  # the tiny setting takes ~1 min on a loaded 2-core machine; this catches a runaway setting
 
 
@@ -134,7 +134,8 @@ def test_tables_parse_with_expected_rows(report):
 
     summ = pd.read_csv(t / "summary.csv")
     assert list(summ.columns) == ["task", "method", "setting", "runs", "em", "f1", "contains", "first_token_agree",
-                                  "retained_frac", "kv_bytes", "wall_s", "errors"]
+                                  "retained_frac", "wall_s", "errors", "query", "compression_ratio", "kv_frac",
+                                  "kv_bytes", "peak_cuda_bytes", "peak_rss_bytes", "ttft_s"]
     assert len(summ) == 6 and (summ["runs"] == 1).all() and (summ["errors"] == 0).all()
     assert set(summ.loc[summ["method"] == "evict", "setting"]) == {"deferkv @ 0.5"}
     assert summ.loc[summ["method"] == "evict", "retained_frac"].between(0.5, 0.51).all()

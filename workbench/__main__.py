@@ -15,6 +15,7 @@ from workbench.capture import RowSet, run_capture
 from workbench.run import shipped
 from workbench.run.examples import load_example
 from workbench.run.models import default_model_folder, load_model, resolve_device
+from workbench.study.kv_budget import KV_LADDER, KVPRESS_RATIOS
 from workbench.study.report import ReportConfig, run_report
 from workbench.study.verdicts import plan
 from workbench.util import LockBusy
@@ -64,15 +65,25 @@ def _threads(v: str):
         raise argparse.ArgumentTypeError(f"must be 'auto' or an integer >= 1, got {v!r}") from None
 
 
+def _given(values, default):
+    """A list flag that may be given bare: ``None`` when absent, ``default`` when bare, else its values."""
+    return None if values is None else tuple(values or default)
+
+
 def _report(args) -> int:
 
-    kw = dict(out=args.out, n_squad=args.n_squad, n_needle=args.n_needle, max_new_tokens=args.max_new_tokens,
+    kw = dict(out=args.out, n_squad=args.n_squad, n_needle=args.n_needle, n_followup=args.n_followup, max_new_tokens=args.max_new_tokens,
               needle_length=args.needle_length, model=args.model, device=args.device,
               policies=tuple(args.policies) if args.policies else None,
               budget_fracs=tuple(args.budget_fracs) if args.budget_fracs else None,
+              compression_ratios=_given(args.compression_ratios, KVPRESS_RATIOS),
+              kv_ladder=_given(args.kv_ladder, KV_LADDER), query=tuple(args.query) if args.query else None,
               methods=tuple(args.methods) if args.methods else None, threads=args.threads,
               progress=not args.no_progress, data=args.data, items=args.items, filler=args.filler,
-              margin=args.margin, presets=args.presets)
+              margin=args.margin, presets=args.presets, calibrate=args.calibrate,
+              ruler=tuple(args.ruler) if args.ruler else None,
+              ruler_lengths=tuple(args.ruler_lengths) if args.ruler_lengths else None, ruler_seeds=args.ruler_seeds,
+              leap_prompts=args.leap_prompts, kept_prompts=args.kept_prompts, cap_tokens=args.cap_tokens)
     if args.items is not None and not args.tiny:  # the items replace the built-in families unless asked for
         kw["n_squad"] = 0 if args.n_squad is None else args.n_squad
         kw["n_needle"] = 0 if args.n_needle is None else args.n_needle
@@ -89,7 +100,8 @@ def _report(args) -> int:
         print(_one_line("report", e), file=sys.stderr)
         _exit(2)
     except KeyboardInterrupt:  # after the sweep has begun run_report writes a partial report itself
-        store = cfg.out / "tables" / "sweep.parquet"
+        stores = [cfg.out / "tables" / n for n in ("sweep.parquet", "calibration_cells.parquet")]  # study, calibration
+        store = next((p for p in stores if p.is_file()), stores[0])
         print("python -m workbench report: interrupted before the report was written; " + (
             f"the finished cells in {store} are kept: re-run the same command to resume" if store.is_file() else
             "nothing to report"), file=sys.stderr)
@@ -220,6 +232,9 @@ def main(argv=None) -> int:
     r.add_argument("--tiny", action="store_true", help="CI setting: 1 SQuAD + 1 needle prompt, 3 tokens, one policy")
     r.add_argument("--n-squad", type=int, default=None, help="SQuAD single-hop prompts (default 3; tiny 1)")
     r.add_argument("--n-needle", type=int, default=None, help="needle-in-a-haystack prompts (default 6; tiny 1)")
+    r.add_argument("--n-followup", type=int, default=None,
+                   help="follow-up items: one eviction, two questions on one haystack; the second answer is scored "
+                        "(default 0)")
     r.add_argument("--needle-length", type=int, default=None, help="haystack tokens (default 1024; tiny 128)")
     r.add_argument("--max-new-tokens", type=int, default=None,
                    help="greedy tokens per run (default: per task, tasks.TASK_MAX_NEW_TOKENS; tiny 3)")
@@ -236,6 +251,15 @@ def main(argv=None) -> int:
                         "(default: streaming h2o snapkv deferkv; tiny: deferkv)")
     r.add_argument("--budget-fracs", nargs="+", type=float, default=None,
                    help="eviction budgets as fractions of the prompt (default 0.25 0.5; tiny 0.5)")
+    r.add_argument("--compression-ratios", nargs="*", type=float, default=None,
+                   help="eviction budgets as kvpress compression ratios (fraction of the prompt's KV cache removed; "
+                        "B = max(1, int(T*(1-r)))); bare: 0.25 0.5 0.75 0.875")
+    r.add_argument("--kv-ladder", nargs="*", type=float, default=None,
+                   help="matched-byte rungs: KV bytes kept as a fraction of the full cache's; bare: 0.5 0.25 0.125 "
+                        "0.0625 (a rung out of reach is a failed cell saying why)")
+    r.add_argument("--query", nargs="+", choices=("aware", "agnostic"), default=None,
+                   help="query modes of the eviction cells (default aware; agnostic: kvpress's, the context "
+                        "compressed without the question)")
     r.add_argument("--model", default=None, help="a research model's short name (qwen2.5-coder-1.5b, qwen2.5-coder-0.5b), a local HF folder or a cached hub id (default: embedded SmolLM2)")
     r.add_argument("--device", default="auto")
     r.add_argument("--threads", type=_threads, default=None,
@@ -247,6 +271,20 @@ def main(argv=None) -> int:
                         "parameters)")
     r.add_argument("--margin", type=float, default=None,
                    help="non-inferiority margin δ of the verdicts, in [0, 1) (default 0.1; printed with the rule)")
+    r.add_argument("--calibrate", type=float, default=None, metavar="FRACTION",
+                   help="fix EntroPrefill's preset on this share of the clusters, in (0, 1), and report every verdict "
+                        "on the rest (default: off)")
+    # the whole study: RULER-style families and the per-prompt analyses (benchmarks/study.py runs through these)
+    r.add_argument("--ruler", nargs="+", default=None, metavar="FAMILY",
+                   help="RULER-style families (study.ruler.RULER_TASKS: niah_single, niah_multikey, ...)")
+    r.add_argument("--ruler-lengths", nargs="+", type=int, default=None, help="RULER-style lengths (default 1024)")
+    r.add_argument("--ruler-seeds", type=int, default=None, help="RULER-style items per family and length (default 1)")
+    r.add_argument("--leap-prompts", type=int, default=None,
+                   help="prompts per task captured for the leap and priority analyses (default 0: skipped)")
+    r.add_argument("--kept-prompts", type=int, default=None,
+                   help="prompts per task for the answer tokens DeferKV and SnapKV keep (default 0: skipped)")
+    r.add_argument("--cap-tokens", type=int, default=None,
+                   help="full context again with this many new tokens: did the cap cut answers off? (default 0: no)")
     r.set_defaults(fn=_report)
     q = sub.add_parser("plan", help="how many independent clusters a claim needs (80%% power), before running it")
     q.add_argument("--kind", choices=("superiority", "non-inferiority"), default="superiority")

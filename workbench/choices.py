@@ -11,7 +11,7 @@ __all__ = ["AuditMode", "Priority", "PolicyName", "Pooling", "H2ONormalise", "He
            "Device", "RowDtype", "SyntheticStructure", "ROW_DTYPES", "SYNTHETIC_STRUCTURES",
            "AUDIT_MODES", "PRIORITIES", "POLICY_NAMES", "HEAD_QUANTITIES", "ROW_KINDS", "SHIFT_LEVELS",
            "MethodName", "ReportData", "ExportFormat", "WidthPreset", "POOLINGS", "H2O_NORMALISES", "METHOD_NAMES",
-           "REPORT_DATA", "EXPORT_FORMATS", "WIDTH_PRESETS", "PresetName", "PRESET_NAMES"]
+           "REPORT_DATA", "EXPORT_FORMATS", "WIDTH_PRESETS", "PresetName", "PRESET_NAMES", "QueryMode", "QUERY_MODES"]
 
 AuditMode = Literal["sampled", "exact"]
 """SPEC §6: a sampled audit with its Hoeffding radius, or the exact finite population (``b = 0``)."""
@@ -73,6 +73,10 @@ SYNTHETIC_STRUCTURES: tuple[str, ...] = get_args(SyntheticStructure)
 POOLINGS: tuple[str, ...] = get_args(Pooling)
 H2O_NORMALISES: tuple[str, ...] = get_args(H2ONormalise)
 METHOD_NAMES: tuple[str, ...] = get_args(MethodName)
+QueryMode = Literal["aware", "agnostic"]
+"""Whether an eviction sees the question before it compresses (``aware``: the whole prompt prefilled, then evicted)
+or compresses the context alone and reads the question from the compressed cache (``agnostic``, kvpress's default)."""
+QUERY_MODES: tuple[str, ...] = get_args(QueryMode)
 REPORT_DATA: tuple[str, ...] = get_args(ReportData)
 PRESET_NAMES: tuple[str, ...] = get_args(PresetName)
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)

@@ -45,6 +45,7 @@ from workbench.choices import (
     POOLINGS,
     PRESET_NAMES,
     PRIORITIES,
+    QUERY_MODES,
     REPORT_DATA,
     ROW_DTYPES,
     WIDTH_PRESETS,
@@ -155,6 +156,11 @@ _P: dict[str, Constraint] = {
     "expected_attention.epsilon": _UNIT,
     "budget": BUDGET,
     "budget_frac": BUDGET_FRAC,
+    # kvpress's compression ratio: the fraction of the prompt's KV cache removed (study.kv_budget.ratio_budget)
+    "compression_ratio": _real(0.0, 1.0, closed="left"),
+    # the matched-byte ladder: KV bytes kept as a fraction of the full prompt cache's (study.kv_budget.ladder_budget)
+    "kv_frac": _real(0.0, 1.0, closed="right"),
+    "query": Choice(QUERY_MODES),
     "policy": Choice(POLICY_NAMES),  # the built-in names (the eviction registry may add more)
     # ---- analyses shown by the panels
     "K": _COUNT1,
@@ -198,6 +204,7 @@ _P: dict[str, Constraint] = {
     "report.model": optional(InstanceOf(_is_path, "a local folder or a hub id", nonempty=True)),
     "report.n_squad": _int(0, 1000),
     "report.n_needle": _int(0, 1000),
+    "report.n_followup": _int(0, 1000),
     "report.needle_length": _int(64, 8192),
     "report.n_distractors": _int(1, 20),
     "report.max_new_tokens": optional(_int(1, 4096)),
@@ -209,6 +216,9 @@ _P: dict[str, Constraint] = {
     "report.policies": Seq(InstanceOf(str, "a policy name (built-in or registered) or 'module:Class'",
                                       examples=("snapkv", "deferkv", "h2o"), nonempty=True), nonempty=False, distinct=True),
     "report.budget_fracs": Seq(BUDGET_FRAC, nonempty=True),
+    "report.compression_ratios": Seq(_real(0.0, 1.0, closed="left"), nonempty=False, distinct=True),
+    "report.kv_ladder": Seq(_real(0.0, 1.0, closed="right"), nonempty=False, distinct=True),
+    "report.query": Seq(Choice(QUERY_MODES), nonempty=True, distinct=True),
     "report.entroprefill": InstanceOf(dict, "a dict of EntroPrefill parameters", examples=({}, {"zeta": 0.3})),
     "report.capture_tail": _int(0, 4096),
     "report.capture_decode": _int(0, 256),
@@ -221,6 +231,19 @@ _P: dict[str, Constraint] = {
     "report.tiny": Bool(),
     "report.margin": _real(0.0, 1.0, closed="left"),
     "report.presets": Seq(Choice(PRESET_NAMES), nonempty=False, distinct=True),
+    "report.calibrate": optional(_real(0.0, 1.0, closed="neither", note="share of the clusters that calibrate")),
+    # ---- split_items() (study.calibration): the share of the independent units drawn for calibration
+    "calibration.fraction": _real(0.0, 1.0, closed="neither", note="share of the clusters that calibrate"),
+    "calibration.seed": SEED,
+    # the study's RULER-style families (names checked against study.ruler.RULER_TASKS by ReportConfig) and its
+    # per-prompt analyses (0 = skip)
+    "report.ruler": Seq(InstanceOf(str, "a RULER-style family name", examples=("niah_single",), nonempty=True),
+                        nonempty=False, distinct=True),
+    "report.ruler_lengths": Seq(_int(256, 131072), nonempty=True, distinct=True),
+    "report.ruler_seeds": _int(1, 1000),
+    "report.leap_prompts": _int(0, 1000),
+    "report.kept_prompts": _int(0, 1000),
+    "report.cap_tokens": _int(0, 4096),
     # ---- export() (show)
     "export.fig": InstanceOf(_is_figure, "a plotly go.Figure, a FigureWidget or a TokenView"),
     "export.path": InstanceOf(_is_path, "a path folder/stem", nonempty=True),

@@ -10,9 +10,7 @@
 # %%
 from lab_setup import load
 
-from workbench.capture import RowSet, run_capture
-from workbench.run.examples import load_example
-from workbench.show import plots
+import workbench as wb
 
 lm = load()                  # CPU fp32 here; CUDA + bf16 when a GPU is present
 
@@ -21,7 +19,7 @@ lm = load()                  # CPU fp32 here; CUDA + bf16 when a GPU is present
 # the tokenizer's character offsets: each passage is a candidate chunk, everything else is protected.
 
 # %%
-ex = load_example()
+ex = wb.load_example()
 prompt = ex.build(lm.tokenizer, max_context=lm.shape.max_context)
 s = prompt.spans
 print(f"T={s.T} tokens, k={s.k} chunks, N={s.N} chunk tokens, query at {s.query}, observers {s.observers}")
@@ -32,18 +30,18 @@ print("answer passage:", ex.documents[ex.answer_doc])
 # The model keeps its own attention kernel; only the requested rows are computed.
 
 # %%
-cap = run_capture(lm, prompt, RowSet(tail=32, n_decode=4))
+cap = wb.run_capture(lm, prompt, wb.RowSet(tail=32, n_decode=4))
 print(cap.attn.shape, "[layers, heads, rows, keys]")
 print("first decoded tokens:", repr(lm.tokenizer.decode(cap.generated_ids)))
 
 # %%
-plots.sink_mass_heatmap(cap)
+wb.plots.sink_mass_heatmap(cap)
 
 # %%
-plots.attention_strip(cap, layer=cap.L // 2, head=0)
+wb.plots.attention_strip(cap, layer=cap.L // 2, head=0)
 
 # %%
-plots.attention_strip(cap, layer=cap.L // 2, head=0, log=True)   # the same row on a log axis
+wb.plots.attention_strip(cap, layer=cap.L // 2, head=0, log=True)   # the same row on a log axis
 
 # %% [markdown]
 # ### Attention over the text
@@ -55,10 +53,8 @@ plots.attention_strip(cap, layer=cap.L // 2, head=0, log=True)   # the same row 
 # the mass) from washing out the rest; *exclude sinks* leaves them unshaded.
 
 # %%
-from workbench.show.widgets import CaptureState, TokenPanel
-
-state = CaptureState(cap, prompt)   # one capture for the panels below; the prompt panel replaces it
-tokens = TokenPanel(state, layer=cap.L // 2)
+state = wb.widgets.CaptureState(cap, prompt)   # one capture for the panels below; the prompt panel replaces it
+tokens = wb.widgets.TokenPanel(state, layer=cap.L // 2)
 tokens.widget
 
 # %% [markdown]
@@ -68,16 +64,14 @@ tokens.widget
 # the residual rows of the layer follow. No model call: everything comes from the capture.
 
 # %%
-from workbench.show.widgets import HeadsPanel, PriorityPanel
-
-panel = HeadsPanel(state, quantity="sink")
+panel = wb.widgets.HeadsPanel(state, quantity="sink")
 panel.widget
 
 # %% [markdown]
 # The chunk priorities of one layer (SPEC §3–§5; notebook 03 explains them), on the same shared capture:
 
 # %%
-priorities = PriorityPanel(state)
+priorities = wb.widgets.PriorityPanel(state)
 priorities.widget
 
 # %% [markdown]
@@ -90,12 +84,10 @@ priorities.widget
 # prompt longer than the model's context) is said in the panel, naming the field, and changes nothing.
 
 # %%
-from workbench.study.prompt_panel import PromptPanel
-
-prompt_panel = PromptPanel(lm, state, question="Who paints the lighthouse tower?", documents=[
-    "The lighthouse keeper Marla Quint paints the tower red every spring.",
-    "Ferries to the island leave twice a day from the north pier.",
-    "The harbor market sells smoked mackerel on Fridays."])
+prompt_panel = wb.PromptPanel(lm, state, question="Who paints the lighthouse tower?", documents=[
+          "The lighthouse keeper Marla Quint paints the tower red every spring.",
+          "Ferries to the island leave twice a day from the north pier.",
+          "The harbor market sells smoked mackerel on Fridays."])
 prompt_panel.widget
 
 # %%

@@ -12,9 +12,7 @@ import pandas as pd
 import torch
 from lab_setup import load
 
-from workbench.capture import RowSet, run_capture
-from workbench.run.examples import load_example
-from workbench.show import plots
+import workbench as wb
 
 lm = load()
 s = lm.shape
@@ -30,7 +28,7 @@ print(f"{lm.model_id}: L = {s.L} layers, H_Q = {s.H_Q} query heads, G = {s.G} KV
 # first `n_sink` tokens) is **protected**. The proposal observers `𝒬_p` are the last `W_p` query tokens.
 
 # %%
-ex = load_example()
+ex = wb.load_example()
 prompt = ex.build(lm.tokenizer, max_context=lm.shape.max_context)
 spans = prompt.spans
 tok = spans.tokens
@@ -50,7 +48,7 @@ pd.DataFrame([dict(segment=n, start=a, end=b, tokens=b - a, text="".join(tok[a:b
 # no `T × T` matrix is formed, and the model keeps its own attention kernel (sdpa here) for its output.
 
 # %%
-cap = run_capture(lm, prompt, RowSet(tail=16, n_decode=4), progress=False)
+cap = wb.run_capture(lm, prompt, wb.RowSet(tail=16, n_decode=4), progress=False)
 kinds = pd.Series(cap.row_kind).value_counts()
 print(f"attn {tuple(cap.attn.shape)} [L, H_Q, rows, T + n_decode], {cap.attn.numel() * 4 / 2**20:.1f} MiB")
 print("rows per kind:", kinds.to_dict())
@@ -62,9 +60,7 @@ print("greedy continuation:", repr(lm.tokenizer.decode(cap.generated_ids)))
 # rounding (SPEC §1 records 3e-6 on this model).
 
 # %%
-from workbench.run.adapter import eager_attentions
-
-eager = eager_attentions(lm.model, prompt.input_ids).attentions      # L x [1, H_Q, T, T]
+eager = wb.eager_attentions(lm.model, prompt.input_ids).attentions      # L x [1, H_Q, T, T]
 prompt_rows = torch.tensor([k != "decode" for k in cap.row_kind])
 pos = cap.row_pos[prompt_rows]
 err = max(float((cap.attn[l][:, prompt_rows, :spans.T] - eager[l][0][:, pos]).abs().max()) for l in range(cap.L))
@@ -80,7 +76,7 @@ del eager
 # entropy on the **residual** (non-sink) part of each row.
 
 # %%
-plots.sink_mass_heatmap(cap)
+wb.plots.sink_mass_heatmap(cap)
 
 # %% [markdown]
 # Two heads of one middle layer over the prompt tokens (hover shows the token): the head with the
@@ -93,10 +89,10 @@ layer = cap.L // 2 if float(spread[cap.L // 2]) > 0 else int(spread.argmax())  #
 sink = cap.sink_mass()[layer]
 sink_head, reader_head = int(sink.argmax()), int(sink.argmin())
 print(f"layer {layer}: head {sink_head} sink mass {float(sink.max()):.2f}, head {reader_head} {float(sink.min()):.2f}")
-plots.attention_strip(cap, layer=layer, head=sink_head)
+wb.plots.attention_strip(cap, layer=layer, head=sink_head)
 
 # %%
-plots.attention_strip(cap, layer=layer, head=reader_head)
+wb.plots.attention_strip(cap, layer=layer, head=reader_head)
 
 # %% [markdown]
 # ## Heads by residual entropy
@@ -106,10 +102,8 @@ plots.attention_strip(cap, layer=layer, head=reader_head)
 # tokens, high entropy = it spreads. Notebook 02 turns these entropies into head weights.
 
 # %%
-from workbench.analyse.pooling import HeadPooling
-
-pooling = HeadPooling()(cap)
-plots.head_heatmap(pooling, "H")
+pooling = wb.HeadPooling()(cap)
+wb.plots.head_heatmap(pooling, "H")
 
 # %% [markdown]
 # ## A capture is a file
@@ -121,10 +115,8 @@ plots.head_heatmap(pooling, "H")
 import tempfile
 from pathlib import Path
 
-from workbench.capture.data import Capture
-
 path = cap.save(Path(tempfile.mkdtemp()) / "example.capture.safetensors")
-back = Capture.load(path)
+back = wb.Capture.load(path)
 assert torch.equal(back.attn, cap.attn) and back.spans == cap.spans and back.row_kind == cap.row_kind
 print(f"{path.name}: {path.stat().st_size / 2**20:.1f} MiB, identical after load; model {back.model_id}")
 
@@ -134,9 +126,7 @@ print(f"{path.name}: {path.stat().st_size / 2**20:.1f} MiB, identical after load
 # Pick the layer and the quantity (sink mass, entropy `H`, weight `w`); the heatmap and the residual rows of the layer follow. No model call: everything comes from the capture.
 
 # %%
-from workbench.show.widgets import HeadsPanel
-
-panel = HeadsPanel(cap, quantity="sink")
+panel = wb.widgets.HeadsPanel(cap, quantity="sink")
 panel.widget
 
 # %% [markdown]

@@ -16,7 +16,7 @@
 # %%
 from lab_setup import example_capture
 
-from workbench.show import plots
+import workbench as wb
 
 lm, ex, prompt, cap = example_capture()      # SmolLM2-135M-Instruct (or WORKBENCH_MODEL); data/example_prompt.json
 spans = prompt.spans
@@ -24,9 +24,7 @@ spans = prompt.spans
 # %%
 import torch
 
-from workbench.analyse.pooling import HeadPooling
-
-pooling = HeadPooling(zeta=0.5, tau=1.0)(cap)
+pooling = wb.HeadPooling(zeta=0.5, tau=1.0)(cap)
 layer = cap.L // 2                           # the middle layer (15 on the default model)
 pooling.to_frame().query("layer == @layer").round(4)
 
@@ -35,14 +33,14 @@ pooling.to_frame().query("layer == @layer").round(4)
 # the darkest cells are the heads whose residual attention is most concentrated.
 
 # %%
-plots.head_heatmap(pooling, "w")
+wb.plots.head_heatmap(pooling, "w")
 
 # %% [markdown]
 # The residual rows of one layer: how much of each head's mass is left after removing the sinks, and
 # how spread it is. A head with `z_h ≤ ρ_min` is invalid and gets weight only through the floor.
 
 # %%
-plots.residual_distribution(pooling, layer=layer, spans=spans)
+wb.plots.residual_distribution(pooling, layer=layer, spans=spans)
 
 # %% [markdown]
 # ## Moving ζ and τ
@@ -58,11 +56,11 @@ import pandas as pd
 grid = []
 for zeta in (1.0, 0.5, 0.2, 0.05):
     for tau in (0.1, 0.3, 1.0, 3.0):
-        w = HeadPooling(zeta=zeta, tau=tau)(cap).w[layer]
+        w = wb.HeadPooling(zeta=zeta, tau=tau)(cap).w[layer]
         grid += [dict(zeta=zeta, tau=tau, head=f"h{h} (g{g})", w=float(w[h]))
                  for h, g in enumerate(cap.head_group.tolist())]
 grid = pd.DataFrame(grid)
-plots.head_weights(grid, layer=layer, model_id=cap.model_id)   # 9 heads: colour, then dash and marker past 8
+wb.plots.head_weights(grid, layer=layer, model_id=cap.model_id)   # 9 heads: colour, then dash and marker past 8
 
 # %% [markdown]
 # ## Property (6) on real heads
@@ -74,8 +72,6 @@ plots.head_weights(grid, layer=layer, model_id=cap.model_id)   # 9 heads: colour
 # %%
 import math
 
-from workbench.analyse.pooling import dominant_head_bound
-
 zeta, tau, r = 0.5, 1.0, cap.r
 worst = math.inf
 for l in range(cap.L):
@@ -84,7 +80,7 @@ for l in range(cap.L):
         H = pooling.H[l, heads]
         best = int(H.argmin())
         delta = float((H[torch.arange(len(heads)) != best] - H[best]).min())
-        bound = dominant_head_bound(zeta, tau, r, delta)
+        bound = wb.dominant_head_bound(zeta, tau, r, delta)
         worst = min(worst, float(pooling.w[l, heads[best]]) - bound)
 print(f"min over layers and groups of w_h* − bound = {worst:.3e}  (never negative)")
 assert worst >= -1e-12
@@ -99,9 +95,9 @@ assert worst >= -1e-12
 g_heads = (cap.head_group == 0).nonzero().flatten()
 flat = int(g_heads[pooling.H[layer, g_heads].argmax()])
 for tau in (3.0, 1.0, 0.3, 0.1, 0.01):
-    w = float(HeadPooling(zeta=0.5, tau=tau)(cap).w[layer, flat])
+    w = float(wb.HeadPooling(zeta=0.5, tau=tau)(cap).w[layer, flat])
     print(f"τ = {tau:<5} w_{flat} = {w:.4f}   (floor ζ/r = {0.5 / cap.r:.4f})")
-assert abs(float(HeadPooling(zeta=0.5, tau=0.01)(cap).w[layer, flat]) - 0.5 / cap.r) < 1e-3
+assert abs(float(wb.HeadPooling(zeta=0.5, tau=0.01)(cap).w[layer, flat]) - 0.5 / cap.r) < 1e-3
 
 # %% [markdown]
 # ## The pooled measure
@@ -110,7 +106,7 @@ assert abs(float(HeadPooling(zeta=0.5, tau=0.01)(cap).w[layer, flat]) - 0.5 / ca
 # of it. Notebook 03 turns it into chunk priorities.
 
 # %%
-plots.pooled_measure(pooling, layer, spans)       # log scale; grey protected, orange chunks, green answer chunk
+wb.plots.pooled_measure(pooling, layer, spans)       # log scale; grey protected, orange chunks, green answer chunk
 
 # %% [markdown]
 # ### Interactive panel
@@ -118,9 +114,7 @@ plots.pooled_measure(pooling, layer, spans)       # log scale; grey protected, o
 # The `ζ` and `τ` sliders recompute the pooling from the capture (cached statistics, no model call) and update the head weights and the residual rows in place.
 
 # %%
-from workbench.show.widgets import HeadsPanel
-
-panel = HeadsPanel(cap)
+panel = wb.widgets.HeadsPanel(cap)
 panel.widget
 
 # %% [markdown]
@@ -134,13 +128,13 @@ group_sum = pooling.w @ onehot                                          # [L, G]
 sink = pooling.sink_mass                                                # [L, H_Q]
 mu_all = pooling.mu                                                     # [L, T]
 mu_again = torch.einsum("lh,lht->lt", pooling.w, pooling.a) / cap.G     # (1/G) Σ_h w_h a^h
-uniform = HeadPooling(zeta=1.0)(cap).w
+uniform = wb.HeadPooling(zeta=1.0)(cap).w
 print(f"Σ_(h∈g) w_h over {cap.L} layers × {cap.G} groups: max |· − 1| = {float((group_sum - 1).abs().max()):.1e}")
 print(f"min w_h = {float(pooling.w.min()):.4f} ≥ floor ζ/r = {0.5 / cap.r:.4f}; at ζ = 1 every w_h = {float(uniform.mean()):.4f} = 1/r")
 print(f"sink mass in [{float(sink.min()):.3f}, {float(sink.max()):.3f}]; max |z_h + sink mass − 1| = {float((pooling.z + sink - 1).abs().max()):.1e}")
 print(f"μ: min {float(mu_all.min()):.2e}, max |Σ_j μ_j − 1| = {float((mu_all.sum(-1) - 1).abs().max()):.1e}, "
       f"max |μ − (1/G) Σ_h w_h a^h| = {float((mu_all - mu_again).abs().max()):.1e}")
-print(f"property (6): min margin w_h* − bound = {worst:.3e}; flat head {flat} at τ = 0.01: w = {float(HeadPooling(zeta=0.5, tau=0.01)(cap).w[layer, flat]):.4f}")
+print(f"property (6): min margin w_h* − bound = {worst:.3e}; flat head {flat} at τ = 0.01: w = {float(wb.HeadPooling(zeta=0.5, tau=0.01)(cap).w[layer, flat]):.4f}")
 assert torch.allclose(group_sum, torch.ones_like(group_sum), atol=1e-9)    # w_h sums to 1 in every group and layer
 assert float(pooling.w.min()) >= 0.5 / cap.r - 1e-12                        # the floor ζ/r
 assert torch.allclose(uniform, torch.full((cap.L, cap.H_Q), 1 / cap.r, dtype=torch.float64))

@@ -15,7 +15,7 @@
 # %%
 from lab_setup import example_capture
 
-from workbench.show import plots
+import workbench as wb
 
 lm, ex, prompt, cap = example_capture()      # SmolLM2-135M-Instruct (or WORKBENCH_MODEL); data/example_prompt.json
 spans = prompt.spans
@@ -23,11 +23,8 @@ spans = prompt.spans
 # %%
 import torch
 
-from workbench.analyse.pooling import HeadPooling
-from workbench.analyse.priorities import ChunkPriorities
-
-pooling = HeadPooling(zeta=0.5, tau=1.0)(cap)
-prio = ChunkPriorities(eps_s=0.1, lam=0.5).score(pooling.mu, spans)
+pooling = wb.HeadPooling(zeta=0.5, tau=1.0)(cap)
+prio = wb.ChunkPriorities(eps_s=0.1, lam=0.5).score(pooling.mu, spans)
 layer = cap.L // 2                           # the middle layer (15 on the default model)
 prio.to_frame().query("layer == @layer").round(3)
 
@@ -38,15 +35,13 @@ prio.to_frame().query("layer == @layer").round(3)
 # (`9 × 8 = 72` rows). With target 25 % of the candidate tokens and `ε_row = 0.2`:
 
 # %%
-from workbench.analyse.selection import GreedySelection, mass_table
-
-m = mass_table(cap.observer_attn(), spans)               # [L, H_Q * W_p, k]
-sel = GreedySelection(target=0.25, eps_row=0.2, m0=1).select(prio.S[layer], spans.n, m[layer])
+m = wb.mass_table(cap.observer_attn(), spans)               # [L, H_Q * W_p, k]
+sel = wb.GreedySelection(target=0.25, eps_row=0.2, m0=1).select(prio.S[layer], spans.n, m[layer])
 print(sel.verdict)
 print("scan order (lowest S first):", sel.scan_order, "→ removed", sel.removed)
 
 # %%
-plots.chunk_priorities(prio, spans, layer=layer, removed=sel.removed)
+wb.plots.chunk_priorities(prio, spans, layer=layer, removed=sel.removed)
 
 # %% [markdown]
 # ## Where the answer chunk ranks, layer by layer
@@ -58,14 +53,12 @@ plots.chunk_priorities(prio, spans, layer=layer, removed=sel.removed)
 # %%
 import pandas as pd
 
-from workbench.analyse.priorities import mass_only_priorities, per_head_max_priorities
-
 ans = spans.chunk_doc.index(ex.answer_doc)
-methods = {"Rényi (λ = 0.5)": prio.S, "mass only (λ = 0)": mass_only_priorities(pooling.mu, spans).S,
-           "per-head max": per_head_max_priorities(pooling.a, spans)}
+methods = {"Rényi (λ = 0.5)": prio.S, "mass only (λ = 0)": wb.mass_only_priorities(pooling.mu, spans).S,
+           "per-head max": wb.per_head_max_priorities(pooling.a, spans)}
 ranks = pd.DataFrame([dict(layer=l, method=name, rank=int((S[l] > S[l, ans]).sum()))
                       for name, S in methods.items() for l in range(cap.L)])
-plots.answer_rank(ranks, answer_chunk=ans, model_id=cap.model_id)
+wb.plots.answer_rank(ranks, answer_chunk=ans, model_id=cap.model_id)
 
 # %% [markdown]
 # ## The null and property (10)
@@ -75,7 +68,7 @@ plots.answer_rank(ranks, answer_chunk=ans, model_id=cap.model_id)
 
 # %%
 doc = spans.document_mask().to(torch.float64)
-null = ChunkPriorities(eps_s=0.1, lam=0.5).score(doc / doc.sum(), spans)
+null = wb.ChunkPriorities(eps_s=0.1, lam=0.5).score(doc / doc.sum(), spans)
 assert torch.allclose(null.ell, torch.ones_like(null.ell)) and torch.allclose(null.kappa, torch.zeros_like(null.kappa), atol=1e-12)
 S, ell = prio.S, prio.ell
 gap = (S[:, :, None] - S[:, None, :]) - (torch.log(ell[:, :, None] / ell[:, None, :]) - prio.lam)
@@ -95,11 +88,11 @@ assert float(gap.min()) >= -1e-12
 rows = []
 for eps_row in (0.05, 0.1, 0.2, 0.4):
     for target in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6):
-        r = GreedySelection(target=target, eps_row=eps_row, m0=1).select(prio.S[layer], spans.n, m[layer])
+        r = wb.GreedySelection(target=target, eps_row=eps_row, m0=1).select(prio.S[layer], spans.n, m[layer])
         rows.append(dict(eps_row=eps_row, target=r.target_tokens, D=r.D, U=r.U, reached=r.reached,
                          infeasible_proved=r.infeasible_proved))
 budget = pd.DataFrame(rows)
-plots.removal_budget(budget, layer=layer, model_id=cap.model_id)
+wb.plots.removal_budget(budget, layer=layer, model_id=cap.model_id)
 
 # %%
 budget.tail(6)
@@ -110,10 +103,7 @@ budget.tail(6)
 # Move `λ`, `ε_s`, the saving target and `ε_row`: the priority bars, the greedy removal, its envelope and the certificate of the layer follow. No model call.
 
 # %%
-from workbench.analyse.params import EntroPrefillParams
-from workbench.show.widgets import PriorityPanel
-
-panel = PriorityPanel(cap, EntroPrefillParams(target=0.25, eps_row=0.2), layer=layer)
+panel = wb.widgets.PriorityPanel(cap, wb.EntroPrefillParams(target=0.25, eps_row=0.2), layer=layer)
 panel.widget
 
 # %% [markdown]

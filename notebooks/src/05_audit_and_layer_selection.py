@@ -15,18 +15,15 @@
 # %%
 from lab_setup import example_capture
 
-from workbench.show import plots
+import workbench as wb
 
 lm, ex, prompt, cap = example_capture()      # SmolLM2-135M-Instruct (or WORKBENCH_MODEL); data/example_prompt.json
 spans = prompt.spans
 
 # %%
-from workbench.analyse.params import EntroPrefillParams
-from workbench.analyse.procedure import trace
-
-params = EntroPrefillParams(zeta=0.5, tau=1.0, target=0.25, eps_row=0.2, streak=1, eps_audit=0.2,
-                            audit_mode="exact")
-tr = trace(cap, params)
+params = wb.EntroPrefillParams(zeta=0.5, tau=1.0, target=0.25, eps_row=0.2, streak=1, eps_audit=0.2,
+                               audit_mode="exact")
+tr = wb.trace(cap, params)
 print(tr.decision)
 tr.to_frame()[["layer", "removed", "D", "U", "gap", "d", "streak", "max_audit_bound", "status"]].head(8)
 
@@ -37,7 +34,7 @@ tr.to_frame()[["layer", "removed", "D", "U", "gap", "d", "streak", "max_audit_bo
 # the decision at each monitored layer. Layers after `l*` are shown as counterfactuals (not executed).
 
 # %%
-plots.trace_layers(tr)
+wb.plots.trace_layers(tr)
 
 # %% [markdown]
 # ## Certificate against the budget
@@ -47,7 +44,7 @@ plots.trace_layers(tr)
 # provably infeasible at this `ε_row`; where `D_l < target ≤ U_l`, the greedy scan alone missed.
 
 # %%
-plots.certificate(tr)
+wb.plots.certificate(tr)
 
 # %% [markdown]
 # ## The audit at `l*`
@@ -72,15 +69,13 @@ au.to_frame().round(4)
 # %%
 import pandas as pd
 
-from workbench.analyse.audit import hoeffding_b
-
 J, H = len(tr.layers), cap.H_Q
 m_grid = [8, 16, 32, 64, 128, 256, 512, 1024]
-df = pd.DataFrame([dict(m_a=m, delta=d, b=hoeffding_b(m, d, J, H)) for m in m_grid for d in (0.01, 0.05, 0.2)])
-plots.hoeffding_radius(df, eps_audit=params.eps_audit, J=J, H_Q=H, model_id=cap.model_id)
+df = pd.DataFrame([dict(m_a=m, delta=d, b=wb.hoeffding_b(m, d, J, H)) for m in m_grid for d in (0.01, 0.05, 0.2)])
+wb.plots.hoeffding_radius(df, eps_audit=params.eps_audit, J=J, H_Q=H, model_id=cap.model_id)
 
 # %%
-sampled = trace(cap, params.replace(audit_mode="sampled", m_a=32))
+sampled = wb.trace(cap, params.replace(audit_mode="sampled", m_a=32))
 print(sampled.decision)
 print(*sampled.notes, sep="\n")
 assert sampled.bypass and sampled.b > params.eps_audit
@@ -96,7 +91,7 @@ assert sampled.bypass and sampled.b > params.eps_audit
 rows = []
 for eps_audit in (0.05, 0.1, 0.2, 0.4):
     for streak in (0, 1, 2):
-        t = trace(cap, params.replace(eps_audit=eps_audit, streak=streak), certify=False)
+        t = wb.trace(cap, params.replace(eps_audit=eps_audit, streak=streak), certify=False)
         rows.append(dict(eps_audit=eps_audit, streak=streak, l_star=t.l_star, removed=t.removed,
                          saved_tokens=sum(spans.n[i].item() for i in t.removed)))
 pd.DataFrame(rows).pivot(index="eps_audit", columns="streak", values="l_star").astype("Int64")   # <NA>: bypass
@@ -107,9 +102,7 @@ pd.DataFrame(rows).pivot(index="eps_audit", columns="streak", values="l_star").a
 # Every parameter of the 7-step procedure; the trace, the certificates and the decision follow. No model call (the LP certificates update when a slider is released).
 
 # %%
-from workbench.show.widgets import AuditPanel
-
-panel = AuditPanel(cap, params)
+panel = wb.widgets.AuditPanel(cap, params)
 panel.widget
 
 # %% [markdown]

@@ -13,18 +13,15 @@
 # %%
 from lab_setup import load
 
-from workbench.analyse.params import EntroPrefillParams
-from workbench.rerun.prune import run_full, run_pruned
-from workbench.run.examples import load_example
-from workbench.show import plots
+import workbench as wb
 
 lm = load()
-ex = load_example()
+ex = wb.load_example()
 prompt = ex.build(lm.tokenizer, max_context=lm.shape.max_context)
-params = EntroPrefillParams(target=0.25, eps_row=0.2, streak=1, eps_audit=0.2)
+params = wb.EntroPrefillParams(target=0.25, eps_row=0.2, streak=1, eps_audit=0.2)
 
-pruned = run_pruned(lm, prompt, params, max_new_tokens=8, keep_hidden=True, progress=False)
-full = run_full(lm, prompt, max_new_tokens=8, keep_hidden=True)
+pruned = wb.run_pruned(lm, prompt, params, max_new_tokens=8, keep_hidden=True, progress=False)
+full = wb.run_full(lm, prompt, max_new_tokens=8, keep_hidden=True)
 print(pruned.decision)
 print(f"full  : {full.text!r}  (KV {full.kv_bytes / 2**20:.2f} MiB)")
 print(f"pruned: {pruned.text!r}  (KV {pruned.kv_bytes / 2**20:.2f} MiB)")
@@ -45,9 +42,9 @@ pruned.trace.to_frame()[["layer", "removed", "D", "d", "streak", "max_audit_boun
 
 # %%
 E = pruned.removed
-nothing = run_pruned(lm, prompt, params, layer=lm.shape.L // 3, removed=[], max_new_tokens=1, progress=False)
-before0 = run_pruned(lm, prompt, params, layer=-1, removed=E, max_new_tokens=1, progress=False)
-shortened = run_full(lm, prompt, max_new_tokens=1, positions=before0.retained)
+nothing = wb.run_pruned(lm, prompt, params, layer=lm.shape.L // 3, removed=[], max_new_tokens=1, progress=False)
+before0 = wb.run_pruned(lm, prompt, params, layer=-1, removed=E, max_new_tokens=1, progress=False)
+shortened = wb.run_full(lm, prompt, max_new_tokens=1, positions=before0.retained)
 d0 = float((nothing.first_logits - full.first_logits).abs().max())
 d1 = float((before0.first_logits - shortened.first_logits).abs().max())
 print(f"E = ∅ vs full: max |Δ logit| = {d0:.2e};  l* = −1 vs shortened sequence: {d1:.2e}")
@@ -64,15 +61,12 @@ assert d0 < 1e-4 and d1 < 1e-4
 # shallow audit cannot replace such premises about the later layers is notebook 10.
 
 # %%
-from workbench.rerun.stability import stability
-from workbench.util import one_thread
-
-with one_thread():           # the weight-norm constants are many small eigenvalue problems
-    st = stability(lm, full, pruned, composed=True)
+with wb.one_thread():           # the weight-norm constants are many small eigenvalue problems
+    st = wb.stability(lm, full, pruned, composed=True)
 st.summary()
 
 # %%
-plots.drift(st)
+wb.plots.drift(st)
 
 # %%
 print(f"margin m = {st.margin:.3f}, Λ = {st.Lambda:.3f}, Δ_L = {st.Delta_L:.3f}: 2ΛΔ_L = {2 * st.Lambda * st.Delta_L:.3f}")
@@ -93,21 +87,16 @@ assert st.drift[st.l_star + 1] < 1e-3                         # the gather itsel
 # The sliders update the *predicted* decision from a capture (no model). The run button calls the model: the pruned and the full prefill, the answers side by side and the drift.
 
 # %%
-from workbench.capture import RowSet, run_capture
-from workbench.show.widgets import PrunePanel
-
-cap = run_capture(lm, prompt, RowSet(tail=0), progress=False)
-panel = PrunePanel(cap, lm, prompt, params, max_new_tokens=8)
+cap = wb.run_capture(lm, prompt, wb.RowSet(tail=0), progress=False)
+panel = wb.widgets.PrunePanel(cap, lm, prompt, params, max_new_tokens=8)
 panel.widget
 
 # %% [markdown]
 # The prompt as text, shaded by the pooled `μ` at `l*`; the chunks the pruned prefill removed are struck through.
 
 # %%
-from workbench.show.widgets import TokenPanel
-
 gone = [p for i in pruned.removed for p in range(*prompt.spans.chunks[i])]
-tokens = TokenPanel(cap, layer=pruned.l_star, removed=gone)
+tokens = wb.widgets.TokenPanel(cap, layer=pruned.l_star, removed=gone)
 tokens.set(source=("pooled", 0))
 tokens.widget
 
@@ -117,8 +106,6 @@ tokens.widget
 # The numbers this notebook talks about, recomputed from its own results, printed and asserted.
 
 # %%
-from workbench.analyse.cost import kv_bytes_dense
-
 spans = prompt.spans
 removed_pos = {p for i in pruned.removed for p in range(*spans.chunks[i])}
 kept = set(pruned.retained.tolist())
@@ -134,7 +121,7 @@ assert not pruned.bypass and pruned.removed and pruned.l_star == st.l_star
 assert len(pruned.generated_ids) == 8 and pruned.text.strip() and len(full.generated_ids) == 8
 assert pruned.T_prime == len(pruned.retained) == len(kept) == pruned.T - len(removed_pos)   # kept-token count
 assert not (kept & removed_pos) and kept | removed_pos == set(range(pruned.T))
-assert pruned.kv_bytes == kv_bytes_dense(lm.shape, pruned.T_prime, e)    # a dense cache of T' entries per layer
+assert pruned.kv_bytes == wb.kv_bytes_dense(lm.shape, pruned.T_prime, e)    # a dense cache of T' entries per layer
 assert d0 < 1e-4 and d1 < 1e-4 and st.drift[st.l_star + 1] < 1e-3
 assert st.certified == (st.margin > two_LD) and not (st.certified and not st.agree_first_token)
 assert st.agree_first_token == (int(pruned.first_logits.argmax()) == int(full.first_logits.argmax()))

@@ -14,20 +14,17 @@
 import torch
 from lab_setup import load
 
-from workbench.analyse.shift import ShiftAnalysis
-from workbench.capture import RowSet, run_capture
-from workbench.run.examples import load_example
-from workbench.show import plots
+import workbench as wb
 
 lm = load()
-prompt = load_example().build(lm.tokenizer, max_context=lm.shape.max_context)
-cap = run_capture(lm, prompt, RowSet(observers=False, audit=None, tail=16, n_decode=10), progress=False)
+prompt = wb.load_example().build(lm.tokenizer, max_context=lm.shape.max_context)
+cap = wb.run_capture(lm, prompt, wb.RowSet(observers=False, audit=None, tail=16, n_decode=10), progress=False)
 print("answer:", repr(lm.tokenizer.decode(cap.generated_ids)))
-sh = ShiftAnalysis(k=32, ref_start=1)(cap)   # SPEC's reference: decode rows 1…n (the default is held out)
+sh = wb.ShiftAnalysis(k=32, ref_start=1)(cap)   # SPEC's reference: decode rows 1…n (the default is held out)
 sh.summary().round(3)
 
 # %%
-plots.shift_steps(sh)
+wb.plots.shift_steps(sh)
 
 # %% [markdown]
 # ## The boundary leap, per layer
@@ -39,9 +36,9 @@ plots.shift_steps(sh)
 # %%
 import pandas as pd
 
-held = ShiftAnalysis(k=32, ref_start=4)(cap)
+held = wb.ShiftAnalysis(k=32, ref_start=4)(cap)
 g = sh.layer_gains("group")                  # per layer: gain_m10, gain_01, gain_12, gain_23 (mean over groups)
-gains_fig = plots.shift_gains(sh, held_out=held)
+gains_fig = wb.plots.shift_gains(sh, held_out=held)
 gains_fig
 
 # %%
@@ -62,10 +59,10 @@ summ.query("level == 'group'")[["reference", "recall_0", "recall_1", "gain_01", 
 layer = int(g["gain_01"].idxmax())
 tail0 = int(cap.rows_of("tail")[-1]); dec1 = int(cap.rows_of("decode")[0])
 print(f"layer {layer}: rows {tail0} (r = 0, position {int(cap.row_pos[tail0])}) and {dec1} (r = 1)")
-plots.attention_strip(cap, layer=layer, head=0, row=tail0)
+wb.plots.attention_strip(cap, layer=layer, head=0, row=tail0)
 
 # %%
-plots.attention_strip(cap, layer=layer, head=0, row=dec1)
+wb.plots.attention_strip(cap, layer=layer, head=0, row=dec1)
 
 # %% [markdown]
 # ### Interactive panel
@@ -73,9 +70,7 @@ plots.attention_strip(cap, layer=layer, head=0, row=dec1)
 # Choose `k`, the first decode row of the reference and the tail window. No model call.
 
 # %%
-from workbench.show.widgets import ShiftPanel
-
-panel = ShiftPanel(cap, k=32)
+panel = wb.widgets.ShiftPanel(cap, k=32)
 panel.widget
 
 # %% [markdown]

@@ -19,16 +19,14 @@ import dataclasses
 import torch
 from lab_setup import load
 
-from workbench.rerun.eviction import default_policies, run_policies, survival_table, token_positions
-from workbench.run.examples import load_example
-from workbench.show import plots
+import workbench as wb
 
 lm = load()
-full_ex = load_example("needle_haystack")
+full_ex = wb.load_example("needle_haystack")
 lo, hi = full_ex.answer_doc - 2, full_ex.answer_doc + 3          # five paragraphs, the needle in the middle
 ex = dataclasses.replace(full_ex, documents=full_ex.documents[lo:hi], answer_doc=full_ex.answer_doc - lo)
 prompt = ex.build(lm.tokenizer, max_context=lm.shape.max_context)
-needle = token_positions(prompt, lm.tokenizer, ex.answer)
+needle = wb.token_positions(prompt, lm.tokenizer, ex.answer)
 print(f"T = {prompt.T}; answer {ex.answer!r} at positions {needle[0]}…{needle[-1]}")
 
 # %% [markdown]
@@ -36,9 +34,9 @@ print(f"T = {prompt.T}; answer {ex.answer!r} at positions {needle[0]}…{needle[
 # tokens, greedy. One shared prefill captures the union of the evidence the policies need.
 
 # %%
-policies = default_policies(n_sink=4, recent=32)
-results = run_policies(lm, prompt, policies, budgets=[64, 128], max_new_tokens=20, batch=True, progress=False)
-table = survival_table(results, needle, answer=ex.answer)
+policies = wb.policies.default_policies(n_sink=4, recent=32)
+results = wb.run_policies(lm, prompt, policies, budgets=[64, 128], max_new_tokens=20, batch=True, progress=False)
+table = wb.survival_table(results, needle, answer=ex.answer)
 table
 
 # %% [markdown]
@@ -47,7 +45,7 @@ table
 # queries read; SnapKV/DeferKV and Page-EntroKV find the question's topic.
 
 # %%
-plots.kept_positions([r for r in results if r.budget == 64 or r.policy == 'full'], prompt, highlight=needle)
+wb.plots.kept_positions([r for r in results if r.budget == 64 or r.policy == 'full'], prompt, highlight=needle)
 
 # %% [markdown]
 # ## KV bytes and the answers
@@ -64,7 +62,7 @@ frame["correct"] = table["correct"].values
 frame[["policy", "budget", "kv_bytes_before", "kv_bytes_after", "kv_ratio", "correct", "text"]]
 
 # %%
-plots.kv_bytes_table(frame)
+wb.plots.kv_bytes_table(frame)
 
 # %% [markdown]
 # ## The whole field, by family
@@ -79,13 +77,11 @@ plots.kv_bytes_table(frame)
 # how much of that is masked.
 
 # %%
-from workbench.rerun.eviction import POLICY_GROUPS, every_policy
-
-family = {n: g for g, names in POLICY_GROUPS.items() for n in names}
-field = run_policies(lm, prompt, every_policy(n_sink=4, recent=32), budgets=[64], max_new_tokens=20, batch=True,
-                     progress=False)
+family = {n: g for g, names in wb.policies.POLICY_GROUPS.items() for n in names}
+field = wb.run_policies(lm, prompt, wb.policies.every_policy(n_sink=4, recent=32), budgets=[64], max_new_tokens=20, batch=True,
+                        progress=False)
 field_frame = pd.concat([r.to_frame() for r in field], ignore_index=True)
-field_table = survival_table(field, needle, answer=ex.answer)
+field_table = wb.survival_table(field, needle, answer=ex.answer)
 field_table.insert(0, "family", field_table.policy.map(family))
 field_table["kv_bytes_after"] = field_frame.kv_bytes_after.values
 field_table["kv_bytes_masked"] = field_frame.kv_bytes_masked.values
@@ -99,9 +95,7 @@ field_table.sort_values(["family", "policy"])
 # little from SnapKV. Larger `λ` leans on the first decode step.
 
 # %%
-from workbench.rerun.eviction import DeferKV
-
-alpha_fig = plots.deferkv_weights([DeferKV(window=32, lam=lam) for lam in (0.0, 0.1, 0.3, 1.0)])
+alpha_fig = wb.plots.deferkv_weights([wb.policies.DeferKV(window=32, lam=lam) for lam in (0.0, 0.1, 0.3, 1.0)])
 alpha_fig
 
 # %% [markdown]
@@ -110,11 +104,8 @@ alpha_fig
 # Choose the policy, the budget and DeferKV's `λ`: the kept positions are previewed from a capture of the prompt tail and the first decode row (no model). The run button generates under the policy and shows the answer beside the full-cache answer.
 
 # %%
-from workbench.capture import RowSet, run_capture
-from workbench.show.widgets import EvictionPanel
-
-cap = run_capture(lm, prompt, RowSet(tail=32, n_decode=1), progress=False)
-panel = EvictionPanel(cap, lm, prompt, budget=64, max_new_tokens=20)
+cap = wb.run_capture(lm, prompt, wb.RowSet(tail=32, n_decode=1), progress=False)
+panel = wb.widgets.EvictionPanel(cap, lm, prompt, budget=64, max_new_tokens=20)
 panel.widget
 
 # %% [markdown]
@@ -128,7 +119,7 @@ panel.widget
 # margins. Move B's `λ` to see where DeferKV's first decode row changes the selection.
 
 # %%
-duo = EvictionPanel(cap, lm, prompt, policy="snapkv", budget=64, max_new_tokens=20, n_sink=4, recent=32)
+duo = wb.widgets.EvictionPanel(cap, lm, prompt, policy="snapkv", budget=64, max_new_tokens=20, n_sink=4, recent=32)
 duo.set(compare=True, policy_b="deferkv", budget_b=64)
 duo.widget
 
@@ -138,10 +129,8 @@ duo.widget
 # passage). Pick another query row or click a token.
 
 # %%
-from workbench.show.widgets import TokenPanel
-
 run64 = next(r for r in results if r.budget == 64 and r.policy != "full")
-tokens = TokenPanel(cap, layer=cap.L // 2, removed=run64)
+tokens = wb.widgets.TokenPanel(cap, layer=cap.L // 2, removed=run64)
 tokens.set(source=("group", 0), query=int(cap.rows_of("decode")[0]))
 print(f"struck through: what {run64.policy} (B = 64) evicted")
 tokens.widget
@@ -156,10 +145,6 @@ tokens.widget
 # line, run headless: `python -m workbench report --items my_items.jsonl`.)
 
 # %%
-from workbench.study import findings
-from workbench.study.sweep import sweep
-from workbench.study.tasks import TaskItem
-
 
 def pets(n=2, seed=0):
     """A home-made family: which pet has which name, with one distractor passage."""
@@ -169,17 +154,17 @@ def pets(n=2, seed=0):
         name = names[(seed + i) % len(names)]
         docs = (f"The harbour opened in {1900 + i} and ships still dock there.",
                 f"The keeper's cat number {i} is named {name}.")
-        out.append(TaskItem(task="pets", item_id=f"pets-{seed}-{i}", documents=docs,
-                            query=f"What is the name of the keeper's cat number {i}?", answers=(name,),
-                            answer_doc=1, meta={"source": "home-made (notebook 08)"}))
+        out.append(wb.TaskItem(task="pets", item_id=f"pets-{seed}-{i}", documents=docs,
+                               query=f"What is the name of the keeper's cat number {i}?", answers=(name,),
+                               answer_doc=1, meta={"source": "home-made (notebook 08)"}))
     return out
 
 
-df = sweep(lm, pets(), {"full": {}, "evict": {"policy": ["streaming", "snapkv"], "budget_frac": 0.5}},
-           max_new_tokens=12, progress=False)
-for sentence in findings.comparisons(df)["finding"]:
+df = wb.sweep(lm, pets(), {"full": {}, "evict": {"policy": ["streaming", "snapkv"], "budget_frac": 0.5}},
+              max_new_tokens=12, progress=False)
+for sentence in wb.findings.comparisons(df)["finding"]:
     print(sentence)
-findings.reference_check(df)[0]
+wb.findings.reference_check(df)[0]
 
 # %% [markdown]
 # ## Checks
@@ -212,15 +197,14 @@ print("share of the needle's tokens kept (mean over layers and KV groups):")
 print(counts.pivot(index="policy", columns="budget", values="needle_kept").round(3).to_string())
 print(f"DeferKV at λ = 0.1, W = 32: the decode row r = 1 carries α_1 = {decode_share:.4f} of the weight")
 # the compare panel's preview (from the capture, no model call) is what the runs above kept, and their KV bytes
-from workbench.rerun.eviction.compare import compare_kept
 
 run_a, run_b = (next(r for r in field if r.policy == n) for n in ("snapkv", "deferkv"))
 prev_a, prev_b = duo.preview_of(duo.policy(), 64), duo.preview_of(duo.policy_b(), 64)
-duo_counts = compare_kept(prev_a, prev_b).counts()
+duo_counts = wb.compare_kept(prev_a, prev_b).counts()
 print(f"compare mode, snapkv (A) vs deferkv (B) at B = 64: {duo_counts}; KV bytes after eviction "
       f"A {prev_a.kv_bytes_after:,}, B {prev_b.kv_bytes_after:,} (runs: {run_a.kv_bytes_after:,}, {run_b.kv_bytes_after:,})")
 assert duo.model_calls == 0 and (prev_a.params, prev_b.params) == (run_a.params, run_b.params)
-assert duo_counts == compare_kept(run_a, run_b).counts() and sum(duo_counts.values()) == T
+assert duo_counts == wb.compare_kept(run_a, run_b).counts() and sum(duo_counts.values()) == T
 assert (prev_a.kv_bytes_after, prev_b.kv_bytes_after) == (run_a.kv_bytes_after, run_b.kv_bytes_after)
 assert f"{duo_counts['A only']} A only" in duo.status.value and f"A {run_a.kv_bytes_after:,}" in duo.status.value
 assert full_row.correct and full_row.kept_mean == 1.0
@@ -230,10 +214,10 @@ assert (table[table.policy == "streaming"].kept_mean == 0).all()      # sinks + 
 # one footing: after eviction every policy holds B prompt entries plus the tokens generated before it
 assert (frame.kv_bytes_after[evicting] == per_entry[evicting] * (frame.budget + frame.evicted_at)[evicting]).all()
 assert len(df) == 6 and df["error"].isna().all() and set(df["meta_source"]) == {"home-made (notebook 08)"}
-assert len(findings.comparisons(df)) == 2   # streaming and snapkv, each against full context
+assert len(wb.findings.comparisons(df)) == 2   # streaming and snapkv, each against full context
 # the field: every policy in one family; every evicting policy keeps L·G·B prompt entries in all (budget
 # allocations move them between layers and heads), and only per-head budgets hold masked entries
-assert sorted(field_table.policy) == sorted(family) and set(field_table.family) == set(POLICY_GROUPS)
+assert sorted(field_table.policy) == sorted(family) and set(field_table.family) == set(wb.policies.POLICY_GROUPS)
 for r in field:
     if r.policy != "full":
         assert int((r.kept_prompt >= 0).sum()) == L * G * 64, r.policy

@@ -14,7 +14,7 @@
 # %%
 from lab_setup import example_capture
 
-from workbench.show import plots
+import workbench as wb
 
 lm, ex, prompt, cap = example_capture()      # SmolLM2-135M-Instruct (or WORKBENCH_MODEL); data/example_prompt.json
 spans = prompt.spans
@@ -22,18 +22,15 @@ spans = prompt.spans
 # %%
 import torch
 
-from workbench.analyse.pages import PageSelection
-from workbench.analyse.pooling import HeadPooling
-
-pooling = HeadPooling(zeta=0.5, tau=1.0)(cap)
-ps = PageSelection(b=16, K=4, s=32, e=2)
+pooling = wb.HeadPooling(zeta=0.5, tau=1.0)(cap)
+ps = wb.PageSelection(b=16, K=4, s=32, e=2)
 pages = ps.select(pooling.a, pooling.w, cap.head_group, d=lm.shape.d)
 layer = cap.L // 2                           # the middle layer (15 on the default model)
 shown = [cap.L // 6, layer, 5 * cap.L // 6]  # 5, 15, 25 on the default model
 pages.to_frame().query("layer in @shown").round(3)
 
 # %%
-plots.pages(pages, layer=layer, spans=spans)
+wb.plots.pages(pages, layer=layer, spans=spans)
 
 # %% [markdown]
 # ## The bounds of SPEC §8, on real scores
@@ -58,8 +55,8 @@ print("KV payload bytes:", pages.bytes)
 # (all groups agree) and `GK` (all disjoint):
 
 # %%
-u = PageSelection(b=16, s=32).union_by_K((1, 2, 4, 8, 12), pooling.a, pooling.w, cap.head_group, d=lm.shape.d)
-plots.page_union_bounds(u)
+u = wb.PageSelection(b=16, s=32).union_by_K((1, 2, 4, 8, 12), pooling.a, pooling.w, cap.head_group, d=lm.shape.d)
+wb.plots.page_union_bounds(u)
 
 # %% [markdown]
 # ## Break-even of pruned prefill (SPEC §7 cost)
@@ -73,32 +70,27 @@ plots.page_union_bounds(u)
 # %%
 import numpy as np
 
-from workbench.analyse.cost import CostModel, kv_bytes_dense
-
-cm = CostModel(lm.shape)
+cm = wb.CostModel(lm.shape)
 T_long = 4096
 rows = spans.W_p + (spans.query[1] - spans.query[0])       # observers + audit rows captured per layer
 grid = cm.grid(T_long, l_stars=list(range(-1, lm.shape.L, 2)), keep_fractions=np.linspace(0.05, 1.0, 20), rows=rows)
 grid.to_frame().groupby("l_star").break_even_keep_fraction.first().round(3).to_frame().T
 
 # %%
-plots.break_even(grid)
+wb.plots.break_even(grid)
 
 # %% [markdown]
 # For this notebook's prompt: the adaptive decision of notebook 05 (same parameters, replayed from the
 # capture) predicts this ratio of prefill FLOPs, and the dense KV cache shrinks accordingly:
 
 # %%
-from workbench.analyse.params import EntroPrefillParams
-from workbench.analyse.procedure import trace
-
-tr = trace(cap, EntroPrefillParams(target=0.25, eps_row=0.2, streak=1, eps_audit=0.2), certify=False)
+tr = wb.trace(cap, wb.EntroPrefillParams(target=0.25, eps_row=0.2, streak=1, eps_audit=0.2), certify=False)
 T_, T_p, l_star = spans.T, len(tr.retained_positions()), tr.l_star
 executed = sum(1 for l in tr.layers if l <= l_star)         # monitored layers run before the gather
 ratio = float(cm.ratio(T_, T_p / T_, l_star, rows=rows, monitored_executed=executed))
 print(f"{tr.decision}")
-print(f"predicted F_EP / F_full = {ratio:.3f}; dense KV: {kv_bytes_dense(lm.shape, T_, 2) / 2**20:.2f} MiB → "
-      f"{kv_bytes_dense(lm.shape, T_p, 2) / 2**20:.2f} MiB (bf16)")
+print(f"predicted F_EP / F_full = {ratio:.3f}; dense KV: {wb.kv_bytes_dense(lm.shape, T_, 2) / 2**20:.2f} MiB → "
+      f"{wb.kv_bytes_dense(lm.shape, T_p, 2) / 2**20:.2f} MiB (bf16)")
 assert ratio < 1 and cm.break_even_keep_fraction(T_long, -1) == 1.0
 
 # %% [markdown]
@@ -107,9 +99,7 @@ assert ratio < 1 and cm.break_even_keep_fraction(T_long, -1) == 1.0
 # Page size `b`, pages per group `K`, `ζ`, `τ` and the layer; the page scores, the selection and the byte counts follow. No model call.
 
 # %%
-from workbench.show.widgets import PagesPanel
-
-panel = PagesPanel(cap, layer=layer, s=32)
+panel = wb.widgets.PagesPanel(cap, layer=layer, s=32)
 panel.widget
 
 # %% [markdown]

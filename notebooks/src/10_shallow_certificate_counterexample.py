@@ -25,13 +25,11 @@
 # %%
 import torch
 
-from workbench.analyse.counterexample import ShallowCounterexample, deletion_sweep
-from workbench.show import plots
-from workbench.show.outputs import use_laid_out_outputs
+import workbench as wb
 
-use_laid_out_outputs()   # figures shown as outputs are laid out for the screen (the other notebooks: lab_setup)
+wb.use_laid_out_outputs()   # figures shown as outputs are laid out for the screen (the other notebooks: lab_setup)
 
-ce = ShallowCounterexample(eps=1e-3, gamma=0.05)  # V = 2, β = 0.1; T = 8 positions, j* = 3
+ce = wb.ShallowCounterexample(eps=1e-3, gamma=0.05)  # V = 2, β = 0.1; T = 8 positions, j* = 3
 T, j_star, V = ce.T, ce.j_star, ce.V
 A, B = ce.prompt("A"), ce.prompt("B")             # [T, D] residual streams: D = [c, m, one-hot (T), 1]
 R = ce.retained                                   # every position but j*
@@ -65,7 +63,7 @@ out = res.to_frame()
 out.round(4)
 
 # %%
-plots.counterexample_logits(res)
+wb.plots.counterexample_logits(res)
 
 # %%
 err = list(res.errors)                             # |o − o_R| of A and B
@@ -83,8 +81,8 @@ assert out.first_token[0] != out.first_token[1]     # prompt A: the removal chan
 
 # %%
 eps_grid = [10.0 ** -p for p in range(1, 10)]
-sweep = deletion_sweep(eps_grid, (0.3, 0.05, 0.001), V=V)   # prompt A's error for every (ε, γ)
-plots.counterexample_errors(sweep)
+sweep = wb.deletion_sweep(eps_grid, (0.3, 0.05, 0.001), V=V)   # prompt A's error for every (ε, γ)
+wb.plots.counterexample_errors(sweep)
 
 # %% [markdown]
 # ### Interactive panel
@@ -95,9 +93,7 @@ plots.counterexample_errors(sweep)
 # the audit follow `ε`; the logits and the errors do not move with it.
 
 # %%
-from workbench.show.widgets import CounterexamplePanel
-
-panel = CounterexamplePanel(ce)
+panel = wb.widgets.CounterexamplePanel(ce)
 panel.widget
 
 # %% [markdown]

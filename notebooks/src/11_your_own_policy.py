@@ -18,11 +18,10 @@ from typing import ClassVar
 import torch
 
 import workbench as wb
-from workbench.rerun.eviction import EvictionPolicy, Needs
 
 
 @dataclass(frozen=True)
-class MeanKey(EvictionPolicy):
+class MeanKey(wb.EvictionPolicy):
     """Keep the keys closest to their KV head's mean key (cosine similarity; attention-free: it needs no
     attention row, so it would run under any attention kernel)."""
 
@@ -30,8 +29,8 @@ class MeanKey(EvictionPolicy):
     recent: int = 32
     name: ClassVar[str] = "mean-key"
 
-    def needs(self) -> Needs:
-        return Needs(keys=True)
+    def needs(self) -> wb.Needs:
+        return wb.Needs(keys=True)
 
     def scores(self, ev) -> torch.Tensor:
         k = ev.require("keys", "MeanKey").double()                     # [L, G, T, d], post-RoPE
@@ -66,36 +65,30 @@ contract
 # %%
 import math
 
-from workbench.capture import RowSet, run_capture
-from workbench.rerun.eviction import DeferKV, FullCache, run_policies, survival_table, token_positions
-from workbench.show import plots
-from workbench.study import findings, ruler
-from workbench.study.sweep import sweep
-
-item = ruler.niah_single(lm.tokenizer, lengths=(512,), seed=0)[0]
+item = wb.ruler_grid(lm.tokenizer, ("niah_single",), lengths=(512,), seeds=(0,))[0]
 prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
 B = math.ceil(0.25 * prompt.T)
-needle = token_positions(prompt, lm.tokenizer, item.answers[0])
-mine, defer = MeanKey(), DeferKV()
-results = run_policies(lm, prompt, [FullCache(), mine, defer], budgets=[B], max_new_tokens=12,
-                       progress=False)
-kept = survival_table(results, needle, answer=item.answers[0])
+needle = wb.token_positions(prompt, lm.tokenizer, item.answers[0])
+mine, defer = MeanKey(), wb.policies.DeferKV()
+results = wb.run_policies(lm, prompt, [wb.policies.FullCache(), mine, defer], budgets=[B], max_new_tokens=12,
+                          progress=False)
+kept = wb.survival_table(results, needle, answer=item.answers[0])
 print(f"T = {prompt.T}, B = {B}; the answer {item.answers[0]!r} at positions {needle[0]}…{needle[-1]}")
 kept
 
 # %%
-plots.kept_positions(results, prompt, highlight=needle)
+wb.plots.kept_positions(results, prompt, highlight=needle)
 
 # %%
-cap = run_capture(lm, prompt, RowSet(tail=32, n_decode=1), progress=False)
+cap = wb.run_capture(lm, prompt, wb.RowSet(tail=32, n_decode=1), progress=False)
 row = int(cap.rows_of("decode")[0])
 by_name = {r.policy: r for r in results}
-plots.token_attention(cap, cap.L // 2, query=row, group=0, removed=by_name["mean-key"], removed_layer=cap.L // 2,
-                      removed_group=0, log=True, per_page=512)
+wb.plots.token_attention(cap, cap.L // 2, query=row, group=0, removed=by_name["mean-key"], removed_layer=cap.L // 2,
+                         removed_group=0, log=True, per_page=512)
 
 # %%
-plots.token_attention(cap, cap.L // 2, query=row, group=0, removed=by_name["deferkv"], removed_layer=cap.L // 2,
-                      removed_group=0, log=True, per_page=512)
+wb.plots.token_attention(cap, cap.L // 2, query=row, group=0, removed=by_name["deferkv"], removed_layer=cap.L // 2,
+                         removed_group=0, log=True, per_page=512)
 
 # %% [markdown]
 # ### Interactive panel
@@ -105,9 +98,7 @@ plots.token_attention(cap, cap.L // 2, query=row, group=0, removed=by_name["defe
 # for it: the run button prefills once and generates under the chosen policy and budget.
 
 # %%
-from workbench.show.widgets import EvictionPanel
-
-panel = EvictionPanel(cap, lm, prompt, policy="mean-key", budget=B, max_new_tokens=12)
+panel = wb.widgets.EvictionPanel(cap, lm, prompt, policy="mean-key", budget=B, max_new_tokens=12)
 panel.widget
 
 # %% [markdown]
@@ -120,14 +111,14 @@ panel.widget
 # anything. Four items cannot show much: the sentences say so with their intervals.
 
 # %%
-items = ruler.ruler_grid(lm.tokenizer, ("niah_single",), lengths=(256,), seeds=range(4),
-                         max_context=lm.shape.max_context)
-study = sweep(lm, items, {"full": {}, "evict": {"policy": ["mean-key", "snapkv", "deferkv"], "budget_frac": 0.5}},
-              max_new_tokens=32, progress=False)
-found = findings.comparisons(study)
+items = wb.ruler_grid(lm.tokenizer, ("niah_single",), lengths=(256,), seeds=range(4),
+                      max_context=lm.shape.max_context)
+study = wb.sweep(lm, items, {"full": {}, "evict": {"policy": ["mean-key", "snapkv", "deferkv"], "budget_frac": 0.5}},
+                 max_new_tokens=32, progress=False)
+found = wb.findings.comparisons(study)
 for sentence in found["finding"]:
     print(sentence)
-ref, warnings_ = findings.reference_check(study)
+ref, warnings_ = wb.findings.reference_check(study)
 print("\n".join(warnings_) or "reference check: no warning")
 ref
 
@@ -148,11 +139,11 @@ if importlib.util.find_spec("kvpress") is None:
 else:
     from kvpress import KnormPress
 
-    from workbench.interop.kvpress import from_press
+    from workbench.interop.kvpress import from_press  # an optional extra: not a flat name
 
     wrapped = from_press(KnormPress())
-    press_results = run_policies(lm, prompt, [mine, defer, wrapped], budgets=[B], max_new_tokens=12, progress=False)
-    print(survival_table(press_results, needle, answer=item.answers[0]).to_string())
+    press_results = wb.run_policies(lm, prompt, [mine, defer, wrapped], budgets=[B], max_new_tokens=12, progress=False)
+    print(wb.survival_table(press_results, needle, answer=item.answers[0]).to_string())
 
 # %% [markdown]
 # ## Checks

@@ -79,16 +79,23 @@ def greedy_continue(model, cache, first_token: int, T: int, max_new_tokens: int,
 
 
 @torch.no_grad()
-def greedy_generate(lm, input_ids: Sequence[int], max_new_tokens: int, stop_ids=frozenset()) -> tuple[list[int], int]:
+def greedy_generate(lm, input_ids: Sequence[int], max_new_tokens: int, stop_ids=frozenset(), *,
+                    timings: dict | None = None) -> tuple[list[int], int]:
     """Prefill ``input_ids`` and greedily decode up to ``max_new_tokens`` tokens, stopping after a
-    stop token (kept). Returns ``(generated ids, KV-cache bytes after the prefill)``."""
+    stop token (kept). Returns ``(generated ids, KV-cache bytes after the prefill)``. ``timings``: a dict that
+    receives ``first_token_s``, the seconds from the call's start to the first generated token (the prefill and
+    its argmax)."""
+    t0 = time.perf_counter()
     check_max_new_tokens(max_new_tokens)
     model = getattr(lm, "model", lm)
     device = next(model.parameters()).device
     cache = adapter.new_cache(model)
     out = adapter.forward(model, torch.tensor([list(input_ids)], dtype=torch.int64, device=device), cache=cache,
                           logits_to_keep=1)
+    first = int(out.logits[0, -1].argmax())  # a device sync: the token exists when the clock is read
+    if timings is not None:
+        timings["first_token_s"] = time.perf_counter() - t0
     cache = adapter.output_cache(out) or cache
     kv_bytes = adapter.cache_bytes(cache)
-    ids, _, _ = greedy_continue(model, cache, int(out.logits[0, -1].argmax()), len(input_ids), max_new_tokens, stop_ids)
+    ids, _, _ = greedy_continue(model, cache, first, len(input_ids), max_new_tokens, stop_ids)
     return ids, kv_bytes

@@ -54,18 +54,20 @@ from workbench.analyse.shift import HELD_OUT_AFTER, HELD_OUT_GAP
 from workbench.analyse.stats import bootstrap_ci, fmt_ci, mde
 from workbench.checks import check_real
 from workbench.study import findings as fnd
+from workbench.study.followup import FOLLOWUP
 from workbench.study.ruler import RULER_TASKS
 from workbench.study.verdicts import DEFAULT_MARGIN, DESCRIPTIVE, KINDS, RULE, VERDICTS, plan, rule_text, verdict
 
 __all__ = ["conclusions", "Conclusions", "VERDICTS", "KINDS", "DESCRIPTIVE", "DEFAULT_MARGIN", "preset_name",
            "verdict", "rule_text", "RULE", "PRIORITY_BASELINES", "plan"]
 
-COLUMNS = ("claim", "source", "kind", "comparison", "task", "metric", "direction", "n", "prompts", "mean_a", "mean_b",
+COLUMNS = ("claim", "source", "kind", "comparison", "query", "task", "metric", "direction", "n", "prompts", "mean_a", "mean_b",
            "effect", "lo", "hi", "p", "test", "margin", "lo1", "hi1", "p_ni", "p_inf", "ni_test", "disc", "mde", "claimed",
            "underpowered", "verdict", "reference", "note")
 PRIORITY_BASELINES = {"mass": "mass-only", "renyi, zeta=1": "ζ = 1", "headmax": "the per-head max",
                       "uniform": "uniform"}
 GUIDE, PAPER = "DeferKV guide", "EntroPrefill paper"
+FOLLOWUP_CLAIM = ", second answer (one eviction, two questions)"  # the follow-up protocol's rows
 
 
 def preset_name(params: dict) -> str:
@@ -203,7 +205,8 @@ def _row(claim, source, comparison, task, metric, kind, r, prompts, *, level, ok
     v = verdict(kind, lo=get("lo"), hi=get("hi"), p=get("p"), lo1=get("lo1"), hi1=get("hi1"), p_ni=get("p_ni"),
                 p_inf=get("p_inf"), margin=margin, level=level, reference_ok=ok)
     test = "McNemar exact" if r["test"] == "mcnemar" else "sign test"
-    return dict(claim=claim, source=source, kind=kind, comparison=comparison, task=task, metric=metric,
+    return dict(claim=claim, source=source, kind=kind, comparison=comparison, query=fnd.pair_query(comparison),
+                task=task, metric=metric,
                 direction="≥ −δ" if ni_kind else "> 0", n=n, prompts=int(prompts), mean_a=float(r["mean_a"]),
                 mean_b=float(r["mean_b"]), effect=float(r["diff"]), lo=get("lo"), hi=get("hi"), p=get("p"), test=test,
                 margin=margin if ni_kind else math.nan, lo1=get("lo1") if ni_kind else math.nan,
@@ -218,7 +221,8 @@ def _row(claim, source, comparison, task, metric, kind, r, prompts, *, level, ok
 def _descriptive(claim, source, comparison, task, metric, *, n, prompts, mean, lo=math.nan, hi=math.nan,
                  reference="", note="") -> dict:
     """A descriptive row: a quantity with no claimed direction, no test and no verdict."""
-    return dict(claim=claim, source=source, kind="descriptive", comparison=comparison, task=task, metric=metric,
+    return dict(claim=claim, source=source, kind="descriptive", comparison=comparison, query="aware",
+                task=task, metric=metric,
                 direction="none (descriptive)", n=int(n), prompts=int(prompts), mean_a=float(mean), mean_b=math.nan,
                 effect=float(mean), lo=lo, hi=hi, p=math.nan, test="—", margin=math.nan, lo1=math.nan, hi1=math.nan,
                 p_ni=math.nan, p_inf=math.nan, ni_test="", disc=math.nan, mde=math.nan, claimed=math.nan, underpowered=False,
@@ -256,6 +260,23 @@ def _ref_text(ref: pd.DataFrame, task) -> str:
             f"{fnd.MIN_REFERENCE_RIGHT} right")
 
 
+def _agnostic(comp, ref, metric, level, margin) -> tuple[list, list]:
+    """DeferKV (query-aware: it needs the question) against SnapKV query-agnostic, kvpress's protocol, at one budget."""
+    if not len(comp) or not comp["b"].str.endswith(f" ({fnd.AGNOSTIC})").any():
+        return [], []
+    a, b = comp["a"].str.partition(" @ ")[2], comp["b"].str.partition(" @ ")[2]
+    sel = comp[comp["a"].str.startswith("deferkv @ ") & comp["b"].str.startswith("snapkv @ ") &
+               (b == a + f" ({fnd.AGNOSTIC})") & ~comp["scope"].str.startswith("all tasks")]
+    rows = [_row("DeferKV (query-aware) ≥ SnapKV query-agnostic (kvpress's protocol) at the same budget", GUIDE,
+                 f"{r.a} vs {r.b}", r.scope, metric, "non-inferiority", r, r.prompts, level=level,
+                 ok=_gate(ref, [r.scope])[0], margin=margin, reference=_gate(ref, [r.scope])[1])
+            for r in sel.itertuples(index=False)]
+    if not comp["a"].str.startswith("deferkv @ ").any():
+        return rows, []
+    return rows, ["DeferKV query-agnostic: not run; it evicts after the first answer step, which needs the question "
+                  "in the cache (the sweep refuses those cells), so its rows are query-aware only."]
+
+
 def _deferkv(df, comp, ref, metric, level, ruler, margin) -> tuple[list, list]:
     rows, missing = [], []
     sel = comp[comp["a"].str.startswith("deferkv @ ") & comp["b"].str.startswith("snapkv @ ")] if len(comp) else comp
@@ -265,9 +286,11 @@ def _deferkv(df, comp, ref, metric, level, ruler, margin) -> tuple[list, list]:
         return rows, missing
     sel = sel[~sel["scope"].str.startswith("all tasks")]
     claim = "DeferKV ≥ SnapKV at the same budget"
+    followup = set(df.loc[df["meta_protocol"] == FOLLOWUP, "task"]) if "meta_protocol" in df.columns else set()
     for r in sel.itertuples(index=False):
         ok, note = _gate(ref, [r.scope])
-        rows.append(_row(claim, GUIDE, f"{r.a} vs {r.b}", r.scope, metric, "non-inferiority", r, r.prompts,
+        rows.append(_row(claim + (FOLLOWUP_CLAIM if r.scope in followup else ""), GUIDE, f"{r.a} vs {r.b}", r.scope,
+                         metric, "non-inferiority", r, r.prompts,
                          level=level, ok=ok, margin=margin, reference=note))
     passing = [t for t in sorted(set(sel["scope"])) if t in ruler and _gate(ref, [t])[0]]
     if len(passing) > 1:  # the guide's claim is a RULER average: pooled over the families whose reference passes
@@ -282,7 +305,8 @@ def _deferkv(df, comp, ref, metric, level, ruler, margin) -> tuple[list, list]:
 
 def _kept(kept, df, ref, level) -> tuple[list, list]:
     if kept is None:
-        return [], ["DeferKV keeps more of the gold answer's tokens than SnapKV: no answer-tokens-kept table (none given, or empty)."]
+        return [], ["DeferKV keeps more of the gold answer's tokens than SnapKV: no answer-tokens-kept table (none given, or empty; "
+                       "report --kept-prompts N writes one, tables/kept.parquet)."]
     if "task" not in kept.columns:
         return [], ["DeferKV vs SnapKV answer tokens kept: the table has no task column, so its reference cannot be "
                     "checked."]
@@ -303,7 +327,7 @@ def _kept(kept, df, ref, level) -> tuple[list, list]:
 def _leap(leap, df, ref, level) -> tuple[list, list]:
     if leap is None:
         return [], ["The boundary leap (0→1 against 1→2 and −1→0): no per-prompt step-gain table (none given, or empty; "
-                    "it needs a capture per prompt: benchmarks/study.py writes one, <stem>_leap.parquet)."]
+                    "it needs a capture per prompt: report --leap-prompts N writes one, tables/leap.parquet)."]
     if "task" not in leap.columns:
         return [], ["The boundary leap: the step-gain table has no task column, so its reference cannot be checked."]
     t = _with_clusters(leap, df)
@@ -339,8 +363,8 @@ def _step(s: str) -> str:
 def _ranks(ranks, df, ref, level) -> tuple[list, list]:
     if ranks is None:
         return [], ["Rényi against mass-only, ζ = 1 and the per-head max (the answer chunk's standing): no per-prompt "
-                    "rank table (none given, or empty; it needs a capture per prompt: benchmarks/study.py writes one, "
-                    "<stem>_ranks.parquet)."]
+                    "rank table (none given, or empty; it needs a capture per prompt: report --leap-prompts N "
+                    "writes one, tables/ranks.parquet)."]
     if "task" not in ranks.columns:
         return [], ["Rényi against the other priorities: the rank table has no task column, so its reference cannot "
                     "be checked."]
@@ -437,6 +461,9 @@ def _pruning(g: pd.DataFrame):
     odd = int(((share > 0) == byp).sum())
     text = (f"pruned on {int((~byp).sum())} of {len(byp)} prompts (bypass rate {float(per_b.mean()):.2f} over "
             f"{len(per_b)} clusters)")
+    steps = g.loc[m, "bypass_step"][byp].value_counts() if "bypass_step" in g.columns else pd.Series(dtype=int)
+    if len(steps):  # which step refused (workbench.analyse.bypass); the numbers are in the bypasses table
+        text += "; refused by " + ", ".join(f"{k or 'unknown'} {v}" for k, v in steps.items())
     if odd:
         text += (f"; WARNING: on {odd} prompts the removed share and the bypass flag disagree (a bypass that removed "
                  "tokens, or a prune that removed none)")
@@ -463,7 +490,8 @@ def conclusions(df: pd.DataFrame, leap: pd.DataFrame | None = None, ranks: pd.Da
     if "a" not in comp.columns:
         comp = pd.DataFrame(columns=["scope", "a", "b", "prompts"])
     rows, missing = [], []
-    for part in (_deferkv(df, comp, ref, metric, level, set(from_ruler), margin), _kept(kept, df, ref, level),
+    for part in (_deferkv(df, comp, ref, metric, level, set(from_ruler), margin),
+                 _agnostic(comp, ref, metric, level, margin), _kept(kept, df, ref, level),
                  _leap(leap, df, ref, level), _ranks(ranks, df, ref, level),
                  _entroprefill(df, comp, ref, metric, level, margin)):
         rows += part[0]

@@ -27,10 +27,11 @@ import pandas as pd
 from workbench.analyse.stats import accuracy, paired
 
 __all__ = ["setting_label", "with_settings", "clusters", "cluster_paired", "reference_check", "comparisons", "accuracy_table", "failed_rows", "timing_table",
-           "REFERENCE",
+           "REFERENCE", "AGNOSTIC", "PROTOCOL", "protocol_figures", "pair_query",
            "MIN_REFERENCE_ACCURACY", "MIN_REFERENCE_RIGHT"]
 
 REFERENCE = "full"
+AGNOSTIC = "agnostic"
 MIN_REFERENCE_ACCURACY = 0.5   # below this the reference is too weak to compare against
 MIN_REFERENCE_RIGHT = 5        # fewer right reference answers than this: conditional accuracies are anecdotes
 
@@ -44,9 +45,16 @@ def row_params(row) -> dict:
 
 
 def evict_label(p: dict) -> str:
-    """``<policy> @ <budget>`` of an eviction cell's parameters (the policy alone without a budget)."""
+    """``<policy> @ <budget>`` of an eviction cell's parameters (the policy alone without a budget): the budget as a
+    fraction kept (``0.5``), positions, a compression ratio (``r=0.75``) or a ladder rung (``kv=0.25``), with
+    `` (agnostic)`` for a query-agnostic cell."""
     b = p.get("budget_frac", p.get("budget"))
-    return f"{p.get('policy', 'full')} @ {b}" if b is not None else str(p.get("policy", "full"))
+    if p.get("compression_ratio") is not None:
+        b = f"r={p['compression_ratio']:g}"
+    elif p.get("kv_frac") is not None:
+        b = f"kv={p['kv_frac']:g}"
+    label = f"{p.get('policy', 'full')} @ {b}" if b is not None else str(p.get("policy", "full"))
+    return label + (f" ({AGNOSTIC})" if p.get("query") == AGNOSTIC else "")
 
 
 def setting_label(row) -> str:
@@ -68,6 +76,30 @@ def with_settings(df: pd.DataFrame) -> pd.DataFrame:
     d = df[ok].copy()
     d["setting"] = [setting_label({"method": m, "params": p}) for m, p in zip(d["method"], d["params"])] if len(d) else []
     return d
+
+
+PROTOCOL = ("query", "compression_ratio", "kv_frac", "kv_bytes", "peak_cuda_bytes", "peak_rss_bytes", "ttft_s")
+"""The columns every table of settings carries: the query mode, the achieved compression ratio (kvpress's: share of
+the compressed prompt's positions removed), ``kv_frac`` (KV bytes kept / the full cache's), KV bytes, peak memory
+(CUDA: per cell; RSS: the process's high-water mark so far) and time to first token (each a mean over the rows)."""
+
+
+def pair_query(comparison: str) -> str:
+    """The query mode of a comparison ``"<A> vs <B>"`` of setting labels: ``aware``, ``agnostic`` or
+    ``"aware vs agnostic"`` (a label ending `` (agnostic)`` is a query-agnostic setting)."""
+    modes = [AGNOSTIC if s.endswith(f" ({AGNOSTIC})") else "aware" for s in comparison.split(" vs ")]
+    return modes[0] if len(set(modes)) == 1 else " vs ".join(modes)
+
+
+def protocol_figures(g: pd.DataFrame) -> dict:
+    """:data:`PROTOCOL` of a group of sweep rows: its query mode (``"aware"``, ``"agnostic"``, ``"mixed"``, or None
+    when no row says) and the mean of each figure (NaN where no row measured it: ``kv_frac`` of a pruned prefill,
+    ``ttft_s`` of a method that does not report it)."""
+    modes = sorted(set(g["query"].dropna().astype(str))) if "query" in g.columns else []
+    out: dict = {"query": modes[0] if len(modes) == 1 else ("mixed" if modes else None)}
+    for c in PROTOCOL[1:]:
+        out[c] = float(pd.to_numeric(g[c], errors="coerce").mean()) if c in g.columns and len(g) else math.nan
+    return out
 
 
 def clusters(d: pd.DataFrame) -> pd.Series:
@@ -135,11 +167,14 @@ def _pairs(d: pd.DataFrame) -> list[tuple[str, str]]:
     settings = sorted(set(d["setting"]) - {REFERENCE})
     out = [(s, REFERENCE) for s in settings] if REFERENCE in set(d["setting"]) else []
     evict = d[d["method"] == "evict"]
+    agnostic = f" ({AGNOSTIC})"
     for s in sorted(set(evict["setting"])):  # DeferKV against every other policy at the same budget
         pol, _, budget = s.partition(" @ ")
         if pol == "deferkv":
+            # the same query mode, and (DeferKV needs the question) each query-agnostic policy at the same budget
             out += [(s, o) for o in sorted(set(evict["setting"]))
-                    if o != s and o.partition(" @ ")[2] == budget and o.partition(" @ ")[0] not in ("full",)]
+                    if o != s and o.partition(" @ ")[2] in (budget, budget + agnostic)
+                    and o.partition(" @ ")[0] not in ("full",)]
     return out
 
 
@@ -151,7 +186,7 @@ def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.
     by their mean, so that the bootstrap CI and the test (McNemar, or the sign test on cluster means) count
     independent units; ``prompts`` and ``clusters`` give both counts.
 
-    Columns: ``scope`` (a task, or ``all tasks (pooled)``), ``a, b, metric, n, mean_a, mean_b, diff, lo,
+    Columns: ``scope`` (a task, or ``all tasks (pooled)``), ``a, b, query`` (:func:`pair_query`), ``metric, n, mean_a, mean_b, diff, lo,
     hi, wins, ties, losses, test, p, disc, verdict, finding, prompts, clusters`` (with a ``margin``: also its
     non-inferiority test, ``margin, lo1, hi1, p_ni, p_inf``) and, against the reference, ``cond_n`` (prompts
     the reference gets right), ``cond_right`` (of those, how many A keeps right) with ``cond_lo``,
@@ -178,7 +213,7 @@ def comparisons(df: pd.DataFrame, metric: str = "contains", *, level: float = 0.
             of = cluster_of.reindex(common)
             units = pd.DataFrame({"a": sa[common].to_numpy(), "b": sb[common].to_numpy(), "c": of.to_numpy()})
             r, n_clusters = cluster_paired(units["a"], units["b"], units["c"], level, margin)
-            row = dict(scope=scope, a=a, b=b, metric=metric, **{k: v for k, v in r.to_dict().items()
+            row = dict(scope=scope, a=a, b=b, query=pair_query(f"{a} vs {b}"), metric=metric, **{k: v for k, v in r.to_dict().items()
                                                                    if k not in ("level", "binary")},
                        prompts=len(common), clusters=n_clusters)
             sentence = r.finding(a, b, metric, where=scope)
@@ -219,7 +254,8 @@ def failed_rows(df: pd.DataFrame) -> pd.DataFrame:
 def accuracy_table(df: pd.DataFrame, metric: str = "contains") -> pd.DataFrame:
     """Per task and setting: ``n, right, accuracy`` with its Wilson ``lo, hi`` and replies that hit the cap, over
     the cells that ran; ``failed``: the cells whose method failed (not in ``n``: a failure is not a wrong answer)
-    and ``failed_reason``, the first one's error (a setting whose every cell failed has ``n = 0``)."""
+    and ``failed_reason``, the first one's error (a setting whose every cell failed has ``n = 0``), then the
+    :data:`PROTOCOL` figures of the cells that ran."""
     d = with_settings(df)
     bad = {k: g for k, g in failed_rows(df).groupby(["task", "setting"], sort=True)}
     rows = []
@@ -231,21 +267,23 @@ def accuracy_table(df: pd.DataFrame, metric: str = "contains") -> pd.DataFrame:
                          accuracy=acc.value if acc else math.nan, lo=acc.lo if acc else math.nan,
                          hi=acc.hi if acc else math.nan,
                          hit_cap=int(g["hit_cap"].astype(bool).sum()) if "hit_cap" in g.columns else 0,
-                         failed=0 if f is None else len(f), failed_reason=None if f is None else f["error"].iloc[0]))
+                         failed=0 if f is None else len(f), failed_reason=None if f is None else f["error"].iloc[0],
+                         **protocol_figures(g)))
     for (task, s), f in bad.items():  # settings none of whose cells ran
         rows.append(dict(task=task, setting=s, n=0, right=0, accuracy=math.nan, lo=math.nan, hi=math.nan, hit_cap=0,
-                         failed=len(f), failed_reason=f["error"].iloc[0]))
+                         failed=len(f), failed_reason=f["error"].iloc[0], **protocol_figures(f.iloc[:0])))
     out = pd.DataFrame(rows, columns=["task", "setting", "n", "right", "accuracy", "lo", "hi", "hit_cap", "failed",
-                                      "failed_reason"])
+                                      "failed_reason", *PROTOCOL])
     return out.sort_values(["task", "setting"], kind="stable", ignore_index=True)
 
 
 def timing_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per task and setting: ``n``, mean ``wall_s`` (as charged), mean ``method_s`` (own work), the mean shared
     step per prompt ``shared_s``, ``sharing`` (cells per prompt that share it) and ``amortised_s`` =
-    ``method_s + shared_s / sharing``; a ``shared eviction prefill`` row per task gives the shared step itself."""
+    ``method_s + shared_s / sharing``, then the :data:`PROTOCOL` figures; a ``shared eviction prefill`` row per task
+    gives the shared step itself."""
     d = with_settings(df)
-    cols = ["task", "setting", "n", "wall_s", "method_s", "shared_s", "sharing", "amortised_s"]
+    cols = ["task", "setting", "n", "wall_s", "method_s", "shared_s", "sharing", "amortised_s", *PROTOCOL]
     if d.empty:
         return pd.DataFrame(columns=cols)
     for c in ("wall_s", "method_s", "shared_s"):
@@ -259,6 +297,9 @@ def timing_table(df: pd.DataFrame) -> pd.DataFrame:
     out = d.groupby(["task", "setting"], sort=True).agg(
         n=("item_id", "size"), wall_s=("wall_s", "mean"), method_s=("method_s", "mean"),
         shared_s=("shared_s", "mean"), sharing=("sharing", "mean"), amortised_s=("amortised_s", "mean")).reset_index()
+    figures = pd.DataFrame([{"task": t, "setting": s, **protocol_figures(g)}
+                            for (t, s), g in d.groupby(["task", "setting"], sort=True)], columns=["task", "setting", *PROTOCOL])
+    out = out.merge(figures, on=["task", "setting"], how="left")
     extra = [dict(task=t, setting="shared eviction prefill", n=len(g.drop_duplicates("item_id")),
                   wall_s=math.nan, method_s=float(g.drop_duplicates("item_id")["shared_s"].mean()),
                   shared_s=math.nan, sharing=math.nan, amortised_s=math.nan)

@@ -20,11 +20,21 @@ The study (:class:`ReportConfig`, ``ReportConfig.tiny()`` for CI):
    Figures: accuracy vs budget, accuracy / KV-bytes table (per task).
    **What this study shows** (:mod:`workbench.study.conclusions`, at the top of the page): each seed claim the
    sweep can speak to (DeferKV vs SnapKV per budget and family, EntroPrefill per preset) with n, effect, CI, p and
-   a verdict, and the claims it cannot assess (the leap and the priorities need captures: ``benchmarks/study.py``).
+   a verdict, with the leap, the priorities and the answer tokens kept when ``leap_prompts`` / ``kept_prompts``
+   ask for them, and the claims it cannot assess.
+   **Per-prompt analyses** (:mod:`workbench.study.report_analyses`, on every family the report runs: SQuAD, needles,
+   RULER-style ``ruler``, ``items``): the leap (step recall gains against the gapped held-out reference) and the
+   answer chunk's standing under each priority on ``leap_prompts`` prompts per task, the gold answer's tokens
+   DeferKV and SnapKV keep on ``kept_prompts``, and the cap check at ``cap_tokens``; tables ``leap``,
+   ``leap_steps``, ``ranks``, ``priority_standing``, ``kept``, ``kept_summary``, ``cap``.
    **Findings** (:mod:`workbench.study.findings`): the reference check (full-context accuracy with its
    Wilson CI, and a loud warning when it is too low), one sentence per comparison with paired statistics
    (n, wins/ties/losses, McNemar, bootstrap CI of the difference), accuracy conditional on the reference
    being right, and the timing rule (shared eviction prefill as its own row, amortised over its cells).
+   **Calibrate, then test** (``calibrate``, off by default; :mod:`workbench.study.report_calibration`): the items
+   split by cluster, EntroPrefill's preset chosen on the calibration split (``tables/calibration*``, its cells in
+   ``tables/calibration_cells.parquet``), and everything above run on the test split only. **Bypasses**: every
+   bypassed EntroPrefill prompt with the step that refused it and its numbers (``tables/bypasses``).
 3. **needle eviction** — the first needle prompt under every policy from one shared prefill
    (``eviction.run_policies``) and how many of the needle's tokens each cache kept
    (``eviction.survival_table``). Figure: kept positions per policy.
@@ -56,16 +66,18 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-import workbench.study.datasets as datasets
 import workbench.study.findings as fnd
 import workbench.study.report_parts as parts
-import workbench.study.tasks as tasks
 from workbench.run.models import load_model
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show.export import csv_bytes, versions
+from workbench.study.bypasses import bypass_note, bypass_table
 from workbench.study.conclusions import conclusions
+from workbench.study.followup import is_followup
 from workbench.study.kvpress_runs import write_kvpress_runs
+from workbench.study.report_analyses import prompt_analyses_part
+from workbench.study.report_calibration import calibration_stage, check_split
 from workbench.study.report_config import (
     DATA,
     DEFAULT_POLICIES,
@@ -76,10 +88,11 @@ from workbench.study.report_config import (
 )
 from workbench.study.report_export import export_figures
 from workbench.study.report_html import write_html
+from workbench.study.report_items import study_items, user_data
 from workbench.study.storage import check_writable, read_resumable
 from workbench.study.sweep import expand_grid, read_sweep, sweep
 from workbench.study.tasks import items_frame, max_new_tokens_for
-from workbench.util import atomic_write_bytes, auto_threads, file_sha256, jsonable
+from workbench.util import atomic_write_bytes, auto_threads, jsonable
 
 __all__ = ["ReportConfig", "ReportResult", "run_report", "summary_table", "write_html", "write_table",
            "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS", "export_width"]
@@ -114,9 +127,10 @@ def write_table(df: pd.DataFrame, folder, name: str) -> list[Path]:
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per (task, method, parameters): runs, mean EM / F1 / contains / first-token agreement, the mean
     retained fraction of the prompt and mean KV bytes (reshaping of the sweep frame, no new science)."""
+    cols = ["task", "method", "setting", "runs", "em", "f1", "contains", "first_token_agree", "retained_frac",
+            "wall_s", "errors", *fnd.PROTOCOL]
     if df.empty:
-        return pd.DataFrame(columns=["task", "method", "setting", "runs", "em", "f1", "contains",
-                                     "first_token_agree", "retained_frac", "kv_bytes", "wall_s", "errors"])
+        return pd.DataFrame(columns=cols)
     d = df.copy()
     d["setting"] = d.apply(_setting, axis=1)
     d["retained_frac"] = pd.to_numeric(d["retained_tokens"], errors="coerce") / pd.to_numeric(d["prompt_tokens"],
@@ -125,8 +139,12 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     g = d.groupby(["task", "method", "setting"], sort=True, dropna=False)
     out = g.agg(runs=("item_id", "size"), em=("em", "mean"), f1=("f1", "mean"), contains=("contains", "mean"),
                 first_token_agree=("first_token_agree", "mean"), retained_frac=("retained_frac", "mean"),
-                kv_bytes=("kv_bytes", "mean"), wall_s=("wall_s", "mean"), errors=("errors", "sum")).reset_index()
-    return out
+                wall_s=("wall_s", "mean"), errors=("errors", "sum")).reset_index()
+    ok = d[d["errors"] == 0]  # the figures of the cells that ran
+    figures = pd.DataFrame([{"task": t, "method": m, "setting": s, **fnd.protocol_figures(g)}
+                            for (t, m, s), g in ok.groupby(["task", "method", "setting"], sort=True)],
+                           columns=["task", "method", "setting", *fnd.PROTOCOL])
+    return out.merge(figures, on=["task", "method", "setting"], how="left")[cols]
 
 
 def _setting(row) -> str:
@@ -150,49 +168,6 @@ def export_width(name: str, fig) -> str:
     return "double" if name in WIDE or len(plain) > SINGLE_TITLE_CHARS else "single"
 
 
-def _data_source(cfg: ReportConfig) -> str:
-    """``"cache"`` or ``"sample"`` for the datasets loaders (``auto``: the cache when both sources are fetched)."""
-    if cfg.data == "fetched":
-        return "cache"
-    if cfg.data == "sample":
-        return "sample"
-    return "cache" if datasets.is_fetched("squad") and datasets.is_fetched("essays") else "sample"
-
-
-def _user_data(cfg: ReportConfig) -> dict:
-    """The user's files (``items``, ``filler``), read and validated completely before any model work: errors name
-    the file, the line and the field."""
-    return {"items": tasks.load_items(cfg.items) if cfg.items is not None else None,
-            "filler": datasets.load_filler(cfg.filler) if cfg.filler is not None and cfg.n_needle else None}
-
-
-def _items(cfg: ReportConfig, tokenizer, user: dict) -> tuple[list, list[dict]]:
-    """The study's items and the provenance of every source they come from (label, kind, path, sha256, size,
-    items used); ``user``: :func:`_user_data`."""
-    items, sources = [], []
-    src = _data_source(cfg)
-    if cfg.n_squad:
-        arts = datasets.load_squad(src)
-        new = tasks.squad_single(arts, n=cfg.n_squad, n_distractors=cfg.n_distractors, seed=cfg.seed)
-        items += new
-        sources.append({**datasets.provenance(arts), "task": "squad_single", "items": len(new)})
-    if cfg.n_needle:
-        n = cfg.n_needle
-        depths = (0.5,) if n == 1 else tuple(round(0.1 + 0.8 * i / (n - 1), 3) for i in range(n))
-        hay = user["filler"] if user["filler"] is not None else datasets.load_essays(src)
-        new = tasks.needle(tokenizer, hay, lengths=(cfg.needle_length,), depths=depths, n=1, seed=cfg.seed)
-        items += new
-        sources.append({**datasets.provenance(hay), "task": "needle", "items": len(new)})
-    if cfg.items is not None:
-        new = user["items"]
-        items += new
-        prov = {"label": new[0].meta["source"], "kind": "file", "path": str(cfg.items),
-                "sha256": file_sha256(cfg.items), "size": f"{len(new)} items",
-                "description": "TaskItems given by the user (JSONL)"}
-        sources.append({**prov, "task": ", ".join(sorted({it.task for it in new})), "items": len(new)})
-    return items, sources
-
-
 def _method_grid(cfg: ReportConfig) -> list:
     grid = []
     for m in cfg.methods:
@@ -200,8 +175,12 @@ def _method_grid(cfg: ReportConfig) -> list:
             grid.append(("full", {}))
         elif m == "entroprefill":
             grid += [("entroprefill", p) for p in cfg.entroprefill_settings()]
-        elif m == "evict":
-            grid.append(("evict", {"policy": list(cfg.policies), "budget_frac": list(cfg.budget_fracs)}))
+        elif m == "evict":  # an aware cell names no query mode (its key is the one it always had)
+            modes = ([{}] if "aware" in cfg.query else []) + ([{"query": "agnostic"}] if "agnostic" in cfg.query else [])
+            budgets = [("budget_frac", cfg.budget_fracs), ("compression_ratio", cfg.compression_ratios),
+                       ("kv_frac", cfg.kv_ladder)]
+            grid += [("evict", {"policy": list(cfg.policies), key: list(values), **q})
+                     for q in modes for key, values in budgets if values]
     return grid
 
 
@@ -222,19 +201,20 @@ def _run_sweep(cfg: ReportConfig, lm, items, path: Path) -> tuple[pd.DataFrame, 
     and writing to ``path`` after every cell, under one progress bar with an ETA over the whole study.
     Returns ``(rows of this study's grid, interrupted)``: Ctrl-C / SIGTERM stops it with every finished
     cell saved."""
-    grid = _method_grid(cfg)
-    groups: dict[int, list] = {}
+    grids = {False: _method_grid(cfg)}  # follow-up items: both turns under full and evict (no pruned-prefill protocol)
+    grids[True] = [m for m in grids[False] if m[0] != "entroprefill"]
+    groups: dict[tuple, list] = {}
     for it in items:
-        groups.setdefault(cfg.max_new_tokens or max_new_tokens_for(it.task), []).append(it)
-    keys = {c.key(lm.model_id, n) for n, its in groups.items() for c in expand_grid(its, grid, (cfg.seed,))}
+        groups.setdefault((cfg.max_new_tokens or max_new_tokens_for(it.task), is_followup(it)), []).append(it)
+    keys = {c.key(lm.model_id, n) for (n, f), its in groups.items() for c in expand_grid(its, grids[f], (cfg.seed,))}
     old = read_resumable(path)  # a damaged file is moved aside (kept), its cells run again
     done = set(old.loc[old["error"].isna(), "cell"]) & keys if len(old) else set()
     bar = tqdm(total=len(keys), initial=len(done), desc="study", unit="cell", disable=not cfg.progress,
                smoothing=0.1)
     interrupted = False
     try:  # the `evict` cells of a prompt run together: one shared prefill, batched decoding (methods.evict_cells)
-        for n, its in groups.items():
-            sweep(lm, its, grid, seeds=(cfg.seed,), out=path, max_new_tokens=n, progress=False, on_error="record",
+        for (n, f), its in groups.items():
+            sweep(lm, its, grids[f], seeds=(cfg.seed,), out=path, max_new_tokens=n, progress=False, on_error="record",
                   checkpoint_s=0.0, on_row=lambda row: bar.update(1))
     except KeyboardInterrupt:
         interrupted = True
@@ -255,7 +235,8 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
     out = cfg.out
-    user = _user_data(cfg)  # before any model work, and before anything is written
+    user = user_data(cfg)  # before any model work, and before anything is written
+    check_split(cfg, user["items"])
     check_writable(out, "out", folder=True)
     (out / "tables").mkdir(parents=True, exist_ok=True)
     # Chromium starts while the model loads (figure export needs it at the end)
@@ -291,8 +272,14 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
         tables.update(tables_c)
         notes.update(notes_c)
 
-        items, sources = _items(cfg, lm.tokenizer, user)
-        df, partial = timed("sweep", lambda: _run_sweep(cfg, lm, items, out / "tables" / "sweep.parquet"))
+        items, sources = study_items(cfg, lm.tokenizer, user, lm.shape.max_context)
+        run_cfg = cfg
+        if cfg.calibrate is not None:  # thresholds fixed on the calibration split; the study runs on the test split
+            items, run_cfg, t_cal, n_cal, info_extra["calibration"] = timed("calibration", lambda: calibration_stage(
+                cfg, items, lambda c, its: _run_sweep(c, lm, its, out / "tables" / "calibration_cells.parquet")))
+            tables.update(t_cal)
+            notes.update(n_cal)
+        df, partial = timed("sweep", lambda: _run_sweep(run_cfg, lm, items, out / "tables" / "sweep.parquet"))
         # from here every cell is in the sweep's parquet: an interrupt at any later stage still writes the report
         # from them, marked partial, and the same command resumes (no cell runs twice)
         interrupted = "the sweep" if partial else None
@@ -326,7 +313,15 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
             return html_path, manifest, table_files
 
         try:
-            _sweep_tables(cfg, lm, items, df, figures, tables, notes, info_extra)
+            frames, t_a, n_a, found = {}, {}, {}, []
+            if not partial:  # the per-prompt analyses (leap, priorities, answer tokens kept, cap): report_analyses
+                at[0] = "the prompt analyses"
+                t_a, n_a, frames, found = timed("prompt_analyses", lambda: prompt_analyses_part(
+                    cfg, lm, items, df, out / "tables"))
+            _sweep_tables(cfg, lm, items, df, figures, tables, notes, info_extra, frames)
+            tables.update(t_a)
+            notes.update(n_a)
+            info_extra["findings"] = info_extra.get("findings", []) + found
             needles = [it for it in items if it.task == "needle"]
             if needles and not partial:
                 at[0] = "the needle eviction"
@@ -361,15 +356,25 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
 
 
 def _sweep_tables(cfg: ReportConfig, lm, items, df: pd.DataFrame, figures: dict, tables: dict, notes: dict,
-                  info_extra: dict) -> None:
-    """The sweep's tables, findings, notes and figures (into ``figures``, ``tables``, ``notes``, ``info_extra``)."""
+                  info_extra: dict, frames: dict | None = None) -> None:
+    """The sweep's tables, findings, notes and figures (into ``figures``, ``tables``, ``notes``, ``info_extra``);
+    ``frames``: the per-prompt ``leap``, ``ranks`` and ``kept`` tables the conclusions read."""
     tables["items"] = items_frame(items)
     tables["sweep"] = df
     tables["summary"] = summary_table(df)
-    _findings(df, tables, notes, info_extra, cfg.margin)
+    _findings(df, tables, notes, info_extra, cfg.margin, frames or {})
+    tables["bypasses"] = bypass_table(df)
+    notes["bypasses"] = bypass_note(tables["bypasses"])
     mnt = sorted({int(v) for v in df["max_new_tokens"]}) if len(df) else []
     notes["sweep"] = (f"{len(items)} prompts × methods {list(cfg.methods)} (evict: policies {list(cfg.policies)} "
-                      f"at budget fractions {list(cfg.budget_fracs)}), max_new_tokens {mnt} (per task); "
+                      f"at budget fractions {list(cfg.budget_fracs)}"
+                      + (f", kvpress compression ratios {list(cfg.compression_ratios)}" if cfg.compression_ratios else "")
+                      + (f", KV-byte rungs {list(cfg.kv_ladder)}" if cfg.kv_ladder else "")
+                      + f", query {' and '.join(cfg.query)}), max_new_tokens {mnt} (per task); "
+                      "every table carries the query mode, the achieved compression ratio, kv_frac (KV bytes kept / "
+                      "full; NaN for pruned prefill, whose full cache is never built), KV bytes, peak memory and time "
+                      "to first token (ttft_s; an aware eviction's first token comes from its prefill, before it "
+                      "evicts); "
                       f"{len(df)} runs, {int(df['error'].map(lambda e: isinstance(e, str)).sum()) if len(df) else 0}"
                       f" with errors, {int(df['hit_cap'].sum()) if len(df) else 0} replies hit the cap.")
     if len(df):
@@ -394,11 +399,13 @@ def _n_note(df: pd.DataFrame) -> str:
     return ", ".join(f"{k} {v}" for k, v in g.items())
 
 
-def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict, margin: float) -> None:
+def _findings(df: pd.DataFrame, tables: dict, notes: dict, info: dict, margin: float, frames: dict | None = None) -> None:
     """The reference check, the comparisons with their sentences, accuracies with Wilson CIs and the timing rule."""
     ref, warns = fnd.reference_check(df)
     comp = fnd.comparisons(df)
-    shows = conclusions(df, margin=margin)  # the seed claims the sweep can speak to (no leap / priority tables: said)
+    # the seed claims: the sweep's, and the leap / priority / kept ones when their tables were made (else: said)
+    frames = frames or {}
+    shows = conclusions(df, frames.get("leap"), frames.get("ranks"), kept=frames.get("kept"), margin=margin)
     tables["conclusions"] = shows.to_frame()
     info["conclusions"] = {"rule": shows.rule(), "counts": shows.counts(), "missing": list(shows.missing),
                            "next": shows.next_step()}

@@ -10,6 +10,8 @@ from workbench.checks import check_fields, check_nonempty
 from workbench.choices import METHOD_NAMES, REPORT_DATA
 from workbench.constraints import checked
 from workbench.rerun import eviction
+from workbench.study.calibration import calibration_units
+from workbench.study.ruler import RULER_TASKS
 from workbench.study.verdicts import DEFAULT_MARGIN
 
 __all__ = ["ReportConfig", "ReportResult", "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS"]
@@ -36,6 +38,8 @@ class ReportConfig:
         n_needle: needle prompts (needle depths spread over ``[0.1, 0.9]``) [int >= 0]; ``n_squad + n_needle >= 1``;
             default 6, enough for the default model to pass the reference floor.
         needle_length: haystack length in tokens [int in [64, 8192]].
+        n_followup: follow-up items (``followup.followup_multikey``: one eviction, two questions on one haystack of
+            ``needle_length`` tokens; the second answer is scored) [int >= 0]; run under ``full`` and ``evict`` only.
         n_distractors: SQuAD distractor paragraphs per prompt [int >= 1].
         max_new_tokens: greedy tokens per run [int >= 1]; ``None``: each family's own
             (``tasks.TASK_MAX_NEW_TOKENS``, 32 for custom items).
@@ -48,6 +52,14 @@ class ReportConfig:
         methods: sweep methods, a subset of ``("full", "entroprefill", "evict")``.
         policies: eviction policies for ``evict`` and the needle table (``eviction.REGISTRY`` names, or "module:Class").
         budget_fracs: eviction budgets as fractions of the prompt length [each in (0, 1]].
+        compression_ratios: eviction budgets as kvpress's compression ratios, the fraction of the prompt's KV cache
+            removed [each in [0, 1)], ``B = max(1, int(T·(1 − r)))`` (:func:`workbench.study.kv_budget.ratio_budget`);
+            ``()``: none (``--compression-ratios`` alone: kvpress's 0.25 0.5 0.75 0.875).
+        kv_ladder: matched-byte rungs, KV bytes kept as a fraction of the full cache's [each in (0, 1]]
+            (:func:`workbench.study.kv_budget.ladder_budget`; a rung out of reach is a failed cell saying why);
+            ``()``: none (``--kv-ladder`` alone: 0.5 0.25 0.125 0.0625).
+        query: the query modes of the ``evict`` cells, ``"aware"`` and/or ``"agnostic"`` (kvpress's default: the
+            context compressed without the question); default ``("aware",)``.
         entroprefill: EntroPrefill parameters for the sweep's ``entroprefill`` cells (``{}``: defaults).
         presets: EntroPrefill presets by name (``analyse.params.PRESETS``: paper, loose, strict), one
             ``entroprefill`` setting each, ``entroprefill`` applied on top of each; ``()``: the one setting
@@ -60,6 +72,18 @@ class ReportConfig:
         progress: show tqdm progress bars.
         margin: the non-inferiority margin δ of "What this study shows" [in [0, 1)]; default
             :data:`workbench.study.verdicts.DEFAULT_MARGIN` (0.10), printed with the verdict rule.
+        calibrate: ``None`` (default: no split) or the share of the independent clusters drawn for calibration
+            [in (0, 1)]: the EntroPrefill candidates (``presets``, all of ``analyse.params.PRESETS`` when none is
+            given) run on the calibration split, :func:`workbench.study.calibration.calibrate` chooses one, and
+            the study (every verdict) runs on the test split only (needs ``entroprefill`` in ``methods``).
+        ruler, ruler_lengths, ruler_seeds: RULER-style families (``study.ruler.RULER_TASKS`` names; ``()``: none)
+            at each length [ints in [256, 131072]] and seeds ``0 … ruler_seeds − 1`` [int in [1, 1000]].
+        leap_prompts: prompts per task captured for the leap (step recall gains against the gapped held-out
+            reference) and priority (the answer chunk's standing) analyses [int in [0, 1000]; 0: skip].
+        kept_prompts: prompts per task for the share of the gold answer's tokens DeferKV and SnapKV keep at
+            ``budget_fracs`` [int in [0, 1000]; 0: skip].
+        cap_tokens: full context again on every prompt with this many new tokens, paired against the sweep's
+            (did the cap cut answers off?) [int in [0, 4096]; 0: skip].
     """
 
     out: Path = Path("out/report")
@@ -71,6 +95,7 @@ class ReportConfig:
     # clusters cannot show non-inferiority at δ = 0.1 (Tango's exact test needs 29), so those read inconclusive.
     n_needle: int = 6
     needle_length: int = 1024
+    n_followup: int = 0
     n_distractors: int = 4
     max_new_tokens: int | None = None
     data: str = "auto"
@@ -79,6 +104,9 @@ class ReportConfig:
     methods: tuple[str, ...] = METHODS
     policies: tuple[str, ...] = DEFAULT_POLICIES
     budget_fracs: tuple[float, ...] = (0.25, 0.5)
+    compression_ratios: tuple[float, ...] = ()
+    kv_ladder: tuple[float, ...] = ()
+    query: tuple[str, ...] = ("aware",)
     entroprefill: dict = field(default_factory=dict)
     presets: tuple[str, ...] = ()
     capture_tail: int = 32
@@ -89,6 +117,13 @@ class ReportConfig:
     progress: bool = True
     tiny: bool = False
     margin: float = DEFAULT_MARGIN
+    calibrate: float | None = None
+    ruler: tuple[str, ...] = ()
+    ruler_lengths: tuple[int, ...] = (1024,)
+    ruler_seeds: int = 1
+    leap_prompts: int = 0
+    kept_prompts: int = 0
+    cap_tokens: int = 0
 
     @classmethod
     def tiny_config(cls, **kw) -> "ReportConfig":
@@ -107,10 +142,11 @@ class ReportConfig:
         if self.out.exists() and not self.out.is_dir():
             raise ValueError(f"out: must be a folder (the report writes report.html, figures/ and tables/ in it), got "
                              f"the file {str(self.out)!r}")
-        if self.n_squad + self.n_needle < 1 and self.items is None:
-            raise ValueError("n_squad: n_squad + n_needle must be >= 1 when no items file is given (the study "
-                             "needs a prompt)")
-        for name in ("methods", "budget_fracs", "presets"):  # stored as tuples (budget fractions as floats)
+        if self.n_squad + self.n_needle + self.n_followup < 1 and self.items is None and not self.ruler:
+            raise ValueError("n_squad: n_squad + n_needle + n_followup must be >= 1 when no items file and no RULER "
+                             "family is given (the study needs a prompt)")
+        for name in ("methods", "budget_fracs", "presets", "ruler", "ruler_lengths", "compression_ratios", "kv_ladder",
+                     "query"):  # stored as tuples (budget fractions as floats)
             object.__setattr__(self, name, self.CHECKS[name].check(name, getattr(self, name)))
         pols = tuple(eviction.REGISTRY.resolve(p) if ":" in p else p for p in self.policies)
         bad = [p for p in pols if p not in eviction.REGISTRY or p == "full"]
@@ -120,6 +156,9 @@ class ReportConfig:
         if "evict" in self.methods:  # the same refusal as run_policies' for an empty list
             check_nonempty("policies", pols)
         object.__setattr__(self, "policies", pols)
+        bad = [r for r in self.ruler if r not in RULER_TASKS]
+        if bad:
+            raise ValueError(f"ruler: {bad[0]!r} is not a RULER-style family (allowed: {', '.join(RULER_TASKS)})")
         allowed = sorted({f.name for f in fields(EntroPrefillParams) if f.init} | {"layer"})
         unknown = sorted(map(str, set(self.entroprefill) - set(allowed)))
         if unknown:
@@ -127,6 +166,21 @@ class ReportConfig:
                              f"{', '.join(allowed)})")
 
         EntroPrefillParams(**{k: v for k, v in self.entroprefill.items() if k != "layer"})  # validates
+        if self.calibrate is not None and "entroprefill" not in self.methods:
+            raise ValueError(f"calibrate: tunes EntroPrefill's thresholds, so methods must include 'entroprefill', got "
+                             f"methods {list(self.methods)}")
+        if self.calibrate is not None and self.items is None:  # each built-in prompt is its own unit: refuse now,
+            # before any model work, a split that would leave the test side empty (items files: when read)
+            n = self.n_squad + self.n_needle
+            if n < 2:
+                raise ValueError(f"calibrate: a calibration split needs at least 2 prompts, got n_squad + n_needle = "
+                                 f"{n}")
+            calibration_units(n, self.calibrate, "calibrate")
+
+    def calibration_candidates(self) -> list[tuple[str, dict]]:
+        """The settings calibration chooses among: ``(preset name, parameters)`` for each of ``presets`` (all
+        presets when none is given), ``entroprefill`` applied on top of each."""
+        return [(p, {**PRESETS[p]["params"], **self.entroprefill}) for p in (self.presets or tuple(PRESETS))]
 
     def entroprefill_settings(self) -> list[dict]:
         """The sweep's EntroPrefill parameter sets: one per preset (its parameters, ``entroprefill`` on top), or
@@ -146,7 +200,7 @@ class ReportConfig:
 class ReportResult:
     """What :func:`run_report` wrote: ``html``, ``figures`` ``{name: [paths]}``, ``tables``
     ``{name: [csv, parquet]}``, ``manifest`` and the per-stage ``timings`` (seconds). ``partial``: the run was
-    interrupted (``interrupted`` says during what: ``"the sweep"``, ``"the needle eviction"``, ``"the figure
+    interrupted (``interrupted`` says during what: ``"the sweep"``, ``"the prompt analyses"``, ``"the needle eviction"``, ``"the figure
     export"``, ``"the tables"`` or ``"the HTML page"``); ``export_error``: one line when figure files could not
     be written (the tables and the page are)."""
 

@@ -42,7 +42,10 @@ the cell that ran it), ``method_s`` (the cell's own work: ``wall_s`` less shared
 reports as ``shared_s``),
 ``peak_cuda_bytes`` (``max_memory_allocated`` during the cell; NaN on CPU), ``peak_rss_bytes`` (the
 process's resident high-water mark so far, not per cell), ``device, dtype, error, cell`` (resume key),
-then method extras and ``meta_<key>`` (the item's provenance: length, depth, qid ...).
+then method extras and ``meta_<key>`` (the item's provenance: length, depth, qid ...). The built-in methods add the
+protocol figures: ``query`` (``aware``/``agnostic``), ``compression_ratio`` (achieved, kvpress's: share of the compressed
+positions removed), ``kv_frac`` (KV bytes kept / the full cache's; NaN for pruned prefill) and ``ttft_s`` (time to the
+first generated token; see :func:`workbench.study.methods.evict_cells` for what it spans).
 """
 from __future__ import annotations
 
