@@ -22,6 +22,7 @@ from workbench.show.widgets.base import (
     head_dim_of,
     html_escape,
 )
+from workbench.show.widgets.sliders import scale_dropdown, scale_value
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -52,7 +53,7 @@ class HeadsPanel(Panel):
         self.controls = ep_controls(("zeta", "tau"), self.base)
         self.controls["layer"] = SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1)
         self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=self._quantity, description="heatmap")
-        self.controls["log"] = W.Checkbox(value=False, description="log residual colours")
+        self.controls["scale"] = scale_dropdown("residual colours")
         self._finish()
 
     def analysis(self):
@@ -64,7 +65,7 @@ class HeadsPanel(Panel):
         l = int(self.controls["layer"].value)
         figs = {"heads": plots.head_heatmap.draft(pool, quantity=self.controls["quantity"].value),
                 "residual": plots.residual_distribution.draft(pool, l, self.capture.spans,
-                                                        log=bool(self.controls["log"].value))}
+                                                        scale=scale_value(self.controls["scale"]))}
         nv = int((~pool.valid).sum())
         st = f"{pool.L} layers × {pool.n_heads} heads; {nv} layer(s) with an invalid head (z ≤ ρ_min)"
         return figs, st

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 import ipywidgets as W
 
 from workbench.checks import Constraint, Interval
+from workbench.choices import COLOUR_SCALES
 from workbench.constraints import PARAMS
+from workbench.show.colour_scale import LONG_PROMPT_T
 
-__all__ = ["SliderSpec", "SLIDERS"]
+__all__ = ["SliderSpec", "SLIDERS", "scale_dropdown", "scale_value"]
 
 
 # ----------------------------------------------------------------------------- sliders
@@ -108,3 +110,16 @@ SLIDERS: dict[str, SliderSpec] = {
     "ce_eps": SliderSpec("ε (shallow mass on j*)", "log", 1e-9, 10 ** -0.5, 0.25, 1e-3, "counterexample.eps"),
     "ce_gamma": SliderSpec("γ (deep mass off j*)", "float", 0.001, 0.5, 0.001, 0.05, "counterexample.gamma"),
 }
+
+
+# ----------------------------------------------------------------------------- colour scale
+def scale_dropdown(description: str = "colour scale") -> W.Dropdown:
+    """The colour-scale choice of a heatmap or token view: ``auto`` (linear below
+    :data:`~workbench.show.colour_scale.LONG_PROMPT_T` tokens, quantile from there on), linear, log or quantile."""
+    return W.Dropdown(options=[(f"auto (quantile from {LONG_PROMPT_T:,} tokens)", "auto")] + [(s, s) for s in COLOUR_SCALES],
+                      value="auto", description=description)
+
+
+def scale_value(dropdown: W.Dropdown) -> str | None:
+    """The ``scale`` argument of the figure functions from :func:`scale_dropdown` (``None``: the default by T)."""
+    return None if dropdown.value == "auto" else dropdown.value

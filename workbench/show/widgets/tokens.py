@@ -10,6 +10,7 @@ import numpy as np
 from workbench.analyse.params import EntroPrefillParams
 from workbench.show import plots
 from workbench.show.widgets.base import SLIDERS, Panel, html_escape
+from workbench.show.widgets.sliders import scale_dropdown, scale_value
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -22,7 +23,8 @@ class TokenPanel(Panel):
     """The prompt's tokens shaded by attention (:func:`workbench.show.plots.token_attention`).
 
     Controls: the layer; the source (one query head, a KV group's mean, or the pooled ``μ``); the query row
-    (the observers' mean or any captured row: tail, audit, decode steps); log shading; exclude the sinks;
+    (the observers' mean or any captured row: tail, audit, decode steps); the colour scale (auto: linear below
+    2,048 tokens, quantile from there on; or linear, log, quantile); exclude the sinks;
     the page (long prompts). **Clicking a token** makes the captured row nearest to it the query row
     (:meth:`click`). ``removed`` strikes tokens through: positions, a selection or trace (removed chunks at
     ``removed_layer``), or an eviction ``GenerationResult`` (evicted positions of ``removed_layer`` /
@@ -63,7 +65,7 @@ class TokenPanel(Panel):
             "layer": SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1),
             "source": W.Dropdown(options=sources, value=("head", 0), description="source"),
             "query": W.Dropdown(options=self.row_options, value="observers", description="query row"),
-            "log": W.Checkbox(value=False, description="log scale"),
+            "scale": scale_dropdown(),
             "exclude_sinks": W.Checkbox(value=False, description="exclude sinks"),
             "page": W.IntSlider(value=0, min=0, max=n_pages - 1, description="page",
                                 layout=W.Layout(width="320px", display=None if n_pages > 1 else "none")),
@@ -95,7 +97,7 @@ class TokenPanel(Panel):
         a = self._analyse()
         c = self.controls
         fig = plots.token_attention.draft(self.capture, **a, removed=self.removed, removed_layer=self.removed_layer,
-                                    removed_group=self.removed_group, log=bool(c["log"].value),
+                                    removed_group=self.removed_group, scale=scale_value(c["scale"]),
                                     exclude_sinks=bool(c["exclude_sinks"].value), page=int(c["page"].value),
                                     per_page=self.per_page)
         m = fig.meta

@@ -1,0 +1,89 @@
+"""Long prompts (T = 4k–33k): colour scales that show structure, page markers that stay markers, and a token
+view that jumps to the answer, a chunk or a search hit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.analyse.pooling import HeadPooling
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
+from workbench.show import plots
+from workbench.show.colour_scale import LONG_PROMPT_T, quantile_ranks
+
+#: share of the cells in the lowest tenth of the colour bar that a scale "showing structure" stays under
+BOTTOM_BIN_BOUND = 0.2
+
+
+def _cap(T: int, seed: int = 0) -> Capture:
+    k = (T - 6 - 32 - 3) // 257
+    sp = PromptSpans.synthetic([256] * k, query_len=32, suffix=T - 6 - 32 - 257 * k, answer_doc=3)
+    return Capture.synthetic(sp, L=2, H_Q=4, G=2, structure="realistic", seed=seed)
+
+
+@pytest.fixture(scope="module")
+def cap4k():
+    return _cap(4096)
+
+
+def _bottom_share(z, cmin=None, cmax=None) -> float:
+    """Share of the finite cells whose colour falls in the lowest tenth of a uniform colour scale over
+    ``[cmin, cmax]`` (default: the data's range, as plotly's auto range)."""
+    z = np.asarray(z, dtype=np.float64)
+    z = z[np.isfinite(z)]
+    lo = z.min() if cmin is None else cmin
+    hi = z.max() if cmax is None else cmax
+    return float(((z - lo) / (hi - lo) < 0.1).mean())
+
+
+def test_residual_colour_scale_spreads_a_heavy_tail_at_4k(cap4k):
+    pool = HeadPooling()(cap4k)
+    res = pool.residual(1).numpy()
+    lin = plots.residual_distribution(pool, 1, cap4k, scale="linear")
+    # the data: heavy-tailed, so a linear scale puts nearly every cell in the lowest colour
+    assert _bottom_share(lin.data[0].z) > 0.9
+    assert lin.layout.coloraxis.colorbar.title.text == "a/z (linear)"
+    lg = plots.residual_distribution(pool, 1, cap4k, scale="log")
+    assert lg.layout.coloraxis.colorbar.title.text == "log₁₀ a/z (log)"
+    assert _bottom_share(lg.data[0].z) < BOTTOM_BIN_BOUND
+    q = plots.residual_distribution(pool, 1, cap4k)  # T ≥ LONG_PROMPT_T: quantile by default
+    assert cap4k.T >= LONG_PROMPT_T and q.layout.meta["scale"] == "quantile"
+    assert q.layout.coloraxis.colorbar.title.text == "a/z (quantile)"
+    assert _bottom_share(q.data[0].z) < BOTTOM_BIN_BOUND
+    # the quantile colour bar names the values at its ticks; the hover keeps a/z
+    cb = q.layout.coloraxis.colorbar
+    assert list(cb.tickvals) == [0.0, 0.25, 0.5, 0.75, 1.0] and len(cb.ticktext) == 5
+    assert float(cb.ticktext[-1]) == pytest.approx(np.asarray(q.data[0].customdata, dtype=float).max(), rel=0.05)
+    assert np.asarray(q.data[0].customdata, dtype=float).max() == pytest.approx(res.max())
+
+
+def test_short_prompt_keeps_the_linear_scale():
+    cap = _cap(1024)
+    pool = HeadPooling()(cap)
+    f = plots.residual_distribution(pool, 0, cap)
+    assert f.layout.meta["scale"] == "linear" and f.layout.coloraxis.colorbar.title.text == "a/z (linear)"
+    assert plots.token_attention(cap, 0).scale == "linear"
+
+
+def test_token_view_colour_scale_at_4k(cap4k):
+    lin = plots.token_attention(cap4k, 1, scale="linear")
+    assert _bottom_share(lin.shade, lin.cmin, lin.cmax) > 0.5 and "A (linear scale)" in lin.html()
+    lg = plots.token_attention(cap4k, 1, scale="log")  # log helps, but 43 % of this page stay in the lowest tenth
+    assert "log₁₀ A (log scale)" in lg.html() and _bottom_share(lg.shade, lg.cmin, lg.cmax) < 0.5
+    q = plots.token_attention(cap4k, 1)  # T ≥ LONG_PROMPT_T: quantile by default
+    assert q.scale == "quantile" and q.meta["scale"] == "quantile"
+    assert _bottom_share(q.shade, q.cmin, q.cmax) < BOTTOM_BIN_BOUND and "A (quantile scale)" in q.html()
+    assert "q0.5 = " in q.html()  # the key names the median's value
+    assert np.allclose(q.values, lin.values)  # the hover and CSV keep the attention itself
+
+
+def test_quantile_ranks_oracle():
+    x = np.array([5.0, 1.0, 1.0, np.nan, 3.0])
+    assert np.allclose(quantile_ranks(x)[[0, 1, 2, 4]], [1.0, 1 / 6, 1 / 6, 2 / 3]) and np.isnan(quantile_ranks(x)[3])
+
+
+def test_colour_scale_bad_input(cap4k):
+    with pytest.raises(ValueError, match=r"^scale: must be one of \['linear', 'log', 'quantile'\], got 'cubic'"):
+        plots.token_attention(cap4k, 1, scale="cubic")
+    with pytest.raises(ValueError, match=r"^log, scale: "):
+        plots.residual_distribution(HeadPooling()(cap4k), 1, cap4k, log=True, scale="quantile")
