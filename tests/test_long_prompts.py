@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from workbench.analyse.pages import PageSelection
 from workbench.analyse.pooling import HeadPooling
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 from workbench.show import plots
 from workbench.show.colour_scale import LONG_PROMPT_T, quantile_ranks
+from workbench.show.plots.bounds import MARKER_COLUMNS
 
 #: share of the cells in the lowest tenth of the colour bar that a scale "showing structure" stays under
 BOTTOM_BIN_BOUND = 0.2
@@ -87,3 +89,41 @@ def test_colour_scale_bad_input(cap4k):
         plots.token_attention(cap4k, 1, scale="cubic")
     with pytest.raises(ValueError, match=r"^log, scale: "):
         plots.residual_distribution(HeadPooling()(cap4k), 1, cap4k, log=True, scale="quantile")
+
+
+@pytest.fixture(scope="module")
+def cap33k():
+    T = 33 * 1024
+    k = (T - 6 - 32 - 3) // 257
+    sp = PromptSpans.synthetic([256] * k, query_len=32, suffix=T - 6 - 32 - 257 * k, answer_doc=100)
+    return Capture.synthetic(sp, L=2, H_Q=8, G=2, structure="realistic", dtype="float16", seed=0)
+
+
+@pytest.mark.parametrize("K", [4, 64])
+def test_kept_page_marks_stay_marks_at_33k(cap33k, K):
+    pool = HeadPooling()(cap33k)
+    pr = PageSelection(b=64, K=K).select(pool.a, pool.w, cap33k.head_group, 64)
+    fig = plots.pages(pr, 1, cap33k.spans)
+    N_P = pr.importance.shape[-1]
+    assert N_P > 500
+    (marks,) = [t for t in fig.to_plotly_json()["data"] if str(t.get("name", "")).startswith("kept page")]
+    # thin ticks, not 14-px boxes: at most MARKER_COLUMNS a group, ≥ N_P / MARKER_COLUMNS pages apart
+    assert marks["marker"]["symbol"] == "line-ns-open" and marks["marker"]["line"]["width"] <= 1.5
+    x, y = np.asarray(marks["x"]), np.asarray(marks["y"])
+    sel = pr.selected[1].numpy()
+    # the oracle: bins of N_P / 60 pages; a tick at the centre of every bin holding a kept page, no other
+    edges = np.round(np.linspace(0, N_P, MARKER_COLUMNS + 1)).astype(int)
+    for g in range(sel.shape[0]):
+        xg = np.sort(x[y == f"g{g}"])
+        assert 0 < len(xg) <= MARKER_COLUMNS
+        assert len(xg) < 2 or np.diff(xg).min() >= N_P // MARKER_COLUMNS - 1  # apart by a bin, whatever T
+        kept_bins = sorted({int(np.searchsorted(edges, p, side="right") - 1) for p in np.flatnonzero(sel[g])})
+        want = [(edges[i] + edges[i + 1] - 1) / 2 for i in kept_bins]
+        assert np.allclose(xg, want)
+
+
+def test_few_pages_keep_a_box_per_kept_page(cap4k):
+    pool = HeadPooling()(cap4k)
+    pr = PageSelection(b=256, K=3).select(pool.a, pool.w, cap4k.head_group, 64)
+    (marks,) = [t for t in plots.pages(pr, 0, cap4k.spans).data if t.name.startswith("kept page")]
+    assert marks.marker.symbol == "square-open" and len(marks.x) == int(pr.selected[0].sum())
