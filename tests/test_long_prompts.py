@@ -10,6 +10,7 @@ from workbench.analyse.pooling import HeadPooling
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
 from workbench.show import plots
+from workbench.show import widgets as Wd
 from workbench.show.colour_scale import LONG_PROMPT_T, quantile_ranks
 from workbench.show.plots.bounds import MARKER_COLUMNS
 
@@ -127,3 +128,55 @@ def test_few_pages_keep_a_box_per_kept_page(cap4k):
     pr = PageSelection(b=256, K=3).select(pool.a, pool.w, cap4k.head_group, 64)
     (marks,) = [t for t in plots.pages(pr, 0, cap4k.spans).data if t.name.startswith("kept page")]
     assert marks.marker.symbol == "square-open" and len(marks.x) == int(pr.selected[0].sum())
+
+
+def test_token_view_jumps_to_the_answer_a_chunk_and_a_search_hit(cap4k):
+    panel = Wd.TokenPanel(cap4k, layer=1)
+    w = panel.figures["tokens"]
+    sp = cap4k.spans
+    n_pages = panel.controls["page"].max + 1
+    assert n_pages == -(-cap4k.T // 384) and panel.controls["page"].value == 0
+    # the answer: the page holding the answer passage's first token, its tokens marked as the answer
+    a0 = sp.chunks[list(sp.chunk_doc).index(sp.answer_doc)][0]
+    assert panel.jump_to_answer() == a0 and a0 >= 384
+    assert panel.controls["page"].value == a0 // 384 and a0 in w.view.positions
+    assert w.view.answer[w.view.positions.index(a0)]
+    # a chunk by index
+    c0 = sp.chunks[9][0]
+    assert panel.jump_to_chunk(9) == c0 and panel.controls["page"].value == c0 // 384 and c0 in w.view.positions
+    assert w.view.chunk_start[w.view.positions.index(c0)]
+    # a search hit (text across two tokens), and the next hit of the same text
+    assert panel.search("T3000t3001") == [3000]
+    assert panel.jump_to_text("t3000t3001") == 3000 and 3000 in w.view.positions
+    hits = panel.search("t250")
+    assert hits == [250] + list(range(2500, 2510))
+    seen = [panel.jump_to_text("t250") for _ in range(len(hits) + 1)]
+    assert seen == hits + [250] and panel.controls["page"].value == 0  # wraps around
+    # the buttons: the same jumps, and a note saying where (or why not)
+    panel.controls["page"].value = 0
+    panel.nav["answer"].click()
+    assert panel.controls["page"].value == a0 // 384 and f"position {a0}" in panel.nav["note"].value
+    panel.nav["chunk"].value = 12
+    panel.nav["to_chunk"].click()
+    assert panel.controls["page"].value == sp.chunks[12][0] // 384
+    panel.nav["text"].value = "no such text"
+    panel.nav["find"].click()
+    assert "does not occur" in panel.nav["note"].value and panel.controls["page"].value == sp.chunks[12][0] // 384
+
+
+def test_token_view_jumps_refuse_bad_targets(cap4k):
+    panel = Wd.TokenPanel(cap4k, layer=1)
+    k = cap4k.spans.k
+    with pytest.raises(ValueError, match=rf"^chunk: must be an integer in \[0, {k - 1}\]"):
+        panel.jump_to_chunk(k)
+    with pytest.raises(ValueError, match="^text: must be a non-empty string"):
+        panel.search(" ")
+    with pytest.raises(ValueError, match="^text: 'zzz' does not occur in the prompt"):
+        panel.jump_to_text("zzz")
+    with pytest.raises(ValueError, match=rf"^position: must be an integer in \[0, {cap4k.T - 1}\]"):
+        panel.jump_to(cap4k.T)
+    no_answer = Capture.synthetic(PromptSpans.synthetic([40] * 4, query_len=10), L=1, H_Q=2, G=1)
+    p = Wd.TokenPanel(no_answer)
+    assert p.nav["answer"].disabled
+    with pytest.raises(ValueError, match="^answer: this prompt has no marked answer passage"):
+        p.jump_to_answer()

@@ -37,6 +37,7 @@ class HeadsPanel(Panel):
     per-head residual distributions of one layer. No model calls."""
 
     title = "Head pooling (SPEC §2)"
+    KEEP_NOT = ("scale",)  # the colour scale starts at the new prompt length's default
 
     def __init__(self, capture: Capture | CaptureState, params: EntroPrefillParams | None = None, *, layer: int | None = None,
                  quantity: HeadQuantity = "w"):
@@ -53,7 +54,7 @@ class HeadsPanel(Panel):
         self.controls = ep_controls(("zeta", "tau"), self.base)
         self.controls["layer"] = SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1)
         self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=self._quantity, description="heatmap")
-        self.controls["scale"] = scale_dropdown("residual colours")
+        self.controls["scale"] = scale_dropdown(capture.T, "residual colours")
         self._finish()
 
     def analysis(self):

@@ -10,7 +10,7 @@ import ipywidgets as W
 from workbench.checks import Constraint, Interval
 from workbench.choices import COLOUR_SCALES
 from workbench.constraints import PARAMS
-from workbench.show.colour_scale import LONG_PROMPT_T
+from workbench.show.colour_scale import default_scale
 
 __all__ = ["SliderSpec", "SLIDERS", "scale_dropdown", "scale_value"]
 
@@ -113,13 +113,15 @@ SLIDERS: dict[str, SliderSpec] = {
 
 
 # ----------------------------------------------------------------------------- colour scale
-def scale_dropdown(description: str = "colour scale") -> W.Dropdown:
-    """The colour-scale choice of a heatmap or token view: ``auto`` (linear below
-    :data:`~workbench.show.colour_scale.LONG_PROMPT_T` tokens, quantile from there on), linear, log or quantile."""
-    return W.Dropdown(options=[(f"auto (quantile from {LONG_PROMPT_T:,} tokens)", "auto")] + [(s, s) for s in COLOUR_SCALES],
-                      value="auto", description=description)
+def scale_dropdown(T: int, description: str = "colour scale") -> W.Dropdown:
+    """The colour-scale choice of a heatmap or token view of a ``T``-token prompt: linear, log or quantile, starting
+    at the default for ``T`` (:func:`~workbench.show.colour_scale.default_scale`: linear below
+    :data:`~workbench.show.colour_scale.LONG_PROMPT_T` tokens, quantile from there on), which its label names."""
+    d = default_scale(T)
+    return W.Dropdown(options=[(f"{s} (default at T = {T:,})" if s == d else s, s) for s in COLOUR_SCALES], value=d,
+                      description=description)
 
 
-def scale_value(dropdown: W.Dropdown) -> str | None:
-    """The ``scale`` argument of the figure functions from :func:`scale_dropdown` (``None``: the default by T)."""
-    return None if dropdown.value == "auto" else dropdown.value
+def scale_value(dropdown: W.Dropdown) -> str:
+    """The ``scale`` argument of the figure functions from :func:`scale_dropdown`."""
+    return dropdown.value
