@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from workbench.analyse.pages import PageSelection
 from workbench.analyse.pooling import HeadPooling
@@ -180,3 +181,23 @@ def test_token_view_jumps_refuse_bad_targets(cap4k):
     assert p.nav["answer"].disabled
     with pytest.raises(ValueError, match="^answer: this prompt has no marked answer passage"):
         p.jump_to_answer()
+
+
+def test_pages_panel_k_move_reuses_the_scores_at_33k(cap33k):
+    """A K move re-ranks pages: the group scores p (L·G·T) and the page importance are not recomputed, and the
+    result equals a selection from scratch."""
+    panel = Wd.PagesPanel(cap33k)
+    before = panel.analysis()
+    panel.controls["K"].value = panel.controls["K"].value + 3
+    after = panel.analysis()
+    assert after.K == before.K + 3 and after.p is before.p and after.importance is before.importance
+    pool = HeadPooling()(cap33k)
+    direct = PageSelection(b=after.b, K=after.K).select(pool.a, pool.w, cap33k.head_group, 64)
+    assert torch.equal(after.selected, direct.selected) and torch.allclose(after.p, direct.p)
+    assert torch.equal(after.U, direct.U)
+    panel.controls["zeta"].value = 0.3  # a ζ move: new scores
+    assert panel.analysis().p is not before.p
+    # the token mask (numpy repeat) is the pages' tokens: an oracle by position
+    tm = after.token_mask_of(1).numpy()
+    want = after.selected[1].numpy()[:, np.arange(cap33k.T) // after.b]
+    assert np.array_equal(tm, want)
