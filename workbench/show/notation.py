@@ -60,8 +60,8 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("𝒬_p, W_p", "proposal observers", "the W_p positions at the end of the user query whose attention "
            "proposes the removal; a^{l,h}_j their mean attention", "§0", param="W_p"),
     Symbol("A^{l,h}_{u,j}", "attention", "the softmax probability of query u on key j in layer l, head h, as the "
-           "model computes it; the token view shades each token by one row of it (or its log₁₀)", "§0",
-           range="[0, 1]", controls=("source", "query", "log")),
+           "model computes it; the token view shades each token by one row of it, on a linear, log₁₀ or quantile "
+           "colour scale (by default quantile from 2,048 tokens, else linear)", "§0", range="[0, 1]", controls=("source", "query", "scale")),
     # ---- pooling (§2)
     Symbol("z_h", "residual mass", "a head's attention mass off the sinks; invalid when z_h ≤ ρ_min", "§2",
            range="[0, 1]"),

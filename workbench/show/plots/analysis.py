@@ -12,7 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.checks import check_choice, check_int
-from workbench.choices import HeadQuantity, RowKind
+from workbench.choices import ColourScale, HeadQuantity, RowKind
+from workbench.show.colour_scale import resolve_scale, scale_title, scaled
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
     Draft,
@@ -172,8 +173,8 @@ def head_heatmap(pooling, quantity: HeadQuantity = "w", *, model_id: str | None 
 
 
 @figure_function
-def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False, model_id: str | None = None,
-                          params=None) -> go.Figure:
+def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False, scale: ColourScale | None = None,
+                          model_id: str | None = None, params=None) -> go.Figure:
     """Per-head residual distribution ``a^h_j / z_h`` over the non-sink keys of one layer (head × position).
 
     Each row is the distribution whose Rényi-2 entropy is ``H_h`` (shown in the row label with ``w_h``).
@@ -182,8 +183,11 @@ def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False,
         pooling: :class:`~workbench.analyse.pooling.PoolingResult`.
         layer: ``0 … L-1``.
         spans: ``PromptSpans`` (or a Capture / Prompt) for the token labels; positions only when None.
-        log: colour by ``log10(a/z)`` (floored at 1e-6); the hover still shows ``a/z``. The sinks are always
-            excluded here (the residual is the non-sink distribution).
+        scale: the colour scale (:mod:`workbench.show.colour_scale`): ``"linear"``, ``"log"`` (``log10(a/z)``,
+            floored at 1e-6) or ``"quantile"`` (by rank); default linear below 2,048 tokens, quantile from there on.
+            The colour bar's title names it; the hover always shows ``a/z``. The sinks are always excluded here
+            (the residual is the non-sink distribution).
+        log: the log scale (the same as ``scale="log"``).
     """
     check_int("layer", layer, 0, pooling.L - 1)
     sp = spans_of(spans)
@@ -191,35 +195,41 @@ def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False,
     H, Tn = res.shape
     ns = pooling.n_sink
     T = ns + Tn
+    sc = resolve_scale(scale, log, T)
     bins = token_bins(Tn, offset=ns)  # scale: ≤ DEFAULT_WIDTH_PX columns whatever T (max per bin of keys)
     toks = hover_tokens(sp, T)[ns:] if bins.exact else None  # labels of every key only when shown
     hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
     Hh, w = as_numpy(pooling.H[layer]), as_numpy(pooling.w[layer])
     ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
             for h, lab in enumerate(head_labels(hg))]
-    colour = "log10 a/z" if log else "a/z"
+    colour = scale_title("a/z", sc)
     if bins.exact:
-        z = np.log10(np.maximum(plot_array(res), 1e-6)) if log else plot_array(res)
+        shown = plot_array(res)
+        z, ticks = scaled(shown, sc)
         cd = np.empty((H, Tn, 2), dtype=object)
         cd[..., 0] = np.asarray(toks, dtype=object)[None, :]
-        cd[..., 1] = plot_array(res)
+        cd[..., 1] = shown
+        lin = sc == "linear"
         fig = Draft(go.Heatmap(z=z, x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
-                                customdata=cd if log else repeat_rows(toks, H),
-                                hovertemplate="%{y}<br>key %{x}: " + ("%{customdata[0]}<br>a/z = %{customdata[1]:.4g}"
-                                                                      if log else "%{customdata}<br>a/z = %{z:.4g}")
+                                customdata=repeat_rows(toks, H) if lin else cd,
+                                hovertemplate="%{y}<br>key %{x}: " + ("%{customdata}<br>a/z = %{z:.4g}" if lin
+                                                                      else "%{customdata[0]}<br>a/z = %{customdata[1]:.4g}")
                                 + "<extra></extra>"))
     else:
         zb = plot_array(bins.reduce(res, "max"))
-        fig = Draft(go.Heatmap(z=np.log10(np.maximum(zb, 1e-6)) if log else zb, x=bins.lo, y=ylab,
-                                coloraxis="coloraxis", name="residual",
+        z, ticks = scaled(zb, sc)
+        fig = Draft(go.Heatmap(z=z, x=bins.lo, y=ylab, coloraxis="coloraxis", name="residual",
+                                **({} if sc == "linear" else dict(customdata=zb)),
                                 hovertemplate="%{y}<br>keys from %{x} (bin of ≤ " + str(bins.width)
-                                + " tokens)<br>max " + colour + " = %{z:.4g}<extra></extra>"))
+                                + " tokens)<br>max a/z = " + ("%{z:.4g}" if sc == "linear" else "%{customdata:.4g}")
+                                + "<extra></extra>"))
     fig = finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}"
                   + (f" ({bins.describe()})" if not bins.exact else ""),
                   figure_meta("residual_distribution", model_id_of(model_id, pooling, spans), params, layer=layer,
-                        n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None), log=bool(log)),
+                        n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None),
+                        log=sc == "log", scale=sc),
                   xaxis_title="key position",  # row labels name the head and group
-                  coloraxis=dict(colorbar=dict(title=dict(text=colour))),
+                  coloraxis=dict(colorbar=dict(title=dict(text=colour), **ticks)),
                   yaxis=dict(autorange="reversed"))
     if not bins.exact:  # every key in the export's CSV
         attach_full(fig, lambda: pd.DataFrame({"head": np.repeat(ylab, Tn), "key": np.tile(np.arange(ns, T), H),

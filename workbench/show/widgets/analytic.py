@@ -22,6 +22,7 @@ from workbench.show.widgets.base import (
     head_dim_of,
     html_escape,
 )
+from workbench.show.widgets.sliders import scale_dropdown, scale_value
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -36,6 +37,7 @@ class HeadsPanel(Panel):
     per-head residual distributions of one layer. No model calls."""
 
     title = "Head pooling (SPEC §2)"
+    KEEP_NOT = ("scale",)  # the colour scale starts at the new prompt length's default
 
     def __init__(self, capture: Capture | CaptureState, params: EntroPrefillParams | None = None, *, layer: int | None = None,
                  quantity: HeadQuantity = "w"):
@@ -52,7 +54,7 @@ class HeadsPanel(Panel):
         self.controls = ep_controls(("zeta", "tau"), self.base)
         self.controls["layer"] = SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1)
         self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=self._quantity, description="heatmap")
-        self.controls["log"] = W.Checkbox(value=False, description="log residual colours")
+        self.controls["scale"] = scale_dropdown(capture.T, "residual colours")
         self._finish()
 
     def analysis(self):
@@ -64,7 +66,7 @@ class HeadsPanel(Panel):
         l = int(self.controls["layer"].value)
         figs = {"heads": plots.head_heatmap.draft(pool, quantity=self.controls["quantity"].value),
                 "residual": plots.residual_distribution.draft(pool, l, self.capture.spans,
-                                                        log=bool(self.controls["log"].value))}
+                                                        scale=scale_value(self.controls["scale"]))}
         nv = int((~pool.valid).sum())
         st = f"{pool.L} layers × {pool.n_heads} heads; {nv} layer(s) with an invalid head (z ≤ ρ_min)"
         return figs, st

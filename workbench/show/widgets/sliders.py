@@ -9,10 +9,12 @@ import ipywidgets as W
 
 from workbench.analyse.counterexample import ShallowCounterexample
 from workbench.checks import Constraint, Interval
+from workbench.choices import COLOUR_SCALES
 from workbench.constraints import PARAMS
 from workbench.rerun.eviction.policies.deferkv import DeferKV
+from workbench.show.colour_scale import default_scale
 
-__all__ = ["SliderSpec", "SLIDERS", "control_value", "LABEL_PX"]
+__all__ = ["SliderSpec", "SLIDERS", "control_value", "LABEL_PX", "scale_dropdown", "scale_value"]
 
 #: the sliders' label column; a longer label is cut with "…" by the widget, so every label fits it
 #: (``tests/test_widgets.py`` counts 0.62 of the 13 px widget font per character, as for DejaVu Sans)
@@ -124,3 +126,18 @@ def control_value(w: W.Widget):
     (0.604 on a 0.01 slider) is what the panel computed with."""
     v = w.value
     return float(f"{v:.12g}") if isinstance(v, float) else v
+
+
+# ----------------------------------------------------------------------------- colour scale
+def scale_dropdown(T: int, description: str = "colour scale") -> W.Dropdown:
+    """The colour-scale choice of a heatmap or token view of a ``T``-token prompt: linear, log or quantile, starting
+    at the default for ``T`` (:func:`~workbench.show.colour_scale.default_scale`: linear below
+    :data:`~workbench.show.colour_scale.LONG_PROMPT_T` tokens, quantile from there on), which its label names."""
+    d = default_scale(T)
+    return W.Dropdown(options=[(f"{s} (default at T = {T:,})" if s == d else s, s) for s in COLOUR_SCALES], value=d,
+                      description=description)
+
+
+def scale_value(dropdown: W.Dropdown) -> str:
+    """The ``scale`` argument of the figure functions from :func:`scale_dropdown`."""
+    return dropdown.value
