@@ -140,7 +140,7 @@ def _shift_prompts(tok):
     out = []
     for name in ("example_prompt", "needle_haystack"):
         ex = load_example(name)
-        out.append((ex.name, ex.build(tok)))
+        out.append((ex.task, ex.build(tok)))
     try:
         from workbench.study.datasets import load_squad
 

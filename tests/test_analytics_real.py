@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from workbench.analyse.audit import audit_bounds
+from workbench.analyse.audit import AuditConfig, audit_bounds
 from workbench.analyse.envelope import envelope, output_bound, output_shift
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import HeadPooling
@@ -102,7 +102,7 @@ def test_audit_and_trace_on_real_capture(smollm_capture):
     assert (ok["U"] >= ok["D"] - 1e-9).all()
     assert tr.l_star is not None, tr.decision  # loose thresholds: some layer is accepted
     A_aud = cap.prompt_rows(tr.audit_rows)[tr.l_star]
-    au = audit_bounds(A_aud, cap.spans.removal_mask(tr.removed), "exact", eps_audit=0.5)
+    au = audit_bounds(A_aud, cap.spans.removal_mask(tr.removed), AuditConfig("exact", eps_audit=0.5))
     assert au.passed is True and bool(au.passed_head.all())
     assert float(au.bound.max()) <= 0.5 and au.b == 0.0
     # the exact-mode bound is the mean discarded mass over the audit population

@@ -1,6 +1,7 @@
 """Tests of workbench.analyse.audit (SPEC §6): audit bounds, candidate stability, the layer-selection trace."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from _examples import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workbench.analyse.audit import NO_LAYER_CAN_PASS, audit_bounds, hoeffding_b
+from workbench.analyse.audit import NO_LAYER_CAN_PASS, AuditConfig, audit_bounds, hoeffding_b
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.procedure import candidate_drift, trace
 from workbench.analyse.selection import VERDICT_INFEASIBLE, mass_table
@@ -71,7 +72,7 @@ def test_exact_audit_is_population_mean_with_b_zero():
     A = _population()
     removed = torch.zeros(20, dtype=torch.bool)
     removed[[2, 3, 7, 11]] = True
-    res = audit_bounds(A, removed, mode="exact", m_a=5, delta=0.05, J=3, seed=0, eps_audit=0.5)
+    res = audit_bounds(A, removed, AuditConfig("exact", m_a=5, delta=0.05, J=3, seed=0, eps_audit=0.5))
     assert res.b == 0.0 and res.sample is None
     for h in range(3):
         eta = sum(sum(float(A[h, u, j]) for j in (2, 3, 7, 11)) for u in range(11)) / 11
@@ -87,7 +88,7 @@ def test_sampled_audit_mean_of_sample_plus_b():
     A = _population(M=7)
     removed = torch.zeros(20, dtype=torch.bool)
     removed[5:12] = True
-    res = audit_bounds(A, removed, mode="sampled", m_a=25, delta=0.1, J=2, seed=3)
+    res = audit_bounds(A, removed, AuditConfig("sampled", m_a=25, delta=0.1, J=2, seed=3))
     assert res.sample.shape == (25,)
     assert int(res.sample.min()) >= 0 and int(res.sample.max()) < 7
     assert res.b == pytest.approx(math.sqrt(math.log(2 * 3 / 0.1) / 50))
@@ -96,22 +97,22 @@ def test_sampled_audit_mean_of_sample_plus_b():
         assert res.eta[h].item() == pytest.approx(eta_hat, abs=1e-12)
         assert res.bound[h].item() == pytest.approx(min(1.0, eta_hat + res.b), abs=1e-12)
     # fixed seed: same sample; another seed: (almost surely) another sample
-    again = audit_bounds(A, removed, mode="sampled", m_a=25, delta=0.1, J=2, seed=3)
+    again = audit_bounds(A, removed, AuditConfig("sampled", m_a=25, delta=0.1, J=2, seed=3))
     assert torch.equal(again.sample, res.sample) and torch.equal(again.bound, res.bound)
-    other = audit_bounds(A, removed, mode="sampled", m_a=25, delta=0.1, J=2, seed=4)
+    other = audit_bounds(A, removed, AuditConfig("sampled", m_a=25, delta=0.1, J=2, seed=4))
     assert not torch.equal(other.sample, res.sample)
 
 
 def test_sampled_bound_is_clipped_at_one():
     A = _population()
-    res = audit_bounds(A, torch.ones(20, dtype=torch.bool), mode="sampled", m_a=2, delta=0.05, J=5, seed=0)
+    res = audit_bounds(A, torch.ones(20, dtype=torch.bool), AuditConfig("sampled", m_a=2, delta=0.05, J=5, seed=0))
     assert torch.all(res.bound == 1.0)  # eta_hat = 1 and b > 0
 
 
 def test_b_above_tolerance_means_no_layer_can_pass():
     A = _population()
-    res = audit_bounds(A, torch.zeros(20, dtype=torch.bool), mode="sampled", m_a=4, delta=0.05, J=3, seed=0,
-                       eps_audit=0.1)
+    res = audit_bounds(A, torch.zeros(20, dtype=torch.bool),
+                       AuditConfig("sampled", m_a=4, delta=0.05, J=3, seed=0, eps_audit=0.1))
     assert res.b > 0.1 and not res.passed
     assert NO_LAYER_CAN_PASS in res.message
 
@@ -126,7 +127,7 @@ def test_hoeffding_coverage_monte_carlo():
     removed[0] = True
     eta = float(A[0, :, 0].mean())
     fails = sum(
-        float(audit_bounds(A, removed, "sampled", m_a=8, delta=0.2, J=1, seed=s).bound[0]) < eta for s in range(1000)
+        float(audit_bounds(A, removed, AuditConfig("sampled", m_a=8, delta=0.2, J=1, seed=s)).bound[0]) < eta for s in range(1000)
     )
     assert fails / 1000 <= 0.2 + 3 * math.sqrt(0.2 * 0.8 / 1000)
 
@@ -134,15 +135,30 @@ def test_hoeffding_coverage_monte_carlo():
 def test_audit_bounds_validation():
     A = _population()
     with pytest.raises(ValueError, match="^mode:"):
-        audit_bounds(A, torch.zeros(20, dtype=torch.bool), mode="worst")
+        audit_bounds(A, torch.zeros(20, dtype=torch.bool), AuditConfig("worst"))
     with pytest.raises(ValueError, match="^removed:"):
         audit_bounds(A, torch.zeros(19, dtype=torch.bool))
     with pytest.raises(ValueError, match="^A_audit:"):
         audit_bounds(torch.zeros(3, 0, 20), torch.zeros(20, dtype=torch.bool))
     with pytest.raises(ValueError, match="^m_a:"):
-        audit_bounds(A, torch.zeros(20, dtype=torch.bool), mode="sampled", m_a=0)
+        audit_bounds(A, torch.zeros(20, dtype=torch.bool), AuditConfig("sampled", m_a=0))
     with pytest.raises(ValueError, match="^delta:"):
-        audit_bounds(A, torch.zeros(20, dtype=torch.bool), delta=1.0)
+        audit_bounds(A, torch.zeros(20, dtype=torch.bool), AuditConfig(delta=1.0))
+
+
+def test_audit_config_is_one_frozen_validated_object():
+    # the exact audit reads neither m_a nor the seed, so it does not refuse them; the sampled one does
+    assert AuditConfig("exact", m_a=0, seed=-1).mode == "exact"
+    with pytest.raises(ValueError, match="^seed:"):
+        AuditConfig("sampled", seed=-1)
+    with pytest.raises(ValueError, match="^J:"):
+        AuditConfig(J=0)
+    with pytest.raises(ValueError, match="^eps_audit:"):
+        AuditConfig(eps_audit=0.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        AuditConfig().m_a = 3
+    with pytest.raises(ValueError, match="^config: must be an AuditConfig"):
+        audit_bounds(_population(), torch.zeros(20, dtype=torch.bool), "sampled")
 
 
 # ----------------------------------------------------------------------------- designed captures

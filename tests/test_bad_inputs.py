@@ -23,7 +23,7 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from transformers import AutoTokenizer
 
-from workbench.analyse.audit import audit_bounds
+from workbench.analyse.audit import AuditConfig, audit_bounds
 from workbench.analyse.envelope import envelope
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import HeadPooling
@@ -201,7 +201,7 @@ ROWS = [
                                           torch.full((SPANS.T,), 1.0 / SPANS.T), torch.full((4,), 0.25),
                                           torch.zeros(SPANS.T, dtype=torch.bool)), ValueError, r"^A_rows: .*head 2"),
     ("audit_bounds NaN", lambda c: audit_bounds(_bad_rows(c.cap, 0, "nan").observer_attn()[1],
-                                                torch.zeros(SPANS.T, dtype=torch.bool), "exact", 1, 0.05, 1, 0),
+                                                torch.zeros(SPANS.T, dtype=torch.bool), AuditConfig("exact", 1, 0.05, 1, 0)),
      ValueError, r"^A_audit: .*head 2"),
     # ---- RowSet: bools where ints are meant, floats never truncated to positions
     ("rowset.audit float", lambda c: RowSet(audit=(1.5,)), ValueError, "^audit:"),
@@ -615,7 +615,7 @@ def test_case14_example_takes_bundled_names_only(capsys, tmp_path):
     for name in ("../tests/../data/squad_sample", "squad_sample", "/etc/passwd", "example_prompt.json"):
         line = _cli_error(capsys, ["capture", "--example", name, "--out", str(tmp_path / "x")])
         assert f"name: no bundled example {name!r}; available: ['example_prompt', 'needle_haystack']" in line
-    assert load_example("needle_haystack").name and not os.listdir(tmp_path)
+    assert load_example("needle_haystack").task and not os.listdir(tmp_path)
 
 
 def test_case19_lab_on_a_busy_port_refuses_before_printing_a_url(capsys, monkeypatch):

@@ -15,6 +15,7 @@ import workbench.capture.data as cd
 from workbench.capture.checksum import KEYS, PLACEHOLDER, seal
 from workbench.capture.data import Capture
 from workbench.run.spans import PromptSpans
+from workbench.show.widgets.base import head_dim_of
 
 
 def _same(a: Capture, b: Capture):
@@ -214,6 +215,25 @@ def test_a_real_capture_records_its_vocabulary_and_round_trips(tiny_and_capture,
     tiny, cap = tiny_and_capture
     assert cap.params["vocab"] == 128 and len(cap.generated_ids) == 2
     _same(cap, Capture.load(cap.save(tmp_path / "c.safetensors")))
+
+
+def test_head_dim_comes_from_the_model_config_not_from_a_name_that_lies(tiny_and_capture, tmp_path):
+    tiny, cap = tiny_and_capture
+    d = tiny.config.hidden_size // tiny.config.num_attention_heads   # 16: the tiny model's config
+    assert getattr(tiny.config, "head_dim", d) == d == 16
+    assert cap.params["head_dim"] == d and cap.head_dim == d
+    assert Capture.load(cap.save(tmp_path / "c.safetensors")).head_dim == d
+    # a model whose name or path says another d: the config's wins (a regex on the id read 128 here)
+    liar = dataclasses.replace(cap, model_id="runs/d=128/ckpt (llama, L=2, H_Q=4, G=2, d=16)")
+    assert liar.head_dim == d and head_dim_of(liar) == d
+    # a capture saved without the key: the d= of the config fingerprint at the end of the id, not the name's
+    old = dataclasses.replace(liar, params={k: v for k, v in cap.params.items() if k != "head_dim"})
+    assert old.head_dim == 16
+    unknown = dataclasses.replace(old, model_id="runs/d=128/ckpt")
+    assert unknown.head_dim is None
+    with pytest.warns(UserWarning, match="records no head dimension: the KV byte counts take d = 64"):
+        assert head_dim_of(unknown) == 64
+    assert Capture.synthetic(PromptSpans.synthetic([3, 4])).head_dim is None
 
 
 @pytest.mark.parametrize("model_id", ["", "synthetic", "tiny"])

@@ -18,11 +18,13 @@ import pytest
 import torch
 
 from workbench.analyse.cost import kv_bytes_dense
-from workbench.rerun.eviction import DeferKV, Evidence, SnapKV, preview
-from workbench.rerun.eviction.compare import KeptComparison, compare_kept, token_margin
+from workbench.analyse.params import EntroPrefillParams
+from workbench.rerun.eviction import DeferKV, Evidence, GenerationResult, SnapKV, preview
+from workbench.rerun.eviction.compare import KeptComparison, compare_kept, setting_labels, token_margin
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show import widgets as Wd
+from workbench.show.notation import symbol
 from workbench.show.plots.tokens import COMPARE_FILL
 
 FILL_OF = {v: k for k, v in COMPARE_FILL.items() if k in ("A only", "B only")}
@@ -241,8 +243,9 @@ def test_toggle_off_restores_the_single_view(tiny):
     assert set(panel.figures) == {"kept"} and panel._b_box.layout.display == "none"
     assert len(panel._figure_box.children) == 1 and panel.figures["kept"] is single
     assert np.array_equal(np.asarray(single.data[1].z, dtype=float), z0, equal_nan=True)
-    ref = plots.kept_positions([panel.analysis()], spans, highlight=panel.highlight())
+    ref = plots.kept_positions([panel.analysis()], spans, highlight=panel.highlight(), highlight_name="answer doc")
     assert list(single.data[1].y) == list(ref.data[1].y) and single.data[1].y[0].startswith("deferkv B=20 (")
+    assert single.data[1].y[0].endswith("% of answer doc kept)")  # the share is the answer document's
     assert panel.status.value.startswith("preview from the capture: deferkv, B = 20")
     # single-mode controls of B are shown only for the policies that use them
     panel.set(policy_b="page-entrokv")
@@ -267,7 +270,7 @@ def test_same_setting_and_bad_inputs_say_so_and_change_nothing(tiny, forwards):
     assert forwards.n == 0 and panel.model_calls == 0 and panel.answers.value == answers
     # a λ that differs is another setting
     panel.set(defer_lam_b=0.5)
-    assert panel.error is None and "lam = 0.5" in panel.figures["compare"].view.meta["label_b"]
+    assert panel.error is None and "λ = 0.5" in panel.figures["compare"].view.meta["label_b"]  # the slider's symbol
     # B's budget out of range: clamped by the slider to [protected positions, T]
     panel.controls["budget_b"].value = 10**6
     assert panel.controls["budget_b"].value == spans.T
@@ -389,3 +392,20 @@ def test_prune_compare_draws_both_retained_sets_and_runs_both(tiny, forwards):
     panel.set(compare=False)
     assert set(panel.figures) == {"trace"} and "target_b" not in panel.params()
     assert panel.run().generated_ids == ra.generated_ids
+
+
+def test_compare_labels_write_the_sliders_symbols(tiny):
+    """The compare table and status name a parameter as its slider does (ε_audit, λ, m₀), never its code name."""
+    assert [symbol(k) for k in ("eps_audit", "lam", "m0", "eps_row", "target", "defer_lam", "no_such")] == \
+        ["ε_audit", "λ", "m₀", "ε_row", "target", "λ", "no_such"]
+    kept = torch.zeros(1, 1, 3, dtype=torch.long)
+    runs = [GenerationResult(policy="deferkv", params={"lam": lam}, budget=3, T=5, ids=[1], text="x", kept=kept,
+                             evicted_at=0, compacted_layers=(0,), kv_bytes_before=10, kv_bytes_after=5, timings={})
+            for lam in (0.1, 0.5)]
+    assert setting_labels(*runs, name=symbol) == ("deferkv, B = 3, λ = 0.1", "deferkv, B = 3, λ = 0.5")
+    lm, spans, cap = tiny
+    base = EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
+    panel = Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=4)
+    panel.set(compare=True, mode_b="fixed layer", run_layer_b=1, eps_audit_b=0.5, m0_b=0)
+    la, lb = panel.labels()
+    assert "ε_audit = " in lb and "m₀ = 0" in lb and "eps_audit" not in la + lb and "m0" not in la + lb

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from workbench.study.conclusions import VERDICTS, conclusions, preset_name, verdict
+from workbench.study.storage import roundtrip, tidy
 
 LOOSE = {"eps_row": 0.3, "target": 0.2, "streak": 0, "eps_audit": 0.5}
 
@@ -39,10 +40,10 @@ def _study(defer, snap, full=None, task="niah_single", clusters=None, budgets=(0
                 rows.append(dict(base, method="evict", params=json.dumps({"budget_frac": f, "policy": pol}),
                                  contains=float(x[i]), retained_tokens=int(300 * f)))
         rows.append(dict(base, method="entroprefill", params="{}", contains=float(full[i]), retained_tokens=300,
-                         bypass=True, l_star=-99))
+                         bypass=True, l_star=None))
         pruned = i > 0
         rows.append(dict(base, method="entroprefill", params=json.dumps(LOOSE), contains=float(full[i]),
-                         retained_tokens=200 if pruned else 300, bypass=not pruned, l_star=1 + i % 2 if pruned else -99))
+                         retained_tokens=200 if pruned else 300, bypass=not pruned, l_star=1 + i % 2 if pruned else None))
     return pd.DataFrame(rows)
 
 
@@ -257,6 +258,25 @@ def test_renyi_against_the_other_priorities():
     assert t.loc["renyi vs headmax", "effect"] == pytest.approx((6 * 1 + 2 * 1.5) / 8)
     assert t.loc["renyi vs mass", "p"] == pytest.approx(sps.binomtest(n, n, 0.5).pvalue)
     assert any("uniform" in m for m in c.missing)  # no uniform rows: said, not invented
+
+
+def test_l_star_missing_is_nan_and_minus_one_is_a_layer():
+    """A bypassed prompt has no l* (NaN in the frame, never a number that averages in); l* = -1 (gather before
+    layer 0) is an accepted layer and counts. Sweep files that wrote -99 for the bypass read back as NaN."""
+    d = _study([1] * 10, [1] * 10)
+    loose = (d["method"] == "entroprefill") & (d["params"] == json.dumps(LOOSE)) & ~d["bypass"].astype(bool)
+    d.loc[loose & (d["item_id"] == "niah_single-1"), "l_star"] = -1
+    tidy_frame = tidy(d.assign(model="m", seed=0, max_new_tokens=8, n_generated=1, generated_ids=[[1]] * len(d)))
+    ep_rows = tidy_frame[tidy_frame["method"] == "entroprefill"]
+    assert ep_rows["l_star"].dtype == np.float64
+    assert ep_rows.loc[ep_rows["bypass"].astype(bool), "l_star"].isna().all()
+    t = conclusions(d).to_frame()
+    ls = t[t["claim"] == "EntroPrefill loose's accepted layer l*"].iloc[0]
+    lstar = np.array([-1] + [1 + i % 2 for i in range(2, 10)], float)   # prompts 1..9 pruned, prompt 1 at -1
+    assert ls.n == 9 and ls.effect == pytest.approx(lstar.mean()) and "range -1–2" in ls.note
+    legacy = pd.DataFrame({"l_star": [-99, 2, -1], "generated_ids": [[1], [2], [3]]})
+    back = roundtrip(legacy)
+    assert np.isnan(back["l_star"][0]) and list(back["l_star"][1:]) == [2, -1]
 
 
 def test_entroprefill_named_by_preset():

@@ -17,6 +17,7 @@ from workbench.capture import Capture
 from workbench.run.spans import PromptSpans
 from workbench.show import plots
 from workbench.show import widgets as Wd
+from workbench.show.colour_scale import quantile_ranks
 from workbench.show.export import figure_data
 
 MB = 2 ** 20
@@ -109,8 +110,12 @@ def test_export_csv_keeps_every_token(cap32k):
     assert len(df) == cap32k.H_Q * (T - n_sink) and df["key"].max() == T - 1
     full = pool.residual()[1].numpy()
     assert np.allclose(df["a_over_z"].to_numpy().reshape(cap32k.H_Q, -1), full)
-    # the plotted bin is the max of its keys
+    # the plotted bin is the max of its keys (in the hover; coloured by its quantile, the default at this T)
     b = dec.token_bins(T - n_sink, offset=n_sink)
-    assert np.allclose(np.asarray(fig.data[0].z, dtype=float), b.reduce(full, "max"))
+    assert fig.layout.meta["scale"] == "quantile"
+    assert np.allclose(np.asarray(fig.data[0].customdata, dtype=float), b.reduce(full, "max"))
+    assert np.allclose(np.asarray(fig.data[0].z, dtype=float), quantile_ranks(b.reduce(full, "max")))
+    lin = plots.residual_distribution(pool, 1, cap32k.spans, scale="linear")
+    assert np.allclose(np.asarray(lin.data[0].z, dtype=float), b.reduce(full, "max"))
     strip = plots.attention_strip(cap32k, 0, 0)
     assert len(strip.data[0].x) == dec.DEFAULT_WIDTH_PX and len(figure_data(strip)) == T

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ def test_token_stays_off_the_command_line_and_is_url_encoded(monkeypatch):
     assert url == "http://127.0.0.1:8888/lab?token=a%20b%3Bx%26y"
 
 
-def test_lab_starts_jupyter_with_the_token_in_its_environment(monkeypatch, capsys):
+def test_lab_starts_jupyter_with_the_token_in_its_environment(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("JUPYTERLAB_DIR", str(tmp_path))   # the lab's settings: not into the test's own Python
     monkeypatch.setattr(cli, "kernel_installed", lambda name=cli.KERNEL: True)
     monkeypatch.setattr(cli, "port_free", lambda ip, port: True)
     seen = {}
@@ -69,3 +71,48 @@ def test_make_lab_runs_the_workbench_lab_command():
 def test_every_notebook_names_the_kernel():
     for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):
         assert json.loads(nb.read_text())["metadata"]["kernelspec"]["name"] == cli.KERNEL, nb.name
+
+
+def test_lab_says_when_cells_run_before_the_kernel_is_ready(monkeypatch, capsys, tmp_path):
+    """JupyterLab drops cells run while the kernel starts (Run All pressed at once did nothing): the lab starts with
+    the notebook setting that refuses them with a notification, a real boolean setting of the installed
+    JupyterLab's schema (a misspelt key would be ignored silently)."""
+    schema = json.loads((Path(sys.prefix) / "share" / "jupyter" / "lab" / "schemas" / "@jupyterlab" /
+                         "notebook-extension" / "tracker.json").read_text())
+    values = cli.LAB_OVERRIDES["@jupyterlab/notebook-extension:tracker"]
+    assert values == {"enableKernelInitNotification": True}
+    assert schema["properties"]["enableKernelInitNotification"]["type"] == "boolean"
+    assert schema["properties"]["enableKernelInitNotification"]["default"] is False   # off unless the lab sets it
+    monkeypatch.setenv("JUPYTERLAB_DIR", str(tmp_path / "lab"))
+    monkeypatch.setattr(cli, "kernel_installed", lambda name=cli.KERNEL: True)
+    monkeypatch.setattr(cli, "port_free", lambda ip, port: True)
+    monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: None)
+    assert cli.main(["lab", "--port", "8779", "--token", "t"]) == 0
+    written = tmp_path / "lab" / "settings" / "overrides.d" / "attn-workbench.json"
+    assert json.loads(written.read_text()) == cli.LAB_OVERRIDES and str(written) in capsys.readouterr().out
+
+
+def test_lab_turns_the_news_toast_off_and_sets_threads(monkeypatch, capsys, tmp_path):
+    """The lab it starts has JupyterLab's news consent toast and update check off (an overrides file of its own in
+    the app dir, the values the browser test sets) and the kernels' torch threads set and said: the cores the load
+    leaves free, or the user's ``OMP_NUM_THREADS``."""
+    monkeypatch.setattr(cli, "kernel_installed", lambda name=cli.KERNEL: True)
+    monkeypatch.setattr(cli, "port_free", lambda ip, port: True)
+    monkeypatch.setattr(cli, "auto_threads", lambda: 3)
+    monkeypatch.setenv("JUPYTERLAB_DIR", str(tmp_path / "lab"))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = {}
+    monkeypatch.setattr(cli.os, "execve", lambda path, argv, env: seen.update(env=env))
+    assert cli.main(["lab", "--dry-run", "--token", "t"]) == 0
+    assert not (tmp_path / "lab").exists() and "would write" in capsys.readouterr().out  # a dry run writes nothing
+    assert cli.main(["lab", "--port", "8779", "--token", "t"]) == 0
+    out = capsys.readouterr().out
+    written = json.loads((tmp_path / "lab" / "settings" / "overrides.d" / "attn-workbench.json").read_text())
+    assert written["@jupyterlab/apputils-extension:notification"] == {"fetchNews": "false", "checkForUpdates": False}
+    assert seen["env"]["OMP_NUM_THREADS"] == "3" and "torch threads: OMP_NUM_THREADS=3 (the cores" in out
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert cli.main(["lab", "--port", "8779", "--token", "t"]) == 0
+    assert seen["env"]["OMP_NUM_THREADS"] == "2" and "OMP_NUM_THREADS=2 (yours)" in capsys.readouterr().out
+    # the same values as the browser test's user settings
+    src = (ROOT / "tests" / "test_browser.py").read_text()
+    assert '{"fetchNews": "false", "checkForUpdates": False}' in src

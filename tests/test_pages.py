@@ -19,7 +19,7 @@ from workbench.analyse.pages import (
     top_pages,
     union_over_retained,
 )
-from workbench.analyse.pooling import HeadPooling
+from workbench.analyse.pooling import HeadPooling, PoolingResult
 
 SETTINGS = settings(max_examples=examples(15), deadline=None)
 
@@ -158,6 +158,12 @@ def test_validation_errors():
         group_scores(torch.rand(1, 2, 5), torch.rand(1, 3), torch.tensor([0, 1]))
 
 
+def _pooled(a, v, w, zeta) -> PoolingResult:
+    """A pooling result holding what the slider path reads (a, v, w, ζ); the rest is not read."""
+    return PoolingResult(a=a, z=None, valid_head=None, valid=None, C=None, H=None, v=v, w=w, mu=None, omega=None,
+                         zeta=zeta)
+
+
 @SETTINGS
 @given(seed=st.integers(0, 10_000), G=st.integers(1, 3), r=st.integers(1, 4), T=st.integers(1, 60),
        zeta=st.floats(0.01, 1.0), b=st.integers(1, 9), K=st.integers(1, 8), conc=st.sampled_from([0.1, 1.0, 5.0]))
@@ -177,7 +183,7 @@ def test_slider_memo_equals_direct(seed, G, r, T, zeta, b, K, conc):
     memo = PageScoreMemo(a, hg)
     ps = PageSelection(b=b, K=K, s=5)
     direct = ps.select(a, w, hg, 64)
-    fast = ps.select(a, w, hg, 64, memo=memo, v=v, zeta=zeta)
+    fast = ps.select(a, w, hg, 64, memo=memo, pooling=_pooled(a, v, w, zeta))
     torch.testing.assert_close(fast.p, direct.p, rtol=1e-13, atol=1e-15)
     srt = torch.sort(direct.importance, dim=-1, descending=True).values
     near_tie = K < srt.shape[-1] and bool(((srt[..., K - 1] - srt[..., K]) <= 1e-12).any())
@@ -201,7 +207,26 @@ def test_slider_memo_rejects_another_a():
     memo = PageScoreMemo(a, torch.arange(4) // 2)
     w = torch.full((2, 4), 0.5, dtype=torch.float64)
     with pytest.raises(ValueError, match="memo"):
-        PageSelection().select(a.clone(), w, torch.arange(4) // 2, 64, memo=memo, v=w, zeta=0.5)
+        b = a.clone()
+        PageSelection().select(b, w, torch.arange(4) // 2, 64, memo=memo, pooling=_pooled(b, w, w, 0.5))
+
+
+def test_slider_memo_reads_zeta_from_the_pooling_that_made_w():
+    """ζ comes with the weights it made: a pooling of ζ = 0.7 gives the direct scores of its own ``w``, and a
+    pooling that does not know its ζ, or another ``w``, is refused (no group scores of one ζ with weights of another)."""
+    from workbench.analyse.pages import PageScoreMemo
+
+    a = _rows(1, 2, 4, 10, 1.0)
+    hg = torch.arange(4) // 2
+    pool = HeadPooling(zeta=0.7, tau=0.5, rho_min=1e-6).pool(a[:, :, None, :], hg, n_sink=0)
+    direct = PageSelection(b=2, K=2).select(pool.a, pool.w, hg, 64)
+    fast = PageSelection(b=2, K=2).select(pool.a, pool.w, hg, 64, memo=PageScoreMemo(pool.a, hg), pooling=pool)
+    torch.testing.assert_close(fast.p, direct.p, rtol=1e-13, atol=1e-15)
+    with pytest.raises(ValueError, match="^pooling: must know the zeta"):
+        PageSelection().select(pool.a, pool.w, hg, 64, memo=PageScoreMemo(pool.a, hg),
+                               pooling=_pooled(pool.a, pool.v, pool.w, math.nan))
+    with pytest.raises(ValueError, match="memo"):
+        PageSelection().select(pool.a, pool.w.clone(), hg, 64, memo=PageScoreMemo(pool.a, hg), pooling=pool)
 
 
 def test_slider_memo_never_returns_a_stale_sum():

@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import pytest
 from _all_figures import synthetic_inputs
 
+from workbench.rerun.eviction import CriticalKV, DeferKV, PageEntroKV, SnapKV
 from workbench.show import widgets as Wd
-from workbench.show.widgets.run import RunCancelled, _answer_table
+from workbench.show.widgets.run import _answer_table
+from workbench.show.widgets.run_control import RunCancelled
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,22 @@ def test_eviction_panel_shows_only_applicable_sliders(syn):
     panel.set(policy=page_policies[0])
     assert panel.controls["page"].layout.display is None and panel.controls["defer_lam"].layout.display == "none"
     assert not panel.controls["budget"].continuous_update      # model-run panels update on release
+
+
+def test_eviction_panel_policy_is_built_by_the_one_builder(syn):
+    """The panel's policy is the controls' values on the policy's own fields, written out here by hand: DeferKV gets
+    the λ slider, page-EntroKV the page slider, a wrapper SnapKV with the panel's common parameters as its base."""
+    sp, cap, params, tr = syn
+    panel = Wd.EvictionPanel(cap, None, SimpleNamespace(spans=sp), policy="deferkv", budget=40, n_sink=2, recent=3)
+    assert not hasattr(panel, "build_policy")
+    common = dict(panel.common)
+    lam = panel.controls["defer_lam"].value
+    assert panel.policy() == DeferKV(**common, lam=float(lam))
+    panel.set(policy="page-entrokv")
+    page = panel.controls["page"].value
+    assert panel.policy() == PageEntroKV(n_sink=2, recent=3, page=int(page))
+    panel.set(policy="criticalkv")
+    assert panel.policy() == CriticalKV(base=SnapKV(**common))
 
 
 def test_slider_tracks_and_answers(syn):

@@ -136,3 +136,77 @@ def test_whole_index_axes_get_fewer_ticks_than_twice_their_span(n):
     fixed = {"data": heat["data"], "layout": {"yaxis": {"tickmode": "array", "tickvals": [0]}}}
     paper_layout(fixed, 660, 400, preset=None, title=True)
     assert "nticks" not in fixed["layout"]["yaxis"]
+
+
+def _legend_rows(lay: dict) -> int:
+    """The legend rows ``paper_layout`` reserved (its box: ~19 px a row at 9 pt, and 14 px of padding)."""
+    return round((lay["margin"]["t"] - 0.9 * lay["font"]["size"] - 14) / (max(lay["font"]["size"] * 1.3, 10) + 7.5))
+
+
+def test_colour_bars_narrow_the_legend_room():
+    """A horizontal legend wraps to the plot's width, which the colour bar at its right narrows (plotly's automargin
+    pushes the right margin past it): at one column, four bar entries beside a heatmap's bar get more rows than
+    without the bar. (Left out, 07's shift figure reserved 2 rows and plotly drew 4: its legend took 35 %.)"""
+    def laid(scale: bool) -> dict:
+        fig = go.Figure([go.Bar(x=[0, 1], y=[1, 2], name=f"gain {i}→{i + 1}", yaxis="y2") for i in range(4)]
+                        + [go.Heatmap(z=[[0, 1], [1, 0]], showscale=scale, colorbar=dict(title=dict(text="recall")))],
+                        layout=dict(template="workbench", yaxis=dict(domain=[0, 0.45]),
+                                    yaxis2=dict(domain=[0.55, 1])))
+        return _laid(fig)[0]["layout"]
+
+    assert _legend_rows(laid(True)) > _legend_rows(laid(False)) >= 1
+
+
+def test_stacked_rows_leave_room_for_a_wrapped_x_title():
+    """The gap under a stacked panel holds its x tick labels and its wrapped title with the title's own standoff
+    (a wrapped title stands further off): 07's step axis title lay on the panel below at one column."""
+    title = "step r (≤ 0 prompt tail, ≥ 1 decode) " * 2
+    fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1]), go.Scatter(x=[0, 1], y=[1, 0], xaxis="x2", yaxis="y2")],
+                    layout=dict(template="workbench", xaxis=dict(title=dict(text=title), anchor="y"),
+                                yaxis=dict(domain=[0.55, 1]), xaxis2=dict(anchor="y2"), yaxis2=dict(domain=[0, 0.45])))
+    d, size, h = _laid(fig)
+    lay = d["layout"]
+    t = lay["xaxis"]["title"]
+    assert "<br>" in t["text"]
+    plot_h = h - lay["margin"]["t"] - max(lay["margin"]["b"], lay["font"]["size"] * 3.2)
+    gap = (lay["yaxis"]["domain"][0] - lay["yaxis2"]["domain"][1]) * plot_h
+    tf = t["font"]["size"]
+    assert gap >= lay["font"]["size"] * 0.85 * 1.4 + 8 + tf * 1.3 * (t["text"].count("<br>") + 1) + t["standoff"]
+
+
+def test_a_panel_beside_another_gets_room_for_its_y_labels():
+    """Two panels side by side under a full-width one (09's pages figure): the gap left of the right panel holds its
+    y tick labels and title, taken from the left panel (up to half of it); where that is not enough the right panel's
+    y axis moves to its right side, at the canvas edge. (Its wrapped 'UOR (s = 16)' lay on the left panel.)"""
+    def fig(title: str) -> go.Figure:
+        return go.Figure([go.Scatter(x=[0, 1], y=[0, 1]), go.Bar(x=[0, 1], y=[1, 2], xaxis="x2", yaxis="y2"),
+                          go.Scatter(x=[0, 1], y=[2.5, 2.6], xaxis="x3", yaxis="y3")],
+                         layout=dict(template="workbench", yaxis=dict(domain=[0.55, 1]),
+                                     xaxis2=dict(domain=[0, 0.45], anchor="y2"), yaxis2=dict(domain=[0, 0.45]),
+                                     xaxis3=dict(domain=[0.55, 1], anchor="y3"),
+                                     yaxis3=dict(domain=[0, 0.45], anchor="x3", title=dict(text=title))))
+    wide = go.Figure(fig("UOR"))
+    wide.update_layout(xaxis2_domain=[0, 0.3], xaxis3_domain=[0.7, 1])
+    d, _, _ = _laid(wide)                            # room enough: nothing moves
+    assert d["layout"]["xaxis2"]["domain"] == [0, 0.3] and "side" not in d["layout"]["yaxis3"]
+    d, size, _ = _laid(fig("UOR"))                   # a narrow gap: the left panel gives up some px
+    lay = d["layout"]
+    assert 0.225 <= lay["xaxis2"]["domain"][1] < 0.45 and "side" not in lay["yaxis3"]
+    d, _, _ = _laid(fig("union of the kept pages over the rows (s = 16)"))   # a wrapped long title: to the right
+    assert d["layout"]["yaxis3"]["side"] == "right" and d["layout"]["xaxis2"]["domain"] == [0, 0.45]
+
+
+def test_stacked_panels_without_x_labels_keep_their_facing_y_ticks_apart():
+    """Panels stacked on a shared x axis (03's priorities: S, lift, κ) have no x labels between them, but the lower
+    panel's top y tick label and the upper one's bottom label each stand half a line past their panel: the gap holds
+    both (their '1' and '0' overlapped at one column)."""
+    fig = go.Figure([go.Bar(x=[0, 1], y=[0, 1], xaxis=f"x{i or ''}", yaxis=f"y{i or ''}") for i in (0, 2, 3)],
+                    layout=dict(template="workbench", yaxis=dict(domain=[0.7, 1]), yaxis2=dict(domain=[0.35, 0.65]),
+                                yaxis3=dict(domain=[0, 0.3]), xaxis=dict(showticklabels=False, anchor="y"),
+                                xaxis2=dict(showticklabels=False, anchor="y2"), xaxis3=dict(anchor="y3")))
+    d, size, h = _laid(fig)
+    lay = d["layout"]
+    plot_h = h - lay["margin"]["t"] - max(lay["margin"]["b"], lay["font"]["size"] * 3.2)
+    for upper, lower in (("yaxis", "yaxis2"), ("yaxis2", "yaxis3")):
+        gap = (lay[upper]["domain"][0] - lay[lower]["domain"][1]) * plot_h
+        assert gap >= lay["font"]["size"] * 0.85 * 1.2, (upper, gap)

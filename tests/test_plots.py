@@ -1,6 +1,7 @@
 """Tests of workbench.show.plots: figure contents equal the analysis results, meta, tidy frames, in-place updates."""
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
@@ -25,6 +26,7 @@ from workbench.run.spans import PromptSpans
 from workbench.show import plots
 from workbench.show.figure_engine import KEEP_LAYOUT, Draft, add_span
 from workbench.show.plots.analysis import STATUS_COLOR
+from workbench.show.plots.common import answer_chunk
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -95,6 +97,17 @@ def test_sink_mass_is_observer_mass_on_sinks(syn):
     cap, _, tr = syn
     assert torch.allclose(tr.pooling.sink_mass, cap.sink_mass("observer").double(), atol=1e-6)
     assert torch.allclose(tr.pooling.sink_mass + tr.pooling.z, torch.ones_like(tr.pooling.z), atol=1e-6)
+
+
+def test_titles_and_ticks_read_as_text(syn):
+    """No raw TeX (``Σ_{j∈𝒮}``) in a title, and tick exponents as powers of ten (plotly's default SI letters
+    read "100µ" on a unitless axis), on every axis and colour bar of the template."""
+    _, _, tr = syn
+    fig = plots.head_heatmap(tr.pooling, "sink")
+    assert "_{" not in fig.layout.title.text and "Σ<sub>j∈𝒮</sub> a<sub>j</sub>" in fig.layout.title.text
+    tpl = fig.layout.template
+    assert tpl.layout.xaxis.exponentformat == tpl.layout.yaxis.exponentformat == "power"
+    assert tpl.layout.coloraxis.colorbar.exponentformat == tpl.data.heatmap[0].colorbar.exponentformat == "power"
 
 
 def test_head_heatmap_invalid_head_blank_and_bad_quantity(syn):
@@ -220,6 +233,24 @@ def test_chunk_priorities_colouring_answer_and_hover(syn):
 
 
 # ----------------------------------------------------------------------------- certificate and trace
+def _linear_ticks(ax) -> list[float]:
+    lo, hi = sorted(ax.range)
+    n = math.floor((hi - ax.tick0) / ax.dtick)
+    return [ax.tick0 + i * ax.dtick for i in range(-n - 1, n + 1) if lo <= ax.tick0 + i * ax.dtick <= hi]
+
+
+def test_certificate_ticks_every_shown_layer_whole(syn):
+    """One layer (the priority panel's certificate) gets its tick; several get whole-layer ticks only."""
+    _, _, tr = syn
+    layers = sorted(tr.selections)
+    one = plots.certificate({layers[-1]: tr.selections[layers[-1]]})
+    for ax in (one.layout.xaxis, one.layout.xaxis2):
+        assert ax.tickmode == "linear" and _linear_ticks(ax) == [layers[-1]]
+    ax = plots.certificate(tr).layout.xaxis2
+    ticks = _linear_ticks(ax)
+    assert all(t == int(t) for t in ticks) and set(layers) <= set(ticks)
+
+
 def test_certificate_and_trace(syn):
     cap, params, tr = syn
     fig = plots.certificate(tr)
@@ -311,6 +342,41 @@ def test_envelope_rows(syn):
     assert fig.data[1].marker.color[3] == plots.REMOVED and "1 rows above" in fig.layout.title.text
     with pytest.raises(ValueError, match="^layer: must be one of the envelope layers"):
         plots.envelope_rows(envs, layer=3)
+
+
+def test_trace_title_states_a_long_decision_without_cutting_it(syn):
+    """A decision with a long chunk list: the title gives the count (no "…"), the full decision stays in meta."""
+    tr = syn[2]
+    long = dataclasses.replace(tr, decision=tr.decision.split(":")[0] + ": remove chunks " + str(list(range(40))))
+    title = plots.trace_layers(long).layout.title.text
+    assert "…" not in title and f"remove {len(tr.removed)} chunks" in title
+    assert plots.trace_layers(long).layout.meta["decision"] == long.decision
+
+
+def test_envelope_rows_with_nothing_removed_says_so(syn):
+    """No removal (the greedy's D = 0, as on a short pasted prompt): every curve is the zero line; the figure says
+    why instead of drawing a blank."""
+    cap, _, tr = syn
+    l, pool = 2, tr.pooling
+    env = envelope(cap.observer_attn()[l], pool.mu[l], pool.omega[l], cap.spans.removal_mask([]), layer=l)
+    fig = plots.envelope_rows(env)
+    assert env.q == 0 and not np.any(np.asarray(fig.data[1].y, dtype=float))
+    assert fig.layout.meta["placeholder"].startswith("nothing removed at this layer (q = 0)")
+    assert any(a.text.startswith("nothing removed at this layer") for a in fig.layout.annotations)
+    some = envelope(cap.observer_attn()[l], pool.mu[l], pool.omega[l], cap.spans.removal_mask([1]), layer=l)
+    assert "placeholder" not in plots.envelope_rows(some).layout.meta
+
+
+def test_chunk_priorities_without_an_answer_has_no_star(syn):
+    """A pasted prompt has no answer span: no ★ in the ticks, none promised in the axis title."""
+    cap, _, tr = syn
+    sp = PromptSpans.synthetic([6, 5, 7, 4], query_len=10, answer_doc=None)
+    fig = plots.chunk_priorities(tr.priorities, sp, tr.l_star, removed=tr)
+    assert fig.layout.xaxis3.title.text == "candidate chunk"
+    assert not any("★" in t for t in fig.layout.xaxis3.ticktext)
+    assert not any(a.text == "answer" for a in fig.layout.annotations)
+    with_answer = plots.chunk_priorities(tr.priorities, cap.spans, tr.l_star, removed=tr)
+    assert with_answer.layout.xaxis3.title.text == "candidate chunk (★ answer)" and "c2★" in with_answer.layout.xaxis3.ticktext
 
 
 def test_envelope_scatter_points_are_every_row_of_every_removal(syn):
@@ -523,6 +589,24 @@ def _gen(policy, B, T, seed, L=3, G=2, compacted=(0, 1, 2)):
                             kv_bytes_after=500, timings={})
 
 
+def test_kept_positions_outlines_the_answer_passage(syn):
+    """The answer passage is an outline over the kept cells, not a filled block (the eviction panel highlights the
+    whole answer document: a band per position made one solid block over the data); a highlighted position outside
+    the passage keeps its band. No y title: the row labels name policy and budget (at one column the title lay on
+    them)."""
+    cap, _, _ = syn
+    sp = cap.spans
+    s, e = sp.chunks[answer_chunk(sp)]
+    res = [_gen("deferkv", 25, sp.T, 1)]
+    outside = next(p for p in range(sp.n_sink, sp.T) if not s <= p < e)
+    fig = plots.kept_positions(res, sp, highlight=[*range(s, e), outside])
+    filled = [(sh.x0, sh.x1) for sh in fig.layout.shapes if sh.fillcolor not in (None, "rgba(0,0,0,0)")]
+    assert filled == [(outside - 0.5, outside + 0.5)]
+    outline = [sh for sh in fig.layout.shapes if sh.fillcolor == "rgba(0,0,0,0)"]
+    assert [(sh.x0, sh.x1) for sh in outline] == [(s - 0.5, e - 0.5)] and outline[0].line.width > 0
+    assert not fig.layout.yaxis2.title.text
+
+
 def test_kept_positions(syn):
     cap, _, _ = syn
     sp = cap.spans
@@ -538,7 +622,7 @@ def test_kept_positions(syn):
                 want[r.kept[l, g].numpy()] += 1
         assert np.allclose(z[i], want / (2 * len(layers)))
         surv = float(np.nanmean(r.survival([20, 21]).numpy()))
-        assert heat.y[i].startswith(f"{r.policy} B={r.budget}") and f"({surv:.0%} kept)" in heat.y[i]
+        assert heat.y[i].startswith(f"{r.policy} B={r.budget}") and f"({surv:.0%} of highlighted tokens kept)" in heat.y[i]
     assert heat.customdata[0][20] == "t20"  # hover tokens
     hl = [t for t in fig.data if t.name == "highlight"][0]
     assert list(hl.x) == [20, 21] and list(hl.customdata) == ["t20", "t21"]
@@ -548,8 +632,14 @@ def test_kept_positions(syn):
     one = plots.kept_positions(res, sp, layer=1, group=0)
     z1 = np.array([t for t in one.data if t.type == "heatmap"][0].z, dtype=float)
     assert np.array_equal(np.flatnonzero(z1[0] == 1), res[0].kept[1, 0].numpy())
-    # highlight given as text: matched on the token strings
-    assert plots.kept_positions(res, sp, highlight="t21t22").layout.meta["highlight"] == [21, 22]
+    # highlight given as text: matched on the token strings; the labels say whose share they give
+    by_text = plots.kept_positions(res, sp, highlight="t21t22")
+    assert by_text.layout.meta["highlight"] == [21, 22]
+    assert all("% of highlighted text kept)" in y for y in by_text.data[1].y)
+    named = plots.kept_positions(res, sp, highlight=[20, 21], highlight_name="answer doc")
+    assert all("% of answer doc kept)" in y for y in named.data[1].y) and named.layout.meta["highlight_name"] == "answer doc"
+    with pytest.raises(ValueError, match="^highlight_name: must be a non-empty text"):
+        plots.kept_positions(res, sp, highlight=[20], highlight_name=" ")
     with pytest.raises(ValueError, match="^highlight: the text does not occur"):
         plots.kept_positions(res, sp, highlight="needle")
     with pytest.raises(ValueError, match="^highlight: positions must be in"):

@@ -1,6 +1,7 @@
 """Named EntroPrefill presets, the trace's warnings when the audit cannot bind, and ``priority_used``."""
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -10,6 +11,7 @@ from test_audit import FAR, SIZES, designed_capture
 from workbench.analyse.params import PRESETS, EntroPrefillParams
 from workbench.analyse.procedure import AuditWarning, trace
 from workbench.run.spans import PromptSpans
+from workbench.show.widgets import AuditPanel
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +64,30 @@ def test_priority_used_is_the_one_the_proposer_ranked_by(spans):
     tr, _ = _trace(cap, streak=1, priority="uniform")
     assert tr.priority_name == "uniform" and tr.priority_used is tr.S
     assert not torch.allclose(tr.priority_used, tr.priorities.S.to(torch.float64))
+
+
+def test_audit_warning_names_the_callers_line(spans):
+    """The warning points at the line that called ``trace`` (this file), not at the package's decorator wrapper
+    (``workbench/util.py``) or the procedure module."""
+    cap = designed_capture(spans, 4, [FAR] * 4)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        trace(cap, EntroPrefillParams(streak=0)); line = sys._getframe().f_lineno  # noqa: E702
+    got = [x for x in w if issubclass(x.category, AuditWarning)]
+    assert len(got) == 1
+    assert (got[0].filename, got[0].lineno) == (__file__, line)
+
+
+
+def test_audit_warning_from_a_panel_slider_names_the_line_that_moved_it(spans):
+    """Through a panel's slider (the panel's callback, then the widget library's observer): the line that set
+    the value, not traitlets nor the panel."""
+    cap = designed_capture(spans, 4, [FAR] * 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        panel = AuditPanel(cap, EntroPrefillParams(streak=1), certify=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        panel.controls["streak"].value = 0; line = sys._getframe().f_lineno  # noqa: E702
+    got = [x for x in w if issubclass(x.category, AuditWarning)]
+    assert got and all((x.filename, x.lineno) == (__file__, line) for x in got)

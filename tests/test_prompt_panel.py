@@ -15,7 +15,7 @@ from workbench.show import plots
 from workbench.show.private_compat import public_only
 from workbench.show.widgets import AuditPanel, CaptureState, HeadsPanel, PagesPanel, PriorityPanel, TokenPanel
 from workbench.study import prompt_panel as pp_mod
-from workbench.study.prompt_panel import PromptPanel, split_documents
+from workbench.study.prompt_panel import PromptPanel, haystack_note, split_documents
 
 DOCS = ["The lighthouse keeper Marla Quint paints the tower red every spring.",
         "Ferries to the island leave twice a day from the north pier.",
@@ -222,6 +222,7 @@ def test_a_ruler_task_at_2k_builds_and_captures(smollm, following):
         assert p.capture is cap
     assert prio.controls["m0"].max == s.k and len(tokens.figures["tokens"].view.tokens) == 384   # the first page
     assert f"answer {item.answers[0]}" in panel.status.value
+    assert haystack_note(panel.prompt, 2048) in panel.status.value  # T beside the haystack length asked
 
 
 def test_prompt_panel_controls_and_its_own_arguments(smollm, following):
@@ -265,3 +266,18 @@ def test_a_panel_that_cannot_show_the_new_capture_is_named_in_the_prompt_panel(s
     assert "shown in 3 of 4 panels" in panel.status.value
     assert "ShiftPanel #3 still shows the previous capture: capture: needs tail and decode rows" in panel.status.value
     assert shift.error.startswith("this panel still shows the previous capture: capture: needs tail and decode rows")
+
+
+def test_the_haystack_length_says_why_T_is_larger(smollm):
+    """"length (tokens) 4096" gave T = 4,341 unexplained: the field is the haystack, its tooltip and the status
+    line say what else the prompt holds, with the numbers of the prompt built."""
+    panel = PromptPanel(smollm, CaptureState(_synthetic([8, 6, 9], L=2)))
+    assert panel.length.description == "haystack (tokens)" and "the prompt's T is larger" in panel.length.tooltip
+    panel.mode.value = "ruler"
+    panel.task.value, panel.length.value = "niah_single", 512
+    prompt, item, _ = panel.build_prompt()
+    docs = sum(e - s for s, e in prompt.spans.documents)
+    assert 500 <= docs <= 512 < prompt.T
+    note = haystack_note(prompt, 512)
+    assert note == (f"T = {prompt.T:,} tokens: {docs:,} in the documents (the haystack, 512 asked) and "
+                    f"{prompt.T - docs:,} of chat template, instruction, separators and question")

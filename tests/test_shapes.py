@@ -1,15 +1,18 @@
-"""Checked shapes (``workbench.shapes``): the shapes a docstring names are the shapes a call is checked
-against, active under pytest, and a wrong shape raises a message naming the argument and the sizes."""
+"""Checked shapes (``workbench.shapes``): the shapes a function's jaxtyping annotations name are the shapes a call
+is checked against, active under pytest, and a wrong shape raises a message naming the argument and the sizes."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import typing
 from dataclasses import dataclass
 from typing import ClassVar
 
+import jaxtyping
 import pytest
 import torch
+from jaxtyping import Float
 
 from workbench import shapes
 from workbench.analyse.audit import audit_bounds
@@ -19,7 +22,7 @@ from workbench.analyse.selection import mass_table
 from workbench.rerun.eviction import Evidence, SnapKV, preview, select_keep
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.run.spans import PromptSpans
-from workbench.shapes import check_shape, documented_shapes, parse_shape, shaped
+from workbench.shapes import annotated_shapes, check_shape, parse_shape, shaped
 
 SHAPED = {
     select_keep: {"scores": [("L", "G", "T")], "protected": [("T",)], "tiebreak": [("L", "G", "T")],
@@ -58,46 +61,58 @@ def test_check_shape_binds_and_names_the_sizes():
         check_shape("x", [1, 2], "T")
 
 
-def test_the_docstring_is_the_contract():
-    """Each checked public function checks exactly the shapes its ``Args:`` section names."""
+def test_the_annotations_are_the_contract():
+    """Each checked public function checks exactly the shapes its jaxtyping annotations name."""
     for fn, want in SHAPED.items():
-        assert documented_shapes(fn) == want, fn.__qualname__
+        assert annotated_shapes(fn) == want, fn.__qualname__
         assert getattr(fn, "__shapes__", None) == want, f"{fn.__qualname__} is not checked under pytest"
-    assert documented_shapes(mass_table) == {"A_rows": [("...", "H", "W", "T"), ("H_Q", "W", "T"),
-                                                        ("L", "H_Q", "W", "T")]}
+    assert annotated_shapes(mass_table) == {"A_rows": [("...", "H", "W", "T")]}
+
+
+def _hints(fn):
+    return typing.get_type_hints(fn, include_extras=True)
+
+
+def test_jaxtyping_reads_the_same_shapes():
+    """The annotations are jaxtyping's own: its public ``isinstance`` accepts a tensor of the annotated shape and
+    dtype and refuses another shape, and inside one ``jaxtyped`` context a dimension binds across arguments."""
+    for fn in SHAPED:
+        for name in SHAPED[fn]:
+            hint = _hints(fn)[name]
+            members = [m for m in typing.get_args(hint) or (hint,) if m is not type(None)]
+            assert all(issubclass(m, jaxtyping.AbstractArray) for m in members), (fn.__qualname__, name)
+    sk = _hints(select_keep)
+    assert isinstance(torch.rand(2, 3, 12), sk["scores"]) and not isinstance(torch.rand(3, 12), sk["scores"])
+    assert isinstance(torch.zeros(12, dtype=torch.bool), sk["protected"])
+    assert not isinstance(torch.zeros(12), sk["protected"])  # a float mask is not the documented bool
+    with jaxtyping.jaxtyped("context"):
+        assert isinstance(torch.rand(2, 3, 12), sk["scores"])
+        assert not isinstance(torch.zeros(10, dtype=torch.bool), sk["protected"])  # T is 12 here
+    om = _hints(envelope)["omega"]
+    assert isinstance(torch.rand(4), om) and isinstance(torch.rand(4, 3), om) and not isinstance(torch.rand(2, 2, 2), om)
+    mt = _hints(mass_table)["A_rows"]
+    assert isinstance(torch.rand(3, 4, 2, 9), mt) and isinstance(torch.rand(4, 2, 9), mt)
 
 
 def test_shaped_refuses_a_function_without_shapes(monkeypatch):
     monkeypatch.setenv(shapes.ENV, "1")
 
-    def f(x):
-        """No shapes.
+    def f(x: int):
+        """No shapes."""
 
-        Args:
-            x: a number.
-        """
-
-    with pytest.raises(TypeError, match="documents no shapes"):
+    with pytest.raises(TypeError, match="annotates no shapes"):
         shaped(f)
 
-    def g(x):
-        """A typo.
+    def g(x) -> Float[torch.Tensor, " T"]:
+        """A shape on the result only: no argument to check."""
 
-        Args:
-            y: ``[T]``.
-        """
-
-    with pytest.raises(TypeError, match=r"unknown arguments \['y'\]"):
+    with pytest.raises(TypeError, match="annotates no shapes"):
         shaped(g)
 
 
 def test_inactive_is_the_function_itself(monkeypatch):
-    def f(x):
-        """Identity.
-
-        Args:
-            x: ``[T]``.
-        """
+    def f(x: Float[torch.Tensor, " T"]):
+        """Identity."""
         return x
 
     monkeypatch.setenv(shapes.ENV, "0")

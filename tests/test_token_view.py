@@ -169,8 +169,8 @@ def test_token_panel_click_sets_the_query_row(syn):
     q = panel.controls["query"].value
     assert int(cap.row_pos[q]) == pos and w.view.meta["query_pos"] == pos and w.meta["query_pos"] == pos
     assert np.allclose(w.view.values, cap.attn[2, 0, q, : sp.T].double().numpy())
-    panel.set(log=True)
-    assert w.view.meta["log"] is True and "log₁₀ A" in w.html
+    panel.set(scale="log")
+    assert w.view.meta["log"] is True and w.view.meta["scale"] == "log" and "log₁₀ A (log scale)" in w.html
     # a token without a captured row: the nearest captured row (the first observer here)
     first = int(cap.row_pos.min())
     assert panel.click(0) == int(np.argmin(cap.row_pos.numpy())) and w.view.meta["query_pos"] == first

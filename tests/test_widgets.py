@@ -4,6 +4,7 @@ once per distinct parameter set; out-of-range values are clamped to valid parame
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -12,9 +13,12 @@ import pytest
 import torch
 
 from workbench.analyse.params import EntroPrefillParams
-from workbench.show import plots
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
+from workbench.show import export, plots
 from workbench.show import widgets as Wd
 from workbench.show.private_compat import public_only
+from workbench.show.widgets.sliders import LABEL_PX, SLIDERS
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -207,7 +211,7 @@ def test_shift_and_pages_panels(smollm_capture):
     # the panel takes the slider path (PageScoreMemo: equal to the direct group scores to float64 rounding,
     # tests/test_pages.py); its figure is the one of that path, and its selection the direct one's here
     fast = PageSelection(b=8, K=5).select(pool.a, pool.w, cap.head_group, 64, memo=PageScoreMemo(pool.a, cap.head_group),
-                                          v=pool.v, zeta=0.7)
+                                          pooling=pool)
     assert torch.equal(fast.selected, pr.selected)
     torch.testing.assert_close(fast.p, pr.p, rtol=1e-12, atol=1e-15)
     assert_shows(pp.figures["pages"], plots.pages(fast, 3, cap.spans))
@@ -334,7 +338,8 @@ def test_eviction_panel_preview_and_cached_runs(tiny, counter):
     kept = select_keep(pol.scores(ev), 25, pol.protected(spans.T))
     prev = panel.analysis()
     assert torch.equal(prev.kept, kept)
-    assert_shows(panel.figures["kept"], plots.kept_positions([prev], spans, highlight=panel.highlight()))
+    assert_shows(panel.figures["kept"], plots.kept_positions([prev], spans, highlight=panel.highlight(),
+                                                             highlight_name="answer doc"))
     panel.set(policy="deferkv", budget=22, defer_lam=0.5)
     assert panel.policy() == DeferKV(n_sink=spans.n_sink, recent=8, window=16, lam=0.5)
 
@@ -769,3 +774,31 @@ def test_a_deaf_figure_gets_its_figure_and_every_change_through_the_bundles_widg
     panel.set(zeta=0.5)
     assert any("_py2js_update" in m["state"] for m in comm)              # the comm again, for p2
     assert any(c.get("relay") == ["p1"] for c, _ in relays)              # and still the relay, for p1
+
+
+def test_sidecar_params_drop_the_float_noise_of_sliders(monkeypatch):
+    """A float slider's value as the sidecar records it: ζ moved to 0.35 is 0.35, not the widget's
+    0.35000000000000003; a log slider's value and one off the step grid keep 12 significant digits (what the
+    panel computed with); ``params()`` stays exact (it rebuilds what was computed)."""
+    cap = Capture.synthetic(PromptSpans.synthetic([8, 6, 9], answer_doc=0), L=3, H_Q=4, G=2, seed=0)
+    panel = Wd.PriorityPanel(cap, layer=1)
+    panel.controls["zeta"].value = 0.35000000000000003
+    panel.controls["tau"].value = 10 ** -0.95
+    p = panel.sidecar_params()
+    assert p["panel"] == "PriorityPanel" and repr(p["zeta"]) == "0.35" and p["tau"] == 0.11220184543
+    assert p["m0"] == panel.controls["m0"].value and '"zeta": 0.35,' in json.dumps(p)
+    assert panel.params()["zeta"] == 0.35000000000000003
+    panel.controls["zeta"].value = 0.604  # set from code: off the 0.01 grid, and used so
+    assert panel.sidecar_params()["zeta"] == 0.604
+    seen = {}
+    monkeypatch.setattr(export, "export_all", lambda figs, folder, **kw: seen.update(kw))
+    panel.export_all("unused")
+    assert seen["params"] == panel.sidecar_params()
+
+
+def test_slider_labels_fit_their_column():
+    """The widget cuts a label wider than its column with "…" (03's saving target, 07's reference row): every
+    slider label fits at 0.62 of the 13 px widget font per character (DejaVu Sans, generous)."""
+    wide = {k: s.label for k, s in SLIDERS.items() if len(s.label) * 0.62 * 13 > LABEL_PX}
+    assert not wide
+

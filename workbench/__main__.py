@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import signal
@@ -18,7 +19,7 @@ from workbench.run.models import default_model_folder, load_model, resolve_devic
 from workbench.study.kv_budget import KV_LADDER, KVPRESS_RATIOS
 from workbench.study.report import ReportConfig, run_report
 from workbench.study.verdicts import plan
-from workbench.util import LockBusy
+from workbench.util import LockBusy, atomic_write_bytes, auto_threads
 
 
 def _prepare(args) -> int:
@@ -122,6 +123,22 @@ def _exit(code: int) -> None:
 
 
 KERNEL = "attn-workbench"  # the kernel every notebook names (installed by ``make setup``)
+#: defaults of the JupyterLab this command starts (an overrides file changes defaults only, a user's settings win):
+#: no news consent toast over the panels on a first visit and no update check (the browser test sets the same);
+#: and a notification for cells run while a notebook's kernel is still starting. JupyterLab drops those cells
+#: (*Run All* pressed at once did nothing, and said nothing); it has no setting that queues them, but this one says
+#: so in a notification that stays until closed.
+LAB_OVERRIDES = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
+                 "@jupyterlab/notebook-extension:tracker": {"enableKernelInitNotification": True}}
+THREADS_ENV = "OMP_NUM_THREADS"
+
+
+def lab_overrides_path() -> Path:
+    """Where JupyterLab reads this command's defaults: ``<app dir>/settings/overrides.d/attn-workbench.json``
+    (the app dir is ``$JUPYTERLAB_DIR``, else this Python's ``share/jupyter/lab``); a file of its own, so the
+    owner's ``overrides.json`` stays untouched."""
+    app = os.environ.get("JUPYTERLAB_DIR") or str(Path(sys.prefix) / "share" / "jupyter" / "lab")
+    return Path(app) / "settings" / "overrides.d" / f"{KERNEL}.json"
 
 
 def lab_command(*, notebook_dir: str = "notebooks", port: int = 8888, ip: str = "127.0.0.1", token: str | None = None,
@@ -130,7 +147,8 @@ def lab_command(*, notebook_dir: str = "notebooks", port: int = 8888, ip: str = 
     else ``$JUPYTER_TOKEN``, else a random one), handed over in ``$JUPYTER_TOKEN`` of that environment, never on
     the command line (which every local user reads with ``ps``; a process's environment only its owner and root
     read); ``--allow-root`` when the user id is 0 (a container), since Jupyter refuses root otherwise. The token
-    is URL-encoded in the URL."""
+    is URL-encoded in the URL. ``$OMP_NUM_THREADS`` (the kernels' torch threads) is the user's, else the cores the
+    1-minute load leaves free (:func:`workbench.util.auto_threads`)."""
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise ValueError(f"port: must be an integer in [1, 65535], got {port!r}")
     token = token or os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(16)
@@ -141,6 +159,9 @@ def lab_command(*, notebook_dir: str = "notebooks", port: int = 8888, ip: str = 
         cmd.append("--allow-root")
     env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN_FILE"}  # the file would not win over ours
     env["JUPYTER_TOKEN"] = token
+    # torch's default of one thread per core spin-waits on a shared CPU (notebooks/README.md): the kernels get
+    # the cores the load leaves free now, unless the user chose
+    env.setdefault(THREADS_ENV, str(auto_threads()))
     host = "127.0.0.1" if ip in ("0.0.0.0", "*", "") else ip
     return cmd, f"http://{host}:{port}/lab?token={urllib.parse.quote(token, safe='')}", env
 
@@ -185,10 +206,24 @@ def _lab(args) -> int:
         return 2
     ok = kernel_installed()
     print(f"kernel {KERNEL}: {'installed' if ok else 'MISSING (run make setup)'}")
-    print(f"JupyterLab: {url}", flush=True)
+    mine = os.environ.get(THREADS_ENV) == env[THREADS_ENV]
+    print(f"torch threads: {THREADS_ENV}={env[THREADS_ENV]} " + (
+        "(yours)" if mine else "(the cores the load leaves free; set OMP_NUM_THREADS to choose, 1 on a shared CPU)"))
+    path = lab_overrides_path()
     if args.dry_run:
+        print(f"JupyterLab: {url}", flush=True)
+        print(f"would write {path} (no news toast, no update check)")
         print(" ".join(cmd))
         return 0 if ok else 1
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, (json.dumps(LAB_OVERRIDES, indent=1) + "\n").encode())
+        print(f"JupyterLab defaults: {path} (no news toast, no update check; cells run before the kernel is "
+              "ready are refused with a notification)")
+    except OSError as e:  # a read-only prefix: the lab still starts, with its own defaults
+        print(f"JupyterLab defaults: not written ({e.strerror or e}); the news toast may show on a first visit",
+              file=sys.stderr)
+    print(f"JupyterLab: {url}", flush=True)
     os.execve(cmd[0], cmd, env)
     return 0  # pragma: no cover - execv does not return
 

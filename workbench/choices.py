@@ -11,7 +11,8 @@ __all__ = ["AuditMode", "Priority", "PolicyName", "Pooling", "H2ONormalise", "He
            "Device", "RowDtype", "SyntheticStructure", "ROW_DTYPES", "SYNTHETIC_STRUCTURES",
            "AUDIT_MODES", "PRIORITIES", "POLICY_NAMES", "HEAD_QUANTITIES", "ROW_KINDS", "SHIFT_LEVELS",
            "MethodName", "ReportData", "ExportFormat", "WidthPreset", "POOLINGS", "H2O_NORMALISES", "METHOD_NAMES",
-           "REPORT_DATA", "EXPORT_FORMATS", "WIDTH_PRESETS", "PresetName", "PRESET_NAMES", "QueryMode", "QUERY_MODES"]
+           "REPORT_DATA", "EXPORT_FORMATS", "WIDTH_PRESETS", "PresetName", "PRESET_NAMES", "QueryMode", "QUERY_MODES",
+           "ColourScale", "COLOUR_SCALES"]
 
 AuditMode = Literal["sampled", "exact"]
 """SPEC §6: a sampled audit with its Hoeffding radius, or the exact finite population (``b = 0``)."""
@@ -59,6 +60,9 @@ ExportFormat = Literal["pdf", "svg", "png"]
 
 PresetName = Literal["paper", "loose", "strict"]
 """EntroPrefill's named settings (``analyse.params.PRESETS``)."""
+ColourScale = Literal["linear", "log", "quantile"]
+"""How a heatmap or token view maps values to colours: linearly, by ``log10``, or by rank (each colour an equal
+share of the cells shown)."""
 WidthPreset = Literal["single", "double"]
 """Paper column widths of ``show.export`` (3.33 in, 7.0 in)."""
 
@@ -78,6 +82,7 @@ QueryMode = Literal["aware", "agnostic"]
 or compresses the context alone and reads the question from the compressed cache (``agnostic``, kvpress's default)."""
 QUERY_MODES: tuple[str, ...] = get_args(QueryMode)
 REPORT_DATA: tuple[str, ...] = get_args(ReportData)
+COLOUR_SCALES: tuple[str, ...] = get_args(ColourScale)
 PRESET_NAMES: tuple[str, ...] = get_args(PresetName)
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 WIDTH_PRESETS: tuple[str, ...] = get_args(WidthPreset)

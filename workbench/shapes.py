@@ -1,12 +1,12 @@
-"""Checked tensor shapes: the ``[layers, heads, rows, keys]``-style shapes a docstring names, enforced.
+"""Checked tensor shapes: the ``[layers, heads, rows, keys]``-style shapes a signature names, enforced.
 
 :func:`check_shape` checks one tensor against a shape such as ``"L, G, T"`` (or ``"..., H, W, T"``), binding
 each named dimension on first sight so that the same letter means the same size across arguments.
-:func:`shaped` decorates a public function whose ``Args:`` section names its shapes in double backticks
-(``scores: float ``[L, G, T]``.``): every documented tensor argument is checked against it (an argument
-given ``None`` is skipped; several bracketed shapes in one description are alternatives, the first that
-fits wins). A wrong shape raises ``ValueError`` naming the argument, the documented shape with the sizes
-already bound, and the shape it got::
+:func:`shaped` decorates a public function whose tensor arguments carry jaxtyping annotations
+(``scores: Float[Tensor, "L G T"]``): every annotated tensor argument is checked against its shape (an
+argument given ``None`` is skipped; a union of several shapes lists alternatives, the first that fits wins).
+jaxtyping says what the shapes are (editors and type checkers read them); the check here keeps one message
+for every wrong shape, naming the argument, the shape with the sizes already bound, and the shape it got::
 
     protected: must have shape [T] = [12] (T from scores), got [10]
 
@@ -21,16 +21,18 @@ import inspect
 import os
 import re
 import sys
+import types
+import typing
 from typing import Callable, TypeVar
 
-__all__ = ["ENV", "shapes_active", "parse_shape", "check_shape", "documented_shapes", "shaped"]
+from jaxtyping import AbstractArray
+
+__all__ = ["ENV", "shapes_active", "parse_shape", "check_shape", "annotated_shapes", "shaped"]
 
 ENV = "WORKBENCH_CHECK_SHAPES"
 F = TypeVar("F", bound=Callable)
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_']*$")
-_ARG = re.compile(r"^(\s+)([A-Za-z_][\w, ]*?):\s(.*)$")
-_SHAPE = re.compile(r"``\[([^\[\]`]*)\]``")
 
 
 def shapes_active() -> bool:
@@ -130,56 +132,34 @@ def check_shape(name: str, x, shape, bound: dict | None = None, *, source: dict 
     raise ValueError(f"{name}: must have shape {want}{why}, got {list(got)}")
 
 
-def documented_shapes(fn: Callable) -> dict[str, list[tuple[str, ...]]]:
-    """``{argument: [shape, ...]}`` from the ``Args:`` section of ``fn``'s docstring: every double-backticked
-    ``[...]`` in an argument's description (its continuation lines included). ``a, b: ...`` documents both."""
-    doc = inspect.getdoc(fn) or ""
-    lines = doc.splitlines()
-    try:
-        start = next(i for i, ln in enumerate(lines) if ln.strip() == "Args:")
-    except StopIteration:
-        return {}
+def annotated_shapes(fn: Callable) -> dict[str, list[tuple[str, ...]]]:
+    """``{argument: [shape, ...]}`` from ``fn``'s jaxtyping annotations (``scores: Float[Tensor, "L G T"]``): the
+    dimensions of every :class:`jaxtyping.AbstractArray` an argument's annotation names, several for a union
+    (``Float[Tensor, "H_Q"] | Float[Tensor, "H_Q W"]``: alternatives, the first that fits wins); ``None`` in a
+    union makes the argument optional. The return annotation is not an argument."""
+    hints = typing.get_type_hints(fn, include_extras=True)
     out: dict[str, list[tuple[str, ...]]] = {}
-    cur: list[str] = []
-    indent = None
-    text = ""
-
-    def flush():
-        if cur:
-            for a in cur:
-                shapes = [parse_shape(m) for m in _SHAPE.findall(text)]
-                if shapes:
-                    out[a] = shapes
-
-    for ln in lines[start + 1:]:
-        if ln.strip() == "":
+    for name, hint in hints.items():
+        if name == "return":
             continue
-        lead = len(ln) - len(ln.lstrip())
-        if lead == 0:
-            break  # the next section (Returns:, ...)
-        m = _ARG.match(ln)
-        if m and (indent is None or len(m.group(1)) == indent):
-            flush()
-            indent = len(m.group(1))
-            cur = [a.strip() for a in m.group(2).split(",")]
-            text = m.group(3)
-        else:
-            text += " " + ln.strip()
-    flush()
+        members = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is \
+            typing.Union else (hint,)
+        shapes = [parse_shape(", ".join(m.dim_str.split())) for m in members
+                  if isinstance(m, type) and issubclass(m, AbstractArray)]
+        if shapes:
+            out[name] = shapes
     return out
 
 
 def shaped(fn: F) -> F:
-    """Check the shapes ``fn``'s docstring names for its tensor arguments, on every call (see the module
-    docstring); a no-op when :func:`shapes_active` is false at decoration time."""
+    """Check the shapes ``fn``'s jaxtyping annotations name for its tensor arguments, on every call (see the
+    module docstring); a no-op when :func:`shapes_active` is false at decoration time."""
     if not shapes_active():
         return fn
-    specs = documented_shapes(fn)
+    specs = annotated_shapes(fn)
     sig = inspect.signature(fn)
-    missing = [a for a in specs if a not in sig.parameters]
-    if not specs or missing:
-        raise TypeError(f"shaped: {fn.__qualname__} documents no shapes" if not specs else
-                        f"shaped: {fn.__qualname__} documents shapes of unknown arguments {missing}")
+    if not specs:
+        raise TypeError(f"shaped: {fn.__qualname__} annotates no shapes (jaxtyping, e.g. Float[Tensor, \"L G T\"])")
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

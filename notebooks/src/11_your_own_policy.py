@@ -59,7 +59,8 @@ contract
 # ## Its kept tokens beside DeferKV's
 #
 # A RULER-style needle (a "magic number" hidden in repeated filler, `workbench.study.ruler`) of about 512
-# tokens, both policies at `B = 25 %` of the prompt. The token view shades the first decode step's attention
+# tokens, both policies at `B = 25 %` of the prompt, answers as long as the task's own decode length
+# (`wb.tasks.max_new_tokens_for`: the model prefaces the number with a sentence, so 12 tokens stop before it). The token view shades the first decode step's attention
 # (KV group 0, middle layer) and strikes through what each policy evicted there.
 
 # %%
@@ -70,7 +71,8 @@ prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
 B = math.ceil(0.25 * prompt.T)
 needle = wb.token_positions(prompt, lm.tokenizer, item.answers[0])
 mine, defer = MeanKey(), wb.policies.DeferKV()
-results = wb.run_policies(lm, prompt, [wb.policies.FullCache(), mine, defer], budgets=[B], max_new_tokens=12,
+n_new = wb.tasks.max_new_tokens_for(item.task)
+results = wb.run_policies(lm, prompt, [wb.policies.FullCache(), mine, defer], budgets=[B], max_new_tokens=n_new,
                           progress=False)
 kept = wb.survival_table(results, needle, answer=item.answers[0])
 print(f"T = {prompt.T}, B = {B}; the answer {item.answers[0]!r} at positions {needle[0]}…{needle[-1]}")
@@ -95,10 +97,11 @@ wb.plots.token_attention(cap, cap.L // 2, query=row, group=0, removed=by_name["d
 #
 # The eviction panel lists the registered policy in its group (`attention-free · mean-key`) beside every
 # built-in. MeanKey scores from the cache's keys, which a capture does not hold, so the panel has no preview
-# for it: the run button prefills once and generates under the chosen policy and budget.
+# for it: the run button prefills once and generates under the chosen policy and budget, and the kept figure
+# then shows the run's own kept set.
 
 # %%
-panel = wb.widgets.EvictionPanel(cap, lm, prompt, policy="mean-key", budget=B, max_new_tokens=12)
+panel = wb.widgets.EvictionPanel(cap, lm, prompt, policy="mean-key", budget=B, max_new_tokens=n_new)
 panel.widget
 
 # %% [markdown]
@@ -142,7 +145,8 @@ else:
     from workbench.interop.kvpress import from_press  # an optional extra: not a flat name
 
     wrapped = from_press(KnormPress())
-    press_results = wb.run_policies(lm, prompt, [mine, defer, wrapped], budgets=[B], max_new_tokens=12, progress=False)
+    press_results = wb.run_policies(lm, prompt, [mine, defer, wrapped], budgets=[B], max_new_tokens=n_new,
+                                    progress=False)
     print(wb.survival_table(press_results, needle, answer=item.answers[0]).to_string())
 
 # %% [markdown]
@@ -165,6 +169,7 @@ mean_kept = dict(zip(kept.policy, kept.kept_mean))
 print(f"share of the needle's tokens kept at B = {B} of T = {T}: "
       + ", ".join(f"{p} {v:.3f}" for p, v in mean_kept.items()))
 assert mean_kept["full"] == 1.0
+assert kept.loc[kept.policy == "full", "correct"].all(), kept.answer.tolist()   # the reference holds the number
 ev = study[study["method"] == "evict"]
 assert len(study) == len(items) * 4 and study["error"].isna().all()
 assert sorted(ev["p_policy"].unique()) == ["deferkv", "mean-key", "snapkv"]

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Bool, Float
 
 from workbench.analyse.rows import check_rows
-from workbench.checks import check_int
+from workbench.checks import Interval, check_fields, check_int, optional
 from workbench.choices import AuditMode
 from workbench.constraints import PARAMS
 from workbench.shapes import shaped
@@ -31,6 +32,34 @@ def hoeffding_b(m_a: int, delta: float, J: int, H_Q: int) -> float:
     check_int("H_Q", H_Q, 1)
     PARAMS["delta"].check("delta", delta)
     return math.sqrt(math.log(J * H_Q / delta) / (2.0 * m_a))
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """How to audit (SPEC §6): the configuration :func:`audit_bounds` and :func:`audit_from_rows` share.
+
+    Attributes:
+        mode: ``"sampled"`` (i.i.d. sample of ``m_a`` rows, seed ``seed``; Hoeffding radius ``b``) or
+            ``"exact"`` (mean over all ``n_pop`` rows, ``b = 0``; ``m_a`` and ``seed`` ignored).
+        m_a: sample size (sampled mode), int ``>= 1``.
+        delta: total failure probability ``δ`` in (0, 1); each head fails with prob ``<= δ/(J H_Q)``.
+        J: number of monitored layers ``|ℒ|``, int ``>= 1``.
+        seed: sampling seed, fixed in advance (the same sample at every layer).
+        eps_audit: optional tolerance in (0, 1]; if given, per-head pass iff ``bound <= eps_audit``.
+    """
+
+    mode: AuditMode = "exact"
+    m_a: int = 32
+    delta: float = 0.05
+    J: int = 1
+    seed: int = 0
+    eps_audit: float | None = None
+
+    def __post_init__(self):
+        # the exact audit reads neither the sample size nor the seed: they are checked only where they are used
+        check_fields(self, {"mode": PARAMS["audit_mode"], "delta": PARAMS["delta"], "J": Interval("int", 1),
+                            "eps_audit": optional(PARAMS["eps_audit"]),
+                            **({"m_a": PARAMS["m_a"], "seed": PARAMS["seed"]} if self.mode == "sampled" else {})})
 
 
 @dataclass
@@ -89,30 +118,15 @@ def audit_sample(n_pop: int, m_a: int, seed: int) -> torch.Tensor:
 
 
 @shaped
-def audit_bounds(
-    A_audit: torch.Tensor,
-    removed: torch.Tensor,
-    mode: AuditMode = "exact",
-    m_a: int = 32,
-    delta: float = 0.05,
-    J: int = 1,
-    seed: int = 0,
-    *,
-    eps_audit: float | None = None,
-) -> AuditResult:
+def audit_bounds(A_audit: Float[torch.Tensor, "H_Q n_pop T"], removed: Bool[torch.Tensor, " T"],
+                 config: AuditConfig = AuditConfig()) -> AuditResult:
     """Per-head audit bound of the discarded mass of ``removed`` (SPEC §6).
 
     Args:
         A_audit: float ``[H_Q, n_pop, T]`` audit population rows over the prompt keys; ``ν`` is uniform
             over the ``n_pop`` rows.
         removed: bool ``[T]`` token mask of ``E_l``.
-        mode: ``"sampled"`` (i.i.d. sample of ``m_a`` rows, seed ``seed``; Hoeffding radius ``b``) or
-            ``"exact"`` (mean over all ``n_pop`` rows, ``b = 0``; ``m_a`` ignored).
-        m_a: sample size (sampled mode), int ``>= 1``.
-        delta: total failure probability ``δ`` in (0, 1); each head fails with prob ``<= δ/(J H_Q)``.
-        J: number of monitored layers ``|ℒ|``.
-        seed: sampling seed, fixed in advance (the same sample at every layer).
-        eps_audit: optional tolerance; if given, per-head pass iff ``bound <= eps_audit``.
+        config: the audit's mode, sample size, ``δ``, ``J``, seed and tolerance (:class:`AuditConfig`).
 
     Returns:
         ``AuditResult``.
@@ -127,35 +141,23 @@ def audit_bounds(
     if removed.shape != (T,):
         raise ValueError(f"removed: must be a bool mask of shape [T] = [{T}], got {tuple(removed.shape)}")
     eta_rows = (A_audit.to(torch.float64) * removed.to(torch.float64)).sum(-1)  # [H_Q, n_pop]
-    return audit_from_rows(eta_rows, mode, m_a, delta, J, seed, eps_audit=eps_audit)  # validates the rest
+    return audit_from_rows(eta_rows, config)
 
 
-def audit_from_rows(
-    eta_rows: torch.Tensor,
-    mode: AuditMode = "exact",
-    m_a: int = 32,
-    delta: float = 0.05,
-    J: int = 1,
-    seed: int = 0,
-    *,
-    eps_audit: float | None = None,
-) -> AuditResult:
+def audit_from_rows(eta_rows: torch.Tensor, config: AuditConfig = AuditConfig()) -> AuditResult:
     """:func:`audit_bounds` from the discarded mass of every audit row, ``eta_rows [H_Q, n_pop]`` float64
     (``A^{l,h}_{U}(E)`` for each row ``U`` of the population)."""
-    PARAMS["audit_mode"].check("mode", mode)
+    if not isinstance(config, AuditConfig):
+        raise ValueError(f"config: must be an AuditConfig, got {type(config).__name__}")
+    mode, m_a, delta, J, seed, eps_audit = (config.mode, config.m_a, config.delta, config.J, config.seed,
+                                            config.eps_audit)
     H_Q, n_pop = eta_rows.shape
-    PARAMS["delta"].check("delta", delta)
-    check_int("J", J, 1)
-    if eps_audit is not None:
-        PARAMS["eps_audit"].check("eps_audit", eps_audit)
     if mode == "exact":
         eta = eta_rows.mean(-1)
         b = 0.0
         sample = None
         m_used = n_pop
     else:
-        PARAMS["m_a"].check("m_a", m_a)
-        PARAMS["seed"].check("seed", seed)
         sample = audit_sample(n_pop, m_a, seed)
         eta = eta_rows[:, sample].mean(-1)
         b = hoeffding_b(int(m_a), float(delta), int(J), int(H_Q))

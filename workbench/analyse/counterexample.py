@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from workbench.analyse.audit import AuditResult, audit_bounds
+from workbench.analyse.audit import AuditConfig, AuditResult, audit_bounds
 from workbench.checks import Interval, check_fields
 from workbench.constraints import checked, shared
 
@@ -145,7 +145,7 @@ class ShallowCounterexample:
                 if (p, run) == ("A", "full"):
                     deep = a2
         shallow = self.shallow_row(x["A"], w)
-        audit = audit_bounds(shallow[None, None, :], self.removed, mode="exact", eps_audit=self.eps_audit)
+        audit = audit_bounds(shallow[None, None, :], self.removed, AuditConfig("exact", eps_audit=self.eps_audit))
         errors = tuple(abs(float(logits[p, "full"][0] - logits[p, "reduced"][0])) for p in PROMPTS)
         return CounterexampleResult(
             construction=self, shallow=shallow, shallow_b=self.shallow_row(x["B"], w), deep=deep, logits=logits,

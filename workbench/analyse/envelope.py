@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from workbench.analyse.rows import check_rows
@@ -119,8 +120,9 @@ class EnvelopeResult:
 
 
 @shaped
-def envelope(A_rows: Tensor, mu: Tensor, omega: Tensor, removed: Tensor, *, atol: float = 1e-6,
-             layer: int | None = None) -> EnvelopeResult:
+def envelope(A_rows: Float[Tensor, "H_Q W T"], mu: Float[Tensor, " T"],
+             omega: Float[Tensor, " H_Q"] | Float[Tensor, "H_Q W"], removed: Bool[Tensor, " T"], *,
+             atol: float = 1e-6, layer: int | None = None) -> EnvelopeResult:
     """Deletion envelope of every constraint row of one layer (SPEC §4).
 
     Args:
@@ -192,7 +194,8 @@ def output_bound(eta, V):
 
 
 @shaped
-def output_shift(a: Tensor, values: Tensor, removed: Tensor) -> tuple[Tensor, Tensor, float, float]:
+def output_shift(a: Float[Tensor, " T"], values: Float[Tensor, "T d"],
+                 removed: Bool[Tensor, " T"]) -> tuple[Tensor, Tensor, float, float]:
     """Actual output change of one attention row under removal (SPEC §4 output bound).
 
     Args:

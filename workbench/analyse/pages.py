@@ -18,14 +18,16 @@ group weights ``w_h`` (SPEC §2, :class:`~workbench.analyse.pooling.HeadPooling`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
-from workbench.analyse.pooling import group_onehot
+from workbench.analyse.pooling import PoolingResult, group_onehot
 from workbench.analyse.ranking import topk_mask
 from workbench.checks import Interval, check_fields, check_int
 from workbench.constraints import PARAMS, checked, shared
@@ -137,7 +139,9 @@ def page_union(selected: Tensor) -> Tensor:
 
 def page_token_mask(selected: Tensor, b: int, T: int) -> Tensor:
     """Token mask of the selected pages: bool ``[..., T]`` from ``selected [..., N_P]``."""
-    return selected.repeat_interleave(b, dim=-1)[..., :T]
+    # numpy's repeat: torch's repeat_interleave of a bool [G, N_P] took 15–40 ms at T = 33k (a slider move's share)
+    out = np.repeat(selected.cpu().numpy(), b, axis=-1)[..., :T]
+    return torch.from_numpy(np.ascontiguousarray(out)).to(selected.device)
 
 
 def _page_lengths(N_P: int, b: int, T: int) -> Tensor:
@@ -193,6 +197,8 @@ class PageScoreMemo:
         self._S: Tensor | None = None
         self._V: dict = {}
         self._uor: dict = {}
+        self._last: tuple | None = None  # ((v key, ζ), p) of the last scores
+        self._importance: dict = {}  # b → page importance of that p
 
     def _group_sum(self, weights: Tensor) -> Tensor:
         """``Σ_{h∈ℋ_g} weights_{l,h} a^h_j`` as float64 ``[L, G, T]`` (one layer at a time: no ``[L, H, T]`` copy)."""
@@ -209,11 +215,24 @@ class PageScoreMemo:
         if self._S is None:
             r_h = self.onehot.sum(0) @ self.onehot.T  # [H_Q]
             self._S = self._group_sum((1.0 / r_h).expand(self.a.shape[0], -1))
+        if self._last is not None and self._last[0] == (key, zeta):  # a K or page-size move: the same p
+            return self._last[1]
         if key not in self._V:
             self._V[key] = self._group_sum(v)
             while len(self._V) > self.keep:
                 self._V.pop(next(iter(self._V)))
-        return torch.mul(self._S, zeta).add_(self._V[key], alpha=1.0 - zeta)  # one pass, one allocation
+        p = torch.mul(self._S, zeta).add_(self._V[key], alpha=1.0 - zeta)  # one pass, one allocation
+        self._last, self._importance = ((key, zeta), p), {}
+        return p
+
+    def importance(self, p: Tensor, b: int) -> Tensor:
+        """:func:`page_importance` of the last :meth:`scores` ``p`` (memoised per page size ``b``: a K move
+        re-ranks the pages without re-reading ``p``)."""
+        if self._last is None or p is not self._last[1]:
+            return page_importance(p, b)
+        if b not in self._importance:
+            self._importance[b] = page_importance(p, b)
+        return self._importance[b]
 
     def uor(self, s: int) -> Tensor:
         """``UOR_g`` float64 ``[L, G]`` of :func:`union_over_retained` (memoised per ``s``)."""
@@ -314,7 +333,7 @@ class PageSelection:
         check_fields(self)
 
     def select(self, a: Tensor, w: Tensor, head_group: Tensor, d: int, *, memo: PageScoreMemo | None = None,
-               v: Tensor | None = None, zeta: float | None = None) -> PageResult:
+               pooling: PoolingResult | None = None) -> PageResult:
         """Select the top-``K`` pages of every layer and KV group.
 
         Args:
@@ -322,9 +341,11 @@ class PageSelection:
             w: float ``[L, H_Q]`` head weights ``w_h`` (SPEC §2; sum to 1 within each group).
             head_group: int ``[H_Q]``, ``g(h)``.
             d: head dim (for the byte counts).
-            memo: a :class:`PageScoreMemo` of ``a`` (the slider path): with ``v`` (the within-group softmax
-                that made ``w``) and ``zeta`` the group scores and ``UOR`` come from it (equal to the direct
-                computation up to float64 rounding).
+            memo: a :class:`PageScoreMemo` of ``a`` (the slider path): with ``pooling``, the
+                :class:`~workbench.analyse.pooling.PoolingResult` that made ``a`` and ``w`` (its within-group
+                softmax ``v`` and its ``ζ``), the group scores and ``UOR`` come from it (equal to the direct
+                computation up to float64 rounding). ``ζ`` is read from the pooling, so it cannot disagree
+                with the ``w`` it made.
         """
         a = torch.as_tensor(a)
         w = torch.as_tensor(w)
@@ -332,13 +353,17 @@ class PageSelection:
             raise ValueError(f"a: must have shape [L, H, T], got {list(a.shape)}")
         L, H, T = a.shape
         if memo is not None:
-            if memo.a is not a or v is None or zeta is None:
-                raise ValueError("memo: must be a PageScoreMemo of this `a`, given with `v` and `zeta`")
-            p = memo.scores(v, float(zeta))
+            if memo.a is not a or pooling is None or pooling.a is not a or pooling.w is not w:
+                raise ValueError("memo: must be a PageScoreMemo of this `a`, given with the pooling "
+                                 "(PoolingResult) that made `a` and `w`")
+            if not math.isfinite(pooling.zeta):
+                raise ValueError(f"pooling: must know the zeta that made it (HeadPooling.pool), got zeta = "
+                                 f"{pooling.zeta}")
+            p = memo.scores(pooling.v, pooling.zeta)
         else:
             p = group_scores(a, w, head_group)
         G = p.shape[1]
-        I = page_importance(p, self.b)
+        I = memo.importance(p, self.b) if memo is not None else page_importance(p, self.b)
         sel = top_pages(I, self.K)
         K_lg = sel.sum(-1)
         U = page_union(sel)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from workbench.analyse.rows import check_capture_rows, check_rows
@@ -326,7 +327,8 @@ class HeadPooling:
         check_fields(self)
 
     @shaped
-    def pool(self, A_obs: Tensor, head_group: Tensor, n_sink: int, *, _stats=None, _va: dict | None = None) -> PoolingResult:
+    def pool(self, A_obs: Float[Tensor, "L H_Q W T"], head_group: Int[Tensor, " H_Q"], n_sink: int, *, _stats=None,
+             _va: dict | None = None) -> PoolingResult:
         """Pool the observer rows of every layer (SPEC §2).
 
         Computes ``a``, ``z``, ``C``, ``H``, the within-group softmax ``v`` **[reconstructed]**

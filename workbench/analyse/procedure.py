@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,13 +16,13 @@ import pandas as pd
 import torch
 
 from workbench.analyse import priorities as P
-from workbench.analyse.audit import NO_LAYER_CAN_PASS, audit_from_rows, hoeffding_b
+from workbench.analyse.audit import NO_LAYER_CAN_PASS, AuditConfig, audit_from_rows, hoeffding_b
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import PoolingCache
 from workbench.analyse.rows import check_capture_rows
 from workbench.analyse.selection import SelectionResult, mass_table
 from workbench.checks import check_int
-from workbench.util import single_threaded
+from workbench.util import single_threaded, warn_at_caller
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -55,7 +54,7 @@ class AuditWarning(UserWarning):
 
 
 def _warn_unbound(msg: str) -> None:
-    warnings.warn(msg, AuditWarning, stacklevel=3)
+    warn_at_caller(msg, AuditWarning)
 
 
 @dataclass
@@ -251,6 +250,9 @@ def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify
     L, H_Q, k = capture.L, capture.H_Q, spans.k
     layers = params.monitored_layers(L)
     J = len(layers)
+    # one audit configuration for every monitored layer (the same sample, δ split over the J layers)
+    audit_config = AuditConfig(params.audit_mode, params.m_a, params.delta, J, params.seed,
+                               params.eps_audit) if J else None
     notes: list[str] = []
     b = 0.0
     if params.audit_mode == "sampled":
@@ -354,8 +356,7 @@ def trace(capture: Capture, params: EntroPrefillParams | None = None, *, certify
                 rec.update(status="no_audit", decision=f"continue: no audit rows, {NO_LAYER_CAN_PASS}")
             else:
                 eta_rows = A_aud[l][:, :, list(res.removed)].sum(-1)  # [H_Q, n_pop]: A_U(E_l) per audit row
-                au = audit_from_rows(eta_rows, params.audit_mode, params.m_a, params.delta, J, params.seed,
-                                     eps_audit=params.eps_audit)
+                au = audit_from_rows(eta_rows, audit_config)
                 audits[l] = au
                 rec.update(audited=True, max_audit_bound=au.max_bound, passed=au.passed)
                 if au.passed:

@@ -30,6 +30,7 @@ from typing import ClassVar
 import numpy as np
 import pandas as pd
 import torch
+from jaxtyping import Float
 
 from workbench.analyse.lp import highs_row_duals
 from workbench.analyse.priorities import chunk_sums_idx, take_last
@@ -49,7 +50,7 @@ def _np(x, dtype=np.float64) -> np.ndarray:
 
 
 @shaped
-def mass_table(A_rows: torch.Tensor, spans) -> torch.Tensor:
+def mass_table(A_rows: Float[torch.Tensor, "... H W T"], spans) -> torch.Tensor:
     """Row–chunk mass table ``m_ai = A^{l,h}_u(c_i)``.
 
     Args:

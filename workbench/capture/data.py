@@ -91,6 +91,11 @@ def _check_version(version, where: str) -> None:
                          "by a newer attn-workbench: upgrade to read it")
 
 
+def config_fingerprint(model_id: str) -> str:
+    """The ``(type, L=…, H_Q=…, G=…, d=…)`` part of a model identity (``""`` when absent)."""
+    at = model_id.rfind(" (")
+    return model_id[at + 1:] if at >= 0 and model_id.endswith(")") else ""
+
 
 @dataclass
 class Capture:
@@ -127,6 +132,18 @@ class Capture:
     generated_ids: list[int] = field(default_factory=list)
     learned_sink: torch.Tensor | None = None
     _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def head_dim(self) -> int | None:
+        """The head dimension ``d`` of the model that made the capture (what KV byte counts read): the model
+        config's, recorded by ``run_capture`` in ``params["head_dim"]``; else the ``d=`` of the config fingerprint
+        at the end of ``model_id`` (captures saved without the key), never a ``d=`` in the model's name or path,
+        which may say anything; ``None`` when neither is known (a synthetic capture: no model)."""
+        d = self.params.get("head_dim")
+        if d is not None:
+            return int(d)
+        m = re.search(r"\bd=(\d+)\)$", config_fingerprint(self.model_id))
+        return int(m.group(1)) if m else None
 
     def cached(self, key, fn):
         """Memoise a parameter-free derived quantity of this capture (what sliders reuse).

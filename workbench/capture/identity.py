@@ -15,18 +15,13 @@ few microseconds: the fingerprint samples the vocabulary, it does not hash it.
 """
 from __future__ import annotations
 
+from workbench.capture.data import config_fingerprint
 from workbench.capture.hooks import model_identity
 from workbench.checks import check_bool
 from workbench.run import adapter
 from workbench.run.prompt import TOKENIZER_KEY, tokenizer_fingerprint
 
 __all__ = ["check_model_match", "config_fingerprint"]
-
-
-def config_fingerprint(model_id: str) -> str:
-    """The ``(type, L=…, H_Q=…, G=…, d=…)`` part of a model identity (``""`` when absent)."""
-    at = model_id.rfind(" (")
-    return model_id[at + 1:] if at >= 0 and model_id.endswith(")") else ""
 
 
 def check_model_match(model, tokenizer, prompt, *, allow_foreign: bool = False) -> None:

@@ -17,7 +17,7 @@ from workbench.constraints import PARAMS
 from workbench.rerun.eviction.policies.deferkv import DeferKV
 from workbench.util import atomic_write_bytes
 
-__all__ = ["Symbol", "SYMBOLS", "CONTROLS", "tooltip", "markdown", "write_markdown", "DOC_PATH"]
+__all__ = ["Symbol", "SYMBOLS", "CONTROLS", "tooltip", "symbol", "markdown", "write_markdown", "DOC_PATH"]
 
 OWNERS = (ShallowCounterexample, DeferKV)  # importing them registers the qualified keys named below
 
@@ -60,8 +60,8 @@ SYMBOLS: tuple[Symbol, ...] = (
     Symbol("𝒬_p, W_p", "proposal observers", "the W_p positions at the end of the user query whose attention "
            "proposes the removal; a^{l,h}_j their mean attention", "§0", param="W_p"),
     Symbol("A^{l,h}_{u,j}", "attention", "the softmax probability of query u on key j in layer l, head h, as the "
-           "model computes it; the token view shades each token by one row of it (or its log₁₀)", "§0",
-           range="[0, 1]", controls=("source", "query", "log")),
+           "model computes it; the token view shades each token by one row of it, on a linear, log₁₀ or quantile "
+           "colour scale (by default quantile from 2,048 tokens, else linear)", "§0", range="[0, 1]", controls=("source", "query", "scale")),
     # ---- pooling (§2)
     Symbol("z_h", "residual mass", "a head's attention mass off the sinks; invalid when z_h ≤ ρ_min", "§2",
            range="[0, 1]"),
@@ -174,6 +174,16 @@ def tooltip(control: str) -> str:
             return _VIEW_HELP[control]
         raise ValueError(f"control: not in the notation table, got {control!r}; known: {sorted(CONTROLS)}")
     return f"{s.symbol} ({s.name}): {s.meaning}. SPEC {s.spec}; allowed: {s.allowed()}"
+
+
+def symbol(name: str) -> str:
+    """The symbol a reader knows the control or parameter ``name`` by, as its slider shows it (``eps_audit`` →
+    ``ε_audit``, ``lam`` → ``λ``, ``m0`` → ``m₀``): the table's first symbol, without its gloss; ``name``
+    itself when the table has none."""
+    s = CONTROLS.get(name)
+    if s is None:
+        return name
+    return s.symbol.split(",")[0].split(" (")[0].strip()
 
 
 def markdown() -> str:

@@ -8,9 +8,10 @@ a single column. The rules, on a figure dict whose fonts are already scaled to t
 - **Title**: dropped by default (the caption lives in the paper), the top margin shrinks to what the
   top tick label needs. Kept (``title=True``): wrapped to the width and placed in the container above
   everything else, its height added to the top margin.
-- **Legend**: above the plot area, horizontal, left-aligned (plotly wraps its entries to the width
-  and pushes the top margin), so it never meets the x-axis titles below nor the y-axis titles at the
+- **Legend**: above the plot area, horizontal, left-aligned (plotly wraps its entries to the plot's width, what
+  the colour bars leave: ``plot_room``), so it never meets the x-axis titles below nor the y-axis titles at the
   side, nor a colour bar on the right.
+- **Panels side by side**: the gap left of the right one holds its y labels, or they go to its right edge.
 - **Ticks**: at most one tick label per ~2 font sizes of a y axis or colour bar and per ~5 font sizes of an
   x axis (``nticks``; axes with explicit ticks keep theirs), so that small panels of a multi-panel figure
   do not stack their labels; colour-bar titles stand at the bar's side, not on its top tick.
@@ -44,6 +45,8 @@ import re
 import numpy as np
 import plotly.io as pio
 
+from workbench.show.plot_room import colorbar_px, column_gaps, legend_names
+
 __all__ = ["paper_layout", "wrap_text", "CHAR_WIDTH", "PLOT_SHARE", "LEGEND_SHARE", "MIN_PT"]
 
 CHAR_WIDTH = 0.62  # average advance of a DejaVu Sans character, in font sizes (generous: ~0.55 measured)
@@ -52,7 +55,7 @@ LEGEND_CHAR = 0.58  # ... of a legend entry's text (0.45-0.59 measured on this t
 PLOT_SHARE = 0.55  # the plot areas span at least this share of the height ...
 LEGEND_SHARE = 0.25  # ... the legend at most this share (paper rules) ...
 MIN_PT = 7.0  # ... and no text is smaller at a column preset (the SVG's user unit is the point)
-_SLACK = 0.03  # the estimates of the margins plotly's automargin settles on are not exact: aim inside the rules
+_SLACK = 0.05  # the estimates of the margins plotly's automargin settles on are not exact: aim inside the rules
 
 
 def wrap_text(text: str, max_px: float, font_px: float, char: float = CHAR_WIDTH) -> str:
@@ -125,9 +128,11 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
                         "y": 1 - (top / 2) / height, "yref": "container", "yanchor": "middle",
                         "pad": {"l": 4, "t": 0, "b": 0}, "automargin": False}
         margin["t"] = round(top + base * 0.9, 1)
-    # ---- legend: under the title (if any), above the plot area, its rows reserved in the top margin
+    # ---- legend: under the title (if any), above the plot area (as wide as the colour bars leave it), its rows
+    # reserved in the top margin
+    right = max(float(margin.get("r", 80)), colorbar_px(fig_dict, lay, tl, base))
     leg = lay.get("legend") if isinstance(lay.get("legend"), dict) else {}
-    names = _legend_names(fig_dict)
+    names = legend_names(fig_dict)
     leg_h = 0.0
     if names and lay.get("showlegend", True) is not False:
         lay["legend"] = leg
@@ -135,7 +140,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
         # plotly wraps a horizontal legend at x = 0 to the plot area's width (its ``_maxWidth``): one row when every
         # entry (40 px of symbol and gap, then the text) fits, else columns as wide as the widest entry. For several
         # rows the column width is set here (``entrywidth``), so that the rows reserved are the rows drawn.
-        room = max(1.0, width - float(margin.get("l", 80)) - float(margin.get("r", 80)))
+        room = max(1.0, width - float(margin.get("l", 80)) - right)
         text = [len(re.sub(r"<[^>]*>", "", n)) * LEGEND_CHAR * lf for n in names]
         if sum(text) + 45 * len(text) < room:
             rows = 1
@@ -158,7 +163,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
                 a["xanchor"] = "left"
     # ---- axis titles wrap to their axis (x: to the width; then the height; then y)
     floor = MIN_PT if preset is not None else 0.0
-    plot_w = max(1.0, width - float(margin.get("l", 80)) - float(margin.get("r", 80)))
+    plot_w = max(1.0, width - float(margin.get("l", 80)) - right)
     for key, ax in list(lay.items()):
         if re.fullmatch(r"xaxis\d*", key) and isinstance(ax, dict):
             _fit_axis_title(key, ax, plot_w, tl, base, floor)
@@ -169,6 +174,7 @@ def paper_layout(fig_dict: dict, width: int, height: int, *, preset: str | None,
     for key, ax in list(lay.items()):
         if re.fullmatch(r"yaxis\d*", key) and isinstance(ax, dict):
             _fit_axis_title(key, ax, plot_h, tl, base, floor)
+    column_gaps(lay, plot_w, base)
     # ---- tables: fonts shrink until the columns fit the width (not under the floor: then split the columns)
     height = _fit_tables(fig_dict, plot_w, height, base, floor, grow)
     # ---- tick density and colour bars
@@ -452,8 +458,8 @@ def _row_gaps(lay: dict, tl: dict, plot_h: float, base: float) -> None:
         return  # one row, or panels side by side (overlapping bands): nothing stacked
     tick = base * 0.85
 
-    def need(band) -> float:  # px below a band: its x axes' tick labels and titles
-        px = 4.0
+    def need(band) -> float:  # px below a band: its x axes' tick labels and titles, or else the half tick labels
+        px = tick * 1.25          # of the y axes at the two facing edges (a 0 above a 1)
         for k, v in ys.items():
             if tuple(v["domain"]) != band:
                 continue
@@ -462,8 +468,9 @@ def _row_gaps(lay: dict, tl: dict, plot_h: float, base: float) -> None:
                 px = max(px, tick * 1.4 + 8)
             t = (xa.get("title") or {}).get("text") if isinstance(xa.get("title"), dict) else None
             if t:
-                tf = _font(xa["title"].get("font"), base)
-                px = max(px, tick * 1.4 + 8 + tf * 1.3 * (t.count("<br>") + 1) + tf * 0.4 + 3)
+                tf = _font(xa["title"].get("font"), base)  # a wrapped title stands off by its extra lines too
+                px = max(px, tick * 1.4 + 8 + tf * 1.3 * (t.count("<br>") + 1)
+                         + float(xa["title"].get("standoff") or tf * 0.4) + 3)
         return px / plot_h
 
     gaps = [max(a[0] - b[1], need(a)) for a, b in zip(bands, bands[1:])]
@@ -479,16 +486,6 @@ def _row_gaps(lay: dict, tl: dict, plot_h: float, base: float) -> None:
         if re.fullmatch(r"yaxis\d*", k) and isinstance(v, dict) and isinstance(v.get("domain"), (list, tuple)) \
                 and tuple(v["domain"]) in new:
             v["domain"] = new[tuple(v["domain"])]
-
-
-def _legend_names(fig_dict: dict) -> list[str]:
-    """Names of the legend's entries (one per shown trace; one trace alone shows none, as in plotly)."""
-    data = [t for t in fig_dict.get("data") or [] if isinstance(t, dict)]
-    shown = [t for t in data if t.get("showlegend") is not False and t.get("type") not in ("heatmap", "table")
-             and t.get("visible", True) is not False]
-    if len(data) == 1 and data[0].get("showlegend") is not True:
-        return []
-    return [str(t.get("name") or f"trace {i}") for i, t in enumerate(shown)]
 
 
 def _limit_ticks(ax: dict, span_px: float, per_tick_px: float) -> None:

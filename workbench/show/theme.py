@@ -18,8 +18,10 @@ REMOVED = PALETTE[3]   # vermillion: removed / evicted
 ANSWER = PALETTE[2]    # bluish green: the answer passage / needle
 NEUTRAL = "#999999"    # grey: protected tokens, reference lines
 
+# exponents as powers of ten (10⁻⁴, 2×10⁻⁶): plotly's default SI letters read "100µ" on a unitless axis
 _AXIS = dict(showline=True, linecolor="#444", ticks="outside", gridcolor="#eee", zeroline=False, automargin=True,
-             title=dict(font=dict(size=12)), tickfont=dict(size=10))
+             title=dict(font=dict(size=12)), tickfont=dict(size=10), exponentformat="power")
+_COLORBAR = dict(thickness=12, outlinewidth=0, exponentformat="power")
 pio.templates["workbench"] = go.layout.Template(
     layout=go.Layout(
         font=dict(family=FONT, size=12, color="#222"),
@@ -30,12 +32,12 @@ pio.templates["workbench"] = go.layout.Template(
         margin=dict(l=60, r=20, t=50, b=50),
         xaxis=_AXIS,
         yaxis=_AXIS,
-        coloraxis=dict(colorscale=SEQUENTIAL, colorbar=dict(thickness=12, outlinewidth=0, tickfont=dict(size=10))),
+        coloraxis=dict(colorscale=SEQUENTIAL, colorbar=dict(tickfont=dict(size=10), **_COLORBAR)),
         legend=dict(font=dict(size=10), bgcolor="rgba(255,255,255,0.7)", borderwidth=0),
         hoverlabel=dict(font=dict(family=FONT, size=11)),
         bargap=0.15,
     ),
-    data=dict(heatmap=[go.Heatmap(colorbar=dict(thickness=12, outlinewidth=0))]),
+    data=dict(heatmap=[go.Heatmap(colorbar=_COLORBAR)]),
 )
 TEMPLATE = "workbench"
 

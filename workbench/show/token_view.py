@@ -77,7 +77,9 @@ class TokenView:
     the hover; ``shade`` what colours them (``values`` or their ``log10``), mapped from ``[cmin, cmax]`` onto
     :data:`TOKEN_SCALE`; ``chunk`` the candidate chunk (−1: protected); ``removed``, ``chunk_start``,
     ``answer``, ``excluded`` (sinks left unshaded) are per token; ``query_pos`` the query row's position.
-    ``meta`` is the figure's record (as a plotly figure's ``layout.meta``), ``title`` its title.
+    ``meta`` is the figure's record (as a plotly figure's ``layout.meta``), ``title`` its title. ``scale`` names
+    the colour scale (``linear``, ``log``, ``quantile``: :mod:`workbench.show.colour_scale`; default from
+    ``log``), ``scale_ticks`` the values the key names at its quantiles (``(quantile, text)`` pairs).
 
     A categorical view gives ``category`` (one name per token) and ``categories`` (``(name, colour,
     description)`` in key order, every name used listed; a fourth element ``True``/``False`` says whether the key
@@ -104,8 +106,12 @@ class TokenView:
     category: list[str] | None = None
     categories: tuple = ()
     columns: dict = field(default_factory=dict)
+    scale: str = ""
+    scale_ticks: tuple = ()
 
     def __post_init__(self):
+        if not self.scale:
+            self.scale = "log" if self.log else "linear"
         n = len(self.tokens)
         for name in ("positions", "values", "shade", "chunk", "removed", "chunk_start", "answer", "excluded"):
             if len(getattr(self, name)) != n:
@@ -176,8 +182,13 @@ class TokenView:
         else:
             ticks = np.linspace(0.0, 1.0, 9)
             sw = "".join(f'<span class="sw" style="background-color:{c}"></span>' for c in shade_colour(ticks))
-            what = "log₁₀ A" if self.log else "A"
-            bits = [f'<span class="kx" style="margin-left:0">{what}: {self.cmin:.3g} {sw} {self.cmax:.3g}</span>']
+            what = {"log": "log₁₀ A (log scale)", "quantile": "A (quantile scale)"}.get(self.scale, "A (linear scale)")
+            if self.scale == "quantile" and self.scale_ticks:
+                ends = self.scale_ticks[0][1], self.scale_ticks[-1][1]
+                mid = "; ".join(f"q{q:g} = {t}" for q, t in self.scale_ticks[1:-1])
+                bits = [f'<span class="kx" style="margin-left:0">{what}: {ends[0]} {sw} {ends[1]} ({mid})</span>']
+            else:
+                bits = [f'<span class="kx" style="margin-left:0">{what}: {self.cmin:.3g} {sw} {self.cmax:.3g}</span>']
         if any(self.chunk_start):
             bits.append('<span class="kx"><span class="tk cs">&nbsp;</span> chunk start</span>')
         if any(self.answer):

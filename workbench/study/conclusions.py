@@ -428,8 +428,8 @@ def _entroprefill(df, comp, ref, metric, level, margin) -> tuple[list, list]:
             missing.append(f"{preset} on {task}: pruning — the sweep frame has no retained_tokens/prompt_tokens or "
                            "no bypass column.")
         if "l_star" in g.columns:
-            ls = pd.to_numeric(g["l_star"], errors="coerce")
-            acc = g[ls >= 0].assign(l_star=ls[ls >= 0])
+            ls = pd.to_numeric(g["l_star"], errors="coerce")  # NaN: no layer accepted (bypass); -1 prunes before 0
+            acc = g[ls.notna()].assign(l_star=ls[ls.notna()])
             if len(acc):
                 per = acc.groupby("unit")["l_star"].mean().to_numpy()
                 rows.append(_descriptive(f"{preset}'s accepted layer l*", PAPER, "l* (pruned prompts)", task, "l*",

@@ -75,7 +75,7 @@ def entroprefill(lm, item: TaskItem, params: dict) -> dict:
     spans = prompt.spans
     ans_chunk = spans.chunk_doc.index(spans.answer_doc) if spans.answer_doc in spans.chunk_doc else None
     return {"generated_ids": r.generated_ids, "prompt_tokens": r.T, "prefill_tokens": r.T,
-            "retained_tokens": r.T_prime, "kv_bytes": r.kv_bytes, "l_star": -99 if r.l_star is None else r.l_star,
+            "retained_tokens": r.T_prime, "kv_bytes": r.kv_bytes, "l_star": r.l_star,
             "bypass": r.bypass, "removed_chunks": len(r.removed),
             "answer_chunk_removed": bool(ans_chunk is not None and ans_chunk in r.removed),
             "prefill_s": r.prefill_s, "decode_s": r.decode_s,

@@ -31,7 +31,7 @@ from workbench.run.shipped import SHIPPED
 from workbench.show.widgets.state import CaptureState
 from workbench.study.ruler import RULER_TASKS, build_ruler
 
-__all__ = ["PromptPanel", "SEPARATOR", "split_documents"]
+__all__ = ["PromptPanel", "SEPARATOR", "split_documents", "haystack_note"]
 
 #: a line of three or more dashes (alone on its line) separates documents pasted into one box
 SEPARATOR = re.compile(r"^[ \t]*-{3,}[ \t]*$", re.M)
@@ -66,6 +66,14 @@ def split_documents(boxes) -> list[str]:
             raise ValueError(f"document {i}: empty; every document must hold text (remove its box, or the "
                              f"separator line, if it is not wanted)")
     return docs
+
+
+def haystack_note(prompt, length: int) -> str:
+    """Why a RULER prompt's ``T`` exceeds the haystack length asked: the tokens in its documents and the rest
+    (chat template, instruction, separators, question)."""
+    T, docs = prompt.T, sum(e - s for s, e in prompt.spans.documents)
+    return (f"T = {T:,} tokens: {docs:,} in the documents (the haystack, {length:,} asked) and {T - docs:,} of chat "
+            f"template, instruction, separators and question")
 
 
 def _red(msg: str) -> str:
@@ -113,7 +121,10 @@ class PromptPanel:
         self.question = W.Textarea(value=question, description="question", placeholder="the question",
                                    layout=W.Layout(width="640px", height="48px"))
         self.task = W.Dropdown(options=TASK.options, value=task, description="task")
-        self.length = W.IntText(value=length, description="length (tokens)", style=_LABEL, layout=_number())
+        self.length = W.IntText(value=length, description="haystack (tokens)", style=_LABEL, layout=_number(),
+                                tooltip="the documents' length in tokens (the haystack); the chat template, the "
+                                        "instruction and the question add to it, so the prompt's T is larger (the "
+                                        "status line gives both)")
         self.seed = W.IntText(value=seed, description="seed", style=_LABEL, layout=_number())
         self.tail = W.IntText(value=tail, description="tail rows", style=_LABEL, layout=_number())
         self.n_decode = W.IntText(value=n_decode, description="decode steps", style=_LABEL, layout=_number())
@@ -232,6 +243,7 @@ class PromptPanel:
         msg = self._summary() + f"; shown in {n} of {len(self.state.panels)} panels"
         if item is not None:
             msg += f"<br>{html.escape(item.task)} (seed {self.seed.value}): answer {html.escape(item.answers[0])}"
+            msg += f"<br>{html.escape(haystack_note(prompt, self.length.value))}"
         if failed:
             msg += "<br>" + "<br>".join(_red(f"{p} still shows the previous capture: {r}") for p, r in failed.items())
         self.status.value = msg

@@ -75,7 +75,8 @@ def needle_part(cfg: ReportConfig, lm, item):
     positions = eviction.token_positions(prompt, lm.tokenizer, sentence)
     surv = eviction.survival_table(results, positions, answer=item.answers[0])
     surv.insert(0, "item_id", item.item_id)
-    figs = {"kept_positions": plots.kept_positions(results, prompt, highlight=positions, model_id=lm.model_id)}
+    figs = {"kept_positions": plots.kept_positions(results, prompt, highlight=positions, highlight_name="needle",
+                                                     model_id=lm.model_id)}
     note = (f"Needle {sentence!r} ({len(positions)} tokens) in a {prompt.T}-token haystack; every policy at budgets "
             f"{budgets} from one shared prefill; kept_mean = fraction of needle tokens kept (mean over layers and KV "
             f"groups); correct = the answer {item.answers[0]!r} occurs in the reply.")
@@ -96,14 +97,22 @@ def divergence_part(cfg: ReportConfig, lm, items):
         prompt = item.build(lm.tokenizer, max_context=lm.shape.max_context)
         B = eviction.resolve_budget(prompt.T, budget_frac=frac)
         n = cfg.max_new_tokens or max_new_tokens_for(item.task)
-        for name in cfg.policies:
-            row = {"task": item.task, "item_id": item.item_id, "method": name, "budget": B, "T": prompt.T}
-            try:
-                d = answer_divergences(lm, prompt, [(eviction.policy_from_params(name), B)], max_new_tokens=n)[0]
+        base = [{"task": item.task, "item_id": item.item_id, "method": name, "budget": B, "T": prompt.T}
+                for name in cfg.policies]
+        try:  # one shared prefill and full-cache answer for every policy of the item
+            found = answer_divergences(lm, prompt, [(eviction.policy_from_params(r["method"]), B) for r in base],
+                                       max_new_tokens=n)
+            for row, d in zip(base, found):
                 row.update(n_answer=d.n, mean_kl=d.mean_kl, first_divergence=d.first_divergence, error=None)
-            except ValueError as e:
-                row.update(n_answer=None, mean_kl=None, first_divergence=None, error=str(e).splitlines()[0])
-            rows.append(row)
+        except ValueError:  # a policy refused there: each alone, so the others still get their numbers
+            for row in base:
+                try:
+                    d = answer_divergences(lm, prompt, [(eviction.policy_from_params(row["method"]), B)],
+                                           max_new_tokens=n)[0]
+                    row.update(n_answer=d.n, mean_kl=d.mean_kl, first_divergence=d.first_divergence, error=None)
+                except ValueError as e:
+                    row.update(n_answer=None, mean_kl=None, first_divergence=None, error=str(e).splitlines()[0])
+        rows += base
     note = (f"Per family (its first prompt) and eviction policy at the smallest budget fraction {frac:g}: the "
             "compressed run teacher-forced on the full-cache answer; mean_kl = mean over the answer's tokens of "
             "KL(p_full ‖ p_compressed) in nats; first_divergence = the first answer token (0-based) where the greedy "

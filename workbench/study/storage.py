@@ -26,6 +26,7 @@ BACK = ("seed", "max_new_tokens", "answer", "gold", "generated_ids", "n_generate
         "n_docs", "answer_doc", "wall_s", "peak_cuda_bytes", "peak_rss_bytes", "device", "dtype", "error", "cell")
 COLUMNS = FRONT + BACK
 MEASURED = ("wall_s", "peak_cuda_bytes", "peak_rss_bytes")
+LEGACY_NO_L_STAR = -99  # the missing l* of sweep files that predate NaN (``-1`` is a layer: prune before layer 0)
 METHOD_KEYS = ("generated_ids", "answer", "prompt_tokens", "prefill_tokens", "retained_tokens", "kv_bytes")
 
 
@@ -128,8 +129,11 @@ def roundtrip(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def read_sweep(path) -> pd.DataFrame:
-    """Read a sweep parquet (``generated_ids`` as lists of ints; missing strings are NaN)."""
+    """Read a sweep parquet (``generated_ids`` as lists of ints; missing strings are NaN; ``l_star`` NaN where no
+    layer was accepted, the bypass)."""
     df = pd.read_parquet(path)
+    if "l_star" in df.columns:  # files that wrote -99 for "no layer accepted": missing, never a layer index
+        df["l_star"] = df["l_star"].mask(df["l_star"] == LEGACY_NO_L_STAR)
     if "generated_ids" in df.columns:
         df["generated_ids"] = df["generated_ids"].map(lambda a: [int(t) for t in a] if a is not None else [])
     return df

@@ -10,6 +10,7 @@ token view strikes evicted tokens through by (:func:`workbench.show.plots.remove
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,17 +50,18 @@ def kept_set(result: GenerationResult, layer: int | None = None, group: int | No
     return frozenset(int(p) for p in np.unique(sel[(sel >= 0) & (sel < result.T)]))
 
 
-def setting_labels(a: GenerationResult, b: GenerationResult) -> tuple[str, str]:
+def setting_labels(a: GenerationResult, b: GenerationResult, *, name: Callable[[str], str] = str) -> tuple[str, str]:
     """Short names of two settings: ``policy, B = budget`` (``all`` for the full cache), with the parameters
-    that tell them apart when policy and budget agree (DeferKV's ``λ`` …)."""
+    that tell them apart when policy and budget agree (DeferKV's ``λ`` …), each written as ``name(key)``
+    (the panels pass the sliders' symbols)."""
     def base(r):
         return f"{r.policy}, B = {'all' if r.policy == 'full' else r.budget}"
 
     la, lb = base(a), base(b)
     if la == lb:
         diff = [k for k in sorted(set(a.params) | set(b.params)) if a.params.get(k) != b.params.get(k)]
-        la += "".join(f", {k} = {a.params.get(k)}" for k in diff)
-        lb += "".join(f", {k} = {b.params.get(k)}" for k in diff)
+        la += "".join(f", {name(k)} = {a.params.get(k)}" for k in diff)
+        lb += "".join(f", {name(k)} = {b.params.get(k)}" for k in diff)
     return la, lb
 
 
@@ -206,11 +208,11 @@ def _side(r: GenerationResult, label: str, full: GenerationResult) -> RunSide:
 
 
 def compare_runs(full: GenerationResult, a: GenerationResult, b: GenerationResult, *, layer: int | None = None,
-                 group: int | None = None) -> RunComparison:
+                 group: int | None = None, labels: tuple[str, str] | None = None) -> RunComparison:
     """The :class:`RunComparison` of runs ``a`` and ``b`` against the full-cache run ``full`` (same prompt,
-    logits kept)."""
+    logits kept); ``labels`` as :func:`compare_kept`'s."""
     if full.T != a.T:
         raise ValueError(f"full: must be a run on the same prompt as a (T = {a.T}), got T = {full.T}")
-    kept = compare_kept(a, b, layer=layer, group=group)
+    kept = compare_kept(a, b, layer=layer, group=group, labels=labels)
     return RunComparison(full=_side(full, "full cache", full), a=_side(a, kept.label_a, full),
                          b=_side(b, kept.label_b, full), kept=kept)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import torch
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from workbench.checks import check_int
@@ -32,8 +33,8 @@ __all__ = ["select_keep", "preview", "preview_window", "resolve_budget"]
 
 
 @shaped
-def select_keep(scores: Tensor, budget: int, protected: Tensor, tiebreak: Tensor | None = None,
-                budgets: Tensor | None = None) -> Tensor:
+def select_keep(scores: Float[Tensor, "L G T"], budget: int, protected: Bool[Tensor, " T"],
+                tiebreak: Float[Tensor, "L G T"] | None = None, budgets: Int[Tensor, "L G"] | None = None) -> Tensor:
     """The shared selection step: ``B`` prompt positions per layer and KV group.
 
     Protected positions always; then the highest ``scores`` (ties: higher ``tiebreak``, then lower

@@ -12,7 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.checks import check_choice, check_int
-from workbench.choices import HeadQuantity, RowKind
+from workbench.choices import ColourScale, HeadQuantity, RowKind
+from workbench.show.colour_scale import resolve_scale, scale_title, scaled
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
     Draft,
@@ -134,7 +135,7 @@ def _attach_span_bars(fig, spans, bins, y_full: np.ndarray, column: str) -> None
 _HEAD_QUANTITIES = {
     "w": ("w", "head weight w_h = ζ/r + (1−ζ) v_h"),
     "H": ("H", "non-sink Rényi-2 entropy H_h (nats)"),
-    "sink": ("sink_mass", "sink mass Σ_{j∈𝒮} a_j"),
+    "sink": ("sink_mass", "sink mass Σ<sub>j∈𝒮</sub> a<sub>j</sub>"),
     "z": ("z", "residual mass z_h"),
     "v": ("v", "within-group softmax v_h"),
     "C": ("C", "non-sink collision C_h"),
@@ -172,8 +173,8 @@ def head_heatmap(pooling, quantity: HeadQuantity = "w", *, model_id: str | None 
 
 
 @figure_function
-def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False, model_id: str | None = None,
-                          params=None) -> go.Figure:
+def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False, scale: ColourScale | None = None,
+                          model_id: str | None = None, params=None) -> go.Figure:
     """Per-head residual distribution ``a^h_j / z_h`` over the non-sink keys of one layer (head × position).
 
     Each row is the distribution whose Rényi-2 entropy is ``H_h`` (shown in the row label with ``w_h``).
@@ -182,8 +183,11 @@ def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False,
         pooling: :class:`~workbench.analyse.pooling.PoolingResult`.
         layer: ``0 … L-1``.
         spans: ``PromptSpans`` (or a Capture / Prompt) for the token labels; positions only when None.
-        log: colour by ``log10(a/z)`` (floored at 1e-6); the hover still shows ``a/z``. The sinks are always
-            excluded here (the residual is the non-sink distribution).
+        scale: the colour scale (:mod:`workbench.show.colour_scale`): ``"linear"``, ``"log"`` (``log10(a/z)``,
+            floored at 1e-6) or ``"quantile"`` (by rank); default linear below 2,048 tokens, quantile from there on.
+            The colour bar's title names it; the hover always shows ``a/z``. The sinks are always excluded here
+            (the residual is the non-sink distribution).
+        log: the log scale (the same as ``scale="log"``).
     """
     check_int("layer", layer, 0, pooling.L - 1)
     sp = spans_of(spans)
@@ -191,35 +195,41 @@ def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False,
     H, Tn = res.shape
     ns = pooling.n_sink
     T = ns + Tn
+    sc = resolve_scale(scale, log, T)
     bins = token_bins(Tn, offset=ns)  # scale: ≤ DEFAULT_WIDTH_PX columns whatever T (max per bin of keys)
     toks = hover_tokens(sp, T)[ns:] if bins.exact else None  # labels of every key only when shown
     hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
     Hh, w = as_numpy(pooling.H[layer]), as_numpy(pooling.w[layer])
     ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
             for h, lab in enumerate(head_labels(hg))]
-    colour = "log10 a/z" if log else "a/z"
+    colour = scale_title("a/z", sc)
     if bins.exact:
-        z = np.log10(np.maximum(plot_array(res), 1e-6)) if log else plot_array(res)
+        shown = plot_array(res)
+        z, ticks = scaled(shown, sc)
         cd = np.empty((H, Tn, 2), dtype=object)
         cd[..., 0] = np.asarray(toks, dtype=object)[None, :]
-        cd[..., 1] = plot_array(res)
+        cd[..., 1] = shown
+        lin = sc == "linear"
         fig = Draft(go.Heatmap(z=z, x=np.arange(ns, T), y=ylab, coloraxis="coloraxis", name="residual",
-                                customdata=cd if log else repeat_rows(toks, H),
-                                hovertemplate="%{y}<br>key %{x}: " + ("%{customdata[0]}<br>a/z = %{customdata[1]:.4g}"
-                                                                      if log else "%{customdata}<br>a/z = %{z:.4g}")
+                                customdata=repeat_rows(toks, H) if lin else cd,
+                                hovertemplate="%{y}<br>key %{x}: " + ("%{customdata}<br>a/z = %{z:.4g}" if lin
+                                                                      else "%{customdata[0]}<br>a/z = %{customdata[1]:.4g}")
                                 + "<extra></extra>"))
     else:
         zb = plot_array(bins.reduce(res, "max"))
-        fig = Draft(go.Heatmap(z=np.log10(np.maximum(zb, 1e-6)) if log else zb, x=bins.lo, y=ylab,
-                                coloraxis="coloraxis", name="residual",
+        z, ticks = scaled(zb, sc)
+        fig = Draft(go.Heatmap(z=z, x=bins.lo, y=ylab, coloraxis="coloraxis", name="residual",
+                                **({} if sc == "linear" else dict(customdata=zb)),
                                 hovertemplate="%{y}<br>keys from %{x} (bin of ≤ " + str(bins.width)
-                                + " tokens)<br>max " + colour + " = %{z:.4g}<extra></extra>"))
+                                + " tokens)<br>max a/z = " + ("%{z:.4g}" if sc == "linear" else "%{customdata:.4g}")
+                                + "<extra></extra>"))
     fig = finish(fig, f"Residual distributions a_j/z_h (non-sink keys), layer {layer}"
                   + (f" ({bins.describe()})" if not bins.exact else ""),
                   figure_meta("residual_distribution", model_id_of(model_id, pooling, spans), params, layer=layer,
-                        n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None), log=bool(log)),
+                        n_sink=ns, zeta=getattr(pooling, "zeta", None), tau=getattr(pooling, "tau", None),
+                        log=sc == "log", scale=sc),
                   xaxis_title="key position",  # row labels name the head and group
-                  coloraxis=dict(colorbar=dict(title=dict(text=colour))),
+                  coloraxis=dict(colorbar=dict(title=dict(text=colour), **ticks)),
                   yaxis=dict(autorange="reversed"))
     if not bins.exact:  # every key in the export's CSV
         attach_full(fig, lambda: pd.DataFrame({"head": np.repeat(ylab, Tn), "key": np.tile(np.arange(ns, T), H),
@@ -324,7 +334,7 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
     if x == "chunk":
         fig.update_xaxes(tickmode="array", tickvals=xs,
                          ticktext=[f"c{i}" + ("★" if i == ans else "") for i in range(k)], row=3, col=1)
-        fig.update_xaxes(title_text="candidate chunk (★ answer)", row=3, col=1)
+        fig.update_xaxes(title_text="candidate chunk" + (" (★ answer)" if ans is not None else ""), row=3, col=1)
     else:
         fig.update_xaxes(title_text="prompt position", range=[0, sp.T], row=3, col=1)
     return finish(fig, title,
@@ -392,6 +402,11 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
     fig.update_yaxes(title_text="tokens", row=1, col=1)
     fig.update_yaxes(title_text="gap", row=2, col=1)
     fig.update_xaxes(title_text="layer", row=2, col=1)
+    # whole-layer ticks: the target line's ends at ±0.5 would let plotly tick at halves, or (one layer, as in
+    # the priority panel) leave the only layer without a tick
+    span = layers[-1] - layers[0]
+    step = next((s for s in (1, 2, 5, 10, 20, 50) if span / s <= 10), 100)
+    fig.update_xaxes(tickmode="linear", tick0=layers[0], dtick=step, range=[layers[0] - 0.5, layers[-1] + 0.5])
     p = params if params is not None else getattr(tr, "params", None)
     return finish(fig, f"Greedy D_l vs certificate U_l (N = {N} candidate tokens)",
                    figure_meta("certificate", model_id_of(model_id, tr), p, budget=budget, target_tokens=tt, N=N,
@@ -471,7 +486,12 @@ def trace_layers(trace, *, fixed_layer: int | None = None, model_id: str | None 
     fig.add_annotation(x=0, y=0, xref="x domain",
                        yref=fig.refs(4, 1)[1] + " domain", xanchor="left", yanchor="bottom", text=key,
                        showarrow=False, font=dict(size=9), yshift=-2)
-    dec = trace.decision if len(trace.decision) < 90 else trace.decision[:89] + "…"
+    dec = trace.decision
+    if len(dec) >= 90 and trace.l_star is not None:  # a long chunk list: its count in the title, the list in meta
+        sel = trace.selections[trace.l_star]
+        T = getattr(trace.spans, "T", None)
+        dec = (f"accept at l* = {trace.l_star}: remove {len(trace.removed)} chunks ({sel.D} of {sel.N} candidate "
+               f"tokens" + ("" if T is None else f"; T' = {T - sel.D}") + ")")
     return finish(fig, f"Layer trace: {html.escape(dec)}",
                    figure_meta("trace_layers", model_id_of(model_id, trace), params if params is not None else P,
                          l_star=trace.l_star, removed=trace.removed, decision=trace.decision, b=trace.b, J=trace.J,

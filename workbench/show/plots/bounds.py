@@ -86,10 +86,16 @@ def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None,
         add_span(fig, "vline", h * env.W - 0.5, line=dict(color="#ddd", width=1))
     n_bad = A - sum(holds)
     where = "" if env.layer is None else f", layer {env.layer}"
+    empty = {}
+    if env.q == 0 and not np.any(as_numpy(env.eta)):  # nothing removed: every curve is the zero line
+        empty["placeholder"] = ("nothing removed at this layer (q = 0): the envelope and η are 0 for every row; "
+                                "lower the saving target or choose another layer to see the envelope")
+        fig.add_annotation(text=empty["placeholder"].replace("; ", ";<br>"), x=0.5, y=0.5, xref="paper",
+                           yref="paper", showarrow=False, bgcolor="rgba(255,255,255,0.85)")
     return finish(fig, f"Deletion envelope vs actual η per row{where}"
                    + ("" if n_bad == 0 else f" ({n_bad} rows above the envelope)"),
                    figure_meta("envelope_rows", model_id, params, layer=env.layer, q=env.q, W=env.W, atol=env.atol,
-                         all_hold=env.all_hold),
+                         all_hold=env.all_hold, **empty),
                    xaxis_title="constraint row a = h·W + u (grouped by head)", yaxis_title="discarded mass",
                    yaxis=dict(rangemode="tozero"),
                    legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
@@ -218,11 +224,40 @@ PREVIEW_PAGES = 256
 """Pages up to which the pages figure's heatmap previews each page's text on hover (G × pages strings per move)."""
 
 
+MARKER_COLUMNS = 60
+"""Most kept-page marks per group on the pages figure: past this many pages the boxes (one per page) would touch
+and merge into a bar over the heatmap, so the pages are binned and each bin with a kept page gets one thin tick."""
+
+
+def _kept_page_marks(sel: np.ndarray, G: int) -> go.Scatter:
+    """The kept pages of every group (``sel`` bool ``[G, N_P]``) as marks over the importance heatmap: an open box
+    per page up to :data:`MARKER_COLUMNS` pages; past that, a thin tick at the centre of every bin of pages
+    holding a kept one (at most :data:`MARKER_COLUMNS` a group, a bin's width apart at any ``T``), its hover naming
+    how many pages of the bin are kept."""
+    N_P = sel.shape[1]
+    gs, ps = np.nonzero(sel)
+    if N_P <= MARKER_COLUMNS:
+        return go.Scatter(x=ps.tolist(), y=[f"g{g}" for g in gs.tolist()], name="kept page", mode="markers",
+                          marker=dict(symbol="square-open", size=14, color=REMOVED, line=dict(width=2)),
+                          hovertemplate="kept: g%{y} page %{x}<extra></extra>")
+    mb = token_bins(N_P, MARKER_COLUMNS)
+    b = np.searchsorted(mb.edges, ps, side="right") - 1
+    key = gs * mb.n + b
+    count = np.bincount(key, minlength=G * mb.n).reshape(G, mb.n)
+    mg, mbin = np.nonzero(count)
+    text = [f"{int(count[g, i])} of pages {int(mb.lo[i])}–{int(mb.hi[i])} kept" for g, i in zip(mg, mbin)]
+    return go.Scatter(x=((mb.lo[mbin] + mb.hi[mbin]) / 2).tolist(), y=[f"g{g}" for g in mg.tolist()], name="kept page(s)",
+                      mode="markers", marker=dict(symbol="line-ns-open", size=12, color=REMOVED, line=dict(width=1.5)),
+                      customdata=customdata(text), meta={"customdata": ["kept"]},
+                      hovertemplate="g%{y}: %{customdata[0]}<extra></extra>")
+
+
 @figure_function
 def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, params=None) -> go.Figure:
     """Pages and GQA unions of a :class:`~workbench.analyse.pages.PageResult`.
 
-    Top: page importance ``I_{l,g}(P)`` (group × page) at ``layer`` with the kept pages boxed;
+    Top: page importance ``I_{l,g}(P)`` (group × page) at ``layer`` with the kept pages boxed (past
+    :data:`MARKER_COLUMNS` pages: a thin tick per bin of pages with a kept one, so the marks stay apart);
     middle: the group scores ``p_{l,g}(j)`` over the prompt tokens (kept tokens filled, dropped ones open);
     bottom left: the page union ``U_l`` per layer with ``K`` and ``min{GK, N_P}``; bottom right: ``UOR_g``.
     """
@@ -250,11 +285,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
                           row_heights=[0.34, 0.36, 0.3], horizontal_spacing=0.28, vertical_spacing=0.13)
     fig.add_trace(go.Heatmap(z=plot_array(I), x=x_pages, y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
                              name="importance", hovertemplate=hover + "<br>I = %{z:.4g}<extra></extra>", **custom), 1, 1)
-    gs, ps = np.nonzero(sel if pbins.exact else pbins.any(sel))
-    fig.add_trace(go.Scatter(x=x_pages[ps].tolist(), y=[f"g{g}" for g in gs.tolist()], name="kept page",
-                             mode="markers", marker=dict(symbol="square-open", size=14, color=REMOVED, line=dict(width=2)),
-                             hovertemplate="kept: g%{y} page" + ("" if pbins.exact else "s from") + " %{x}<extra></extra>"),
-                  1, 1)
+    fig.add_trace(_kept_page_marks(sel, G), 1, 1)
     tm = as_numpy(pr.token_mask_of(layer))
     bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX points per group (max per bin; kept = some token kept)
     if bins.exact:

@@ -63,19 +63,21 @@ def _highlight_positions(highlight, sp, T: int) -> list[int]:
 
 @figure_function
 def kept_positions(results, prompt, highlight=None, *, layer: int | None = None, group: int | None = None,
-                   model_id: str | None = None, params=None) -> go.Figure:
+                   highlight_name: str | None = None, model_id: str | None = None, params=None) -> go.Figure:
     """Prompt positions each eviction run kept: one heatmap row per (policy, budget), one column per token.
 
     The cell is the fraction of (compacted layer, KV group) caches that kept the position (or 0/1 for one
-    ``layer`` and ``group``). Highlighted positions (the needle) are marked with green ticks on top and a
-    shaded band; the answer passage (when the prompt knows it) is outlined. Row labels give the
-    fraction of the highlighted positions kept (``GenerationResult.survival``).
+    ``layer`` and ``group``). Highlighted positions (the needle) are marked with green ticks on top and, outside the
+    answer passage, a shaded band; the answer passage (when the prompt knows it) is outlined, not filled. Row labels
+    give the share of the highlighted positions kept (``GenerationResult.survival``), naming what it is a share of.
 
     Args:
         results: ``GenerationResult`` list (e.g. ``run_policies``), all on the same prompt.
         prompt: the ``Prompt`` (or ``PromptSpans`` / ``Capture``) for the tokens.
         highlight: positions to mark, or a text occurring in the prompt (e.g. the needle).
         layer, group: one cache to show instead of the fraction over all compacted caches.
+        highlight_name: what the highlighted positions are, for the row labels ("7% of answer doc kept");
+            default "highlighted text" for a text, "highlighted tokens" for positions.
     """
     results = list(results)
     if not results:
@@ -92,6 +94,10 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     if group is not None:
         check_int("group", group, 0, G - 1)
     hi = _highlight_positions(highlight, sp, T)
+    if highlight_name is None:
+        highlight_name = "highlighted text" if isinstance(highlight, str) else "highlighted tokens"
+    elif not isinstance(highlight_name, str) or not highlight_name.strip():
+        raise ValueError(f"highlight_name: must be a non-empty text, got {highlight_name!r}")
     z, labels = [], []
     for r in results:
         kp = as_numpy(r.kept_prompt)
@@ -107,7 +113,7 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
         if hi:
             surv = as_numpy(r.survival(hi))
             sub = surv[np.ix_(layers, groups)] if layers else np.array([math.nan])
-            lab += f" ({np.nanmean(sub):.0%} kept)" if np.isfinite(sub).any() else ""
+            lab += f" ({np.nanmean(sub):.0%} of {highlight_name} kept)" if np.isfinite(sub).any() else ""
         labels.append(lab)
     toks = hover_tokens(sp, T)
     bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX cells per row (mean kept fraction per bin of tokens)
@@ -122,9 +128,11 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     fig.add_trace(go.Heatmap(z=cells, x=bins.lo, y=labels, coloraxis="coloraxis", name="kept",
                              customdata=repeat_rows(cell_toks, len(results)), meta={"customdata": ["token"]},
                              hovertemplate="%{y}<br>%{x}: %{customdata}<br>kept %{z:.2f}<extra></extra>"), 2, 1)
-    for p in hi:
-        add_span(fig, "vrect", p - 0.5, p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
     ans = answer_chunk(sp)
+    inside = range(*sp.chunks[ans]) if ans is not None else range(0)
+    for p in hi:
+        if p not in inside:  # the outline marks those: a band over the whole passage hid its cells
+            add_span(fig, "vrect", p - 0.5, p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
     if ans is not None:
         s, e = sp.chunks[ans]
         add_span(fig, "vrect", s - 0.5, e - 0.5, line=dict(color=ANSWER, width=1.5), fillcolor="rgba(0,0,0,0)",
@@ -132,7 +140,8 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
                       annotation_font=dict(size=10, color="#fff"), row=2, col=1)
     fig.update_yaxes(visible=False, range=[-1, 1], row=1, col=1)
     fig.update_xaxes(showline=False, ticks="", showgrid=False, row=1, col=1)
-    fig.update_yaxes(title_text="policy, budget", autorange="reversed", row=2, col=1)
+    # no y title: the row labels name the policy and the budget, and at one column they fill the left margin
+    fig.update_yaxes(autorange="reversed", row=2, col=1)
     fig.update_xaxes(title_text="prompt position", range=[-0.5, T - 0.5], row=2, col=1)
     where = "fraction of compacted caches" if layer is None and group is None else \
         f"layer {'all' if layer is None else layer}, group {'all' if group is None else group}"
@@ -140,7 +149,7 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
         where += f"; {bins.describe('mean')}"
     fig = finish(fig, f"Kept prompt positions per policy ({where})",
                    figure_meta("kept_positions", model_id_of(model_id, prompt), params, highlight=hi, layer=layer, group=group,
-                         runs=[{"policy": r.policy, "budget": r.budget, **jsonable(r.params)} for r in results]),
+                         highlight_name=highlight_name if hi else None, runs=[{"policy": r.policy, "budget": r.budget, **jsonable(r.params)} for r in results]),
                    coloraxis=dict(cmin=0, cmax=1, colorbar=dict(title=dict(text="kept"))), margin=dict(l=160))
     if not bins.exact:  # every token of every run in the export's CSV
         attach_full(fig, lambda: pd.DataFrame({"run": np.repeat(labels, T), "x": np.tile(np.arange(T), len(labels)),

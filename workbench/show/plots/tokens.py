@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from workbench.checks import check_int
+from workbench.choices import ColourScale
 from workbench.rerun.eviction.compare import MEMBERSHIP, KeptComparison, kept_set
+from workbench.show.colour_scale import QUANTILE_TICKS, resolve_scale, scaled
 from workbench.show.figure_engine import as_numpy, figure_function, figure_meta
 from workbench.show.plots.common import answer_chunk, removed_chunks, spans_of
 from workbench.show.token_view import TOKEN_SCALE, TokenView
@@ -30,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["token_attention", "token_values", "removed_positions", "kept_compare", "COMPARE_FILL", "TOKEN_SCALE",
            "TokenView"]
 
-LOG_FLOOR = 1e-6  # log10 shading: values below are drawn at the floor
 
 
 def token_values(capture: Capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
@@ -98,8 +99,8 @@ def removed_positions(removed, spans, layer: int | None = None, group: int | Non
 @figure_function
 def token_attention(capture: Capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
                     pooling=None, removed=None, removed_layer: int | None = None, removed_group: int | None = None,
-                    log: bool = False, exclude_sinks: bool = False, page: int = 0, per_page: int = 384,
-                    params=None) -> TokenView:
+                    log: bool = False, scale: ColourScale | None = None, exclude_sinks: bool = False, page: int = 0,
+                    per_page: int = 384, params=None) -> TokenView:
     """The prompt's tokens as text, each shaded by the attention of one query row (:func:`token_values`).
 
     Args:
@@ -107,7 +108,10 @@ def token_attention(capture: Capture, layer: int, *, query="observers", head: in
         layer, query, head, group, pooling: which row (see :func:`token_values`; default: head 0).
         removed: tokens to strike through (:func:`removed_positions`: positions, a selection, a trace, or a
             ``GenerationResult``'s evicted positions of ``removed_layer``/``removed_group``).
-        log: shade by ``log10`` of the attention (floored at 1e-6), so a 0.7 sink does not flatten the rest.
+        scale: the colour scale (:mod:`workbench.show.colour_scale`): ``"linear"``, ``"log"`` (``log10`` of the
+            attention, floored at 1e-6, so a 0.7 sink does not flatten the rest) or ``"quantile"`` (by rank on the
+            page); default linear below 2,048 prompt tokens, quantile from there on. The key names it.
+        log: the log scale (the same as ``scale="log"``).
         exclude_sinks: leave the sinks (first ``n_sink`` tokens) unshaded and out of the colour range.
         page, per_page: show tokens ``[page·per_page, (page+1)·per_page)`` (long prompts page through).
 
@@ -129,10 +133,15 @@ def token_attention(capture: Capture, layer: int, *, query="observers", head: in
     rem = set(removed_positions(removed, sp, removed_layer, removed_group))
     chunk_of = as_numpy(sp.chunk_of()).tolist()
     ans = answer_chunk(sp)
+    sc = resolve_scale(scale, log, T)
     v = vals[lo:hi].copy()
-    shade = np.log10(np.maximum(v, LOG_FLOOR)) if log else v.copy()
     n_ex = max(0, sp.n_sink - lo) if exclude_sinks else 0
+    shade = np.full(len(v), np.nan)
+    shade[n_ex:], _ = scaled(v[n_ex:], sc)  # quantile: ranks among the page's shaded tokens
     keep = shade[n_ex:][np.isfinite(shade[n_ex:])]
+    fin = v[n_ex:][np.isfinite(v[n_ex:])]
+    qt = (tuple((q, f"{x:.3g}") for q, x in zip(QUANTILE_TICKS, np.quantile(fin, QUANTILE_TICKS)))
+          if sc == "quantile" and fin.size else ())
     qpos = None if isinstance(query, str) else int(capture.row_pos[query])
     cmin, cmax = (float(keep.min()), float(keep.max())) if keep.size else (0.0, 1.0)
     if cmax <= cmin:
@@ -143,15 +152,15 @@ def token_attention(capture: Capture, layer: int, *, query="observers", head: in
     if rem:
         bits.append(f"{len(rem)} struck through")
     meta = figure_meta("token_attention", capture.model_id, params, layer=layer, query=query, query_pos=qpos, head=head,
-                 group=group, pooled=pooling is not None, log=bool(log), exclude_sinks=bool(exclude_sinks),
+                 group=group, pooled=pooling is not None, log=sc == "log", scale=sc, exclude_sinks=bool(exclude_sinks),
                  page=page, per_page=per_page, n_pages=n_pages, removed=sorted(rem))
     return TokenView(
         tokens=toks, positions=list(range(lo, hi)), values=v, shade=shade,
         chunk=[int(c) for c in chunk_of[lo:hi]], removed=[p in rem for p in range(lo, hi)],
         chunk_start=[p in starts for p in range(lo, hi)],
         answer=[ans is not None and chunk_of[p] == ans for p in range(lo, hi)],
-        excluded=[i < n_ex for i in range(hi - lo)], query_pos=qpos, cmin=cmin, cmax=cmax, log=bool(log),
-        title=f"Attention over the prompt: {what}; " + ", ".join(bits), meta=meta)
+        excluded=[i < n_ex for i in range(hi - lo)], query_pos=qpos, cmin=cmin, cmax=cmax, log=sc == "log",
+        scale=sc, scale_ticks=qt, title=f"Attention over the prompt: {what}; " + ", ".join(bits), meta=meta)
 
 
 #: the fill of every membership class of the compare view (Okabe–Ito orange and sky blue, lightened so that black

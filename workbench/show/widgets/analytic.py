@@ -22,6 +22,7 @@ from workbench.show.widgets.base import (
     head_dim_of,
     html_escape,
 )
+from workbench.show.widgets.sliders import scale_dropdown, scale_value
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -36,6 +37,7 @@ class HeadsPanel(Panel):
     per-head residual distributions of one layer. No model calls."""
 
     title = "Head pooling (SPEC §2)"
+    KEEP_NOT = ("scale",)  # the colour scale starts at the new prompt length's default
 
     def __init__(self, capture: Capture | CaptureState, params: EntroPrefillParams | None = None, *, layer: int | None = None,
                  quantity: HeadQuantity = "w"):
@@ -52,7 +54,7 @@ class HeadsPanel(Panel):
         self.controls = ep_controls(("zeta", "tau"), self.base)
         self.controls["layer"] = SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1)
         self.controls["quantity"] = W.Dropdown(options=["w", "H", "sink"], value=self._quantity, description="heatmap")
-        self.controls["log"] = W.Checkbox(value=False, description="log residual colours")
+        self.controls["scale"] = scale_dropdown(capture.T, "residual colours")
         self._finish()
 
     def analysis(self):
@@ -64,7 +66,7 @@ class HeadsPanel(Panel):
         l = int(self.controls["layer"].value)
         figs = {"heads": plots.head_heatmap.draft(pool, quantity=self.controls["quantity"].value),
                 "residual": plots.residual_distribution.draft(pool, l, self.capture.spans,
-                                                        log=bool(self.controls["log"].value))}
+                                                        scale=scale_value(self.controls["scale"]))}
         nv = int((~pool.valid).sum())
         st = f"{pool.L} layers × {pool.n_heads} heads; {nv} layer(s) with an invalid head (z ≤ ρ_min)"
         return figs, st
@@ -102,6 +104,12 @@ class PriorityPanel(Panel):
         """Whether ``m₀`` can change the selection or the certificate at the current other parameters: the
         greedy's removals shrink and ``U_l`` falls as ``m₀`` grows (the cardinality row ``Σ x ≤ k − m₀``), so
         ``m₀`` is inert exactly when ``m₀ = 0`` and ``m₀ = k`` give the same removals, ``D``, ``U`` and verdict."""
+        return self._m0_effect()[0]
+
+    def _m0_effect(self) -> tuple[bool, int | None]:
+        """``(m0_matters, r0)``: ``r0`` the chunks the greedy removes at the current layer with no count limit
+        (``m₀ = 0``; ``None``: no selection there). The scan's removals do not depend on ``m₀`` until the count
+        limit ``k − m₀`` stops it, so ``m₀`` changes the selection exactly when ``m₀ > k − r0``."""
         c = self.controls
         p = ep_from(c, self.base)
         l, cert, k = int(c["layer"].value), bool(c["certify"].value), self.capture.spans.k
@@ -113,8 +121,25 @@ class PriorityPanel(Panel):
                 sel = layer_proposal(self.capture, p.replace(m0=m0), l, certify=cert, inputs=inputs).selection
                 out.append(None if sel is None else (tuple(sel.removed), sel.D, sel.U, sel.verdict.replace(
                     f"m0={m0}", "").replace(f"m₀ = {m0}", "")))
-            self._m0_memo = {key: out[0] != out[1]}
+            self._m0_memo = {key: (out[0] != out[1], None if out[0] is None else len(out[0][0]))}
         return self._m0_memo[key]
+
+    def m0_note(self) -> str:
+        """One line on what ``m₀`` does here, when its slider moves nothing in the selection: disabled (no value
+        changes anything), or the present value below the point where the count limit ``k − m₀`` binds."""
+        matters, r0 = self._m0_effect()
+        if r0 is None:
+            return ""
+        k, m0 = self.capture.spans.k, int(self.controls["m0"].value)
+        if not matters:
+            return (f"m₀ has no effect at this layer (slider disabled): the greedy removes {r0} of k = {k} chunks "
+                    f"and U_l is the same for every m₀ in [0, {k}]")
+        if r0 == 0:
+            return "m₀ does not change the selection at this layer: the greedy removes no chunk at any m₀ (only U_l moves)"
+        if m0 <= k - r0:
+            return (f"m₀ = {m0} does not bind here: the greedy removes {r0} chunks, within the count limit "
+                    f"k − m₀ = {k - m0}; the selection changes only for m₀ > {k - r0}")
+        return ""
 
     def _m0_state(self) -> None:
         """Disable ``m₀`` (the reason in its tooltip) when it cannot change anything here."""
@@ -161,6 +186,9 @@ class PriorityPanel(Panel):
             st = f"layer {l}: invalid (residual or document mass ≤ ρ_min); no selection"
         else:
             st = f"layer {l}: {html_escape(sel.verdict)}; envelope holds for every row: {env.all_hold}"
+            note = self.m0_note()
+            if note:
+                st += f"<br><i>{html_escape(note)}</i>"
         return figs, st
 
 
@@ -341,7 +369,7 @@ class PagesPanel(Panel):
             if self._memo is None or self._memo.a is not pool.a:
                 self._memo = PageScoreMemo(pool.a, self.capture.head_group)
             self._results[key] = PageSelection(b=key[2], K=key[3], s=self.s, e=self.e).select(
-                pool.a, pool.w, self.capture.head_group, self.d, memo=self._memo, v=pool.v, zeta=ep.zeta)
+                pool.a, pool.w, self.capture.head_group, self.d, memo=self._memo, pooling=pool)
             while len(self._results) > 2:
                 self._results.pop(next(iter(self._results)))
         return self._results[key]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import abc
 import html
-import re
 import time
+import warnings
 from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +22,7 @@ from workbench.show.interactive import export_interactive
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
 from workbench.show.token_view import TokenView
-from workbench.show.widgets.sliders import SLIDERS, SliderSpec
+from workbench.show.widgets.sliders import SLIDERS, SliderSpec, control_value
 from workbench.show.widgets.state import CaptureState
 from workbench.show.widgets.token_widget import TokenWidget
 from workbench.show.widgets.values import accepts, widget_tree
@@ -95,8 +95,15 @@ def html_escape(s) -> str:
 
 
 def head_dim_of(capture: Capture, default: int = 64) -> int:
-    m = re.search(r"\bd=(\d+)", str(getattr(capture, "model_id", "")))
-    return int(m.group(1)) if m else default
+    """The capture's head dimension (:attr:`Capture.head_dim`, from the model config); ``default`` for a synthetic
+    capture, which has no model, and with a warning for any other capture that does not know it."""
+    d = capture.head_dim
+    if d is None:
+        if capture.model_id != "synthetic":
+            warnings.warn(f"capture of {capture.model_id!r} records no head dimension: the KV byte counts take "
+                          f"d = {default} (pass head_dim= to the panel)", stacklevel=3)
+        return default
+    return d
 
 
 def _ms(t0: float) -> float:
@@ -320,12 +327,17 @@ class Panel(abc.ABC):
 
     # ----- parameters -----
     def params(self) -> dict:
-        """Current control values, ``{name: value}`` (plain Python scalars and strings)."""
+        """Current control values, ``{name: value}`` (plain Python scalars and strings), exactly as computed with."""
         out = {}
         for k, w in self.controls.items():
             v = w.value
             out[k] = float(v) if isinstance(v, float) else v
         return out
+
+    def sidecar_params(self) -> dict:
+        """:meth:`params` as an export's sidecar writes them: floats without the widget's float noise
+        (:func:`~workbench.show.widgets.sliders.control_value`: ζ = 0.35, not 0.35000000000000003)."""
+        return {"panel": type(self).__name__, **{k: control_value(w) for k, w in self.controls.items()}}
 
     def set(self, **values) -> None:
         """Set several controls at once and update once (values are clamped by the sliders)."""
@@ -444,9 +456,9 @@ class Panel(abc.ABC):
 
     def export_all(self, folder, **kw):
         """Export every figure with :func:`workbench.show.export.export_all` (``params`` = the panel's
-        parameters unless given)."""
+        :meth:`sidecar_params` unless given)."""
 
-        kw.setdefault("params", {"panel": type(self).__name__, **self.params()})
+        kw.setdefault("params", self.sidecar_params())
         cap = getattr(self, "capture", None)
         if cap is not None:  # the sidecar names the model and the prompt
             kw.setdefault("model_id", getattr(cap, "model_id", None))

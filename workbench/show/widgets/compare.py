@@ -18,12 +18,28 @@ from dataclasses import fields
 
 import ipywidgets as W
 
+from workbench.rerun.eviction import build_policy
 from workbench.rerun.eviction.compare import RunComparison, compare_kept, compare_runs, setting_labels
 from workbench.show import plots
+from workbench.show.notation import symbol
 from workbench.show.widgets.answers import answer_table
 from workbench.show.widgets.base import SLIDERS, html_escape
 
-__all__ = ["CompareControls", "CompareMode", "compare_table"]
+__all__ = ["CompareControls", "CompareMode", "compare_table", "same_set_note"]
+
+
+def same_set_note(kept) -> str:
+    """What the compare view says when A and B (a ``KeptComparison``) keep the same positions (an all-"both" view
+    would look like a broken comparison), or ``""`` when they differ."""
+    n = kept.counts()
+    if n["A only"] or n["B only"]:
+        return ""
+    hint = "; choose one layer in *compare at* to see where they differ" if kept.layer is None else ""
+    return f"A and B keep the same set at this budget ({kept.where}){hint}"
+
+#: what the eviction panels' highlighted positions are (the answer document): the kept figure's row labels
+#: say whose share they give
+ANSWER_DOC = "answer doc"
 
 
 def _fmt(x: float) -> str:
@@ -52,6 +68,8 @@ def compare_table(cmp: RunComparison) -> str:
              side(a), side(b)),
             (f"kept positions ({cmp.kept.where}) of T = {cmp.kept.T}", f"A only {c['A only']}, both {c['both']}",
              f"B only {c['B only']}, neither {c['neither']}")]
+    if same_set_note(cmp.kept):
+        rows.append(("", same_set_note(cmp.kept), ""))
     return answer_table([("full cache", f.text or f"ids {list(f.ids)}"), (f"A: {a.label}", a.text or f"ids {list(a.ids)}"),
                          (f"B: {b.label}", b.text or f"ids {list(b.ids)}")], rows)
 
@@ -123,9 +141,11 @@ class CompareMode(CompareControls):
         other = next((n for n in ("snapkv", "deferkv") if n != first and n in self.classes), first)
         bud = c["budget"]
         c["compare"] = W.Checkbox(value=False, description="compare with setting B")
+        # one layer by default: over every layer (a position kept in any cache) both sides keep almost the whole
+        # prompt once B is a sizeable share of T, and the view would show A and B the same
         c["compare_layer"] = W.Dropdown(options=[("every layer", "all")] + [(f"layer {l}", l)
                                                                            for l in range(self.capture.L)],
-                                        value="all", description="compare at")
+                                        value=self.capture.L // 2, description="compare at")
         c["policy_b"] = W.Dropdown(options=c["policy"].options, value=other, description="policy (B)")
         c["budget_b"] = SLIDERS["budget"].make(bud.value, lo=bud.min, hi=bud.max, continuous=False)
         c["budget_b"].description = "eviction budget B (B)"
@@ -153,7 +173,8 @@ class CompareMode(CompareControls):
     def policy_b(self):
         """The policy object of setting B."""
         c = self.controls
-        return self.build_policy(c["policy_b"].value, c["defer_lam_b"].value, c["page_b"].value)
+        return build_policy(self.classes[c["policy_b"].value], **self.common, lam=float(c["defer_lam_b"].value),
+                            page=int(c["page_b"].value))
 
     def run_key_b(self) -> tuple:
         pol = self.policy_b()
@@ -182,18 +203,20 @@ class CompareMode(CompareControls):
         hl = self.highlight() or None
         if missing:
             reason = "; ".join(missing)
-            kept = (plots.kept_positions.draft(shown, self.prompt, highlight=hl) if shown
+            kept = (plots.kept_positions.draft(shown, self.prompt, highlight=hl, highlight_name=ANSWER_DOC) if shown
                     else self.no_preview(reason, f"A: {pa.name}, B: {pb.name}", Ba))
             view = plots.kept_compare.draft(None, cap, per_page=per_page, placeholder=reason, model_id=cap.model_id)
             return {"kept": kept, "compare": view}, (f"{html_escape(reason)}; press run to generate under both "
                                                      f"and compare the runs' kept sets")
-        cmp = compare_kept(prev_a, prev_b, layer=self.compare_layer(), labels=setting_labels(prev_a, prev_b))
+        cmp = compare_kept(prev_a, prev_b, layer=self.compare_layer(), labels=setting_labels(prev_a, prev_b, name=symbol))
         n = cmp.counts()
         status = (f"compare (preview from the capture, {cmp.where}): A: {html_escape(cmp.label_a)}; "
                   f"B: {html_escape(cmp.label_b)}; {n['A only']} A only, {n['B only']} B only, {n['both']} both, "
                   f"{n['neither']} neither of T = {cmp.T} prompt positions; {self.kv_note_both(prev_a, prev_b)}; "
                   f"press run to generate under both")
-        return {"kept": plots.kept_positions.draft(shown, self.prompt, highlight=hl),
+        if same_set_note(cmp):
+            status = f"<b>{html_escape(same_set_note(cmp))}</b><br>{status}"
+        return {"kept": plots.kept_positions.draft(shown, self.prompt, highlight=hl, highlight_name=ANSWER_DOC),
                 "compare": plots.kept_compare.draft(cmp, cap, per_page=per_page, model_id=cap.model_id)}, status
 
     def kv_note_both(self, prev_a, prev_b) -> str:
@@ -222,13 +245,13 @@ class CompareMode(CompareControls):
             ra = self._cached(ka, lambda: sess.run(pa, Ba))
             self._step(2, f"B: {pb.name}…")
             rb = self._cached(kb, lambda: sess.run(pb, Bb))
-            cmp = compare_runs(full, ra, rb, layer=self.compare_layer())
+            cmp = compare_runs(full, ra, rb, layer=self.compare_layer(), labels=setting_labels(ra, rb, name=symbol))
             self._step(3, "divergence from the full-cache answer…")
             da = self.divergence_of(sess, full, pa, Ba, ra, ka)
             db = self.divergence_of(sess, full, pb, Bb, rb, kb)
             self._step(4, "done")
         self.last_compare = cmp
         self.last_divergence_ab = None if da is None else (da, db)
-        self.answers.value = compare_table(cmp)
+        self._show_answers(compare_table(cmp))
         self.update()  # the divergence figure of A and B joins
         return cmp

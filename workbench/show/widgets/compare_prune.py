@@ -18,6 +18,7 @@ from workbench.analyse.procedure import trace
 from workbench.rerun.prune import run_full, run_pruned
 from workbench.rerun.prune_compare import PruneComparison, compare_pruned, compare_retained, retained_set
 from workbench.show import plots
+from workbench.show.notation import symbol
 from workbench.show.widgets.answers import answer_table
 from workbench.show.widgets.base import SLIDERS, ep_controls, ep_from, html_escape
 from workbench.show.widgets.compare import CompareControls
@@ -99,7 +100,7 @@ class PruneCompareMode(CompareControls):
         out = []
         for p, layer, q in ((pa, la, pb), (pb, lb, pa)):
             name = "adaptive" if layer is None else f"fixed l* = {layer}"
-            out.append(name + "".join(f", {k} = {p[k]:.3g}" if isinstance(p[k], float) else f", {k} = {p[k]}"
+            out.append(name + "".join(f", {symbol(k)} = {p[k]:.3g}" if isinstance(p[k], float) else f", {symbol(k)} = {p[k]}"
                                       for k in sorted(p) if p[k] != q[k]))
         return out[0], out[1]
 
@@ -142,5 +143,5 @@ class PruneCompareMode(CompareControls):
             cmp = compare_pruned(full, ra, rb, self.labels())
             self._step(3, "done")
         self.last_compare = cmp
-        self.answers.value = prune_table(cmp)
+        self._show_answers(prune_table(cmp))
         return cmp

@@ -1,9 +1,7 @@
 """The run-again panels: pruned prefill and KV eviction, calling the model only from their run controls."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import threading
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
@@ -21,7 +19,7 @@ from workbench.rerun.eviction import (
     FullCache,
     GenerationResult,
     Needs,
-    SnapKV,
+    build_policy,
     every_policy,
     preview,
 )
@@ -39,132 +37,15 @@ from workbench.show.widgets.base import (
     ep_from,
     html_escape,
 )
-from workbench.show.widgets.compare import CompareMode
+from workbench.show.widgets.compare import ANSWER_DOC, CompareMode
 from workbench.show.widgets.compare_prune import PruneCompareMode
 from workbench.show.widgets.divergence_view import DivergenceView
+from workbench.show.widgets.run_control import RunControls
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
 
 __all__ = ["PrunePanel", "EvictionPanel"]
-
-
-# ----------------------------------------------------------------------------- run-again panels
-class RunCancelled(Exception):
-    """A model run stopped by the panel's *cancel* button (between its steps)."""
-
-
-class _RunMixin:
-    """Cache, progress bar, cancel button and answer box of a panel that calls the model from a button.
-
-    The button and *re-run on change* call :meth:`request_run`: the run goes to a worker thread (the kernel
-    stays responsive), **one run is in flight at a time**, and slider moves during a run only mark the
-    panel stale: when the run ends, one more run starts with the *latest* values (intermediate values are
-    dropped). *cancel* stops the run in flight between its steps and drops the pending one. :meth:`run`
-    itself runs synchronously (scripts, tests).
-    """
-
-    live_only = "its figures follow a model run started from its button, not its sliders alone"
-
-    def _init_run(self, label: str, steps: int) -> None:
-        self.cache: dict = {}
-        self.model_calls = 0  # runs actually executed (cache misses)
-        self.runs_started = 0  # run() calls (cache hits included)
-        self.progress = W.IntProgress(value=0, min=0, max=steps, description="idle",
-                                      style={"description_width": "initial"}, layout=W.Layout(width="320px"))
-        self.run_button = W.Button(description=label, button_style="primary", icon="play")
-        self.cancel_button = W.Button(description="cancel", icon="stop", disabled=True)
-        self.auto = W.Checkbox(value=False, description="re-run on change")
-        self.answers = W.HTML(value="<i>not run yet: press the button</i>", layout=W.Layout(width="auto"))
-        self.run_button.on_click(lambda _b: self.request_run())
-        self.cancel_button.on_click(lambda _b: self.cancel())
-        self.auto.observe(lambda ch: self.request_run() if ch["new"] else None, names="value")
-        self._extra = [W.HBox([self.run_button, self.cancel_button, self.auto, self.progress]), self.answers]
-        self._lock = threading.Lock()
-        self._worker: threading.Thread | None = None
-        self._pending = False
-        self._cancel = threading.Event()
-
-    def request_run(self) -> threading.Thread:
-        """Run in the worker thread with the current values, or (a run in flight) run once more with the
-        latest values when it ends. Returns the worker thread."""
-        with self._lock:
-            self._pending = True
-            if self._worker is not None and self._worker.is_alive():
-                self.progress.description = "queued: latest values next"
-                return self._worker
-            self._cancel.clear()
-            self._worker = threading.Thread(target=self._work, daemon=True, name=f"{type(self).__name__}-run")
-            self._worker.start()
-            return self._worker
-
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                if not self._pending or self._cancel.is_set():
-                    self._pending = False
-                    return
-                self._pending = False
-            try:
-                self.run()
-            except RunCancelled:
-                return
-            except Exception:  # noqa: BLE001 - shown in the answer box by _busy; the worker must not die loudly
-                return
-
-    def cancel(self) -> None:
-        """Stop the run in flight (between its steps) and drop the pending one."""
-        with self._lock:
-            self._pending = False
-            self._cancel.set()
-        self.progress.description = "cancelling…"
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until the worker thread (if any) is done."""
-        w = self._worker
-        if w is not None:
-            w.join(timeout)
-
-    def _step(self, i: int, what: str) -> None:
-        if self._cancel.is_set():
-            raise RunCancelled(what)
-        self.progress.value = i
-        self.progress.description = what
-
-    @contextlib.contextmanager
-    def _busy(self):
-        """The run button is disabled (cancel enabled) while the model runs; a failure is shown in the answer box,
-        then raised."""
-        self.run_button.disabled = True
-        self.cancel_button.disabled = False
-        self.runs_started += 1
-        try:
-            yield
-        except RunCancelled:
-            self.progress.description = "cancelled"
-            self.answers.value = "<i>cancelled: press the button to run again</i>"
-            raise
-        except Exception as e:
-            self.progress.description = "failed"
-            self.answers.value = f"<span style='color:#D55E00'>run failed: {html_escape(e)}</span>"
-            raise
-        finally:
-            self.run_button.disabled = False
-            self.cancel_button.disabled = True
-            self._cancel.clear()
-
-    def _cached(self, key, fn):
-        if key not in self.cache:
-            self.cache[key] = fn()
-            self.model_calls += 1
-        return self.cache[key]
-
-    def _on_change(self, change) -> None:
-        if self._silent:
-            return
-        self.update()
-        if self.auto.value:
-            self.request_run()
 
 
 def _answer_table(left_title: str, left: str, right_title: str, right: str, rows=()) -> str:
@@ -179,7 +60,7 @@ def _text(res, ids_attr: str) -> str:
     return "ids " + str(list(getattr(res, ids_attr)))
 
 
-class PrunePanel(PruneCompareMode, _RunMixin, Panel):
+class PrunePanel(PruneCompareMode, RunControls, Panel):
     """Pruned prefill vs the full prefill (SPEC §6–§7).
 
     The sliders update the *predicted* decision from the capture (the trace, no model). The run
@@ -279,8 +160,8 @@ class PrunePanel(PruneCompareMode, _RunMixin, Panel):
         if stab is not None:
             rows.append(("", f"Δ_L = {stab.Delta_L:.4g}, margin = {stab.margin:.4g}, certified (m > 2ΛΔ_L): "
                              f"{stab.certified}"))
-        self.answers.value = _answer_table("full context", _text(full, "generated_ids"), "pruned prefill",
-                                           _text(pruned, "generated_ids"), rows)
+        self._show_answers(_answer_table("full context", _text(full, "generated_ids"), "pruned prefill",
+                                           _text(pruned, "generated_ids"), rows))
         self.update()  # the drift figure joins on the first run that pruned
         return pruned
 
@@ -296,7 +177,7 @@ def _no_preview(reason: str, policy: str, budget: int, model_id) -> go.Figure:
                                     showarrow=False)])
 
 
-class EvictionPanel(DivergenceView, CompareMode, _RunMixin, Panel):
+class EvictionPanel(DivergenceView, CompareMode, RunControls, Panel):
     """KV eviction policies (SPEC §9): policy, budget ``B``, DeferKV ``λ`` and the page size.
 
     The sliders update the *preview* of the kept prompt positions, scored from the capture's rows
@@ -357,22 +238,11 @@ class EvictionPanel(DivergenceView, CompareMode, _RunMixin, Panel):
             self.controls[ctl].layout.display = None if field in names else "none"
 
     def policy(self):
-        """The policy object of the current controls."""
+        """The policy object of the current controls: the panel's common parameters, DeferKV's ``λ`` and the page
+        size, to those policies that have the field (the one builder, :func:`~workbench.rerun.eviction.build_policy`)."""
         c = self.controls
-        return self.build_policy(c["policy"].value, c["defer_lam"].value, c["page"].value)
-
-    def build_policy(self, name: str, lam: float, page: int):
-        """The policy ``name`` with the panel's common parameters, DeferKV's ``λ`` and the page size."""
-        cls = self.classes[name]
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in self.common.items() if k in names}
-        if "base" in names:  # rescaling and budget allocations act on SnapKV's scores
-            kw["base"] = SnapKV(**{k: v for k, v in self.common.items() if k in {f.name for f in fields(SnapKV)}})
-        if "lam" in names:
-            kw["lam"] = float(lam)
-        if "page" in names:
-            kw["page"] = int(page)
-        return cls(**kw)
+        return build_policy(self.classes[c["policy"].value], **self.common, lam=float(c["defer_lam"].value),
+                            page=int(c["page"].value))
 
     def highlight(self) -> list[int]:
         """Positions of the answer document (the needle), when the prompt knows it."""
@@ -439,10 +309,16 @@ class EvictionPanel(DivergenceView, CompareMode, _RunMixin, Panel):
         pol = self.policy()
         if prev is None:
             B = int(self.controls["budget"].value)
+            ran = self.cache.get(self.run_key())
+            if ran is not None:  # the run's own kept set stands in for the preview the capture cannot give
+                fig = plots.kept_positions.draft([ran], self.prompt, highlight=self.highlight() or None)
+                return {"kept": fig}, (f"kept by the run (no preview: {pol.name} scores with evidence a capture "
+                                       f"does not hold): B = {ran.budget} of T = {ran.T} prompt positions")
             reason = f"{pol.name} scores with evidence a capture does not hold: no preview; press run"
             return {"kept": self.no_preview(reason, pol.name, B)}, (
                 f"{reason} to generate under it with B = {B} of T = {self.capture.T} prompt positions")
-        fig = plots.kept_positions.draft([prev], self.prompt, highlight=self.highlight() or None)
+        fig = plots.kept_positions.draft([prev], self.prompt, highlight=self.highlight() or None,
+                                         highlight_name=ANSWER_DOC)
         B = prev.budget
         return {"kept": fig}, (f"preview from the capture: {pol.name}, B = {B} of T = {prev.T} prompt positions"
                                + (" (no eviction: B ≥ T)" if B >= prev.T else "") + f"; {self.kv_note(prev)}")
@@ -489,9 +365,10 @@ class EvictionPanel(DivergenceView, CompareMode, _RunMixin, Panel):
         if hl:
             rows.append(("answer document kept (mean over layers, groups)", f"{float(res.survival(hl).nanmean()):.3f}"))
         rows.append(("", self.divergence_note(div)))
-        self.answers.value = _answer_table("full cache", _text(full, "ids"), f"{res.policy}, B = {res.budget}",
-                                           _text(res, "ids"), rows)
+        self._show_answers(_answer_table("full cache", _text(full, "ids"), f"{res.policy}, B = {res.budget}",
+                                         _text(res, "ids"), rows))
         self.last_divergence = div
-        self.update()  # the divergence figure joins (or leaves: an empty full answer)
+        self.update()  # the divergence figure joins (or leaves: an empty full answer); a policy without a preview:
+        # the kept figure shows this run's kept set
         return res
 

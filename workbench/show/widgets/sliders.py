@@ -9,10 +9,16 @@ import ipywidgets as W
 
 from workbench.analyse.counterexample import ShallowCounterexample
 from workbench.checks import Constraint, Interval
+from workbench.choices import COLOUR_SCALES
 from workbench.constraints import PARAMS
 from workbench.rerun.eviction.policies.deferkv import DeferKV
+from workbench.show.colour_scale import default_scale
 
-__all__ = ["SliderSpec", "SLIDERS"]
+__all__ = ["SliderSpec", "SLIDERS", "control_value", "LABEL_PX", "scale_dropdown", "scale_value"]
+
+#: the sliders' label column; a longer label is cut with "…" by the widget, so every label fits it
+#: (``tests/test_widgets.py`` counts 0.62 of the 13 px widget font per character, as for DejaVu Sans)
+LABEL_PX = 170
 
 OWNERS = (ShallowCounterexample, DeferKV)  # importing them registers the qualified keys named below
 
@@ -70,7 +76,7 @@ class SliderSpec:
         lo = self.lo if lo is None else lo
         hi = self.hi if hi is None else hi
         self.check_range(lo, hi)
-        style = {"description_width": "170px"}  # a fixed label column: long labels do not squeeze the track
+        style = {"description_width": f"{LABEL_PX}px"}  # a fixed label column: long labels do not squeeze the track
         lay = W.Layout(width="440px")
         if self.kind == "int":
             return W.IntSlider(value=int(min(max(v, lo), hi)), min=int(lo), max=int(hi), step=int(self.step),
@@ -91,7 +97,7 @@ SLIDERS: dict[str, SliderSpec] = {
     "tau": SliderSpec("τ (temperature)", "log", 1e-3, 10.0, 0.05, 1.0, "tau"),
     "eps_s": SliderSpec("ε_s (smoothing)", "log", 1e-3, 10.0, 0.05, 0.1, "eps_s"),
     "lam": SliderSpec("λ (concentration)", "float", None, 5.0, 0.05, 0.5, "lam"),
-    "target": SliderSpec("saving target (fraction of N)", "float", None, None, 0.01, 0.3, "target"),
+    "target": SliderSpec("target (share of N)", "float", None, None, 0.01, 0.3, "target"),
     "eps_row": SliderSpec("ε_row (row tolerance)", "log", 1e-3, None, 0.05, 0.05, "eps_row"),
     "m0": SliderSpec("m₀ (kept chunks)", "int", None, 1, 1, 1, "m0"),
     "layer": SliderSpec("layer", "int", None, 1, 1, 1, "layer"),
@@ -106,9 +112,32 @@ SLIDERS: dict[str, SliderSpec] = {
     "defer_lam": SliderSpec("DeferKV λ", "float", -2.0, 2.0, 0.01, 0.1, "deferkv.lam"),
     "budget": SliderSpec("eviction budget B", "int", None, 2, 1, 64, "budget"),  # lo: the protected count
     "k": SliderSpec("top-k (recall)", "int", None, 2, 1, 32, "k"),  # hi: T
-    "ref_start": SliderSpec("reference from decode row", "int", None, 1, 1, 1, "ref_start"),  # hi: n
+    "ref_start": SliderSpec("reference: decode row", "int", None, 1, 1, 1, "ref_start"),  # hi: n
     "W": SliderSpec("tail rows W", "int", None, 1, 1, 32, "W"),  # hi: the tail rows
     "run_layer": SliderSpec("fixed l*", "int", None, 1, 1, 4, "run_layer"),  # hi: L-1 (E_l exists)
-    "ce_eps": SliderSpec("ε (shallow mass on j*)", "log", 1e-9, 10 ** -0.5, 0.25, 1e-3, "counterexample.eps"),
+    "ce_eps": SliderSpec("ε (shallow mass, j*)", "log", 1e-9, 10 ** -0.5, 0.25, 1e-3, "counterexample.eps"),
     "ce_gamma": SliderSpec("γ (deep mass off j*)", "float", 0.001, 0.5, 0.001, 0.05, "counterexample.gamma"),
 }
+
+
+def control_value(w: W.Widget):
+    """A control's value as a sidecar writes it, a float to 12 significant digits: the widget's float arithmetic
+    gives 0.35000000000000003 for ζ = 0.35, written 0.35. Not rounded to the slider's step: a value set from code
+    (0.604 on a 0.01 slider) is what the panel computed with."""
+    v = w.value
+    return float(f"{v:.12g}") if isinstance(v, float) else v
+
+
+# ----------------------------------------------------------------------------- colour scale
+def scale_dropdown(T: int, description: str = "colour scale") -> W.Dropdown:
+    """The colour-scale choice of a heatmap or token view of a ``T``-token prompt: linear, log or quantile, starting
+    at the default for ``T`` (:func:`~workbench.show.colour_scale.default_scale`: linear below
+    :data:`~workbench.show.colour_scale.LONG_PROMPT_T` tokens, quantile from there on), which its label names."""
+    d = default_scale(T)
+    return W.Dropdown(options=[(f"{s} (default at T = {T:,})" if s == d else s, s) for s in COLOUR_SCALES], value=d,
+                      description=description)
+
+
+def scale_value(dropdown: W.Dropdown) -> str:
+    """The ``scale`` argument of the figure functions from :func:`scale_dropdown`."""
+    return dropdown.value

@@ -10,9 +10,12 @@ import numpy as np
 from workbench.analyse.params import EntroPrefillParams
 from workbench.capture import RowSet, run_capture
 from workbench.capture.hooks import model_identity
+from workbench.checks import check_int
 from workbench.run.models import unwrap_model
 from workbench.show import plots
+from workbench.show.plots.common import answer_chunk
 from workbench.show.widgets.base import SLIDERS, Panel, html_escape
+from workbench.show.widgets.sliders import scale_dropdown, scale_value
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -25,18 +28,21 @@ class TokenPanel(Panel):
     """The prompt's tokens shaded by attention (:func:`workbench.show.plots.token_attention`).
 
     Controls: the layer; the source (one query head, a KV group's mean, or the pooled ``μ``); the query row
-    (the observers' mean or any captured row: tail, audit, decode steps); log shading; exclude the sinks;
-    the page (long prompts). **Clicking a token** makes that token's own row the query row (:meth:`click`):
-    captured on demand (one prefill with that row alone) with ``model`` (or the state's model) when the capture
-    does not hold it; without the model that made the capture, the nearest captured row, and the status says so.
-    ``removed`` strikes tokens through: positions, a selection or trace (removed chunks at ``removed_layer``), or
-    an eviction ``GenerationResult`` (evicted positions of ``removed_layer`` / ``removed_group``). No model calls
-    but a click's.
+    (the observers' mean or any captured row: tail, audit, decode steps); the colour scale (linear, log or
+    quantile; it starts at linear below 2,048 tokens, quantile from there on); exclude the sinks; the page (long
+    prompts). **Clicking a token** makes that token's own row the query row (:meth:`click`): captured on demand
+    (one prefill with that row alone) with ``model`` (or the state's model) when the capture does not hold it;
+    without the model that made the capture, the nearest captured row, and the status says so. Long prompts: the
+    navigation row jumps to the page of the answer passage, of a chunk or of the next search hit
+    (:meth:`jump_to_answer`, :meth:`jump_to_chunk`, :meth:`jump_to_text`). ``removed`` strikes tokens through:
+    positions, a selection or trace (removed chunks at ``removed_layer``), or an eviction ``GenerationResult``
+    (evicted positions of ``removed_layer`` / ``removed_group``). No model calls but a click's.
     """
 
     title = "Attention over the prompt text"
     TOOLTIP_KEYS = {"page": "page_view"}
-    KEEP_NOT = ("query", "page")  # a row index and a page of another prompt mean other tokens
+    # a row index and a page of another prompt mean other tokens; the colour scale starts at the new length's default
+    KEEP_NOT = ("query", "page", "scale")
 
     def __init__(self, capture: Capture | CaptureState, *, layer: int | None = None, removed=None, removed_layer: int | None = None,
                  removed_group: int | None = None, params: EntroPrefillParams | None = None, per_page: int = 384,
@@ -59,6 +65,7 @@ class TokenPanel(Panel):
         self.capture = capture
         self.on_demand: dict = {}  # position → the capture of that token's row alone (a click's)
         self.click_note = ""
+        self._last_text, self._last_hit = None, -1  # the search hit last jumped to (positions of this capture)
         L = capture.L
         hg = np.asarray(capture.head_group).tolist()
         G = max(hg) + 1
@@ -72,7 +79,7 @@ class TokenPanel(Panel):
             "layer": SLIDERS["layer"].make(self._start_layer(L, self._layer), lo=0, hi=L - 1),
             "source": W.Dropdown(options=sources, value=("head", 0), description="source"),
             "query": W.Dropdown(options=self.row_options, value="observers", description="query row"),
-            "log": W.Checkbox(value=False, description="log scale"),
+            "scale": scale_dropdown(capture.T),
             "exclude_sinks": W.Checkbox(value=False, description="exclude sinks"),
             "page": W.IntSlider(value=0, min=0, max=n_pages - 1, description="page",
                                 layout=W.Layout(width="320px", display=None if n_pages > 1 else "none")),
@@ -82,6 +89,95 @@ class TokenPanel(Panel):
 
     def _hook(self) -> None:
         self.figures["tokens"].on_token_click(self.click)
+
+    # ----- navigation: long prompts have dozens of pages -----
+    def control_rows(self) -> list[W.Widget]:
+        """The controls, then the navigation row: jump to the answer, to a chunk, to a search hit."""
+        k = self.capture.spans.k
+        self.nav = {
+            "answer": W.Button(description="→ answer", tooltip="show the page holding the answer passage's first token",
+                               disabled=answer_chunk(self.capture.spans) is None, layout=W.Layout(width="auto")),
+            "chunk": W.BoundedIntText(value=0, min=0, max=max(0, k - 1), description="chunk",
+                                      disabled=k == 0, layout=W.Layout(width="150px")),
+            "to_chunk": W.Button(description="→ chunk", tooltip="show the page where this candidate chunk starts",
+                                 disabled=k == 0, layout=W.Layout(width="auto")),
+            "text": W.Text(value="", placeholder="search the prompt text", description="find",
+                           layout=W.Layout(width="260px")),
+            "find": W.Button(description="→ next hit", tooltip="show the page of the next token where the text "
+                             "occurs (case-insensitive; wraps around)", layout=W.Layout(width="auto")),
+            "note": W.HTML(""),
+        }
+        n = self.nav
+        n["answer"].on_click(lambda _: self._nav(self.jump_to_answer))
+        n["to_chunk"].on_click(lambda _: self._nav(lambda: self.jump_to_chunk(int(n["chunk"].value))))
+        n["find"].on_click(lambda _: self._nav(lambda: self.jump_to_text(n["text"].value)))
+        row = W.HBox([n["answer"], n["chunk"], n["to_chunk"], n["text"], n["find"], n["note"]],
+                     layout=W.Layout(flex_flow="row wrap"))
+        return [*super().control_rows(), row]
+
+    def _nav(self, jump) -> None:
+        """Run a jump from a button: the note says where it went, or why it could not."""
+        try:
+            pos = jump()
+        except ValueError as e:
+            self.nav["note"].value = f"<span style='color:#D55E00'>{html_escape(str(e))}</span>"
+            return
+        self.nav["note"].value = f"position {pos}, page {self.page_of(pos) + 1}"
+
+    def page_of(self, position: int) -> int:
+        """The page (0-based) that shows prompt ``position``."""
+        check_int("position", position, 0, self.capture.T - 1)
+        return int(position) // self.per_page
+
+    def jump_to(self, position: int) -> int:
+        """Show the page holding prompt ``position``; returns the position."""
+        self.controls["page"].value = self.page_of(position)
+        return int(position)
+
+    def jump_to_answer(self) -> int:
+        """Show the page where the answer passage starts; returns its first position. A prompt without a marked
+        answer passage is refused."""
+        sp = self.capture.spans
+        a = answer_chunk(sp)
+        if a is None:
+            raise ValueError("answer: this prompt has no marked answer passage")
+        return self.jump_to(int(sp.chunks[a][0]))
+
+    def jump_to_chunk(self, chunk: int) -> int:
+        """Show the page where candidate chunk ``chunk`` starts; returns its first position."""
+        sp = self.capture.spans
+        if sp.k == 0:
+            raise ValueError("chunk: this prompt has no candidate chunks")
+        check_int("chunk", chunk, 0, sp.k - 1)
+        return self.jump_to(int(sp.chunks[chunk][0]))
+
+    def search(self, text: str) -> list[int]:
+        """Every prompt position whose token starts an occurrence of ``text`` in the prompt's text (the tokens
+        joined; case-insensitive; a hit may span several tokens)."""
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"text: must be a non-empty string, got {text!r}")
+        toks = list(self.capture.spans.tokens)
+        if len(toks) < self.capture.T:
+            raise ValueError("text: this capture has no token strings to search")
+        toks = toks[:self.capture.T]
+        starts = np.cumsum([0] + [len(t) for t in toks])
+        full, needle = "".join(toks).lower(), text.lower()
+        hits, i = [], full.find(needle)
+        while i >= 0:
+            hits.append(int(np.searchsorted(starts, i, side="right") - 1))
+            i = full.find(needle, i + 1)
+        return sorted(set(hits))
+
+    def jump_to_text(self, text: str) -> int:
+        """Show the page of the next hit of ``text`` (:meth:`search`) after the last one jumped to for the same text
+        (the first hit at first; wraps around); returns its position. No hit is refused."""
+        hits = self.search(text)
+        if not hits:
+            raise ValueError(f"text: {text!r} does not occur in the prompt")
+        last = self._last_hit if self._last_text == text else -1
+        pos = next((h for h in hits if h > last), hits[0])
+        self._last_text, self._last_hit = text, pos
+        return self.jump_to(pos)
 
     def row_model(self):
         """The model that made the capture (the panel's, else its state's), or ``None`` with the reason in
@@ -142,7 +238,7 @@ class TokenPanel(Panel):
         a = self._analyse()
         c = self.controls
         fig = plots.token_attention.draft(**a, removed=self.removed, removed_layer=self.removed_layer,
-                                    removed_group=self.removed_group, log=bool(c["log"].value),
+                                    removed_group=self.removed_group, scale=scale_value(c["scale"]),
                                     exclude_sinks=bool(c["exclude_sinks"].value), page=int(c["page"].value),
                                     per_page=self.per_page)
         m = fig.meta
