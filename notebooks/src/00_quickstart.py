@@ -47,13 +47,13 @@ wb.plots.attention_strip(cap, layer=cap.L // 2, head=0, log=True)   # the same r
 # ### Attention over the text
 #
 # The prompt as text, each token shaded by the attention it gets from a query row: the observers' mean,
-# a tail row or a decode step (the *query row* menu, or click a token: the captured row nearest to it
-# becomes the query), for one head, a KV group or the pooled `μ`. The answer passage is outlined in
-# green, chunk starts are ticks, the query token is boxed. *log scale* keeps the sinks (often > 0.5 of
+# a tail row or a decode step (the *query row* menu, or click a token: its own row becomes the query,
+# captured on demand), for one head, a KV group or the pooled `μ`. The answer passage is outlined in
+# green, chunk starts are ticks, the query token is boxed. *colour scale* (log, or quantile, the default from 2,048 tokens) keeps the sinks (often > 0.5 of
 # the mass) from washing out the rest; *exclude sinks* leaves them unshaded.
 
 # %%
-state = wb.widgets.CaptureState(cap, prompt)   # one capture for the panels below; the prompt panel replaces it
+state = wb.widgets.CaptureState(cap, prompt, model=lm)   # one capture for the panels below; the prompt panel replaces it
 tokens = wb.widgets.TokenPanel(state, layer=cap.L // 2)
 tokens.widget
 
