@@ -245,7 +245,8 @@ def test_toggle_off_restores_the_single_view(tiny):
     assert np.array_equal(np.asarray(single.data[1].z, dtype=float), z0, equal_nan=True)
     ref = plots.kept_positions([panel.analysis()], spans, highlight=panel.highlight(), highlight_name="answer doc")
     assert list(single.data[1].y) == list(ref.data[1].y) and single.data[1].y[0].startswith("deferkv B=20 (")
-    assert single.data[1].y[0].endswith("% of answer doc kept)")  # the share is the answer document's
+    assert single.data[1].y[0].endswith("%)")  # the share is the answer document's, as the x title says
+    assert single.layout.xaxis2.title.text.endswith("(%): share of answer doc kept")
     assert panel.status.value.startswith("preview from the capture: deferkv, B = 20")
     # single-mode controls of B are shown only for the policies that use them
     panel.set(policy_b="page-entrokv")

@@ -185,8 +185,10 @@ class TokenView:
             what = {"log": "log₁₀ A (log scale)", "quantile": "A (quantile scale)"}.get(self.scale, "A (linear scale)")
             if self.scale == "quantile" and self.scale_ticks:
                 ends = self.scale_ticks[0][1], self.scale_ticks[-1][1]
-                mid = "; ".join(f"q{q:g} = {t}" for q, t in self.scale_ticks[1:-1])
-                bits = [f'<span class="kx" style="margin-left:0">{what}: {ends[0]} {sw} {ends[1]} ({mid})</span>']
+                # one unbroken piece per quantile: the key wraps between them (one piece for all ran a one-column
+                # export off its right edge)
+                bits = [f'<span class="kx" style="margin-left:0">{what}: {ends[0]} {sw} {ends[1]}</span>']
+                bits += [f'<span class="kx">q{q:g} = {t}</span>' for q, t in self.scale_ticks[1:-1]]
             else:
                 bits = [f'<span class="kx" style="margin-left:0">{what}: {self.cmin:.3g} {sw} {self.cmax:.3g}</span>']
         if any(self.chunk_start):

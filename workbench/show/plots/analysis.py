@@ -200,8 +200,8 @@ def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False,
     toks = hover_tokens(sp, T)[ns:] if bins.exact else None  # labels of every key only when shown
     hg = pooling.head_group if pooling.head_group is not None else np.zeros(H, dtype=np.int64)
     Hh, w = as_numpy(pooling.H[layer]), as_numpy(pooling.w[layer])
-    ylab = [f"{lab}  H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab}  invalid"
-            for h, lab in enumerate(head_labels(hg))]
+    ylab = [f"{lab} H={Hh[h]:.2f} w={w[h]:.2f}" if np.isfinite(Hh[h]) else f"{lab} invalid"  # one space: at one
+            for h, lab in enumerate(head_labels(hg))]  # column plotly's least plot width left the labels no more room
     colour = scale_title("a/z", sc)
     if bins.exact:
         shown = plot_array(res)

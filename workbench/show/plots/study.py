@@ -69,14 +69,15 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     The cell is the fraction of (compacted layer, KV group) caches that kept the position (or 0/1 for one
     ``layer`` and ``group``). Highlighted positions (the needle) are marked with green ticks on top and, outside the
     answer passage, a shaded band; the answer passage (when the prompt knows it) is outlined, not filled. Row labels
-    give the share of the highlighted positions kept (``GenerationResult.survival``), naming what it is a share of.
+    give the share of the highlighted positions kept (``GenerationResult.survival``); the x title names what it is
+    a share of.
 
     Args:
         results: ``GenerationResult`` list (e.g. ``run_policies``), all on the same prompt.
         prompt: the ``Prompt`` (or ``PromptSpans`` / ``Capture``) for the tokens.
         highlight: positions to mark, or a text occurring in the prompt (e.g. the needle).
         layer, group: one cache to show instead of the fraction over all compacted caches.
-        highlight_name: what the highlighted positions are, for the row labels ("7% of answer doc kept");
+        highlight_name: what the highlighted positions are, for the x title ("(%): share of answer doc kept");
             default "highlighted text" for a text, "highlighted tokens" for positions.
     """
     results = list(results)
@@ -113,7 +114,8 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
         if hi:
             surv = as_numpy(r.survival(hi))
             sub = surv[np.ix_(layers, groups)] if layers else np.array([math.nan])
-            lab += f" ({np.nanmean(sub):.0%} of {highlight_name} kept)" if np.isfinite(sub).any() else ""
+            # the share only: its long name ran the labels off a one-column canvas; the x title names it
+            lab += f" ({np.nanmean(sub):.0%})" if np.isfinite(sub).any() else ""
         labels.append(lab)
     toks = hover_tokens(sp, T)
     bins = token_bins(T)  # scale: ≤ DEFAULT_WIDTH_PX cells per row (mean kept fraction per bin of tokens)
@@ -121,13 +123,14 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     cells = plot_array(bins.reduce(z_full, "mean")) if not bins.exact else plot_array(z)
     cell_toks = bins.labels(toks)
     fig = Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.07, 0.93], vertical_spacing=0.01)
+    hover_share = f"<br>(%): share of {highlight_name} kept" if hi else ""
     fig.add_trace(go.Scatter(x=hi, y=[0] * len(hi), name="highlight", mode="markers", showlegend=False,
                              marker=dict(symbol="triangle-down", color=ANSWER, size=9),
                              customdata=np.array([toks[p] for p in hi], dtype=object), meta={"customdata": ["token"]},
                              hovertemplate="%{x}: %{customdata}<extra>highlight</extra>"), 1, 1)
     fig.add_trace(go.Heatmap(z=cells, x=bins.lo, y=labels, coloraxis="coloraxis", name="kept",
                              customdata=repeat_rows(cell_toks, len(results)), meta={"customdata": ["token"]},
-                             hovertemplate="%{y}<br>%{x}: %{customdata}<br>kept %{z:.2f}<extra></extra>"), 2, 1)
+                             hovertemplate="%{y}<br>%{x}: %{customdata}<br>kept %{z:.2f}" + hover_share + "<extra></extra>"), 2, 1)
     ans = answer_chunk(sp)
     inside = range(*sp.chunks[ans]) if ans is not None else range(0)
     for p in hi:
@@ -142,7 +145,7 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
     fig.update_xaxes(showline=False, ticks="", showgrid=False, row=1, col=1)
     # no y title: the row labels name the policy and the budget, and at one column they fill the left margin
     fig.update_yaxes(autorange="reversed", row=2, col=1)
-    fig.update_xaxes(title_text="prompt position", range=[-0.5, T - 0.5], row=2, col=1)
+    fig.update_xaxes(title_text="prompt position" + hover_share.replace("<br>", "; "), range=[-0.5, T - 0.5], row=2, col=1)
     where = "fraction of compacted caches" if layer is None and group is None else \
         f"layer {'all' if layer is None else layer}, group {'all' if group is None else group}"
     if not bins.exact:
