@@ -362,7 +362,7 @@ def test_envelope_rows_with_nothing_removed_says_so(syn):
     fig = plots.envelope_rows(env)
     assert env.q == 0 and not np.any(np.asarray(fig.data[1].y, dtype=float))
     assert fig.layout.meta["placeholder"].startswith("nothing removed at this layer (q = 0)")
-    assert any(a.text.startswith("nothing removed at this layer") for a in fig.layout.annotations)
+    assert any(a.text.replace("<br>", " ").startswith("nothing removed at this layer") for a in fig.layout.annotations)
     some = envelope(cap.observer_attn()[l], pool.mu[l], pool.omega[l], cap.spans.removal_mask([1]), layer=l)
     assert "placeholder" not in plots.envelope_rows(some).layout.meta
 
