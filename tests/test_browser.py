@@ -848,7 +848,7 @@ def test_prompt_panel_feeds_the_heads_priority_and_token_panels(lab, artifacts):
         # RULER mode: a task family at 2k tokens, chosen in the panel, built and captured, reaches all three panels
         area.locator(".widget-toggle-button", has_text="RULER task").click()
         area.locator(".widget-dropdown select").select_option("niah_multikey")
-        length = area.locator(".widget-text", has_text="length").locator("input")
+        length = area.locator(".widget-text", has_text="haystack").locator("input")
         length.fill("2048")
         length.press("Enter")
         button.click()

@@ -101,6 +101,8 @@ def test_report_counts_failed_cells(tiny_lm, tmp_path, monkeypatch, capsys):
     assert not len(concl) or not concl.astype(str).apply(lambda c: c.str.contains("bad-raising")).any().any()
     surv = pd.read_parquet(t / "needle_survival.parquet").set_index("policy")
     assert surv.loc["bad-raising", "correct"] is None and "this policy always fails" in surv.loc["bad-raising", "error"]
+    div = pd.read_parquet(t / "answer_divergence.parquet")  # a failing policy is a row with its error, no number
+    assert len(div) and div["mean_kl"].isna().all() and div["error"].str.contains("this policy always fails").all()
     page = html.unescape((out / "report.html").read_text())
     assert "2 with errors" in page
     for task in ("needle", "squad_single"):

@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # editors and type checkers read the flat names here (``X as 
     from workbench.analyse.cost import kv_bytes_dense as kv_bytes_dense
     from workbench.analyse.counterexample import ShallowCounterexample as ShallowCounterexample
     from workbench.analyse.counterexample import deletion_sweep as deletion_sweep
+    from workbench.analyse.divergence import AnswerDivergence as AnswerDivergence
     from workbench.analyse.envelope import chi2_divergence as chi2_divergence
     from workbench.analyse.envelope import envelope as envelope
     from workbench.analyse.envelope import output_bound as output_bound
@@ -58,6 +59,8 @@ if TYPE_CHECKING:  # editors and type checkers read the flat names here (``X as 
     from workbench.capture import Capture as Capture
     from workbench.capture import RowSet as RowSet
     from workbench.capture import run_capture as run_capture
+    from workbench.rerun.divergence import answer_divergence as answer_divergence
+    from workbench.rerun.divergence import answer_divergences as answer_divergences
     from workbench.rerun.eviction import REGISTRY as policy_registry  # noqa: F401 (re-exported under its flat name)
     from workbench.rerun.eviction import EvictionPolicy as EvictionPolicy
     from workbench.rerun.eviction import EvictionSession as EvictionSession

@@ -24,7 +24,8 @@ import workbench as wb
 lm = load()
 full_ex = wb.load_example("needle_haystack")
 lo, hi = full_ex.answer_doc - 2, full_ex.answer_doc + 3          # five paragraphs, the needle in the middle
-ex = dataclasses.replace(full_ex, documents=full_ex.documents[lo:hi], answer_doc=full_ex.answer_doc - lo)
+ex = dataclasses.replace(full_ex, documents=full_ex.documents[lo:hi], answer_doc=full_ex.answer_doc - lo,
+                         evidence_docs=tuple(e - lo for e in full_ex.evidence_docs if lo <= e < hi))
 prompt = ex.build(lm.tokenizer, max_context=lm.shape.max_context)
 needle = wb.token_positions(prompt, lm.tokenizer, ex.answer)
 print(f"T = {prompt.T}; answer {ex.answer!r} at positions {needle[0]}…{needle[-1]}")
@@ -200,11 +201,11 @@ print(f"DeferKV at λ = 0.1, W = 32: the decode row r = 1 carries α_1 = {decode
 
 run_a, run_b = (next(r for r in field if r.policy == n) for n in ("snapkv", "deferkv"))
 prev_a, prev_b = duo.preview_of(duo.policy(), 64), duo.preview_of(duo.policy_b(), 64)
-duo_counts = wb.compare_kept(prev_a, prev_b).counts()
+duo_counts = wb.compare_kept(prev_a, prev_b, layer=duo.compare_layer()).counts()   # the layer the panel shows
 print(f"compare mode, snapkv (A) vs deferkv (B) at B = 64: {duo_counts}; KV bytes after eviction "
       f"A {prev_a.kv_bytes_after:,}, B {prev_b.kv_bytes_after:,} (runs: {run_a.kv_bytes_after:,}, {run_b.kv_bytes_after:,})")
 assert duo.model_calls == 0 and (prev_a.params, prev_b.params) == (run_a.params, run_b.params)
-assert duo_counts == wb.compare_kept(run_a, run_b).counts() and sum(duo_counts.values()) == T
+assert duo_counts == wb.compare_kept(run_a, run_b, layer=duo.compare_layer()).counts() and sum(duo_counts.values()) == T
 assert (prev_a.kv_bytes_after, prev_b.kv_bytes_after) == (run_a.kv_bytes_after, run_b.kv_bytes_after)
 assert f"{duo_counts['A only']} A only" in duo.status.value and f"A {run_a.kv_bytes_after:,}" in duo.status.value
 assert full_row.correct and full_row.kept_mean == 1.0

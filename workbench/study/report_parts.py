@@ -104,14 +104,15 @@ def divergence_part(cfg: ReportConfig, lm, items):
                                        max_new_tokens=n)
             for row, d in zip(base, found):
                 row.update(n_answer=d.n, mean_kl=d.mean_kl, first_divergence=d.first_divergence, error=None)
-        except ValueError:  # a policy refused there: each alone, so the others still get their numbers
+        except Exception:  # noqa: BLE001 - a policy refused or failed there: each alone, so the others still get theirs
             for row in base:
                 try:
                     d = answer_divergences(lm, prompt, [(eviction.policy_from_params(row["method"]), B)],
                                            max_new_tokens=n)[0]
                     row.update(n_answer=d.n, mean_kl=d.mean_kl, first_divergence=d.first_divergence, error=None)
-                except ValueError as e:
-                    row.update(n_answer=None, mean_kl=None, first_divergence=None, error=str(e).splitlines()[0])
+                except Exception as e:  # noqa: BLE001 - a failed policy is a row with its error, never a number
+                    row.update(n_answer=None, mean_kl=None, first_divergence=None,
+                               error=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
         rows += base
     note = (f"Per family (its first prompt) and eviction policy at the smallest budget fraction {frac:g}: the "
             "compressed run teacher-forced on the full-cache answer; mean_kl = mean over the answer's tokens of "
