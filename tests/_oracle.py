@@ -42,3 +42,17 @@ def assert_capture_leaves_logits_unchanged(m, input_ids) -> None:
         with capture_attention(m, [T - 1], K=T, T=T):
             on = m(x).logits
     assert torch.equal(on, off)
+
+
+def greedy_no_cache(m, ids, n: int, stop) -> list[int]:
+    """Plain greedy decoding, no cache: the whole sequence recomputed at every step; the new ids (the stop id
+    kept)."""
+    ids, out = list(ids), []
+    with torch.no_grad():
+        for _ in range(n):
+            y = int(m(torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(y)
+            ids.append(y)
+            if y in stop:
+                break
+    return out

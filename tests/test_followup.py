@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _oracle import oracle_logits_with
+from _oracle import greedy_no_cache, oracle_logits_with
 
 from workbench.rerun.eviction import DeferKV, FullCache, SnapKV
 from workbench.rerun.eviction.followup import answer_body, chat_next_turn, run_followup
@@ -29,17 +29,6 @@ def spans():
     return PromptSpans.synthetic([10, 12, 9, 11], query_len=8)
 
 
-def _greedy(m, ids, n, stop):
-    """Plain greedy decoding, no cache: the whole sequence recomputed at every step."""
-    ids, out = list(ids), []
-    with torch.no_grad():
-        for _ in range(n):
-            y = int(m(torch.tensor([ids])).logits[0, -1].argmax())
-            out.append(y)
-            ids.append(y)
-            if y in stop:
-                break
-    return out
 
 
 def _masked_logits(m, ids, kept, gen_from):
@@ -67,9 +56,9 @@ def test_full_budget_equals_a_plain_two_turn_generation(model, spans):
     stop = stop_token_ids(model)
     T = spans.T
     res = run_followup(model, spans, [(FullCache(), T), (SnapKV(), T), (DeferKV(), T)], N_NEW, lambda body: TURN2)
-    a1 = _greedy(model, spans.input_ids, N_NEW, stop)
+    a1 = greedy_no_cache(model, spans.input_ids, N_NEW, stop)
     body = answer_body(a1, stop)
-    a2 = _greedy(model, list(spans.input_ids) + body + TURN2, N_NEW, stop)
+    a2 = greedy_no_cache(model, list(spans.input_ids) + body + TURN2, N_NEW, stop)
     assert len(res) == 3
     for r in res:
         assert r.error is None, r.error

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from _oracle import greedy_no_cache
 
 import workbench.study.followup as fu
 import workbench.study.report as report
@@ -51,16 +52,6 @@ def test_followup_items_are_deterministic_and_ask_two_keys(tok):
     assert len({x.meta["cluster"] for x in a}) == 2
 
 
-def _greedy(m, ids, n, stop):
-    ids, out = list(ids), []
-    with torch.no_grad():
-        for _ in range(n):
-            y = int(m(torch.tensor([ids])).logits[0, -1].argmax())
-            out.append(y)
-            ids.append(y)
-            if y in stop:
-                break
-    return out
 
 
 def test_followup_sweep_rows_and_second_answer_claims(lm, tok):
@@ -77,9 +68,9 @@ def test_followup_sweep_rows_and_second_answer_claims(lm, tok):
     it = items[0]
     prompt = first_turn_item(it).build(tok, max_context=lm.shape.max_context)
     stop = stop_token_ids(lm)
-    a1 = _greedy(lm.model, prompt.spans.input_ids, N_NEW, stop)
+    a1 = greedy_no_cache(lm.model, prompt.spans.input_ids, N_NEW, stop)
     body = answer_body(a1, stop)
-    a2 = _greedy(lm.model, list(prompt.spans.input_ids) + body + chat_next_turn(tok, it.instruction, it.query)(body),
+    a2 = greedy_no_cache(lm.model, list(prompt.spans.input_ids) + body + chat_next_turn(tok, it.instruction, it.query)(body),
                  N_NEW, stop)
     full = ok[ok["method"] == "full"].iloc[0]
     assert list(full["generated_ids"]) == a2

@@ -33,20 +33,27 @@ def _cancel_at(panel, net, at_layer: int, ran: list):
     return [layer.register_forward_pre_hook(hook(l)) for l, layer in enumerate(decoder_layers(net))]
 
 
-def test_cancel_stops_within_one_layer_and_keeps_the_previous_answers(tiny):
-    lm, spans, cap = tiny
-    net = unwrap_model(lm)[0]
-    L = len(decoder_layers(net))
-    panel = Wd.EvictionPanel(cap, lm, spans, policy="deferkv", budget=20, recent=8, max_new_tokens=5)
-    # cancel during the prefill: no layer after the one running when cancel was pressed
+def _run_cancelled_at(panel, net, at_layer: int) -> list:
+    """Run ``panel`` (waiting for it) with *cancel* pressed when ``at_layer`` is first entered; the decoder layers
+    entered, in order (the hooks are always removed)."""
     ran: list = []
-    handles = _cancel_at(panel, net, 1, ran)
+    handles = _cancel_at(panel, net, at_layer, ran)
     try:
         panel.request_run()
         panel.wait(60)
     finally:
         for h in handles:
             h.remove()
+    return ran
+
+
+def test_cancel_stops_within_one_layer_and_keeps_the_previous_answers(tiny):
+    lm, spans, cap = tiny
+    net = unwrap_model(lm)[0]
+    L = len(decoder_layers(net))
+    panel = Wd.EvictionPanel(cap, lm, spans, policy="deferkv", budget=20, recent=8, max_new_tokens=5)
+    # cancel during the prefill: no layer after the one running when cancel was pressed
+    ran = _run_cancelled_at(panel, net, 1)
     assert ran == [0, 1] and max(ran) < L - 1, ran       # the prefill stopped before its last layer
     assert panel.progress.description == "cancelled" and panel._session is None   # nothing half-written kept
     assert not panel.run_button.disabled and panel.cancel_button.disabled
@@ -55,14 +62,7 @@ def test_cancel_stops_within_one_layer_and_keeps_the_previous_answers(tiny):
     shown = panel.answers.value
     assert "full cache" in shown
     panel.set(budget=24)
-    ran = []
-    handles = _cancel_at(panel, net, 0, ran)
-    try:
-        panel.request_run()
-        panel.wait(60)
-    finally:
-        for h in handles:
-            h.remove()
+    ran = _run_cancelled_at(panel, net, 0)
     assert ran == [0] and panel.progress.description == "cancelled"
     assert shown in panel.answers.value and "cancelled" in panel.answers.value
     # no stopping point left on the model: a later forward runs every layer
@@ -78,14 +78,7 @@ def test_cancel_stops_the_pruned_prefill_panel_within_one_layer(tiny):
     net = unwrap_model(lm)[0]
     base = wb.EntroPrefillParams(target=0.2, eps_row=0.9, eps_audit=1.0, streak=0)
     panel = Wd.PrunePanel(cap, lm, spans, base, max_new_tokens=2)
-    ran: list = []
-    handles = _cancel_at(panel, net, 1, ran)
-    try:
-        panel.request_run()
-        panel.wait(60)
-    finally:
-        for h in handles:
-            h.remove()
+    ran = _run_cancelled_at(panel, net, 1)
     assert ran == [0, 1] and panel.progress.description == "cancelled" and panel.model_calls == 0
     assert panel.last_full is None and "not run yet" in panel.answers.value   # nothing of the stopped run shown
 
