@@ -134,8 +134,9 @@ def scale_dropdown(T: int, description: str = "colour scale") -> W.Dropdown:
     at the default for ``T`` (:func:`~workbench.show.colour_scale.default_scale`: linear below
     :data:`~workbench.show.colour_scale.LONG_PROMPT_T` tokens, quantile from there on), which its label names."""
     d = default_scale(T)
+    # the label's own width: a longer one ("residual colours") would be cut to "residual c…" by the default column
     return W.Dropdown(options=[(f"{s} (default at T = {T:,})" if s == d else s, s) for s in COLOUR_SCALES], value=d,
-                      description=description)
+                      description=description, style={"description_width": "initial"})
 
 
 def scale_value(dropdown: W.Dropdown) -> str:
