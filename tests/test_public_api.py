@@ -171,3 +171,23 @@ def test_split_buffers_takes_buffers_out_as_ipywidgets_does():
     got, want = split_buffers(states), _remove_buffers(states)
     assert got[0] == want[0] and got[1] == want[1]
     assert [bytes(b) for b in got[2]] == [bytes(b) for b in want[2]] and len(got[2]) == 6
+
+
+def test_the_public_fallback_lays_the_figures_out_at_a_width_every_room_holds():
+    """plotly's stock widget reports no room, so a panel under the forced fallback lays its figures out at the
+    narrowest live width (a wider one was cut by the page in a 1000 px window: 660 px figures in 568 px)."""
+    from workbench.capture.data import Capture
+    from workbench.run.spans import PromptSpans
+    from workbench.show import private_compat as pc
+    from workbench.show.widgets import HeadsPanel
+    from workbench.show.widgets.base import FIGURE_WIDTH, MIN_FIGURE_WIDTH
+
+    cap = Capture.synthetic(PromptSpans.synthetic([8, 6, 9, 7, 5], answer_doc=2), L=4, H_Q=6, G=2, seed=0)
+    assert HeadsPanel(cap, layer=1).live_width == FIGURE_WIDTH
+    before = pc.force_public(True)
+    try:
+        panel = HeadsPanel(cap, layer=1)
+    finally:
+        pc.force_public(before)
+    widths = [fw.layout.width for fw in panel.figures.values() if hasattr(fw, "layout") and hasattr(fw.layout, "width")]
+    assert panel.live_width == MIN_FIGURE_WIDTH and widths and all(w == MIN_FIGURE_WIDTH for w in widths)

@@ -21,6 +21,7 @@ from workbench.show.figure_widget import FigureWidget, figure_widget
 from workbench.show.interactive import export_interactive
 from workbench.show.notation import tooltip
 from workbench.show.paper_layout import paper_layout
+from workbench.show.private_compat import widget_internals_ok
 from workbench.show.token_view import TokenView
 from workbench.show.widgets.sliders import SLIDERS, SliderSpec, control_value
 from workbench.show.widgets.state import CaptureState
@@ -140,8 +141,10 @@ class Panel(abc.ABC):
         self._analysis_ms = 0.0
         self._state: CaptureState | None = None
         self._kept: dict | None = None  # control values to keep while a new capture is set up
-        #: the width (px) the figures are laid out at: :func:`live_width` of the room the page reports
-        self.live_width = FIGURE_WIDTH
+        #: the width (px) the figures are laid out at: :func:`live_width` of the room the page reports. plotly's
+        #: stock widget (the public fallback) reports no room, so there the figures take the narrowest live width,
+        #: which every room the workbench's own widget lays out for also holds (wider, they were cut by the page)
+        self.live_width = FIGURE_WIDTH if widget_internals_ok() else MIN_FIGURE_WIDTH
 
     #: whether the panel can show a new capture in place (:meth:`set_capture`; the panel defines ``_setup``)
     follows_capture = False
