@@ -136,7 +136,7 @@ def run_prompt(model, prompt, pols, budgets, n_new, answers, survive_text):
         for B in (budgets[:1] if p.keeps_all else budgets):
             sess.evidence._scores.clear()  # each run pays for its own (and its base's) scores
             jobs.append((group, label, p, B))
-            states.append(sess._evict(p, B))
+            states.append(sess.evict(p, B))
     # decode: runs with equal cache lengths batched (as EvictionSession.run_batch; equal to single runs up
     # to float rounding), a count per layer alone
     ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]

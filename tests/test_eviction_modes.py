@@ -42,7 +42,7 @@ def test_rerotated_keys_sit_at_their_new_positions(model, session):
     fresh prefill of the kept tokens at positions 0 … S'-1."""
     pol = StreamingLLM(**SMALL)
     B = 20
-    st = session._evict(pol, B, rerotate=True)
+    st = session.evict(pol, B, rerotate=True)
     kept = st.kept[0, 0]
     assert torch.equal(st.kept[0], kept.expand_as(st.kept[0]))  # StreamingLLM: the same positions in every head
     fresh = adapter.new_cache(model)
@@ -50,7 +50,7 @@ def test_rerotated_keys_sit_at_their_new_positions(model, session):
     k_new, _ = adapter.cache_kv(st.cache, 0)
     k_ref, _ = adapter.cache_kv(fresh, 0)
     assert torch.allclose(k_new, k_ref, atol=1e-5)
-    k_orig, _ = adapter.cache_kv(session._evict(pol, B).cache, 0)
+    k_orig, _ = adapter.cache_kv(session.evict(pol, B).cache, 0)
     assert not torch.allclose(k_orig, k_ref, atol=1e-3), "the original positions differ (else the test is vacuous)"
 
 

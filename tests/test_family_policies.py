@@ -125,12 +125,12 @@ def test_rotary_maps_turn_keys_by_a_shift(family):
 
 def _layer0_keys_after_rerotation(m, spans, pol, B):
     sess = EvictionSession.prepare(m, spans, pol.needs(), 3, progress=False)
-    st = sess._evict(pol, B, rerotate=True)
+    st = sess.evict(pol, B, rerotate=True)
     kept = st.kept[0, 0]
     fresh = adapter.new_cache(m)
     with torch.no_grad():
         adapter.forward(m, torch.tensor([[sess.ids[int(p)] for p in kept]]), cache=fresh, logits_to_keep=1)
-    orig = adapter.cache_kv(sess._evict(pol, B).cache, 0)[0]
+    orig = adapter.cache_kv(sess.evict(pol, B).cache, 0)[0]
     return adapter.cache_kv(st.cache, 0)[0], adapter.cache_kv(fresh, 0)[0], orig
 
 

@@ -12,7 +12,7 @@ __all__ = ["AuditMode", "Priority", "PolicyName", "Pooling", "H2ONormalise", "He
            "AUDIT_MODES", "PRIORITIES", "POLICY_NAMES", "HEAD_QUANTITIES", "ROW_KINDS", "SHIFT_LEVELS",
            "MethodName", "ReportData", "ExportFormat", "WidthPreset", "POOLINGS", "H2O_NORMALISES", "METHOD_NAMES",
            "REPORT_DATA", "EXPORT_FORMATS", "WIDTH_PRESETS", "PresetName", "PRESET_NAMES", "QueryMode", "QUERY_MODES",
-           "ColourScale", "COLOUR_SCALES"]
+           "ColourScale", "COLOUR_SCALES", "ContinueOn", "CONTINUE_ONS"]
 
 AuditMode = Literal["sampled", "exact"]
 """SPEC §6: a sampled audit with its Hoeffding radius, or the exact finite population (``b = 0``)."""
@@ -86,3 +86,7 @@ COLOUR_SCALES: tuple[str, ...] = get_args(ColourScale)
 PRESET_NAMES: tuple[str, ...] = get_args(PresetName)
 EXPORT_FORMATS: tuple[str, ...] = get_args(ExportFormat)
 WIDTH_PRESETS: tuple[str, ...] = get_args(WidthPreset)
+ContinueOn = Literal["state", "copy"]
+"""Where ``EvictionSession.continue_with`` decodes: into the state's own cache (the state moves on to the next turn) or
+into a copy of it (the state stays as it was, for another continuation of the same eviction)."""
+CONTINUE_ONS: tuple[str, ...] = get_args(ContinueOn)

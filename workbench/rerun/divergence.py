@@ -28,13 +28,16 @@ __all__ = ["answer_divergence", "answer_divergences", "session_divergence"]
 def session_divergence(sess: EvictionSession, full, policy: EvictionPolicy, budget: int, *, own_ids=None,
                        tokenizer=None) -> AnswerDivergence:
     """The :class:`AnswerDivergence` of ``policy`` at ``budget`` in a prepared ``sess`` (``keep_logits=True``)
-    against its full-cache answer ``full`` (``sess.run(FullCache(), sess.T)``): the policy's run teacher-forced on
-    ``full.ids``, and its own greedy answer ``own_ids`` (run here when ``None``) for where the answers part."""
+    against its full-cache answer ``full`` (``sess.run(FullCache(), sess.T)``): one eviction
+    (:meth:`EvictionSession.evict`) decoded teacher-forced on ``full.ids`` (:meth:`EvictionSession.continue_with`),
+    and its own greedy answer ``own_ids`` (decoded here from the same eviction when ``None``) for where the answers
+    part."""
     if full.logits is None or len(full.ids) == 0:
         raise ValueError("full: needs the full-cache answer's logits (a session with keep_logits=True) and at "
                          "least one answer token")
-    forced = sess.run(policy, budget, forced=full.ids)
-    own = sess.run(policy, budget).ids if own_ids is None else own_ids
+    st = sess.evict(policy, budget)  # one eviction serves the forced run and the free one
+    forced = sess.continue_with(st, forced=full.ids, on="copy" if own_ids is None else "state")
+    own = sess.continue_with(st).ids if own_ids is None else own_ids
     tokens = [tokenizer.decode([i]) for i in full.ids] if tokenizer is not None else None
     return logit_divergence(full.logits, forced.logits, full.ids, other_ids=own, tokens=tokens,
                             label=f"{policy.name}, B = {budget}")

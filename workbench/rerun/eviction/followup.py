@@ -9,26 +9,23 @@ step) can lose what question 2 needs. The full cache (:class:`~.policies.full.Fu
 ``B ≥ T`` the two turns equal a plain full-context two-turn generation.
 
 Answer 1's tokens go into turn 2 as generated (not re-tokenised from text), up to its stop token, which the
-template's end-of-turn text replaces (:func:`chat_next_turn`).
+template's end-of-turn text replaces (:func:`chat_next_turn`). Both answers are
+:meth:`EvictionSession.continue_with <workbench.rerun.eviction.session.EvictionSession.continue_with>` on one
+:meth:`~workbench.rerun.eviction.session.EvictionSession.evict` state.
 """
 from __future__ import annotations
 
-import contextlib
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
-from workbench.checks import check_context, check_nonempty, check_str
+from workbench.checks import check_nonempty, check_str
 from workbench.constraints import BUDGET
 from workbench.rerun.eviction.evidence import Needs
 from workbench.rerun.eviction.refusals import policy_refusal
 from workbench.rerun.eviction.result import GenerationResult
-from workbench.rerun.eviction.run_state import RunState
 from workbench.rerun.eviction.session import EvictionSession
-from workbench.run import adapter, families
 from workbench.run.models import unwrap_model
 from workbench.run.prompt import control_strings
 
@@ -129,52 +126,25 @@ def run_followup(model, prompt, jobs, max_new_tokens: int, next_turn: NextTurn, 
 
 def _two_turns(sess: EvictionSession, policy, budget: int, next_turn: NextTurn) -> FollowupResult:
     try:
-        st = sess._evict(policy, budget)
-        st.done = len(st.ids) >= sess.n or st.ids[-1] in sess.eos
-        with adapter.positions_context(sess.model) as pstate:
-            sess._decode_loop([st], tqdm(disable=True), pstate)
-        cache = st.cache
-        first = sess._results([st])[0]
+        st = sess.evict(policy, budget)
+        first = sess.continue_with(st)  # st moves on: its cache holds answer 1 but its last token
     except Exception as e:  # this policy's failure is its result; the others still run
         fail = GenerationResult.failed(policy, budget, sess.T, e)
         return FollowupResult(first=fail, second=GenerationResult.failed(policy, budget, sess.T, "turn 1 failed"))
     try:
-        feed, entries, st2 = _append_turn(sess, st, cache, first, next_turn)
-        second = sess._decode([st2])[0]
+        feed = _turn_two(first.ids, sess.eos, next_turn)
+        second = sess.continue_with(st, feed)
     except Exception as e:  # answer 1 stands; answer 2 is this run's failed step
         return FollowupResult(first=first, second=GenerationResult.failed(policy, budget, sess.T, e))
-    return FollowupResult(first=first, second=second, turn2_ids=tuple(feed), cache_entries=entries)
+    return FollowupResult(first=first, second=second, turn2_ids=tuple(feed), cache_entries=st.context_entries)
 
 
-def _append_turn(sess: EvictionSession, st: RunState, cache, first: GenerationResult, next_turn: NextTurn):
-    """Prefill turn 2 into the evicted cache after answer 1; ``(turn-2 ids, cache entries, state to decode)``."""
-    a1 = list(first.ids)
-    body = answer_body(a1, sess.eos)
-    turn = [int(i) for i in torch.as_tensor(list(next_turn(list(body))), dtype=torch.int64).flatten().tolist()]
+def _turn_two(a1: Sequence[int], stop, next_turn: NextTurn) -> list[int]:
+    """The tokens appended after answer 1 ``a1``: its last token unless it is a stop token (the cache holds the
+    others), then ``next_turn(answer body)``."""
+    body = answer_body(a1, stop)
+    turn = next_turn(list(body))
+    turn = turn.flatten().tolist() if isinstance(turn, torch.Tensor) else list(turn)
     if not turn:
         raise ValueError("next_turn: returned no tokens (turn 2 needs at least its question)")
-    feed = body[len(a1) - 1:] + turn  # the cache holds answer 1 but its last token (never fed back)
-    p0 = sess.T + len(a1) - 1  # the original position of the first appended token
-    check_context(p0 + len(feed), sess.n, adapter.model_shape(sess.model).max_context)
-    why = families.position_refusal(sess.model, "eviction", p0 + len(feed) + sess.n)
-    if why:
-        raise ValueError(why)
-    ragged = st.drop is not None or bool((st.kept < 0).any())  # per-head masks, or layers of different lengths
-    mask = adapter.per_head_key_mask(sess.model, st.drop or {}, sess.evidence.head_group) if ragged \
-        else contextlib.nullcontext()
-    x = torch.tensor([feed], device=sess.device)
-    pos = torch.arange(p0, p0 + len(feed), device=sess.device)[None]
-    t0 = time.perf_counter()
-    with mask, adapter.positions_context(sess.model, cache) as pstate:  # windows in original positions
-        pstate.q_pos = pos[0].cpu()
-        fwd = adapter.forward(sess.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
-    cache = adapter.output_cache(fwd) or cache
-    logit = fwd.logits[0, -1].float()
-    timings = dict(st.timings, question=time.perf_counter() - t0)
-    # the decode loop places step m at T + offset + m - 1: after turn 2, offset counts every appended entry
-    st2 = RunState(policy=st.policy, B=st.B, defer=st.defer, kept=st.kept, compacted=st.compacted, before=st.before,
-                   after=st.after, timings=timings, ids=[int(logit.argmax())], logits=[],
-                   cache=cache, kept_layers=st.kept_layers, not_compacted=st.not_compacted,
-                   layer_before=st.layer_before, layer_after=st.layer_after, drop=st.drop, masked=st.masked,
-                   offset=len(a1) - 1 + len(feed), state=st.state)
-    return feed, adapter.cache_length(cache), st2
+    return body[len(a1) - 1:] + [int(i) for i in turn]

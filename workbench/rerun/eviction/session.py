@@ -25,22 +25,26 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
+from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from tqdm.auto import tqdm
 
 from workbench.capture import capture_attention
 from workbench.capture.identity import check_model_match
-from workbench.checks import check_context, check_max_new_tokens, check_nonempty
-from workbench.constraints import BUDGET
+from workbench.checks import Choice, Interval, Seq, check_args, check_context, check_max_new_tokens, check_nonempty
+from workbench.choices import CONTINUE_ONS, ContinueOn
+from workbench.constraints import BUDGET, register_all
+from workbench.rerun.eviction.append import append_tokens, check_room
 from workbench.rerun.eviction.cache_evidence import QueryStats, cache_evidence
 from workbench.rerun.eviction.evidence import Evidence, Needs, renorm_rows
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.rerun.eviction.refusals import needs_refusal
+from workbench.rerun.eviction.rerotate import rerotate_keys
 from workbench.rerun.eviction.result import GenerationResult
-from workbench.rerun.eviction.run_state import RunState as _RunState
+from workbench.rerun.eviction.run_state import RunState, forced_ids
 from workbench.rerun.eviction.select import preview, preview_window
-from workbench.rerun.eviction.storage import extend_masks as _extend
 from workbench.rerun.eviction.storage import latent_union as _latent_union
 from workbench.rerun.eviction.storage import ragged_storage as _ragged
 from workbench.rerun.eviction.storage import storage_rows as _storage_rows
@@ -48,7 +52,13 @@ from workbench.run import adapter, families, layer_roles, rotary
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import unwrap_model
 
-__all__ = ["EvictionSession"]
+__all__ = ["EvictionSession", "CONTINUE_CHECKS"]
+
+CONTINUE_CHECKS = register_all("continue_with", {
+    "tokens": Seq(Interval("int", 0, None, what="a token id"), nonempty=False),
+    "on": Choice(CONTINUE_ONS),
+}, __name__)
+"""The constraints of :meth:`EvictionSession.continue_with`'s ``tokens`` and ``on``."""
 
 
 def _prompt_ids(prompt, tokenizer) -> tuple[list[int], object]:
@@ -70,8 +80,8 @@ def _prompt_ids(prompt, tokenizer) -> tuple[list[int], object]:
 
 class EvictionSession:
     """One prefill (capturing the evidence the given needs ask for), optionally the first decode step
-    and the full-cache answer; then any number of evictions with :meth:`run`, each on a copy of the cache.
-
+    and the full-cache answer; then any number of evictions, each on a copy of the cache: :meth:`run` (one answer),
+    or :meth:`evict` and :meth:`continue_with` (an answer, then further turns or questions on the evicted cache).
     Use :meth:`prepare`; :func:`~workbench.rerun.eviction.generate.generate_with_policy` is one session and one run.
     """
 
@@ -217,20 +227,62 @@ class EvictionSession:
     @torch.no_grad()
     def run(self, policy: EvictionPolicy, budget: int, *, rerotate: bool = False,
             forced=None) -> GenerationResult:
-        """Evict with ``policy`` at budget ``B`` and decode ``max_new_tokens`` tokens (stops at EOS).
+        """Evict with ``policy`` at budget ``B`` and decode ``max_new_tokens`` tokens (stops at EOS): :meth:`evict`,
+        then :meth:`continue_with`.
 
-        ``rerotate=True`` re-positions the kept keys after compaction (StreamingLLM paper style): the key
-        in storage slot ``s`` is turned from its original position to position ``s``, and decoding continues
-        at the compacted length; the default keeps every key at its original position (decoding at
-        ``T + t - 1``). Needs the same count in every layer and KV head (no budget allocation).
+        ``rerotate=True`` re-positions the kept keys at the compacted length (StreamingLLM paper style; needs one
+        count in every layer and KV head: :func:`~workbench.rerun.eviction.rerotate.rerotate_keys`); the default
+        keeps every key at its original position (decoding at ``T + t - 1``).
 
         ``forced``: teacher forcing on these ids (the full-cache answer, at most ``max_new_tokens``): each step
         feeds the next of them, not the greedy choice, for ``len(forced)`` tokens whatever the stop tokens;
-        ``ids`` are ``forced`` and logits row ``j`` predicts token ``j`` (:meth:`RunState.force`)."""
-        st = self._evict(policy, budget, rerotate=rerotate)
-        if forced is not None:
-            st.force(forced, self.n)
-        return self._decode([st])[0]
+        ``ids`` are ``forced`` and logits row ``j`` predicts token ``j``."""
+        return self.continue_with(self.evict(policy, budget, rerotate=rerotate), forced=forced)
+
+    @torch.no_grad()
+    def continue_with(self, state: RunState, tokens: Sequence[int] = (), *, forced=None,
+                      on: ContinueOn = "state") -> GenerationResult:
+        """Append ``tokens`` to an evicted cache and decode an answer (``max_new_tokens`` tokens, or to a stop token).
+
+        Args:
+            state: from :meth:`evict` (its answer's first tokens decided), or from an earlier call (it holds the
+                answer decoded then). A call that fails part-way leaves it refused (continue copies to keep it).
+            tokens: ids ``[N]`` fed in one forward at the positions after those the cache holds (original
+                positions; the compacted ones after ``rerotate``), under the eviction's per-head masks and
+                sliding windows: nothing evicted comes back. The state's last answer token was never fed, so
+                ``tokens`` take its place (pass it first to keep it; the follow-up protocol does unless it is a
+                stop token). Empty (a state from :meth:`evict` only): decode the state's own answer.
+            forced: teacher forcing as in :meth:`run`; after ``tokens`` no token is decided: it may start anywhere.
+            on: ``"state"`` decodes in the state's own cache (the state moves on and holds this answer, for the
+                next turn); ``"copy"`` in a copy, leaving the state as it was (several continuations of one
+                eviction, e.g. questions on one compressed context).
+
+        Returns the answer (``T`` the prompt's length, ``kept`` the eviction's, logits row ``j`` predicting token
+        ``j``, ``timings["question"]`` the seconds of the forward over ``tokens``)."""
+        tokens = tokens.flatten().tolist() if isinstance(tokens, torch.Tensor) else tokens
+        check_args(CONTINUE_CHECKS, {"tokens": tokens, "on": on})
+        tokens = [int(i) for i in tokens]
+        if not isinstance(state, RunState) or state.cache is None:
+            raise ValueError(f"state: must be a RunState from evict, not one a failed call left, got {state!r:.60}")
+        if not tokens and state.done:
+            raise ValueError("tokens: the state's answer is decoded; continue it with at least one token")
+        f = None if forced is None else forced_ids(forced, self.n, [] if tokens else state.ids)
+        if tokens:
+            check_room(self.model, state, len(tokens), T=self.T, n=self.n)
+        if on == "copy":
+            state = replace(state, cache=adapter.clone_cache(state.cache), ids=list(state.ids),
+                            logits=list(state.logits), timings=dict(state.timings), steps=list(state.steps))
+        try:  # checked: from here on the cache changes
+            if tokens:
+                append_tokens(self.model, state, tokens, T=self.T, head_group=self.evidence.head_group,
+                              keep_logits=self.keep_logits)
+            if f is not None:
+                state.force(f)
+            state.context_entries = adapter.cache_length(state.cache)
+            return self._decode([state], keep_cache=True)[0]
+        except BaseException:
+            state.cache = None  # the cache may hold part of this step: the state is refused from here on
+            raise
 
     @torch.no_grad()
     def run_batch(self, jobs) -> list[GenerationResult]:
@@ -243,7 +295,7 @@ class EvictionSession:
         states, failed = [], {}
         for i, (p, b) in enumerate(jobs):
             try:
-                states.append(self._evict(p, b))
+                states.append(self.evict(p, b))
             except Exception as e:  # one policy's failure is its result; the others still run
                 failed[i] = GenerationResult.failed(p, b, self.T, e)
         # a count per layer or head (a per-head key mask), or a recurrent state (its batch rows are not stacked)
@@ -281,38 +333,17 @@ class EvictionSession:
                              "question-agnostic eviction compresses the context alone")
         if not self.reusable:
             raise ValueError("reusable: question-agnostic runs need a reusable session")
-        st0 = self._evict(policy, budget, rerotate=rerotate)
-        out = []
-        for q in questions:
-            q = [int(i) for i in torch.as_tensor(q).flatten().tolist()]
-            if not q:
-                raise ValueError("questions: a question has no tokens")
-            check_context(self.T + len(q), self.n, adapter.model_shape(self.model).max_context)
-            why = families.position_refusal(self.model, "eviction", self.T + len(q) + self.n)
-            if why:
-                raise ValueError(why)
-            cache = adapter.clone_cache(st0.cache)
-            x = torch.tensor([q], device=self.device)
-            pos = torch.arange(self.T - st0.shift, self.T - st0.shift + len(q), device=self.device)[None]
-            ragged = st0.drop is not None or bool((st0.kept < 0).any())  # a count per layer
-            mask = adapter.per_head_key_mask(self.model, st0.drop or {}, self.evidence.head_group) if ragged \
-                else contextlib.nullcontext()
-            t0 = time.perf_counter()
-            with mask, adapter.positions_context(self.model, cache) as pstate:  # windows in original positions
-                pstate.q_pos = pos[0].cpu()
-                fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
-            timings = dict(st0.timings, question=time.perf_counter() - t0)
-            logit = fwd.logits[0, -1].float()
-            st = _RunState(policy=policy, B=st0.B, defer=0, kept=st0.kept, compacted=st0.compacted,
-                           before=st0.before, after=st0.after, timings=timings, ids=[int(logit.argmax())],
-                           kept_layers=st0.kept_layers, not_compacted=st0.not_compacted,
-                           logits=[logit.cpu()] if self.keep_logits else [], cache=adapter.output_cache(fwd) or cache,
-                           drop=_extend(st0.drop, len(q)), masked=st0.masked, offset=len(q), shift=st0.shift,
-                           state=st0.state)
-            out.append(self._decode([st])[0])
-        return out
+        qs = [torch.as_tensor(q).flatten().tolist() for q in questions]
+        if not all(qs):
+            raise ValueError("questions: a question has no tokens")
+        st0 = self.evict(policy, budget, rerotate=rerotate)
+        return [self.continue_with(st0, q, on="copy") for q in qs]
 
-    def _evict(self, policy: EvictionPolicy, budget: int, rerotate: bool = False) -> "_RunState":
+    @torch.no_grad()
+    def evict(self, policy: EvictionPolicy, budget: int, *, rerotate: bool = False) -> RunState:
+        """One eviction with ``policy`` at budget ``B`` of a copy of the prefilled cache (DeferKV's after its
+        first decode step), not decoded yet: a :class:`RunState` for :meth:`continue_with`, its answer's first
+        token (two with DeferKV) decided on the full cache. ``rerotate`` as in :meth:`run`."""
         if not isinstance(policy, EvictionPolicy):
             raise ValueError(f"policy: must be an EvictionPolicy, got {type(policy).__name__}")
         B = BUDGET.check("budget", budget)
@@ -404,29 +435,14 @@ class EvictionSession:
         after = adapter.cache_bytes(cache)
         shift = 0
         if rerotate and evict:
-            why = rotary.unavailable(self.model)
-            if why:
-                raise ValueError(f"rerotate: {why}")
-            if drop or ragged:
-                raise ValueError("rerotate: needs the same count in every layer and KV head (no budget allocation)")
-            if any(adapter.cache_layer_is_sliding(cache, l) for l in evl):
-                raise ValueError("rerotate: not with sliding-window layers (their window is measured in original "
-                                 "positions)")
-            S = kept.shape[-1]
-            delta = torch.zeros(L_all, G, S, dtype=torch.int64)  # positions to turn back (other layers: none)
-            delta[evl] = kept - torch.arange(S)
-            maps = rotary.rotary_maps(self.model, delta.reshape(L_all, G * S))  # per layer; NoPE layers: the identity
-            d = maps.cos.shape[-1]
-            inv_sin = maps.sin.gather(-1, maps.pair[:, None, :].expand_as(maps.sin))  # R(δ)ᵀ = R(-δ)
-            adapter.rotate_cache_keys(cache, compacted, maps.cos.reshape(L_all, G, S, d),
-                                      inv_sin.reshape(L_all, G, S, d), maps.pair)
+            rerotate_keys(self.model, cache, kept, evl, compacted, uniform=not (drop or ragged))
             shift = T - keep.shape[-1]
-        return _RunState(policy=policy, B=B, defer=defer, kept=kept, compacted=compacted, before=before,
-                         after=after, timings=timings, ids=ids, logits=logits, cache=cache, kept_layers=kept_layers,
-                         not_compacted=skipped, layer_before=layer_before, layer_after=tuple(adapter.layer_bytes(cache)),
-                         drop=drop or None, masked=masked, shift=shift, state=state)
+        return RunState(policy=policy, B=B, defer=defer, kept=kept, compacted=compacted, before=before,
+                        after=after, timings=timings, ids=ids, logits=logits, cache=cache, kept_layers=kept_layers,
+                        not_compacted=skipped, layer_before=layer_before, layer_after=tuple(adapter.layer_bytes(cache)),
+                        drop=drop or None, masked=masked, shift=shift, state=state)
 
-    def _decode(self, states: list["_RunState"]) -> list[GenerationResult]:
+    def _decode(self, states: list[RunState], keep_cache: bool = False) -> list[GenerationResult]:
         """Greedy decoding of every state to ``max_new_tokens`` (or EOS), batching states whose caches have
         the same length at the same step; a lone state runs exactly as an unbatched generation."""
         n = self.n
@@ -437,7 +453,11 @@ class EvictionSession:
         with adapter.positions_context(self.model) as pstate:
             self._decode_loop(states, bar, pstate)
         bar.close()
-        return self._results(states)
+        out = [st.result(self.T, n, self.tokenizer, self.layers) for st in states]
+        if not keep_cache:  # kept by a state to continue; else freed (a batch's, before the runs that decode alone)
+            for st in states:
+                st.cache = None
+        return out
 
     def _decode_loop(self, states, bar, pstate) -> None:
         T, n = self.T, self.n
@@ -478,22 +498,3 @@ class EvictionSession:
                 st.ids.append(st.forced[len(st.ids)] if st.forced else int(logit[i].argmax()))
                 st.done = st.finished(n, self.eos)
             bar.update(len(grp))
-
-    def _results(self, states) -> list[GenerationResult]:
-        T, n = self.T, self.n
-        out = []
-        for st in states:
-            ids = st.ids[:n]
-            text = self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else None
-            out.append(GenerationResult(
-                policy=st.policy.name, params=st.policy.params(), budget=st.B, T=T, ids=ids, text=text,
-                kept=st.kept, evicted_at=st.defer, compacted_layers=st.compacted, kv_bytes_before=st.before,
-                kv_bytes_after=st.after, timings=st.timings, step_s=st.steps, kv_bytes_masked=st.masked,
-                rerotated=bool(st.shift),
-                logits=torch.stack(st.logits[: len(ids)]) if st.logits else None, kept_layers=st.kept_layers,
-                not_compacted=st.not_compacted, kv_layer_bytes_before=st.layer_before,
-                kv_layer_bytes_after=st.layer_after, kv_bytes_state=st.state,
-                layers=tuple(self.layers),
-            ))
-            st.cache = None
-        return out

@@ -1,8 +1,7 @@
 """How an eviction's kept sets become cache storage and per-head masks (internal to
 :class:`~workbench.rerun.eviction.session.EvictionSession`): a budget allocation in a dense per-KV-head cache
 (:func:`ragged_storage`), a multi-head latent attention cache shared by every head (:func:`latent_union`), and the
-masks extended over appended tokens (:func:`extend_masks`), and the rows each cache layer stores where KV heads
-vary per layer or layers share a cache (:func:`storage_rows`)."""
+rows each cache layer stores where KV heads vary per layer or layers share a cache (:func:`storage_rows`)."""
 from __future__ import annotations
 
 import torch
@@ -10,14 +9,7 @@ from torch import Tensor
 
 from workbench.run import adapter
 
-__all__ = ["extend_masks", "latent_union", "ragged_storage", "storage_rows"]
-
-
-def extend_masks(drop: dict | None, n: int) -> dict | None:
-    """Per-head masks ``{l: [G, S]}`` extended by ``n`` unmasked slots (tokens appended to the cache)."""
-    if not drop:
-        return drop
-    return {l: torch.cat([d, torch.zeros(d.shape[0], n, dtype=torch.bool)], -1) for l, d in drop.items()}
+__all__ = ["latent_union", "ragged_storage", "storage_rows"]
 
 
 def latent_union(keep: Tensor, gen: Tensor) -> tuple[list, dict | None]:
