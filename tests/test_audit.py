@@ -16,6 +16,7 @@ from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.procedure import candidate_drift, trace
 from workbench.analyse.selection import VERDICT_INFEASIBLE, mass_table
 from workbench.capture.data import Capture
+from workbench.constraints import PARAMS
 from workbench.run.spans import PromptSpans
 
 PROPS = settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -147,10 +148,14 @@ def test_audit_bounds_validation():
 
 
 def test_audit_config_is_one_frozen_validated_object():
-    # the exact audit reads neither m_a nor the seed, so it does not refuse them; the sampled one does
-    assert AuditConfig("exact", m_a=0, seed=-1).mode == "exact"
-    with pytest.raises(ValueError, match="^seed:"):
-        AuditConfig("sampled", seed=-1)
+    # every field is checked in either mode, as EntroPrefillParams checks them: the exact audit does not read
+    # m_a or the seed, but an out-of-range one is still refused rather than silently ignored
+    for mode in ("exact", "sampled"):
+        with pytest.raises(ValueError, match=r"^seed: must be an integer in \[0, 9223372036854775807\], got -1$"):
+            AuditConfig(mode, seed=-1)
+        with pytest.raises(ValueError, match=r"^m_a: must be an integer >= 1, got 0$"):
+            AuditConfig(mode, m_a=0)
+    assert AuditConfig.CHECKS["m_a"] is PARAMS["m_a"] and AuditConfig.CHECKS["seed"] is PARAMS["seed"]
     with pytest.raises(ValueError, match="^J:"):
         AuditConfig(J=0)
     with pytest.raises(ValueError, match="^eps_audit:"):

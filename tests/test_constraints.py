@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 import pytest
 import torch
 
-from workbench.analyse.audit import hoeffding_b
+from workbench.analyse.audit import AuditConfig, hoeffding_b
 from workbench.analyse.counterexample import ShallowCounterexample
 from workbench.analyse.pages import PageSelection
 from workbench.analyse.params import EntroPrefillParams
@@ -65,8 +65,9 @@ from workbench.show.widgets import SLIDERS
 from workbench.study.report import ReportConfig
 
 OWNERS = [EntroPrefillParams, HeadPooling, ChunkPriorities, GreedySelection, PageSelection, RowSet, ReportConfig,
-          ShallowCounterexample, *ALL_POLICIES]
-ALIASES = {("PageSelection", "b"): "page"}  # a field checked under another parameter's name (the page size b)
+          ShallowCounterexample, AuditConfig, *ALL_POLICIES]
+ALIASES = {("PageSelection", "b"): "page",  # a field checked under another parameter's name (the page size b)
+           ("AuditConfig", "mode"): "audit_mode"}
 EP_SLIDERS = ("zeta", "tau", "eps_s", "lam", "target", "eps_row", "m0", "delta", "m_a", "eps_audit", "d_max",
               "streak", "seed")
 

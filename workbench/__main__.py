@@ -13,6 +13,7 @@ import urllib.parse
 from pathlib import Path
 
 from workbench.capture import RowSet, run_capture
+from workbench.checks import Interval
 from workbench.run import shipped
 from workbench.run.examples import load_example
 from workbench.run.models import default_model_folder, load_model, resolve_device
@@ -131,6 +132,8 @@ KERNEL = "attn-workbench"  # the kernel every notebook names (installed by ``mak
 LAB_OVERRIDES = {"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": False},
                  "@jupyterlab/notebook-extension:tracker": {"enableKernelInitNotification": True}}
 THREADS_ENV = "OMP_NUM_THREADS"
+# not registered in PARAMS: this module also runs as ``__main__``, a second owner of the same key
+_PORT = Interval("int", 1, 65535)
 
 
 def lab_overrides_path() -> Path:
@@ -149,8 +152,7 @@ def lab_command(*, notebook_dir: str = "notebooks", port: int = 8888, ip: str = 
     read); ``--allow-root`` when the user id is 0 (a container), since Jupyter refuses root otherwise. The token
     is URL-encoded in the URL. ``$OMP_NUM_THREADS`` (the kernels' torch threads) is the user's, else the cores the
     1-minute load leaves free (:func:`workbench.util.auto_threads`)."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ValueError(f"port: must be an integer in [1, 65535], got {port!r}")
+    _PORT.check("port", port)
     token = token or os.environ.get("JUPYTER_TOKEN") or secrets.token_hex(16)
     uid = os.getuid() if uid is None and hasattr(os, "getuid") else uid
     cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={notebook_dir}", f"--port={port}", f"--ip={ip}",

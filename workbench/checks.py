@@ -35,46 +35,12 @@ from workbench.constraint_types import (
     optional,
 )
 
-__all__ = ["is_int", "is_real", "check_int", "check_real", "check_bool", "check_choice", "check_target",
+__all__ = ["is_int", "is_real", "check_target",
            "check_target_tokens", "check_max_new_tokens", "check_positions", "check_str", "check_device",
            "check_context", "check_nonempty", "SEED_MAX", "Constraint", "Interval", "Choice", "Bool", "Const", "AnyOf",
            "Seq", "InstanceOf", "optional", "check_fields", "check_args", "constraints_of"]
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed's range
-
-
-# ----------------------------------------------------------------------------- ad-hoc checks (same format)
-def check_int(name: str, x, lo: int | None = None, hi: int | None = None, *, rng: str | None = None) -> int:
-    """``x`` as an ``int`` in ``[lo, hi]`` (either bound optional); ``rng`` overrides the range text."""
-    c = Interval("int", lo, hi)
-    if not c.accepts(x):
-        rng = c.describe() if rng is None else f"an integer {rng}"
-        raise ValueError(f"{name}: must be {rng}, got {x!r}")
-    return int(x)
-
-
-def check_real(name: str, x, lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-               hi_open: bool = False, rng: str | None = None) -> float:
-    """``x`` as a finite ``float`` within the bounds (open or closed at either end)."""
-    closed = {(False, False): "both", (False, True): "left", (True, False): "right", (True, True): "neither"}
-    c = Interval("real", lo, hi, closed=closed[(lo_open, hi_open)])
-    if rng is not None and not c.accepts(x):
-        kind = "a finite real number " if not is_real(x) else ""
-        raise ValueError(f"{name}: must be {kind}{rng}, got {x!r}")
-    return c.check(name, x)
-
-
-def check_bool(name: str, x) -> bool:
-    """A real ``bool`` (``"no"``, ``0`` or ``None`` are refused: they would silently read as a truth value)."""
-    return Bool().check(name, x)
-
-
-def check_choice(name: str, x, options: Iterable):
-    """``x`` one of ``options``."""
-    options = tuple(options)
-    if isinstance(x, bool) or x not in options:
-        raise ValueError(f"{name}: must be one of {list(options)}, got {x!r}")
-    return x
 
 
 TARGET = Interval("real", 0.0, 1.0, closed="right", what="a fraction of N, a float",

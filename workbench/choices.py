@@ -1,6 +1,6 @@
 """Every named choice in one place, as ``typing.Literal`` aliases with the tuple of allowed values.
 
-Use the alias in signatures and the tuple in validation (``checks.check_choice``), so that the two
+Use the alias in signatures and the tuple in validation (a ``checks.Choice`` constraint), so that the two
 never drift apart.
 """
 from __future__ import annotations

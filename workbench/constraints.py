@@ -53,7 +53,7 @@ from workbench.choices import (
 )
 
 __all__ = ["PARAMS", "shared", "register", "register_all", "checked", "BUDGET", "BUDGET_FRAC", "DEVICE", "POSITION", "pruned_layer",
-           "answer_doc"]
+           "answer_doc", "index_into", "count_upto"]
 
 
 def _real(lo=None, hi=None, closed="both", **kw) -> Interval:
@@ -145,6 +145,18 @@ ones below, and those each owner declares (:func:`checked`, :func:`register_all`
 def pruned_layer(L: int) -> Constraint:
     """``run_pruned``'s fixed layer ``l* ∈ [-1, L-1]`` (or ``None``: adaptive) for a model of ``L`` layers."""
     return optional(_int(-1, L - 1, note=f"L = {L}; -1 = before layer 0"))
+
+
+def index_into(n: int) -> Constraint:
+    """An index into ``n`` things counted only at the call (a layer of ``L``, a head of ``H_Q``, a KV group of
+    ``G``, a row, a page, a chunk): an integer in ``[0, n-1]``."""
+    return _int(0, n - 1)
+
+
+def count_upto(n: int) -> Constraint:
+    """A count of at least one and at most ``n`` known only at the call (keys kept of ``T``, tail rows, questions
+    drawn from those eligible): an integer in ``[1, n]``."""
+    return _int(1, n)
 
 
 def answer_doc(k: int) -> Constraint:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
@@ -17,30 +18,36 @@ import torch
 from jaxtyping import Bool, Float
 
 from workbench.analyse.rows import check_rows
-from workbench.checks import Interval, check_fields, check_int, optional
+from workbench.checks import Interval, check_args, check_fields, optional
 from workbench.choices import AuditMode
-from workbench.constraints import PARAMS
+from workbench.constraints import PARAMS, checked, register_all
 from workbench.shapes import shaped
 
 NO_LAYER_CAN_PASS = "no layer can pass"
 
+AUDIT_CHECKS = register_all("audit", {"m_a": PARAMS["m_a"], "J": Interval("int", 1), "H_Q": Interval("int", 1),
+                                 "delta": PARAMS["delta"]}, __name__)
+"""The arguments of :func:`hoeffding_b` (``J``: monitored layers, ``H_Q``: query heads)."""
+
 
 def hoeffding_b(m_a: int, delta: float, J: int, H_Q: int) -> float:
     """Hoeffding radius ``b = sqrt(ln(J H_Q / δ) / (2 m_a))`` (paper eq. after (17))."""
-    PARAMS["m_a"].check("m_a", m_a)
-    check_int("J", J, 1)
-    check_int("H_Q", H_Q, 1)
-    PARAMS["delta"].check("delta", delta)
+    check_args(AUDIT_CHECKS, locals())
     return math.sqrt(math.log(J * H_Q / delta) / (2.0 * m_a))
 
 
+@checked("audit")
 @dataclass(frozen=True)
 class AuditConfig:
     """How to audit (SPEC §6): the configuration :func:`audit_bounds` and :func:`audit_from_rows` share.
 
+    Every field is checked against its declared constraint in either mode, as
+    :class:`~workbench.analyse.params.EntroPrefillParams` checks them: an out-of-range value is refused even
+    where this mode does not read it (accepting it would be a silent no-op).
+
     Attributes:
         mode: ``"sampled"`` (i.i.d. sample of ``m_a`` rows, seed ``seed``; Hoeffding radius ``b``) or
-            ``"exact"`` (mean over all ``n_pop`` rows, ``b = 0``; ``m_a`` and ``seed`` ignored).
+            ``"exact"`` (mean over all ``n_pop`` rows, ``b = 0``; ``m_a`` and ``seed`` not read).
         m_a: sample size (sampled mode), int ``>= 1``.
         delta: total failure probability ``δ`` in (0, 1); each head fails with prob ``<= δ/(J H_Q)``.
         J: number of monitored layers ``|ℒ|``, int ``>= 1``.
@@ -54,12 +61,12 @@ class AuditConfig:
     J: int = 1
     seed: int = 0
     eps_audit: float | None = None
+    _parameter_constraints: ClassVar = {"mode": PARAMS["audit_mode"], "m_a": AUDIT_CHECKS["m_a"],
+                                        "delta": AUDIT_CHECKS["delta"], "J": AUDIT_CHECKS["J"], "seed": PARAMS["seed"],
+                                        "eps_audit": optional(PARAMS["eps_audit"])}
 
     def __post_init__(self):
-        # the exact audit reads neither the sample size nor the seed: they are checked only where they are used
-        check_fields(self, {"mode": PARAMS["audit_mode"], "delta": PARAMS["delta"], "J": Interval("int", 1),
-                            "eps_audit": optional(PARAMS["eps_audit"]),
-                            **({"m_a": PARAMS["m_a"], "seed": PARAMS["seed"]} if self.mode == "sampled" else {})})
+        check_fields(self)
 
 
 @dataclass

@@ -29,8 +29,8 @@ from torch import Tensor
 
 from workbench.analyse.pooling import PoolingResult, group_onehot
 from workbench.analyse.ranking import topk_mask
-from workbench.checks import Interval, check_fields, check_int
-from workbench.constraints import PARAMS, checked, shared
+from workbench.checks import Interval, check_fields
+from workbench.constraints import PARAMS, checked, count_upto, register_all, shared
 
 __all__ = [
     "keep_sets",
@@ -46,6 +46,10 @@ __all__ = [
     "PageScoreMemo",
 ]
 
+_CHECKS = register_all("pages", {"b": PARAMS["page"], "K": PARAMS["K"], "s": Interval("int", 1),
+                                 "d": Interval("int", 1)}, __name__)
+"""The page functions' scalar arguments: the page size ``b``, pages kept ``K``, keys per head ``s``, head dim ``d``."""
+
 
 # ----------------------------------------------------------------------------- per-head keep sets
 def keep_sets(scores: Tensor, s: int) -> Tensor:
@@ -59,7 +63,7 @@ def keep_sets(scores: Tensor, s: int) -> Tensor:
         bool ``[..., H, T]`` membership of ``𝒦_h``; exactly ``s`` per head.
     """
     T = scores.shape[-1]
-    s = check_int("s", s, 1, T)
+    s = count_upto(T).check("s", s)
     return topk_mask(scores.to(torch.float64).cpu(), s)
 
 
@@ -110,7 +114,7 @@ def page_importance(p: Tensor, b: int) -> Tensor:
     Returns:
         ``[..., N_P]`` with ``N_P = ⌈T/b⌉`` (same dtype as ``p``).
     """
-    b = check_int("b", b, 1)
+    b = _CHECKS["b"].check("b", b)
     T = p.shape[-1]
     N_P = -(-T // b)
     pad = N_P * b - T
@@ -125,7 +129,7 @@ def top_pages(I: Tensor, K: int) -> Tensor:
 
     ``K`` larger than ``N_P`` keeps every page.
     """
-    K = check_int("K", K, 1)
+    K = _CHECKS["K"].check("K", K)
     N_P = I.shape[-1]
     if K >= N_P:
         return torch.ones(I.shape, dtype=torch.bool, device=I.device)
@@ -236,7 +240,7 @@ class PageScoreMemo:
 
     def uor(self, s: int) -> Tensor:
         """``UOR_g`` float64 ``[L, G]`` of :func:`union_over_retained` (memoised per ``s``)."""
-        s = min(check_int("s", s, 1), self.a.shape[-1])
+        s = min(_CHECKS["s"].check("s", s), self.a.shape[-1])
         if s not in self._uor:
             self._uor[s] = union_over_retained(self.a, self.head_group, s)
         return self._uor[s]
@@ -326,7 +330,7 @@ class PageSelection:
     K: int = 8
     s: int = 64
     e: int = 2
-    _parameter_constraints: ClassVar = {**shared("K"), "b": PARAMS["page"], "s": Interval("int", 1),
+    _parameter_constraints: ClassVar = {**shared("K"), "b": PARAMS["page"], "s": _CHECKS["s"],
                                         "e": Interval("int", 1)}
 
     def __post_init__(self):
@@ -369,7 +373,8 @@ class PageSelection:
         U = page_union(sel)
         uor = memo.uor(self.s) if memo is not None else union_over_retained(a, head_group, min(self.s, T))
         T_ret = int((sel.any(dim=1).to(torch.int64) @ _page_lengths(sel.shape[-1], self.b, T)).max()) if L else 0
-        by = payload_bytes(e=self.e, d=check_int("d", d, 1), b=self.b, K_lg=K_lg, U_l=U, G=G, L=L, T_retained=T_ret)
+        d = _CHECKS["d"].check("d", d)
+        by = payload_bytes(e=self.e, d=d, b=self.b, K_lg=K_lg, U_l=U, G=G, L=L, T_retained=T_ret)
         return PageResult(p=p, importance=I, selected=sel, K_lg=K_lg, U=U, uor=uor,
                           b=self.b, K=self.K, s=min(self.s, T), e=self.e, d=d, bytes=by)
 
@@ -377,7 +382,7 @@ class PageSelection:
         """The page union against the pages kept: one row per ``K`` in ``Ks`` (this selection with that ``K``),
         columns ``K``, ``union`` (``U_l`` averaged over the layers), ``lower`` = ``min{K, N_P}`` and ``upper`` =
         ``min{GK, N_P}`` (the bounds ``K ≤ U_l ≤ min{GK, N_P}``). Arguments as :meth:`select`."""
-        Ks = [check_int("K", K, 1) for K in Ks]
+        Ks = [_CHECKS["K"].check("K", K) for K in Ks]
         if not Ks:
             raise ValueError("Ks: must hold at least one K, got none")
         rows = []

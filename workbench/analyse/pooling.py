@@ -27,8 +27,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from workbench.analyse.rows import check_capture_rows, check_rows
-from workbench.checks import check_fields, check_int
-from workbench.constraints import PARAMS, checked, shared
+from workbench.checks import Interval, check_fields
+from workbench.constraints import PARAMS, checked, index_into, register_all, shared
 from workbench.shapes import shaped
 
 if TYPE_CHECKING:
@@ -47,6 +47,10 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- validation helpers
+_CHECKS = register_all("pooling", {"r": Interval("int", 1), "size": Interval("int", 1)}, __name__)
+"""The heads of a group in :func:`dominant_head_bound` (``r``) and the results a :class:`PoolingCache` keeps."""
+
+
 def _real(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name}: must be a real number, got {value!r}")
@@ -200,7 +204,7 @@ def dominant_head_bound(zeta: float, tau: float, r: int, gap: float) -> float:
     """
     zeta = PARAMS["zeta"].check("zeta", zeta)
     tau = PARAMS["tau"].check("tau", tau)
-    r = check_int("r", r, 1)
+    r = _CHECKS["r"].check("r", r)
     if isinstance(gap, bool) or not isinstance(gap, numbers.Real) or math.isnan(gap):
         raise ValueError(f"gap: must be a real number (±inf allowed, not NaN), got {gap!r}")
     if r == 1:
@@ -349,8 +353,7 @@ class HeadPooling:
         L, Hn, W, T = A_obs.shape
         if W < 1:
             raise ValueError(f"A_obs: needs at least one observer row (W >= 1), got W={W}")
-        if isinstance(n_sink, bool) or not isinstance(n_sink, numbers.Integral) or not 0 <= n_sink <= T:
-            raise ValueError(f"n_sink: must be an integer in [0, {T}], got {n_sink!r}")
+        index_into(T + 1).check("n_sink", n_sink)  # a count in [0, T]
         onehot = group_onehot(head_group, Hn)
         G = onehot.shape[1]
         if _stats is None:
@@ -418,7 +421,7 @@ class PoolingCache:
     """
 
     def __init__(self, capture: Capture, size: int = 4):
-        check_int("size", size, 1)
+        _CHECKS["size"].check("size", size)
         self.capture = capture
         self.size = int(size)
         self._results: dict = {}

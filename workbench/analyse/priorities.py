@@ -23,8 +23,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from workbench.checks import check_fields
-from workbench.constraints import checked, shared
+from workbench.checks import Interval, check_fields
+from workbench.constraints import checked, register_all, shared
 
 __all__ = [
     "ChunkPriorities",
@@ -36,6 +36,8 @@ __all__ = [
     "per_head_max_priorities",
     "chunk_sums",
 ]
+
+_CHECKS = register_all("uniform_priorities", {"L": Interval("int", 0)}, __name__)
 
 
 def take_last(x: Tensor, idx: Tensor) -> Tensor:
@@ -265,8 +267,7 @@ def uniform_priorities(spans, L: int, order: str = "index", seed: int = 0) -> Te
     random permutation of ``0 … k-1`` drawn from ``seed``; the same permutation at every layer, so
     the control ranking does not depend on the layer.
     """
-    if isinstance(L, bool) or not isinstance(L, numbers.Integral) or L < 0:
-        raise ValueError(f"L: must be an integer >= 0, got {L!r}")
+    _CHECKS["L"].check("L", L)
     if order not in ("index", "random"):
         raise ValueError(f"order: must be one of ('index', 'random'), got {order!r}")
     k = spans.k

@@ -21,7 +21,7 @@ from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.pooling import PoolingCache
 from workbench.analyse.rows import check_capture_rows
 from workbench.analyse.selection import SelectionResult, mass_table
-from workbench.checks import check_int
+from workbench.constraints import index_into
 from workbench.util import single_threaded, warn_at_caller
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ def layer_proposal(capture: Capture, params: EntroPrefillParams, l: int, *, cert
     """The proposal ``E_l`` at layer ``l`` exactly as :func:`trace` computes it (the same pooling, the
     priority ``params.priority`` names, the same greedy scan and certificate). ``inputs`` reuses
     :func:`proposal_inputs` across layers."""
-    check_int("layer", l, 0, capture.L - 1)
+    index_into(capture.L).check("layer", l)
     inputs = inputs or proposal_inputs(capture, params)
     vr, vd = bool(inputs.pooling.valid[l]), bool(inputs.priorities.valid[l])
     sel = None

@@ -40,8 +40,9 @@ from workbench.analyse.pooling import group_onehot
 from workbench.analyse.ranking import topk_mask
 from workbench.analyse.rows import check_capture_rows
 from workbench.analyse.stats import bootstrap_ci, paired
-from workbench.checks import check_choice
+from workbench.checks import Choice
 from workbench.choices import SHIFT_LEVELS, ShiftLevel
+from workbench.constraints import count_upto, register_all
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -51,6 +52,8 @@ __all__ = ["shift_rows", "group_rows", "jsd", "topk_recall", "ShiftAnalysis", "S
 
 HELD_OUT_AFTER = 3  # the leap compares decode rows 1 … 3; the held-out reference starts after them
 HELD_OUT_GAP = 2  # decode rows between the compared rows and the reference: no measured step touches them
+SHIFT_CHECKS = register_all("shift", {"level": Choice(SHIFT_LEVELS)}, __name__)
+"""The shift analysis' static arguments (``level``: KV groups or query heads)."""
 
 
 class ShiftWarning(UserWarning):
@@ -83,8 +86,7 @@ def shift_rows(capture: Capture, W: int | None = None) -> tuple[Tensor, Tensor]:
     if tail.numel() == 0:
         raise ValueError("capture: has no prompt-tail rows (capture with RowSet(tail >= 1))")
     if W is not None:
-        if isinstance(W, bool) or not isinstance(W, numbers.Integral) or not 1 <= W <= tail.numel():
-            raise ValueError(f"W: must be an integer in [1, {tail.numel()}], got {W!r}")
+        count_upto(tail.numel()).check("W", W)
         tail = tail[-W:]
     idx = torch.cat([tail, dec])
     r = capture.row_pos[idx] - T + 1
@@ -150,8 +152,7 @@ def topk_recall(rows: Tensor, ref: Tensor, k: int) -> Tensor:
         float64 ``[..., R]`` in ``[0, 1]``.
     """
     T = rows.shape[-1]
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= T:
-        raise ValueError(f"k: must be an integer in [1, {T}], got {k!r}")
+    count_upto(T).check("k", k)
     # ties: the lower position first (as a stable sort would), so the result does not depend on the kernel
     in_rows = topk_mask(rows.to(torch.float64), k)
     in_ref = topk_mask(ref.to(torch.float64), k)
@@ -295,7 +296,7 @@ class ShiftResult:
     def layer_gains(self, level: ShiftLevel = "group") -> pd.DataFrame:
         """The recall gains ``gain_m10, gain_01, gain_12, gain_23`` of :meth:`leap_frame` averaged over the
         units (heads or KV groups) of each layer; index ``layer``."""
-        check_choice("level", level, SHIFT_LEVELS)
+        SHIFT_CHECKS["level"].check("level", level)
         lf = self.leap_frame()
         return lf[lf.level == level].groupby("layer")[["gain_m10", "gain_01", "gain_12", "gain_23"]].mean()
 
@@ -388,8 +389,7 @@ class ShiftAnalysis:
         prep = _prepared(capture)
         n_tail = int((prep["r"] <= 0).sum())
         W = n_tail if self.W is None else self.W
-        if not 1 <= W <= n_tail:
-            raise ValueError(f"W: must be an integer in [1, {n_tail}], got {W!r}")
+        count_upto(n_tail).check("W", W)
         off = n_tail - W  # the last W tail rows: a slice of the rows (and adjacent pairs) over every tail row
         r = prep["r"][off:]
         T = capture.T

@@ -15,13 +15,17 @@ runs in numpy (per-tile overhead of a few µs) and the results are returned as t
 from __future__ import annotations
 
 import math
-import numbers
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from workbench.checks import Interval
+from workbench.constraints import register_all
+
 __all__ = ["collision_streaming", "collision_direct"]
+
+_CHECKS = register_all("collision_streaming", {"tile": Interval("int", 1)}, __name__)
 
 
 def _check_logits(z) -> Tensor:
@@ -51,8 +55,7 @@ def collision_streaming(z: Tensor, tile: int) -> tuple[Tensor, Tensor, Tensor, T
         ``e^{2m}``) and ``Σ_j A_j² = s/ℓ²``. A row whose keys are all masked has ``m = -inf``,
         ``ℓ = s = 0`` and ``sum_sq = NaN`` (there is no distribution).
     """
-    if isinstance(tile, bool) or not isinstance(tile, numbers.Integral) or tile < 1:
-        raise ValueError(f"tile: must be an integer >= 1, got {tile!r}")
+    _CHECKS["tile"].check("tile", tile)
     z = _check_logits(z).detach().cpu().numpy()
     K = z.shape[-1]
     lead = z.shape[:-1]

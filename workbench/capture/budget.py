@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench.checks import Choice, Interval, check_int, optional
+from workbench.checks import Choice, Interval, check_args, optional
 from workbench.choices import ROW_DTYPES, RowDtype
 from workbench.constraints import register_all
 
@@ -42,6 +42,12 @@ CAPTURE_CHECKS = register_all("capture", {
     "max_bytes": optional(Interval("int", 1)),
 }, __name__)
 """The constraints of the capture's storage dtype and byte limit (registered as ``capture.<name>``)."""
+
+_ONE, _ZERO = Interval("int", 1), Interval("int", 0)
+ESTIMATE_CHECKS = register_all("estimate_capture_bytes", {
+    "L": _ONE, "H_Q": _ONE, "G": _ONE, "R": _ZERO, "T": _ONE, "n_decode": _ZERO, "colsum_tile": _ONE,
+    "hidden_layers": _ZERO, "hidden_size": _ZERO}, __name__)
+"""The shape arguments of :func:`estimate_capture_bytes`."""
 
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -93,9 +99,7 @@ def estimate_capture_bytes(*, L: int, H_Q: int, G: int, R: int, T: int, n_decode
         colsum: H2O column sums (float64 ``[L, H_Q, T]`` on the host, tiles of ``colsum_tile`` queries).
         hidden_layers, hidden_size: number of stored block inputs (float32 ``[T, hidden_size]`` each).
     """
-    for name, v, lo in (("L", L, 1), ("H_Q", H_Q, 1), ("G", G, 1), ("R", R, 0), ("T", T, 1), ("n_decode", n_decode, 0),
-                        ("colsum_tile", colsum_tile, 1), ("hidden_layers", hidden_layers, 0), ("hidden_size", hidden_size, 0)):
-        check_int(name, v, lo)
+    check_args(ESTIMATE_CHECKS, locals())
     item = row_dtype(dtype).itemsize
     K = T + n_decode
     host_rows = L * H_Q * R * K * item

@@ -21,10 +21,12 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_save
 
 from workbench._version import __version__
+from workbench.capture.budget import CAPTURE_CHECKS
 from workbench.capture.checksum import FILE_KEY, HEADER_KEY, KEYS, PLACEHOLDER, file_digests, seal, tensor_sha256
 from workbench.capture.synthetic import synthetic_rows
-from workbench.checks import check_choice
-from workbench.choices import ROW_DTYPES, ROW_KINDS, SYNTHETIC_STRUCTURES, RowDtype, RowKind, SyntheticStructure
+from workbench.checks import Choice
+from workbench.choices import ROW_KINDS, SYNTHETIC_STRUCTURES, RowDtype, RowKind, SyntheticStructure
+from workbench.constraints import register_all
 from workbench.run.spans import PromptSpans
 from workbench.util import atomic_write_bytes
 
@@ -33,6 +35,9 @@ FORMAT_PREFIX = "workbench.capture/"
 FORMAT_VERSION = 2
 _FORMAT_TAG = re.compile(re.escape(FORMAT_PREFIX) + r"(\d+)")
 TENSOR_NAMES = ("attn", "row_pos", "head_group", "vnorm_max", "learned_sink")
+_SYNTHETIC_CHECKS = register_all("synthetic", {"structure": Choice(SYNTHETIC_STRUCTURES),
+                                               "dtype": CAPTURE_CHECKS["dtype"]}, __name__)
+"""The static arguments of :meth:`Capture.synthetic` (the storage dtype: the capture's own constraint)."""
 
 
 def _verify_tensors(tensors: dict, recorded: str | None, path: Path) -> None:
@@ -451,8 +456,8 @@ class Capture:
         """
         if H_Q % G:
             raise ValueError(f"G: must divide H_Q={H_Q}, got {G}")
-        check_choice("structure", structure, SYNTHETIC_STRUCTURES)
-        check_choice("dtype", dtype, ROW_DTYPES)
+        _SYNTHETIC_CHECKS["structure"].check("structure", structure)
+        _SYNTHETIC_CHECKS["dtype"].check("dtype", dtype)
         g = torch.Generator().manual_seed(seed)
         pos, kinds = list(spans.observers), ["observer"] * len(spans.observers)
         for kind, ps in (extra_rows or {}).items():

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from workbench._version import __version__
 from workbench.capture.budget import (
     CAPTURE_CHECKS,
+    ESTIMATE_CHECKS,
     check_capture_budget,
     estimate_capture_bytes,
     max_capture_bytes,
@@ -108,8 +109,7 @@ class AttentionRecorder:
                  colsum_tile: int = 128, dtype: torch.dtype = torch.float32):
         if colsum and T is None:
             raise ValueError("T: the prompt length is required when colsum=True")
-        if not isinstance(colsum_tile, int) or colsum_tile < 1:
-            raise ValueError(f"colsum_tile: must be an integer >= 1, got {colsum_tile!r}")
+        ESTIMATE_CHECKS["colsum_tile"].check("colsum_tile", colsum_tile)
         self.shape = shape
         self.row_pos = torch.tensor(row_pos, dtype=torch.int64)
         self.K = K

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from workbench.capture.data import config_fingerprint
 from workbench.capture.hooks import model_identity
-from workbench.checks import check_bool
+from workbench.checks import Bool
+from workbench.constraints import register_all
 from workbench.run import adapter
 from workbench.run.prompt import TOKENIZER_KEY, tokenizer_fingerprint
 
 __all__ = ["check_model_match", "config_fingerprint"]
+
+_CHECKS = register_all("check_model_match", {"allow_foreign": Bool()}, __name__)
 
 
 def check_model_match(model, tokenizer, prompt, *, allow_foreign: bool = False) -> None:
@@ -33,7 +36,7 @@ def check_model_match(model, tokenizer, prompt, *, allow_foreign: bool = False) 
         prompt: what the rerun was given.
         allow_foreign: skip the tokenizer and config comparison (the vocabulary range is still checked).
     """
-    check_bool("allow_foreign", allow_foreign)
+    _CHECKS["allow_foreign"].check("allow_foreign", allow_foreign)
     spans = getattr(prompt, "spans", prompt)
     ids = getattr(spans, "input_ids", None)
     if ids is None:

@@ -29,13 +29,15 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from workbench.checks import check_real
+from workbench.checks import Interval
 
 __all__ = ["BIDIRECTIONAL", "REFUSED_IMPLEMENTATIONS", "check_config", "skeleton_shapes", "loading_refusal",
            "nonfinite_refusal", "implementation_refusal"]
 
 BIDIRECTIONAL = "use_bidirectional_attention"
 _EPS = re.compile(r"^(?:.*norm.*_)?(?:eps|epsilon)$")  # a norm's epsilon (rms_norm_eps, layer_norm_epsilon, eps)
+# the allowed value of such a field: a config file's field, not a parameter, so it is not registered in PARAMS
+_NORM_EPS = Interval("real", 0.0, None, closed="right", note="a norm divides by sqrt(mean square + eps)")
 # attention implementations a user can select that the capture cannot read exactly, with the reason
 REFUSED_IMPLEMENTATIONS: dict[str, str] = {
     "flex_attention": "flex_attention passes its mask as a BlockMask (a block-sparse description evaluated inside "
@@ -69,8 +71,7 @@ def check_config(folder: Path, c: Mapping) -> None:
     for field, v in c.items():
         if _EPS.search(str(field)) and v is not None and not isinstance(v, (str, list, dict)):
             try:
-                check_real(f"config.json {field}", v, 0.0, None, lo_open=True,
-                           rng="> 0 (a norm divides by sqrt(mean square + eps))")
+                _NORM_EPS.check(f"config.json {field}", v)
             except ValueError as e:
                 raise ValueError(f"spec: the model folder {folder} has a config that cannot describe a working "
                                  f"model: {e}") from None

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.checks import check_choice
+from workbench.checks import Choice
 from workbench.choices import COLOUR_SCALES, ColourScale
+from workbench.constraints import register_all
 
 __all__ = ["LONG_PROMPT_T", "LOG_FLOOR", "default_scale", "resolve_scale", "scaled", "quantile_ranks",
            "scale_title", "QUANTILE_TICKS"]
@@ -25,6 +26,8 @@ LOG_FLOOR = 1e-6
 """``log`` scale: values below are drawn at the floor (``log10`` of zero is not a colour)."""
 QUANTILE_TICKS = (0.0, 0.25, 0.5, 0.75, 1.0)
 """Where a quantile colour bar names the value."""
+_CHECKS = register_all("colour", {"scale": Choice(COLOUR_SCALES)}, __name__)
+"""The colour scale a figure is asked for."""
 
 
 def default_scale(T: int) -> ColourScale:
@@ -36,7 +39,7 @@ def resolve_scale(scale: ColourScale | None, log: bool, T: int) -> ColourScale:
     """The scale a figure uses: ``scale``, or ``"log"`` when ``log`` (the older switch), else the default by ``T``.
     ``log=True`` with another ``scale`` is refused (two answers to one question)."""
     if scale is not None:
-        check_choice("scale", scale, COLOUR_SCALES)
+        _CHECKS["scale"].check("scale", scale)
         if log and scale != "log":
             raise ValueError(f"log, scale: log=True asks for the log scale, scale={scale!r} for another; give one")
         return scale

@@ -13,12 +13,13 @@ The full-resolution data (every token) is kept beside the figure (:func:`attach_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import pandas as pd
 
-from workbench.checks import check_choice, check_int
+from workbench.checks import Choice, Interval
+from workbench.constraints import register_all
 
 __all__ = ["TokenBins", "token_bins", "attach_full", "full_frame", "DEFAULT_WIDTH_PX", "Reduce"]
 
@@ -26,6 +27,9 @@ DEFAULT_WIDTH_PX = 1000
 """Bins of a token axis by default: about the plot width of a figure in pixels."""
 
 Reduce = Literal["max", "mean"]
+
+_CHECKS = register_all("token_bins", {"how": Choice(get_args(Reduce)), "T": Interval("int", 0),
+                                      "width_px": Interval("int", 1)}, __name__)
 
 _ATTR = "_workbench_full_data"
 
@@ -69,7 +73,7 @@ class TokenBins:
 
     def reduce(self, x, how: Reduce = "max") -> np.ndarray:
         """``x [..., T]`` → ``[..., n]``: the max or the mean of each bin's tokens (``x`` itself when exact)."""
-        check_choice("how", how, ("max", "mean"))
+        _CHECKS["how"].check("how", how)
         a = np.asarray(x)
         if a.shape[-1] != self.T:
             raise ValueError(f"x: last axis must have length T = {self.T}, got {a.shape[-1]}")
@@ -98,8 +102,8 @@ class TokenBins:
 def token_bins(T: int, width_px: int | None = None, *, offset: int = 0) -> TokenBins:
     """Bins for a token axis of ``T`` tokens shown ``width_px`` pixels wide (default :data:`DEFAULT_WIDTH_PX`):
     ``min(T, width_px)`` bins of equal size up to one token."""
-    check_int("T", T, 0)
-    w = DEFAULT_WIDTH_PX if width_px is None else check_int("width_px", width_px, 1)
+    _CHECKS["T"].check("T", T)
+    w = DEFAULT_WIDTH_PX if width_px is None else _CHECKS["width_px"].check("width_px", width_px)
     n = min(T, w)
     edges = np.round(np.linspace(0, T, n + 1)).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
     return TokenBins(T=int(T), offset=int(offset), edges=edges)

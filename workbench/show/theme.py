@@ -7,6 +7,9 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from workbench.checks import Interval
+from workbench.constraints import register_all
+
 __all__ = ["PALETTE", "SEQUENTIAL", "FONT", "TEMPLATE", "KEPT", "REMOVED", "NEUTRAL", "ANSWER", "DASHES", "SYMBOLS",
            "categorical", "categorical_px"]
 
@@ -44,6 +47,8 @@ TEMPLATE = "workbench"
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star")
+_CHECKS = register_all("categorical", {"n": Interval("int", 0, len(PALETTE) * len(DASHES))}, __name__)
+"""The distinct styles :func:`categorical` can give."""
 
 
 def categorical(n: int) -> list[dict]:
@@ -53,8 +58,7 @@ def categorical(n: int) -> list[dict]:
     styles share a colour only when their dash and marker differ. Up to 48 distinct styles; more raise.
     ``tests/test_figure_layout.py`` checks the colours' pairwise CIELAB ΔE, also under a deuteranopia
     simulation."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(PALETTE) * len(DASHES):
-        raise ValueError(f"n: must be an integer in [0, {len(PALETTE) * len(DASHES)}], got {n!r}")
+    _CHECKS["n"].check("n", n)
     return [{"color": PALETTE[i % len(PALETTE)], "dash": DASHES[i // len(PALETTE)],
              "symbol": SYMBOLS[i // len(PALETTE)]} for i in range(n)]
 

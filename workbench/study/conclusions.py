@@ -51,8 +51,7 @@ import pandas as pd
 
 from workbench.analyse.params import PRESETS
 from workbench.analyse.shift import HELD_OUT_AFTER, HELD_OUT_GAP
-from workbench.analyse.stats import bootstrap_ci, fmt_ci, mde
-from workbench.checks import check_real
+from workbench.analyse.stats import STATS_CHECKS, bootstrap_ci, fmt_ci, mde
 from workbench.study import findings as fnd
 from workbench.study.followup import FOLLOWUP
 from workbench.study.ruler import RULER_TASKS
@@ -482,7 +481,7 @@ def conclusions(df: pd.DataFrame, leap: pd.DataFrame | None = None, ranks: pd.Da
     with a verdict by :data:`RULE`. ``margin``: the non-inferiority margin δ in ``[0, 1)`` (default
     :data:`DEFAULT_MARGIN`). ``ruler``: the RULER-style family names pooled for the DeferKV claim (default:
     :data:`workbench.study.ruler.RULER_TASKS`)."""
-    margin = check_real("margin", margin, 0.0, 1.0, hi_open=True)
+    margin = STATS_CHECKS["margin"].check("margin", margin)
     from_ruler = ruler if ruler is not None else RULER_TASKS
     leap, ranks, kept = (t if t is not None and len(t) else None for t in (leap, ranks, kept))
     ref, _ = fnd.reference_check(df, metric)

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from workbench.checks import check_int
+from workbench.checks import Interval
+from workbench.constraints import register_all
 from workbench.rerun.eviction import FullCache
 from workbench.rerun.eviction.followup import chat_next_turn, run_followup
 from workbench.rerun.eviction.result import PolicyRunError
@@ -34,6 +35,8 @@ __all__ = ["FOLLOWUP", "followup_multikey", "is_followup", "first_turn_item", "f
 
 FOLLOWUP = "followup"  # meta["protocol"] of a two-question item
 _MAGIC = re.compile(r"One of the special magic numbers for (\S+) is: (\d+)\.")
+# n_keys - 1 distractor keys: niah_multikey takes 1 to 50
+_CHECKS = register_all("followup", {"n_keys": Interval("int", 2, 51)}, __name__)
 
 
 def is_followup(item: TaskItem) -> bool:
@@ -56,7 +59,7 @@ def followup_multikey(tokenizer, haystack: dict | None = None, *, lengths: Seque
     asks the family's key, question 2 another of its keys (seeded), each answered by its own needle's number
     (string_match_part). Deterministic in its arguments; ``haystack``: texts (e.g. ``datasets.load_essays``) or
     ``None`` for RULER's noise."""
-    check_int("n_keys", n_keys, 2, 51)
+    _CHECKS["n_keys"].check("n_keys", n_keys)
     base = niah_multikey(tokenizer, lengths=lengths, n=n, seed=seed, n_distractors=n_keys - 1,
                          passage_tokens=passage_tokens, haystack=haystack)
     out = []

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from workbench.checks import check_bool
+from workbench.checks import Bool
+from workbench.constraints import register_all
 
 __all__ = ["Method", "METHODS", "RESERVED_PARAMS", "register_method", "unregister_method", "get_method",
            "available_methods", "check_param_name"]
 
 RESERVED_PARAMS = ("max_new_tokens", "seed")
+_CHECKS = register_all("register_method", {"per_item": Bool()}, __name__)
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ def register_method(name: str, fn: Callable | None = None, *, params: Sequence[s
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"name: must be an identifier-like string, got {name!r}")
-    check_bool("per_item", per_item)
+    _CHECKS["per_item"].check("per_item", per_item)
     if params is not None:
         params = tuple(params)
         for p in params:

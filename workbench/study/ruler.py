@@ -29,7 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import workbench.study.datasets as datasets
-from workbench.checks import check_int
+from workbench.checks import Interval
+from workbench.constraints import register_all
 from workbench.study.metrics import string_match_all, string_match_part
 from workbench.study.tasks.haystack import Haystack, check_lengths, count_tokens, group_passages
 from workbench.study.tasks.item import TaskItem, seeded_rng, with_content_id
@@ -41,6 +42,10 @@ __all__ = ["RULER_TASKS", "build_ruler", "ruler_grid", "score", "string_match_al
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 _SYL = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi", "be", "do", "fu", "ga", "hi", "ju", "pe", "so", "wa", "xe")
+_CHECKS = register_all("ruler", {
+    "n_distractors": Interval("int", 1, 50), "n_values": Interval("int", 2, 20), "n_queries": Interval("int", 2, 20),
+    "n_hops": Interval("int", 1, 20), "n_common": Interval("int", 1, 50), "vocab": Interval("int", 10, 10_000)}, __name__)
+"""The size arguments of the RULER-style families."""
 
 
 def _word(rng: random.Random, syllables: int = 3) -> str:
@@ -140,7 +145,7 @@ def niah_single(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n: in
 def niah_multikey(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n: int = 1, seed: int = 0,
                   n_distractors: int = 3, passage_tokens: int = 128, haystack: dict | None = None) -> list[TaskItem]:
     """The asked key's needle among ``n_distractors`` needles of other keys; string_match_part."""
-    check_int("n_distractors", n_distractors, 1, 50)
+    _CHECKS["n_distractors"].check("n_distractors", n_distractors)
 
     def make(rng):
         keys, vals = _keys(rng, 1 + n_distractors), _numbers(rng, 1 + n_distractors)
@@ -154,7 +159,7 @@ def niah_multikey(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n: 
 def niah_multivalue(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n: int = 1, seed: int = 0,
                     n_values: int = 4, passage_tokens: int = 128, haystack: dict | None = None) -> list[TaskItem]:
     """``n_values`` magic numbers for one key, all wanted; string_match_all."""
-    check_int("n_values", n_values, 2, 20)
+    _CHECKS["n_values"].check("n_values", n_values)
 
     def make(rng):
         key, vals = _keys(rng, 1)[0], _numbers(rng, n_values)
@@ -168,7 +173,7 @@ def niah_multivalue(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n
 def niah_multiquery(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n: int = 1, seed: int = 0,
                     n_queries: int = 4, passage_tokens: int = 128, haystack: dict | None = None) -> list[TaskItem]:
     """``n_queries`` keys with one number each, all asked at once; string_match_all."""
-    check_int("n_queries", n_queries, 2, 20)
+    _CHECKS["n_queries"].check("n_queries", n_queries)
 
     def make(rng):
         keys, vals = _keys(rng, n_queries), _numbers(rng, n_queries)
@@ -183,7 +188,7 @@ def niah_multiquery(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n
 def variable_tracking(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n: int = 1, seed: int = 0,
                       n_hops: int = 4, passage_tokens: int = 128, haystack: dict | None = None) -> list[TaskItem]:
     """A chain of ``n_hops`` assignments from one value; every variable in it is wanted; string_match_all."""
-    check_int("n_hops", n_hops, 1, 20)
+    _CHECKS["n_hops"].check("n_hops", n_hops)
 
     def make(rng):
         names = [w.upper() for w in _words(rng, n_hops + 1, 3)]
@@ -228,7 +233,7 @@ def common_words(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n: i
                  n_common: int = 10, passage_tokens: int = 128) -> list[TaskItem]:
     """A numbered word list: ``n_common`` words recur (RULER's cwe: 30 times at long lengths, fewer when the
     list is short), every other word appears at most 3 times; string_match_all over the ``n_common``."""
-    check_int("n_common", n_common, 1, 50)
+    _CHECKS["n_common"].check("n_common", n_common)
 
     def make(rng, budget):
         freq = max(4, min(30, budget // (3 * n_common)))
@@ -253,7 +258,7 @@ def frequent_words(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n:
                    alpha: float = 2.0, vocab: int = 200, passage_tokens: int = 128) -> list[TaskItem]:
     """Coded words drawn from a Zipf law (``p_k ∝ k^-alpha`` over ``vocab`` words, RULER's fwe); the three most
     frequent are wanted (ties at rank 3 are redrawn); string_match_all."""
-    check_int("vocab", vocab, 10, 10_000)
+    _CHECKS["vocab"].check("vocab", vocab)
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 1:
         raise ValueError(f"alpha: must be a number > 1, got {alpha!r}")
     weights = [1.0 / (k ** alpha) for k in range(1, vocab + 1)]

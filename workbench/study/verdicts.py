@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from workbench.analyse.stats import POWER, units_needed
-from workbench.checks import check_real
+from workbench.checks import Interval
+from workbench.constraints import register_all
 
 __all__ = ["KINDS", "VERDICTS", "DESCRIPTIVE", "DEFAULT_MARGIN", "RULE", "rule_text", "verdict", "plan"]
 
@@ -18,6 +19,7 @@ DESCRIPTIVE = "descriptive"  # the verdict column of a descriptive row: no verdi
 # families hold 10-50 clusters, where the one-sided MDE (80 % power) is 0.05-0.4: a margin of 0.05 could be shown
 # almost nowhere, while 0.10 is within reach of a 50-cluster family with little discordance.
 DEFAULT_MARGIN = 0.10
+_PLAN_CHECKS = register_all("plan", {"margin": Interval("real", 0.0, 1.0, closed="neither")}, __name__)
 RULE = ("Verdict rule: each claim declares its kind. A **superiority** claim (A > B) is **supported** when the {pct}% "
         "bootstrap CI of the effect (the mean paired difference A − B) excludes 0 in the claimed direction and the "
         "two-sided paired test (McNemar exact on 0/1 units, else the exact sign test) rejects at {alpha}, "
@@ -52,7 +54,7 @@ def plan(discordance: float, *, kind: str = "superiority", effect: float | None 
     difference for other scores), by :func:`workbench.analyse.stats.units_needed`."""
     if kind not in KINDS[:2]:
         raise ValueError(f"kind: must be one of {KINDS[:2]} (a descriptive row needs no plan), got {kind!r}")
-    margin = check_real("margin", margin, 0.0, 1.0, lo_open=True, hi_open=True)
+    margin = _PLAN_CHECKS["margin"].check("margin", margin)
     alpha = 1 - level
     if kind == "superiority":
         if effect is None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from workbench.checks import check_int
+from workbench.checks import Interval
+from workbench.constraints import index_into, register_all
 from workbench.rerun.eviction.result import GenerationResult
 from workbench.rerun.stability import logit_margin
 
@@ -25,6 +26,9 @@ __all__ = ["MEMBERSHIP", "KeptComparison", "RunSide", "RunComparison", "kept_set
 
 #: the membership of a prompt position under two settings, in the order the token view's key lists them
 MEMBERSHIP = ("A only", "B only", "both", "neither")
+
+_CHECKS = register_all("compare", {"T": Interval("int", 1), "index": Interval("int", 0)}, __name__)
+"""A comparison's prompt length ``T`` and :func:`token_margin`'s generated-token ``index``."""
 
 
 def _as_numpy(t) -> np.ndarray:
@@ -41,9 +45,9 @@ def kept_set(result: GenerationResult, layer: int | None = None, group: int | No
     kp = _as_numpy(result.kept_prompt)
     L, G = kp.shape[0], kp.shape[1]
     if layer is not None:
-        check_int("layer", layer, 0, L - 1)
+        index_into(L).check("layer", layer)
     if group is not None:
-        check_int("group", group, 0, G - 1)
+        index_into(G).check("group", group)
     layers = [layer] if layer is not None else (list(result.compacted_layers) or list(range(L)))
     groups = [group] if group is not None else list(range(G))
     sel = kp[np.ix_(layers, groups)].ravel()
@@ -80,7 +84,7 @@ class KeptComparison:
     group: int | None = None
 
     def __post_init__(self):
-        check_int("T", self.T, 1)
+        _CHECKS["T"].check("T", self.T)
         for name in ("kept_a", "kept_b"):
             bad = sorted(p for p in getattr(self, name) if not (isinstance(p, int) and 0 <= p < self.T))
             if bad:
@@ -146,7 +150,7 @@ def token_margin(result: GenerationResult, index: int) -> float:
     (``EvictionSession.prepare(..., keep_logits=True)``)."""
     if result.logits is None:
         raise ValueError(f"result: the {result.policy} run kept no logits; prepare the session with keep_logits=True")
-    check_int("index", index, 0)
+    _CHECKS["index"].check("index", index)
     return logit_margin(result.logits[index]) if index < len(result.ids) else math.nan
 
 

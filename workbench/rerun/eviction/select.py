@@ -17,8 +17,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from workbench.checks import check_int
-from workbench.constraints import BUDGET, BUDGET_FRAC
+from workbench.checks import Interval
+from workbench.constraints import BUDGET, BUDGET_FRAC, register_all
 from workbench.rerun.eviction.evidence import Evidence
 from workbench.rerun.eviction.outputs import (
     checked_allocation,
@@ -30,6 +30,9 @@ from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.shapes import shaped
 
 __all__ = ["select_keep", "preview", "preview_window", "resolve_budget"]
+
+_CHECKS = register_all("resolve_budget", {"T": Interval("int", 1)}, __name__)
+"""The prompt length a budget fraction is taken of."""
 
 
 @shaped
@@ -167,5 +170,5 @@ def resolve_budget(T: int, budget=None, budget_frac=None) -> int:
                          f"({BUDGET_FRAC.describe()})")
     if budget is not None:
         return BUDGET.check("budget", budget)
-    check_int("T", T, 1)
+    _CHECKS["T"].check("T", T)
     return max(1, math.ceil(BUDGET_FRAC.check("budget_frac", budget_frac) * T))

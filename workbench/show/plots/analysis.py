@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import html
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -11,8 +10,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.checks import check_choice, check_int
+from workbench.checks import Choice, Interval
 from workbench.choices import ColourScale, HeadQuantity, RowKind
+from workbench.constraints import index_into, register_all
 from workbench.show.colour_scale import resolve_scale, scale_title, scaled
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
@@ -69,13 +69,13 @@ def attention_strip(capture: Capture, layer: int, head: int, row: int | None = N
     text; hover works anywhere in a token's column (``hovermode="x"``), also over short bars.
     """
     spans = capture.spans
-    check_int("layer", layer, 0, capture.L - 1)
-    check_int("head", head, 0, capture.H_Q - 1)
+    index_into(capture.L).check("layer", layer)
+    index_into(capture.H_Q).check("head", head)
     if row is None:
         a = capture.observer_attn()[layer, head].mean(0)
         label = f"mean of {spans.W_p} observers"
     else:
-        check_int("row", row, 0, capture.attn.shape[2] - 1)
+        index_into(capture.attn.shape[2]).check("row", row)
         a = capture.attn[layer, head, row, : spans.T]
         label = f"row at position {int(capture.row_pos[row])}"
     y_full = plot_array(a)
@@ -141,6 +141,8 @@ _HEAD_QUANTITIES = {
     "C": ("C", "non-sink collision C_h"),
     "omega": ("omega", "row weight ω_h"),
 }
+_CHECKS = register_all("plots", {"quantity": Choice(_HEAD_QUANTITIES), "x": Choice(("chunk", "position")),
+                                 "budget": Interval("real", 0, what="a number of tokens")}, __name__)
 
 
 @figure_function
@@ -153,7 +155,7 @@ def head_heatmap(pooling, quantity: HeadQuantity = "w", *, model_id: str | None 
             mass on the sinks), ``"z"``, ``"v"``, ``"C"`` or ``"omega"``.
         model_id: recorded in ``layout.meta``; params: extra parameters to record (e.g. ``EntroPrefillParams``).
     """
-    check_choice("quantity", quantity, _HEAD_QUANTITIES)
+    _CHECKS["quantity"].check("quantity", quantity)
     attr, label = _HEAD_QUANTITIES[quantity]
     m = getattr(pooling, attr)
     L, H = pooling.L, pooling.n_heads
@@ -189,7 +191,7 @@ def residual_distribution(pooling, layer: int, spans=None, *, log: bool = False,
             (the residual is the non-sink distribution).
         log: the log scale (the same as ``scale="log"``).
     """
-    check_int("layer", layer, 0, pooling.L - 1)
+    index_into(pooling.L).check("layer", layer)
     sp = spans_of(spans)
     res = as_numpy(pooling.residual(layer))  # [H_Q, T - n_sink]
     H, Tn = res.shape
@@ -249,7 +251,7 @@ def pooled_measure(pooling, layer: int, spans, *, log: bool = True, max_tick_tok
         spans: ``PromptSpans`` of the prompt (or a Capture / Prompt) for the colours and the tokens.
         log: a log y axis (default: the sinks' mass would flatten the rest).
     """
-    check_int("layer", layer, 0, pooling.L - 1)
+    index_into(pooling.L).check("layer", layer)
     sp = spans_of(spans)
     if sp is None:
         raise ValueError("spans: must be PromptSpans, a Prompt or a Capture, got None")
@@ -286,8 +288,8 @@ def chunk_priorities(priorities, spans, layer: int, removed=None, *, x: str = "c
         x: ``"chunk"`` (one slot per chunk) or ``"position"`` (bars over the chunk's token span of the prompt).
     """
     sp = spans_of(spans)
-    check_int("layer", layer, 0, priorities.L - 1)
-    check_choice("x", x, ("chunk", "position"))
+    index_into(priorities.L).check("layer", layer)
+    _CHECKS["x"].check("x", x)
     k = priorities.k
     if sp.k != k:
         raise ValueError(f"spans: has {sp.k} chunks, the priorities {k}")
@@ -377,10 +379,8 @@ def certificate(source, budget: int | None = None, *, model_id: str | None = Non
     gap = [sels[l].gap for l in layers]
     infeasible = [bool(sels[l].infeasible_proved) for l in layers]
     tt = sels[layers[0]].target_tokens
-    if budget is None:
-        budget = tt
-    elif isinstance(budget, bool) or not isinstance(budget, numbers.Real) or budget < 0:
-        raise ValueError(f"budget: must be a number of tokens >= 0, got {budget!r}")
+    budget = tt if budget is None else budget
+    _CHECKS["budget"].check("budget", budget)
     N = sels[layers[0]].N
     verdict = [html.escape(sels[l].verdict) for l in layers]
     fig = Draft.subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.7, 0.3], vertical_spacing=0.06)

@@ -8,8 +8,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
-from workbench.checks import check_choice, check_int
+from workbench.analyse.shift import SHIFT_CHECKS
 from workbench.choices import ShiftLevel
+from workbench.constraints import index_into
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
     Draft,
@@ -265,7 +266,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     bottom left: the page union ``U_l`` per layer with ``K`` and ``min{GK, N_P}``; bottom right: ``UOR_g``.
     """
     pr = page_result
-    check_int("layer", layer, 0, pr.L - 1)
+    index_into(pr.L).check("layer", layer)
     sp = spans_of(spans)
     G, N_P = pr.importance.shape[1], pr.importance.shape[2]
     T = pr.p.shape[2]
@@ -356,7 +357,7 @@ def shift_steps(shift, *, level: ShiftLevel = "group", layer: int | None = None,
         level: ``"group"`` (KV groups) or ``"head"`` (query heads).
         layer: one layer to show per unit, or None for all layers.
     """
-    check_choice("level", level, ("group", "head"))
+    SHIFT_CHECKS["level"].check("level", level)
     rec = as_numpy(shift.recall_group if level == "group" else shift.recall_head)  # [L, U, R]
     js = as_numpy(shift.jsd_group if level == "group" else shift.jsd_head)  # [L, U, R-1]
     L, U, R = rec.shape
@@ -387,7 +388,7 @@ def shift_steps(shift, *, level: ShiftLevel = "group", layer: int | None = None,
                           coloraxis2=dict(colorscale=SEQUENTIAL, colorbar=dict(title=dict(text="JSD"), len=0.3, y=0.5)))
         where = f"mean over {level}s"
     else:
-        check_int("layer", layer, 0, L - 1)
+        index_into(L).check("layer", layer)
         fig = Draft.subplots(rows=3, cols=1, vertical_spacing=0.12, row_heights=[0.36, 0.36, 0.28])
         for u, st in enumerate(categorical(U)):  # colour, then dash and marker past 8
             style = dict(line=dict(color=st["color"], dash=st["dash"]), marker=dict(symbol=st["symbol"]))

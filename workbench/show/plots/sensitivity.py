@@ -9,8 +9,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.checks import check_int
-from workbench.constraints import PARAMS
+from workbench.analyse.audit import AUDIT_CHECKS
+from workbench.checks import Interval
+from workbench.constraints import PARAMS, register_all
 from workbench.show.figure_engine import (
     Draft,
     add_span,
@@ -21,6 +22,9 @@ from workbench.show.figure_engine import (
 from workbench.show.plots.common import check_frame
 from workbench.show.theme import NEUTRAL, categorical
 
+_CHECKS = register_all("sensitivity", {"answer_chunk": Interval("int", 0), "J": AUDIT_CHECKS["J"],
+                                       "H_Q": AUDIT_CHECKS["H_Q"]}, __name__)
+"""The figures' scalar arguments (``J``, ``H_Q``: those of :func:`~workbench.analyse.audit.hoeffding_b`)."""
 _LEGEND_ABOVE = dict(orientation="h", y=1.02, x=0, xanchor="left", yanchor="bottom")
 
 
@@ -94,7 +98,7 @@ def answer_rank(frame: pd.DataFrame, *, answer_chunk: int | None = None, model_i
     """
     d = check_frame("frame", frame, ("layer", "method", "rank"))
     if answer_chunk is not None:
-        check_int("answer_chunk", answer_chunk, 0)
+        _CHECKS["answer_chunk"].check("answer_chunk", answer_chunk)
     methods = _values(d["method"])
     fig = Draft()
     for m, st in zip(methods, categorical(len(methods))):
@@ -157,9 +161,9 @@ def hoeffding_radius(frame: pd.DataFrame, *, eps_audit: float | None = None, J: 
     if eps_audit is not None:
         eps_audit = PARAMS["eps_audit"].check("eps_audit", eps_audit)
     if J is not None:
-        check_int("J", J, 1)
+        _CHECKS["J"].check("J", J)
     if H_Q is not None:
-        check_int("H_Q", H_Q, 1)
+        _CHECKS["H_Q"].check("H_Q", H_Q)
     deltas = sorted(_values(d["delta"]))
     fig = Draft()
     for dl, st in zip(deltas, categorical(len(deltas))):

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.checks import check_int
+from workbench.constraints import index_into
 from workbench.show.decimate import attach_full, token_bins
 from workbench.show.figure_engine import (
     Draft,
@@ -91,9 +91,9 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
         raise ValueError(f"prompt: has T = {sp.T} tokens, the results T = {T}")
     Lr, G = results[0].kept.shape[:2]
     if layer is not None:
-        check_int("layer", layer, 0, Lr - 1)
+        index_into(Lr).check("layer", layer)
     if group is not None:
-        check_int("group", group, 0, G - 1)
+        index_into(G).check("group", group)
     hi = _highlight_positions(highlight, sp, T)
     if highlight_name is None:
         highlight_name = "highlighted text" if isinstance(highlight, str) else "highlighted tokens"

@@ -13,13 +13,13 @@ filled by whether setting A only, B only, both or neither kept it (:class:`~work
 from __future__ import annotations
 
 import math
-import numbers
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from workbench.checks import check_int
+from workbench.checks import Interval
 from workbench.choices import ColourScale
+from workbench.constraints import index_into, register_all
 from workbench.rerun.eviction.compare import MEMBERSHIP, KeptComparison, kept_set
 from workbench.show.colour_scale import QUANTILE_TICKS, resolve_scale, scaled
 from workbench.show.figure_engine import as_numpy, figure_function, figure_meta
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["token_attention", "token_values", "removed_positions", "kept_compare", "COMPARE_FILL", "TOKEN_SCALE",
            "TokenView"]
 
+_CHECKS = register_all("token_view", {"per_page": Interval("int", 16)}, __name__)
+"""The tokens one page of the token views shows."""
 
 
 def token_values(capture: Capture, layer: int, *, query="observers", head: int | None = None, group: int | None = None,
@@ -45,7 +47,7 @@ def token_values(capture: Capture, layer: int, *, query="observers", head: int |
             :class:`~workbench.analyse.pooling.PoolingResult` whose pooled ``μ`` (observer measure) is shown
             instead (``query`` must then be ``"observers"``). Exactly one of them.
     """
-    check_int("layer", layer, 0, capture.L - 1)
+    index_into(capture.L).check("layer", layer)
     given = [x is not None for x in (head, group, pooling)]
     if sum(given) != 1:
         raise ValueError("head, group, pooling: give exactly one of them")
@@ -55,18 +57,18 @@ def token_values(capture: Capture, layer: int, *, query="observers", head: int |
             raise ValueError(f"query: the pooled μ is an observer measure; must be 'observers', got {query!r}")
         return as_numpy(pooling.mu[layer]).astype(np.float64)[:T], f"pooled μ, layer {layer}"
     if head is not None:
-        check_int("head", head, 0, capture.H_Q - 1)
+        index_into(capture.H_Q).check("head", head)
         heads, who = [head], f"head {head}"
     else:
         G = int(as_numpy(capture.head_group).max()) + 1
-        check_int("group", group, 0, G - 1)
+        index_into(G).check("group", group)
         heads, who = np.flatnonzero(as_numpy(capture.head_group) == group).tolist(), f"KV group {group}"
     if isinstance(query, str):
         if query != "observers":
             raise ValueError(f"query: must be 'observers' or a captured row index, got {query!r}")
         a = as_numpy(capture.observer_attn()[layer][heads]).astype(np.float64).mean((0, 1))
         return a, f"mean of {capture.spans.W_p} observers, {who}, layer {layer}"
-    check_int("query", query, 0, capture.attn.shape[2] - 1)
+    index_into(capture.attn.shape[2]).check("query", query)
     a = as_numpy(capture.attn[layer, heads, query, :T]).astype(np.float64).mean(0)
     pos = int(capture.row_pos[query])
     return a, f"{capture.row_kind[query]} row at position {pos}, {who}, layer {layer}"
@@ -124,10 +126,9 @@ def token_attention(capture: Capture, layer: int, *, query="observers", head: in
     vals, what = token_values(capture, layer, query=query, head=head, group=group, pooling=pooling)
     sp = capture.spans
     T = sp.T
-    if isinstance(per_page, bool) or not isinstance(per_page, numbers.Integral) or per_page < 16:
-        raise ValueError(f"per_page: must be an integer >= 16, got {per_page!r}")
+    _CHECKS["per_page"].check("per_page", per_page)
     n_pages = max(1, math.ceil(T / per_page))
-    check_int("page", page, 0, n_pages - 1)
+    index_into(n_pages).check("page", page)
     lo, hi = page * per_page, min(T, (page + 1) * per_page)
     toks = list(sp.tokens[lo:hi]) if len(sp.tokens) >= hi else [f"#{j}" for j in range(lo, hi)]
     rem = set(removed_positions(removed, sp, removed_layer, removed_group))
@@ -169,10 +170,9 @@ COMPARE_FILL = {"A only": "#f0c566", "B only": "#89caf0", "both": "#ffffff", "ne
 
 
 def _paged(sp, T: int, page: int, per_page: int) -> tuple[int, int, int]:
-    if isinstance(per_page, bool) or not isinstance(per_page, numbers.Integral) or per_page < 16:
-        raise ValueError(f"per_page: must be an integer >= 16, got {per_page!r}")
+    _CHECKS["per_page"].check("per_page", per_page)
     n_pages = max(1, math.ceil(T / per_page))
-    check_int("page", page, 0, n_pages - 1)
+    index_into(n_pages).check("page", page)
     return page * per_page, min(T, (page + 1) * per_page), n_pages
 
 

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from workbench.analyse.params import PRIORITIES, EntroPrefillParams
 from workbench.analyse.pooling import PoolingCache
-from workbench.checks import check_int
+from workbench.constraints import index_into
 from workbench.show import export
 from workbench.show.figure_engine import KEEP_LAYOUT, Draft, as_figure, update_figure
 from workbench.show.figure_widget import FigureWidget, figure_widget
@@ -217,7 +217,7 @@ class Panel(abc.ABC):
         the middle layer (a new capture: the kept value replaces it where it is still a layer)."""
         if layer is None or self._kept is not None:
             return L // 2
-        return check_int("layer", layer, 0, L - 1)
+        return index_into(L).check("layer", layer)
 
     def _keep_values(self) -> None:
         """Set the kept control values (:meth:`set_capture`) that the new controls accept."""

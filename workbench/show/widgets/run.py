@@ -11,6 +11,7 @@ import torch
 
 from workbench.analyse.params import EntroPrefillParams
 from workbench.analyse.procedure import trace
+from workbench.checks import check_max_new_tokens
 from workbench.choices import PolicyName
 from workbench.rerun.eviction import (
     REGISTRY,
@@ -79,8 +80,7 @@ class PrunePanel(PruneCompareMode, RunControls, Panel):
     def __init__(self, capture: Capture, model, prompt, params: EntroPrefillParams | None = None, *,
                  max_new_tokens: int = 12, composed: bool = False):
         super().__init__()
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+        check_max_new_tokens(max_new_tokens)
         self.capture, self.model, self.prompt = capture, model, prompt
         self.base = params or EntroPrefillParams()
         self.max_new_tokens = max_new_tokens
@@ -200,8 +200,7 @@ class EvictionPanel(DivergenceView, CompareMode, RunControls, Panel):
                  max_new_tokens: int = 12, n_sink: int | None = None, recent: int = 32):
 
         super().__init__()
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: must be an integer >= 1, got {max_new_tokens!r}")
+        check_max_new_tokens(max_new_tokens)
         self.capture, self.model, self.prompt = capture, model, prompt
         self.max_new_tokens = max_new_tokens
         self.classes = {c.name: c for c in REGISTRY.classes()}  # built-in and registered (wb.register_policy)

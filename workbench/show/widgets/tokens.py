@@ -10,7 +10,8 @@ import numpy as np
 from workbench.analyse.params import EntroPrefillParams
 from workbench.capture import RowSet, run_capture
 from workbench.capture.hooks import model_identity
-from workbench.checks import check_int
+from workbench.checks import check_str
+from workbench.constraints import index_into
 from workbench.run.models import unwrap_model
 from workbench.show import plots
 from workbench.show.plots.common import answer_chunk
@@ -126,7 +127,7 @@ class TokenPanel(Panel):
 
     def page_of(self, position: int) -> int:
         """The page (0-based) that shows prompt ``position``."""
-        check_int("position", position, 0, self.capture.T - 1)
+        index_into(self.capture.T).check("position", position)
         return int(position) // self.per_page
 
     def jump_to(self, position: int) -> int:
@@ -148,14 +149,13 @@ class TokenPanel(Panel):
         sp = self.capture.spans
         if sp.k == 0:
             raise ValueError("chunk: this prompt has no candidate chunks")
-        check_int("chunk", chunk, 0, sp.k - 1)
+        index_into(sp.k).check("chunk", chunk)
         return self.jump_to(int(sp.chunks[chunk][0]))
 
     def search(self, text: str) -> list[int]:
         """Every prompt position whose token starts an occurrence of ``text`` in the prompt's text (the tokens
         joined; case-insensitive; a hit may span several tokens)."""
-        if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"text: must be a non-empty string, got {text!r}")
+        check_str("text", text)
         toks = list(self.capture.spans.tokens)
         if len(toks) < self.capture.T:
             raise ValueError("text: this capture has no token strings to search")

@@ -8,12 +8,21 @@ import random
 import re
 from collections.abc import Sequence
 
-from workbench.checks import check_int
+from workbench.checks import Constraint, Interval
+from workbench.constraints import register_all
 
 __all__ = ["Haystack", "split_sentences", "count_tokens", "group_passages", "check_lengths", "check_depth",
            "check_filler_text", "SENTENCE_SPLIT", "MAX_SENTENCE_CHARS"]
 
 SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+|(?<=[a-z0-9][.!?])(?=[A-Z])")
+
+_CHECKS = register_all("haystack", {"n": Interval("int", 1), "passage_tokens": Interval("int", 16)}, __name__)
+"""The replicates and the passage size of a haystack family (:func:`check_lengths`)."""
+
+
+def _length(min_length: int) -> Constraint:
+    """A haystack length in tokens, from the family's ``min_length`` on: an integer in ``[min_length, 10^6]``."""
+    return Interval("int", min_length, 1_000_000)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -142,9 +151,9 @@ def check_lengths(lengths, n, passage_tokens, *, min_length: int = 64) -> list[i
     if not lengths:
         raise ValueError("lengths: must be a non-empty list of token counts")
     for L in lengths:
-        check_int("lengths", L, min_length, 1_000_000)
-    check_int("n", n, 1)
-    check_int("passage_tokens", passage_tokens, 16)
+        _length(min_length).check("lengths", L)
+    _CHECKS["n"].check("n", n)
+    _CHECKS["passage_tokens"].check("passage_tokens", passage_tokens)
     return lengths
 
 

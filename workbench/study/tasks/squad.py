@@ -6,11 +6,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import workbench.study.datasets as datasets
-from workbench.checks import check_int
+from workbench.checks import Interval
+from workbench.constraints import count_upto, index_into, register_all
 from workbench.study.metrics import normalize_answer
 from workbench.study.tasks.item import TaskItem, seeded_rng, with_content_id
 
 __all__ = ["squad_single", "squad_reordered", "squad_conflict", "squad_answers"]
+
+_CHECKS = register_all("squad", {"n_distractors": Interval("int", 1), "max_passage_chars": Interval("int", 50),
+                                 "max_answer_chars": Interval("int", 1)}, __name__)
+"""The static arguments of the SQuAD families."""
 
 
 def _contains_norm(text_norm: str, answer_norm: str) -> bool:
@@ -56,7 +61,7 @@ def _squad_questions(articles, max_passage_chars: int, min_pool: int) -> list[_S
 
 
 def _pick(questions: list, n: int, seed, name: str) -> list:
-    check_int("n", n, 1, len(questions))
+    count_upto(len(questions)).check("n", n)
     return seeded_rng(seed, name, "pick").sample(questions, n)
 
 
@@ -87,8 +92,8 @@ def squad_single(articles, *, n: int = 20, n_distractors: int = 4, seed: int = 0
         n_distractors: distractor paragraphs per item, ``≥ 1`` (3–5 keeps SmolLM2 prompts under ~1k tokens).
         max_passage_chars: paragraphs longer than this are not used.
     """
-    check_int("n_distractors", n_distractors, 1)
-    check_int("max_passage_chars", max_passage_chars, 50)
+    _CHECKS["n_distractors"].check("n_distractors", n_distractors)
+    _CHECKS["max_passage_chars"].check("max_passage_chars", max_passage_chars)
     qs = _pick(_squad_questions(articles, max_passage_chars, n_distractors), n, seed, "squad_single")
     out = []
     for q in qs:
@@ -107,13 +112,13 @@ def squad_reordered(articles, *, n: int = 10, n_distractors: int = 4, positions:
     Args:
         positions: gold positions in ``[0, n_distractors]``.
     """
-    check_int("n_distractors", n_distractors, 1)
-    check_int("max_passage_chars", max_passage_chars, 50)
+    _CHECKS["n_distractors"].check("n_distractors", n_distractors)
+    _CHECKS["max_passage_chars"].check("max_passage_chars", max_passage_chars)
     if positions is None:
         positions = sorted({0, (n_distractors + 1) // 2, n_distractors})
     positions = list(positions)
     for p in positions:
-        check_int("positions", p, 0, n_distractors)
+        index_into(n_distractors + 1).check("positions", p)  # a slot among the n_distractors + 1 documents
     if len(set(positions)) != len(positions) or not positions:
         raise ValueError(f"positions: must be distinct and non-empty, got {positions!r}")
     qs = _pick(_squad_questions(articles, max_passage_chars, n_distractors), n, seed, "squad_reordered")
@@ -157,9 +162,9 @@ def squad_conflict(articles, *, n: int = 20, n_distractors: int = 4, seed: int =
     how many ...). Questions whose swapped copy would still contain a gold answer, or with no
     substitute, are skipped.
     """
-    check_int("n_distractors", n_distractors, 1)
-    check_int("max_passage_chars", max_passage_chars, 50)
-    check_int("max_answer_chars", max_answer_chars, 1)
+    _CHECKS["n_distractors"].check("n_distractors", n_distractors)
+    _CHECKS["max_passage_chars"].check("max_passage_chars", max_passage_chars)
+    _CHECKS["max_answer_chars"].check("max_answer_chars", max_answer_chars)
     eligible = []
     article_answers = {}  # article -> [(answer, normalised, kind, wh-word of its question)]
     for q in _squad_questions(articles, max_passage_chars, n_distractors - 1):
