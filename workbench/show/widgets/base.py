@@ -141,9 +141,8 @@ class Panel(abc.ABC):
         self._analysis_ms = 0.0
         self._state: CaptureState | None = None
         self._kept: dict | None = None  # control values to keep while a new capture is set up
-        #: the width (px) the figures are laid out at: :func:`live_width` of the room the page reports. plotly's
-        #: stock widget (the public fallback) reports no room, so there the figures take the narrowest live width,
-        #: which every room the workbench's own widget lays out for also holds (wider, they were cut by the page)
+        #: the width (px) the figures are laid out at: :func:`live_width` of the room the page reports; plotly's stock
+        #: widget (the public fallback) reports none, so there the narrowest live width, which every room holds
         self.live_width = FIGURE_WIDTH if widget_internals_ok() else MIN_FIGURE_WIDTH
 
     #: whether the panel can show a new capture in place (:meth:`set_capture`; the panel defines ``_setup``)
