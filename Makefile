@@ -10,7 +10,7 @@ IP      ?= 127.0.0.1
 PYTEST_ARGS ?=
 MODEL   ?=
 DEVICE  ?=
-XDIST   ?= -n 2 --dist loadgroup
+XDIST   ?= -n 3 --dist loadgroup
 # The versions the suite last passed with (.ci/constraints.py writes them; `make constraints` after an upgrade that
 # passes). `make setup CONSTRAINTS=` in a fresh venv resolves freely within pyproject.toml's ranges instead.
 CONSTRAINTS ?= .ci/constraints.txt
@@ -55,7 +55,8 @@ $(STAMP): pyproject.toml Makefile $(CONSTRAINTS)
 lab: setup
 	WORKBENCH_MODEL=$(MODEL) WORKBENCH_DEVICE=$(DEVICE) $(BIN)/python -m workbench lab --notebook-dir=notebooks --port=$(PORT) --ip=$(IP)
 
-# Two pytest-xdist workers (tests/conftest.py groups the tests that share a server or a model run);
+# Three pytest-xdist workers on the two cores (tests/conftest.py groups the tests that share a server or a model
+# run): a browser test waits on its kernel and Chromium, and two workers left the cores idle then (55 % busy);
 # `make test XDIST=` runs in one process.
 test: setup
 	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)

@@ -6,7 +6,8 @@
 - Every test that uses the embedded default model is marked ``model`` here (:func:`uses_the_model`), so
   ``pytest -m "not model and not slow"`` is the fast lane. The browser tests (a JupyterLab server and a
   chromium) are marked ``slow``.
-- ``make test`` runs two pytest-xdist workers (``-n 2 --dist loadgroup``); the tests that share an expensive
+- ``make test`` runs three pytest-xdist workers on two cores (``-n 3 --dist loadgroup``: the third fills the
+  time a browser test waits on its kernel); the tests that share an expensive
   module fixture run in one worker: the browser tests (two groups, one JupyterLab server each), the report's
   subprocess, the eviction runs.
 - Each notebook executes once per run: ``test_browser.py`` executes it in JupyterLab where Debian's chromium
