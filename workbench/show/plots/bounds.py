@@ -20,12 +20,12 @@ from workbench.show.figure_engine import (
     finish,
     plot_array,
 )
-from workbench.show.paper_layout import wrap_text
 from workbench.show.plots.common import (
     check_frame,
     customdata,
     hover_tokens,
     model_id_of,
+    note_lines,
     repeat_rows,
     spans_of,
 )
@@ -39,7 +39,6 @@ from workbench.show.theme import (
     text_preview,
 )
 
-_NOTE_CHARS = 28  # a line of a note on an empty plot: fits the plot area of a one-column canvas
 
 # ============================================================================= envelope (SPEC §4)
 @figure_function
@@ -93,7 +92,7 @@ def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None,
         empty["placeholder"] = ("nothing removed at this layer (q = 0): the envelope and η are 0 for every row; "
                                 "lower the saving target or choose another layer to see the envelope")
         # short lines: at one column a line of the whole clause ran past the plot onto the y title and the canvas
-        fig.add_annotation(text=wrap_text(empty["placeholder"], _NOTE_CHARS, 1.0, 1.0), x=0.5, y=0.5, xref="paper",
+        fig.add_annotation(text=note_lines(empty["placeholder"]), x=0.5, y=0.5, xref="paper",
                            yref="paper", showarrow=False, bgcolor="rgba(255,255,255,0.85)")
     return finish(fig, f"Deletion envelope vs actual η per row{where}"
                    + ("" if n_bad == 0 else f" ({n_bad} rows above the envelope)"),
