@@ -26,6 +26,7 @@ from test_figure_layout import page as page  # noqa: F401 - the chromium page fi
 from workbench.analyse.params import EntroPrefillParams
 from workbench.capture import RowSet, run_capture
 from workbench.capture.data import Capture
+from workbench.rerun.stability import StabilityResult
 from workbench.run.spans import PromptSpans
 from workbench.show import export as ex
 from workbench.show import plots
@@ -217,4 +218,17 @@ def test_answer_passage_label_stays_on_its_plot(page, tmp_path, answer_doc):  # 
     fig = plots.kept_positions(runs, sp, highlight=list(range(*sp.documents[answer_doc])))
     ex.export(fig, tmp_path / "kept", width="single", formats=("svg",), csv=False, sidecar=False)
     bad = export_problems(page, tmp_path / "kept.svg", whole_axes(fig.to_dict()))
+    assert not bad, bad
+
+
+def test_drift_of_a_deep_model_at_one_column(page, tmp_path):  # noqa: F811
+    """The drift figure of a 30-layer model (notebook 06's run: l* = 3, drift at layers 4–30) at one column: its layer
+    ticks do not stack (a label every layer overlapped its neighbours), none falls between layers, the rules hold."""
+    layers = range(4, 31)
+    st = StabilityResult(l_star=3, drift={l: 0.01 * l for l in layers}, Delta_L=0.3, margin=2.0, Lambda=3.0,
+                         c_final=1.0, certified=True, agree_first_token=True, full_first_token=5, pruned_first_token=5,
+                         defects={l: 0.001 * l for l in layers}, K={l: 3.0 for l in layers}, composed_bound=10.0)
+    fig = plots.drift(st)
+    ex.export(fig, tmp_path / "drift", width="single", formats=("svg",), csv=False, sidecar=False)
+    bad = export_problems(page, tmp_path / "drift.svg", whole_axes(fig.to_dict()))
     assert not bad, bad
