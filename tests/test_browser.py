@@ -1240,8 +1240,8 @@ def _wait_done(page, timeout_s: float) -> None:
 # ----------------------------------------------------------------------------- exports at the slider ends
 #: notebooks whose sliders are exported one at a time (each visible slider alone at its max, then at its min, the
 #: others at the notebook's values); every other notebook exports all visible sliders of every panel at their max at
-#: once, then all at their min (the budget: see :func:`test_notebook_panels_in_browser`)
-EXPORT_PER_SLIDER = frozenset({"10", "11"})
+#: once, then all at their min (the choice and the budget: see :func:`test_notebook_panels_in_browser`)
+EXPORT_PER_SLIDER = frozenset({"11"})
 TESTS_DIR = Path(__file__).resolve().parent
 
 # the widget model ids each panel output area shows (its cell's widget outputs, as JupyterLab holds them)
@@ -1360,7 +1360,8 @@ def _exports_at_slider_ends(page, panels: list[dict], tag: str, folder: Path, ch
     def export(state: str, which: dict, sub: Path) -> int:
         with phases.phase(f"export: {state}"):
             record = _export_in_kernel(page, which, sub)
-        with phases.phase(f"check: {state} (kernel {sum(r['s'] for r in record.values()):.1f} s)"):
+        kernel = ", ".join(f"{k} {r['panel']} {r['s']:.1f}" for k, r in record.items())
+        with phases.phase(f"check: {state} (kernel s: {kernel})"):
             return _check_exports(checker, record, state, found)
 
     if now is not None:
@@ -1444,12 +1445,13 @@ def test_notebook_panels_in_browser(lab, artifacts, tmp_path, name):
     < 7 pt) and the layout rule (no overlap, nothing on a plot area) by
     :func:`test_figure_layout.export_problems`, as ``tests/test_slider_extremes.py`` checks them in-process.
     Which states: all sliders of all panels at their max at once, then all at their min (two exports per
-    notebook) everywhere but :data:`EXPORT_PER_SLIDER` (10 and 11: one panel with one or two sliders, so each
-    slider alone at both ends costs at most four exports). Each slider alone at both ends everywhere would be
-    2 × 72 export cells (a cell is 1–5 s: the model-free SVG export of each figure, a Chromium print for a
-    token view), several minutes over the added test time this suite can give (~90 s for the 12 notebooks);
-    the single-slider ends are checked in-process on the same panels (``test_slider_extremes``, both
-    widths) and live in the page above. Notebook 11 first presses *Run eviction* on its own policy
+    notebook) everywhere but :data:`EXPORT_PER_SLIDER` (11: one panel with one slider, where each slider alone
+    is the same two states). Each slider alone at both ends everywhere would be 2 × 72 export cells (a cell is
+    0.5–5 s: the SVG export of each figure, a Chromium print for a token view; 22 s for notebook 00's panels
+    at their max), minutes over the added test time this suite can give (~90 s for the 12 notebooks); even
+    10's two sliders alone cost 10.5 s against about 5 s at once (measured at load 4–7), so 10 moves them
+    together too. The single-slider ends are checked in-process on the same panels (``test_slider_extremes``,
+    both widths) and live in the page above. Notebook 11 first presses *Run eviction* on its own policy
     (:func:`_own_policy_run_checks`: the kept figure is the run's own kept set, the full-cache answer holds the
     needle's number) and exports that state too."""
     console: list[str] = []
