@@ -13,7 +13,9 @@ config/settings/runtime folders, kernels on one intra-op thread) serves every no
   in ``tests/_layout_rules.py``): every text box of every shown plotly plot (titles, axis titles, ticks, legend,
   annotations) read in the page, no two overlapping, no title, legend or axis title on a plot area, nothing outside
   its figure and no figure cut by the page, after Run All and at both ends of every slider, in a 1400 px and a
-  1000 px window (one run of the notebook: the window is resized);
+  1000 px window (one run of the notebook: the window is resized); then the panels' figures exported at one
+  column at the slider ends, every file checked with the paper rules (:func:`_exports_at_slider_ends`), and on
+  notebook 11 its own-policy *Run* (its kept set, the needle's number in the answer);
 - on ``02_sinks_and_pooling.ipynb`` (the real default model) the same test also checks the closing
   :class:`~workbench.show.widgets.HeadsPanel`: it reads the head-weight heatmap back from the browser (the
   numbers plotly drew: every KV group's weights sum to 1, none below the floor ``ζ/r``), moves the **ζ**
@@ -58,6 +60,7 @@ from pathlib import Path
 import pytest
 from _layout_rules import LIVE_BOXES_JS, layout_problems
 from _notebook_checks import CHROMIUM, check_executed
+from test_figure_layout import export_problems
 
 from workbench.show.private_compat import public_only
 
@@ -1239,15 +1242,223 @@ def _wait_done(page, timeout_s: float) -> None:
         arg=_ERROR_SEL, timeout=timeout_s * 1000, polling=250)
 
 
+# ----------------------------------------------------------------------------- exports at the slider ends
+#: notebooks whose sliders are exported one at a time (each visible slider alone at its max, then at its min, the
+#: others at the notebook's values); every other notebook exports all visible sliders of every panel at their max at
+#: once, then all at their min (the choice and the budget: see :func:`test_notebook_panels_in_browser`)
+EXPORT_PER_SLIDER = frozenset({"11"})
+TESTS_DIR = Path(__file__).resolve().parent
+
+# the widget model ids each panel output area shows (its cell's widget outputs, as JupyterLab holds them)
+_MODEL_IDS_JS = """(areasJs) => { const nb = window.jupyterapp.shell.currentWidget.content;
+  return eval('(' + areasJs + ')')().map(a => { const c = nb.widgets.find(w => w.node.contains(a));
+    return ((c && c.model.toJSON().outputs) || []).map(o => (o.data || {})['application/vnd.jupyter.widget-view+json'])
+      .filter(v => v && v.model_id).map(v => v.model_id); }); }"""
+# a new code cell at the end of the notebook, run (not awaited: the caller polls its outputs); its index
+_ADD_CELL_JS = """(code) => { const app = window.jupyterapp, nb = app.shell.currentWidget.content, m = nb.model;
+  m.sharedModel.insertCell(m.cells.length, {cell_type: 'code', source: code});
+  nb.activeCellIndex = m.cells.length - 1;
+  app.commands.execute('notebook:run-cell');
+  return m.cells.length - 1; }"""
+_CELL_OUTPUTS_JS = """(i) => window.jupyterapp.shell.currentWidget.content.model.cells.get(i).toJSON().outputs || []"""
+_EXPORTED = "WB-EXPORT "
+# what the added cell runs in the notebook's kernel: every panel (a name of the notebook's; one shown but not named
+# fails the test: not found) whose widget is one of ``want``'s model ids exported
+# through its own public export (``Panel.export_all``: what the *export figures* button calls) at one column, SVG (the
+# paper rules are measured on it; PDF and PNG are drawn from the same laid-out figure), into ``folder/<key>``; one
+# line of JSON: per panel, its slider values, its status (a refused state: ``error``), its files and index axes
+_EXPORT_CELL = '''import json, time
+import plotly.graph_objects as go
+from IPython import get_ipython
+from _layout_rules import whole_axes
+from workbench.show.widgets.base import Panel
+from workbench.show.widgets.token_widget import TokenWidget
+
+
+def _wb_export(want, folder):
+    found = {want[p.widget.model_id]: p for p in list(get_ipython().user_ns.values()) if isinstance(p, Panel)
+             and getattr(p, "widget", None) is not None and p.widget.model_id in want}
+    out = {}
+    for key, p in sorted(found.items()):
+        t = time.perf_counter()
+        rec = {"panel": type(p).__name__, "params": p.sidecar_params(), "error": p.error}
+        if p.error is None:
+            paths = p.export_all(f"{folder}/{key}", width="single", formats=("svg",), csv=False, sidecar=False)
+            rec["files"] = {n: [str(x) for x in ps if x.suffix == ".svg"] for n, ps in paths.items()}
+            rec["whole"] = {n: [] if isinstance(fw, TokenWidget) else sorted(whole_axes(go.Figure(fw).to_dict()))
+                            for n, fw in p.figures.items()}
+        rec["s"] = round(time.perf_counter() - t, 2)
+        out[key] = rec
+    print("''' + _EXPORTED + '''" + json.dumps(out, default=str))
+'''
+
+
+def _export_in_kernel(page, want: dict[str, str], folder: Path, timeout_s: float = 300) -> dict:
+    """Add a cell at the end of the notebook that exports the panels ``want`` (``{widget model id: key}``) at one
+    column (:data:`_EXPORT_CELL`), run it, and return its record ``{key: {panel, params, error, files, whole, s}}``;
+    a traceback in the cell, or a panel not found, fails the test."""
+    code = (f"import sys\nsys.path.insert(0, {str(TESTS_DIR)!r})\n" + _EXPORT_CELL
+            + f"\n_wb_export({json.dumps(want)}, {str(folder)!r})")
+    i = page.evaluate(_ADD_CELL_JS, code)
+    page.wait_for_function(f"(i) => ({_CELL_OUTPUTS_JS})(i).some(o => o.output_type === 'error' || "
+                           f"(o.output_type === 'stream' && /{_EXPORTED}.*\\n/.test([].concat(o.text).join(''))))",
+                           arg=i, timeout=timeout_s * 1000, polling=200)
+    outs = page.evaluate(_CELL_OUTPUTS_JS, i)
+    errors = [f"{o['ename']}: {o['evalue']}" for o in outs if o["output_type"] == "error"]
+    assert not errors, f"the export cell failed: {errors}"
+    text = "".join("".join(o["text"]) if isinstance(o["text"], list) else o["text"]
+                   for o in outs if o["output_type"] == "stream")
+    record = json.loads(text.split(_EXPORTED, 1)[1].splitlines()[0])
+    assert set(record) == set(want.values()), f"panels not found in the kernel: {set(want.values()) - set(record)}"
+    return record
+
+
+def _check_exports(checker, record: dict, state: str, found: dict) -> int:
+    """Every SVG of an export ``record`` checked (:func:`test_figure_layout.export_problems`: the layout rule and the
+    paper rules) in the chromium page ``checker``; problems into ``found`` (a refused state too). Returns the count
+    of files checked."""
+    n = 0
+    for key, rec in record.items():
+        where = f"{state}, panel {key} ({rec['panel']})"
+        if rec["error"] is not None:
+            found[where] = [f"the panel refused this state: {rec['error']}", f"sliders {rec['params']}"]
+            continue
+        for name, svgs in rec["files"].items():
+            if not svgs:
+                found[f"{where}: {name}"] = ["no SVG written"]
+            for svg in svgs:
+                n += 1
+                bad = export_problems(checker, Path(svg), rec["whole"].get(name, ()))
+                if bad:
+                    found[f"{where}: {name}"] = [f"sliders {rec['params']}", *bad]
+    return n
+
+
+def _slider_handle_in(page, area, label: str):
+    return (area.locator(".widget-hslider").filter(has=page.locator(".widget-label", has_text=label)).first
+            .locator(".noUi-handle").first)
+
+
+def _all_to(page, area, i: int, labels: list[str], key: str) -> None:
+    """Every slider ``labels`` of panel ``i`` to one end (``key``: ``End`` or ``Home``, the keyboard on its handle),
+    then the panel settled; twice, so that a range that follows another slider (09's K ≤ the pages of b) is at its
+    end of the range the others leave it."""
+    for _ in range(2):
+        for label in labels:
+            handle = _slider_handle_in(page, area, label)
+            handle.focus()
+            handle.press(key)
+        _settled(page, i, timeout_s=120)
+
+
+def _exports_at_slider_ends(page, panels: list[dict], tag: str, folder: Path, checker, phases: _Phases,
+                            now: str | None = None) -> tuple[dict, int]:
+    """The panels' figures exported at one column at the ends of their sliders (:data:`EXPORT_PER_SLIDER`: each
+    slider alone, else all at once per end) and checked; ``now``: first also as they are now, under that name.
+    Each state's moves, export and checks are timed into ``phases``. Returns ``(problems, files checked)``."""
+    ids = page.evaluate(_MODEL_IDS_JS, _AREAS_JS)
+    areas = {p["i"]: page.locator(".jp-OutputArea").filter(has=page.locator(".widget-hslider")).nth(p["i"])
+             for p in panels}
+    want = {m: f"p{p['i']}" for p in panels for m in ids[p["i"]]}
+    found, n = {}, 0
+
+    def export(state: str, which: dict, sub: Path) -> int:
+        with phases.phase(f"export: {state}"):
+            record = _export_in_kernel(page, which, sub)
+        kernel = ", ".join(f"{k} {r['panel']} {r['s']:.1f}" for k, r in record.items())
+        with phases.phase(f"check: {state} (kernel s: {kernel})"):
+            return _check_exports(checker, record, state, found)
+
+    if now is not None:
+        n += export(now, want, folder / "now")
+    if tag not in EXPORT_PER_SLIDER:
+        for key, end in (("End", "max"), ("Home", "min")):
+            with phases.phase(f"every slider to its {end}"):
+                for p in panels:
+                    _all_to(page, areas[p["i"]], p["i"], p["sliders"], key)
+            n += export(f"every slider at its {end}", want, folder / end)
+        return found, n
+    for p in panels:
+        one = {m: k for m, k in want.items() if k == f"p{p['i']}"}
+        area = areas[p["i"]]
+        for label in p["sliders"]:
+            slider = area.locator(".widget-hslider").filter(has=page.locator(".widget-label", has_text=label)).first
+            start = slider.locator(".widget-readout").first.inner_text()
+            for key, end in (("End", "max"), ("Home", "min")):
+                with phases.phase(f"{label.strip()} to its {end}"):
+                    _all_to(page, area, p["i"], [label], key)
+                n += export(f"{label.strip()} at its {end}", one,
+                            folder / f"{p['i']}-{re.sub(r'[^A-Za-z0-9]+', '_', label).strip('_')}-{end}")
+            _type_value(page, slider, start)
+            _settled(page, p["i"], timeout_s=120)
+    return found, n
+
+
+_NEEDLE = re.compile(r"the answer '(\d+)' at positions")
+# the eviction panel after a run: its kept figure (data, placeholder, title), the answer table's columns and answers,
+# its status and progress texts
+_RUN_VIEW_JS = """(a) => { const gd = Array.from(a.querySelectorAll('.js-plotly-plot')).find(g => g.offsetParent !== null
+    && g.layout && g.layout.meta && g.layout.meta.figure === 'kept_positions');
+  return {kept: gd ? {traces: (gd.data || []).length, placeholder: gd.layout.meta.placeholder || null,
+                      title: (gd.querySelector('.gtitle') || {}).textContent || ''} : null,
+          cols: Array.from(a.querySelectorAll('table th')).map(e => e.textContent),
+          answers: Array.from(a.querySelectorAll('table code')).map(e => e.textContent),
+          labels: Array.from(a.querySelectorAll('.widget-label, .widget-html')).map(e => e.textContent).join('|')}; }"""
+
+
+def _own_policy_run_checks(page, nb: dict, artifacts: Path) -> None:
+    """Notebook 11's eviction panel on its own policy (mean-key, no preview from a capture): *Run eviction* pressed,
+    the kept figure shows the run's own kept set (traces, no "no preview; press run" placeholder) and the full-cache
+    answer holds the needle's number (the notebook prints it)."""
+    printed = "".join("".join(o.get("text", "")) for c in nb["cells"] for o in c.get("outputs", [])
+                      if o.get("output_type") == "stream")
+    m = _NEEDLE.search(printed)
+    assert m, "notebook 11 did not print its needle's answer"
+    number = m.group(1)
+    area = page.locator(".jp-OutputArea").filter(has=page.locator(".widget-button", has_text="Run eviction")).last
+    area.scroll_into_view_if_needed()
+    sent = page.evaluate(_MSGS_JS)["sent"]
+    area.locator(".widget-button", has_text="Run eviction").first.click()
+    page.wait_for_function(
+        f"([a, sent]) => {{ const m = ({_MSGS_JS})(), v = ({_RUN_VIEW_JS})(a); return m.sent > sent && "
+        "m.pending === 0 && m.quiet_ms > 500 && /\\bdone\\b|failed|cancelled/.test(v.labels) && !!v.kept && "
+        "!v.kept.placeholder; }", arg=[area.element_handle(), sent], timeout=RUN_ALL_TIMEOUT_S * 1000, polling=250)
+    view = page.evaluate(_RUN_VIEW_JS, area.element_handle())
+    area.screenshot(path=str(artifacts / "nb11-own-policy-run.png"))
+    assert "run failed" not in view["labels"], view["labels"][-1000:]
+    assert view["kept"]["traces"] > 0 and "no preview" not in view["kept"]["title"], view["kept"]
+    assert "kept by the run" in view["labels"], view["labels"][-600:]
+    answers = dict(zip(view["cols"], view["answers"]))
+    full = next((a for c, a in answers.items() if c.strip() == "full cache"), None)
+    assert full is not None and number in full, f"the full-cache answer lacks the needle {number}: {answers}"
+
+
 @pytest.mark.model
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_NOTEBOOKS, ids=[n[:2] for n in ALL_NOTEBOOKS])
-def test_notebook_panels_in_browser(lab, artifacts, name):
+def test_notebook_panels_in_browser(lab, artifacts, tmp_path, name):
     """Open the notebook, run it (the notebook's execution test: :func:`_notebook_checks.check_executed` on the
     notebook JupyterLab holds; 02 also gets :func:`_pooling_zeta_checks`), then on every panel: move each visible slider (Home, or End at the start)
     and check that the figures' data or the status changed; flip each *re-run on change* toggle once (a model
     run, bounded); press *export figures* on the first panel that has it and check the files; no console errors;
-    screenshots as artefacts."""
+    screenshots as artefacts.
+
+    Then, in the same session, the exports at the slider ends (:func:`_exports_at_slider_ends`): the visible
+    sliders of every panel moved with the keyboard (``End``, ``Home`` on the handle) and the panels' figures
+    exported at one column (3.33 in) through their public export (``Panel.export_all``, what the button calls)
+    from a cell the test adds, every SVG checked with the paper rules (plot ≥ 55 %, legend ≤ 25 %, no text
+    < 7 pt) and the layout rule (no overlap, nothing on a plot area) by
+    :func:`test_figure_layout.export_problems`, as ``tests/test_slider_extremes.py`` checks them in-process.
+    Which states: all sliders of all panels at their max at once, then all at their min (two exports per
+    notebook) everywhere but :data:`EXPORT_PER_SLIDER` (11: one panel with one slider, where each slider alone
+    is the same two states). Each slider alone at both ends everywhere would be 2 × 72 export cells (a cell is
+    0.5–5 s: the SVG export of each figure, a Chromium print for a token view; 22 s for notebook 00's panels
+    at their max), minutes over the added test time this suite can give (~90 s for the 12 notebooks); even
+    10's two sliders alone cost 10.5 s against about 5 s at once (measured at load 4–7), so 10 moves them
+    together too. The single-slider ends are checked in-process on the same panels (``test_slider_extremes``,
+    both widths) and live in the page above. Notebook 11 first presses *Run eviction* on its own policy
+    (:func:`_own_policy_run_checks`: the kept figure is the run's own kept set, the full-cache answer holds the
+    needle's number) and exports that state too."""
     console: list[str] = []
     tag = name[:2]
     for old in artifacts.glob(f"nb{tag}-*.png"):
@@ -1319,6 +1530,23 @@ def test_notebook_panels_in_browser(lab, artifacts, name):
         bad = _console_problems(console)
         assert not bad, f"{name}: console errors: {bad[:5]}"
         assert not problems, f"{name}: text overprinted or clipped in the live figures:\n" + _report(problems)
+
+        now = None
+        if tag == "11":
+            with phases.phase("own-policy run"):
+                _own_policy_run_checks(page, page.evaluate(
+                    "() => window.jupyterapp.shell.currentWidget.context.model.toJSON()"), artifacts)
+            now = "after its own-policy run"
+        checker = lab[3].new_page()
+        stack.callback(checker.close)
+        with phases.phase("exports at the slider ends"):
+            found, n = _exports_at_slider_ends(page, _panels(page), tag, tmp_path / "exports", checker, phases,
+                                               now=now)
+        assert n > 0, f"{name}: no file exported at the slider ends"
+        assert not found, (f"{name}: exported at one column at the slider ends, {len(found)} of the files break the "
+                           "rules:\n" + _report(found))
+        bad = _console_problems(console)
+        assert not bad, f"{name}: console errors after the exports: {bad[:5]}"
 
 
 def test_long_capture_layout_in_browser(lab, artifacts):

@@ -77,6 +77,14 @@ def paper_rule_misses(d: dict, fonts: list[float]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def export_problems(page, svg_path: Path, whole=()) -> list[str]:
+    """Everything wrong with one exported SVG file: the layout rule (:func:`_layout_rules.layout_problems`; ``whole``:
+    the figure's index axes, :func:`_layout_rules.whole_axes`) and the paper rules (:func:`paper_rule_misses`, each
+    as ``paper rule: <rule>``), read in the chromium ``page``."""
+    d = {**boxes(page, svg_path), "whole": set(whole)}
+    return list(layout_problems(d)) + [f"paper rule: {m}" for m in paper_rule_misses(d, page.evaluate(FONTS_JS))]
+
+
 def test_layout_rule_sees_an_overprint():
     """The layout rule on hand-made boxes: a title on a legend entry and on the plot area, an axis title out of the
     canvas and a clipped figure are each reported; two abutting tick labels are not."""

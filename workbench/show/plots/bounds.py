@@ -21,12 +21,12 @@ from workbench.show.figure_engine import (
     finish,
     plot_array,
 )
-from workbench.show.paper_layout import wrap_text
 from workbench.show.plots.common import (
     check_frame,
     customdata,
     hover_tokens,
     model_id_of,
+    note_lines,
     repeat_rows,
     spans_of,
 )
@@ -40,7 +40,6 @@ from workbench.show.theme import (
     text_preview,
 )
 
-_NOTE_CHARS = 28  # a line of a note on an empty plot: fits the plot area of a one-column canvas
 
 # ============================================================================= envelope (SPEC §4)
 @figure_function
@@ -94,7 +93,7 @@ def envelope_rows(env, *, layer: int | None = None, model_id: str | None = None,
         empty["placeholder"] = ("nothing removed at this layer (q = 0): the envelope and η are 0 for every row; "
                                 "lower the saving target or choose another layer to see the envelope")
         # short lines: at one column a line of the whole clause ran past the plot onto the y title and the canvas
-        fig.add_annotation(text=wrap_text(empty["placeholder"], _NOTE_CHARS, 1.0, 1.0), x=0.5, y=0.5, xref="paper",
+        fig.add_annotation(text=note_lines(empty["placeholder"]), x=0.5, y=0.5, xref="paper",
                            yref="paper", showarrow=False, bgcolor="rgba(255,255,255,0.85)")
     return finish(fig, f"Deletion envelope vs actual η per row{where}"
                    + ("" if n_bad == 0 else f" ({n_bad} rows above the envelope)"),
@@ -181,8 +180,9 @@ def drift(stability, *, model_id: str | None = None, params=None) -> go.Figure:
                             f" → {verdict}; {agree}<br>composed bound {stability.composed_bound:.3g}")
     return finish(fig, f"Drift after l* = {stability.l_star}: {verdict}",
                    figure_meta("drift", model_id, params, **s),
+                   # no fixed step: one label a layer stacked at one column over a 30-layer model's drift; the paper
+                   # layout's whole-number ticks keep the labels on layers
                    xaxis_title="layer (block input X^l)", yaxis_title="‖X|_R − Y‖_max,2", yaxis=dict(type="log"),
-                   xaxis=dict(dtick=1),
                    legend=dict(orientation="h", y=1.02, x=1, xanchor="right", yanchor="bottom"))
 
 

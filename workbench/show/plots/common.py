@@ -7,9 +7,18 @@ import pandas as pd
 from workbench.show.figure_engine import (
     as_numpy,
 )
+from workbench.show.paper_layout import wrap_text
 from workbench.show.theme import (
     token_label,
 )
+
+NOTE_CHARS = 28  # a line of a note on an empty plot: fits the plot area of a one-column canvas
+
+
+def note_lines(text: str) -> str:
+    """A note written on an empty plot (why it is empty), in lines of at most :data:`NOTE_CHARS` characters: one
+    line of a whole clause ran past the plot and the canvas at one column."""
+    return wrap_text(text, NOTE_CHARS, 1.0, 1.0)
 
 
 def model_id_of(model_id, *sources):

@@ -138,8 +138,10 @@ def kept_positions(results, prompt, highlight=None, *, layer: int | None = None,
             add_span(fig, "vrect", p - 0.5, p + 0.5, fillcolor=ANSWER, opacity=0.2, line_width=0, row=2, col=1)
     if ans is not None:
         s, e = sp.chunks[ans]
+        # the label runs from the passage's edge into the side with more room: from its left edge, a passage near the
+        # end of the prompt put the label over the colour bar at one column
         add_span(fig, "vrect", s - 0.5, e - 0.5, line=dict(color=ANSWER, width=1.5), fillcolor="rgba(0,0,0,0)",
-                      annotation_text="answer passage", annotation_position="top left",
+                      annotation_text="answer passage", annotation_position="top left" if T - s >= e else "top right",
                       annotation_font=dict(size=10, color="#fff"), row=2, col=1)
     fig.update_yaxes(visible=False, range=[-1, 1], row=1, col=1)
     fig.update_xaxes(showline=False, ticks="", showgrid=False, row=1, col=1)

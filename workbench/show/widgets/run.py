@@ -30,6 +30,7 @@ from workbench.run.adapter import kv_bytes_per_position
 from workbench.run.models import unwrap_model
 from workbench.show import plots
 from workbench.show.figure_engine import figure_meta, finish
+from workbench.show.plots.common import note_lines
 from workbench.show.widgets.answers import answer_table
 from workbench.show.widgets.base import (
     SLIDERS,
@@ -173,7 +174,7 @@ def _no_preview(reason: str, policy: str, budget: int, model_id) -> go.Figure:
     meta = figure_meta("kept_positions", model_id, placeholder=reason, policy=policy, budget=budget)
     return finish(go.Figure(), f"Kept prompt positions: {html_escape(policy)}, B = {budget}", meta,
                   xaxis=dict(visible=False), yaxis=dict(visible=False), height=260,
-                  annotations=[dict(text=html_escape(reason), x=0.5, y=0.5, xref="paper", yref="paper",
+                  annotations=[dict(text=note_lines(html_escape(reason)), x=0.5, y=0.5, xref="paper", yref="paper",
                                     showarrow=False)])
 
 
