@@ -1,7 +1,9 @@
 """The study's tables for ``benchmarks/RESULTS.md``, from the study's parquet files: "What this study shows" (every
-seed claim with its kind, MDE and verdict, :mod:`workbench.study.conclusions`, from ``study.parquet`` and, when
-present, ``study_leap.parquet``, ``study_ranks.parquet`` and ``study_kept.parquet``; also written as
-``study_conclusions.parquet`` and as the opening section of ``study_summary.md``), the run's size, the reference
+seed claim with its kind, MDE and verdict, :mod:`workbench.study.conclusions`, from ``study.parquet`` (and its worker
+files ``study.w*.parquet``: the protocol cells) and, when present, ``study_leap.parquet``, ``study_ranks.parquet`` and
+``study_kept.parquet``, with the calibration recomputed from ``study_calibration_cells.parquet`` and both splits
+named from ``study_calibration_split.parquet``; also written as ``study_conclusions.parquet`` and as the opening
+section of ``study_summary.md``), the calibration table, the run's size, the reference
 check, accuracies (Wilson CIs) per task, the paired table against full context, kept-where-the-reference-
 is-right, DeferKV against the other policies, EntroPrefill's decisions, prompt lengths, the cap, and a compact
 timing table. No model call.
@@ -9,6 +11,7 @@ timing table. No model call.
     python benchmarks/study_tables.py [--out-dir benchmarks/out]    # study_tables.md, study_timing.md, the claims
 """
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -31,18 +34,28 @@ side = {name: pd.read_parquet(od / f"study_{name}.parquet") if (od / f"study_{na
 if side["kept"] is not None and "task" not in side["kept"].columns:
     side["kept"]["task"] = "squad_single"  # written before it had a task column: study.py measures it on SQuAD only
 shows = conclusions(df, side["leap"], side["ranks"], kept=side["kept"])
+split, cal_cells = study.read_calibration(od)
+paragraph, cal = study.calibration_text(split, cal_cells, df, shows.margin) if split is not None else (None, None)
 # the claims' table and the summary's opening section, regenerated from the same files (the verdicts follow the rule)
 study.write_frame(od / "study_conclusions.parquet", shows.to_frame())
 summary = od / "study_summary.md"
 if summary.exists():
     text = summary.read_text()
     rest = text.index("\n## ", 1) if "\n## " in text[1:] else len(text)
-    summary.write_text(shows.markdown() + "\n" + text[rest:])
-out = [shows.markdown("### What this study shows")]
+    summary.write_text(study.opening(shows, paragraph) + "\n" + text[rest:])
+out = [study.opening(shows, paragraph, "### What this study shows")]
+if cal is not None:
+    out += ["### Calibrate, then test (the calibration split's numbers per candidate preset)", md(cal.table)]
 per = df.groupby("task").item_id.nunique().to_dict()
-cells = df.groupby(["task", "item_id"]).size()
-n_settings = len(df[["method", "params"]].drop_duplicates())  # every setting some prompt ran
-out.append(f"**The run:** cells {len(df)}, errors {int(df.error.notna().sum())}, prompts {per}, incomplete prompts {int((cells != n_settings).sum())}")
+design = study.read_sweep(od / "study.parquet")  # the study's own grid; the worker files add the protocol cells
+cells = design.groupby(["task", "item_id"]).size()
+n_settings = len(design[["method", "params"]].drop_duplicates())  # every setting some prompt ran
+failed = df[df.error.notna()]
+why = failed.apply(findings.setting_label, axis=1).value_counts().sort_index() if len(failed) else pd.Series(dtype=int)
+out.append(f"**The run:** cells {len(df)} ({len(design)} of the study's grid, {len(df) - len(design)} protocol cells: "
+           f"query-agnostic and follow-up), errors {len(failed)}"
+           + (" (" + ", ".join(f"{k} {v}" for k, v in why.items()) + ": " + "; ".join(sorted({e.split(': ', 1)[-1][:160] for e in failed.error})) + ")" if len(failed) else "")
+           + f", prompts {per}, incomplete prompts of the grid {int((cells != n_settings).sum())}")
 ref, warns = findings.reference_check(df)
 out += ["### Reference check", md(ref), *[f"- {w}" for w in warns]]
 acc = findings.accuracy_table(df)
@@ -85,6 +98,7 @@ harness.write_markdown(od / "study_tables.md", "\n\n".join(out))
 print("\n\n".join(out))
 # compact timing: prompts with one shared prefill and batched decoding
 keep, one, paid = study.timed_prompts(df)
+keep = keep & df.params.map(lambda s: "query" not in json.loads(s)).to_numpy()  # the query-aware cells only
 tt = findings.timing_table(df[keep])
 rows = []
 for task, g in tt.groupby("task"):

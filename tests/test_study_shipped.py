@@ -1,6 +1,8 @@
 """The shipped study: ``benchmarks/study_q05/`` holds every cell of the RESULTS study on the research
-model qwen2.5-coder-0.5b (and the per-prompt leap, priority-rank and answer-kept tables its captures gave).
-This checks what RESULTS says from those files alone, with no model: the run's size and errors, the tables
+model qwen2.5-coder-0.5b: the test split's cells (``study.parquet``), the protocol cells (``study.w1.parquet``:
+SnapKV query-agnostic and the follow-up items), the calibration split's cells and split, and the per-prompt leap,
+priority-rank and answer-kept tables its captures gave. This checks what RESULTS says from those files alone, with
+no model: the run's size and errors, the calibration's choice and the disjoint splits, the tables
 ``benchmarks/study_tables.py`` regenerates byte for byte, and the "What this study shows" numbers recomputed
 here independently (cluster means, the exact sign / McNemar test with scipy, the margin's Tango score interval and
 its exact unconditional test from their definitions, the MDE by root-finding, the verdict rule, the reference gate)."""
@@ -25,16 +27,30 @@ from workbench.study.ruler import RULER_TASKS
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SHIPPED = BENCH / "study_q05"
-FILES = ("study.parquet", "study.w1.parquet", "study_leap.parquet", "study_ranks.parquet", "study_kept.parquet")
+FILES = ("study.parquet", "study.w1.parquet", "study_leap.parquet", "study_ranks.parquet", "study_kept.parquet",
+         "study_calibration.parquet", "study_calibration_split.parquet", "study_calibration_cells.parquet")
+FOLLOWUP_CLAIM = "DeferKV ≥ SnapKV at the same budget, second answer (one eviction, two questions)"
+AGNOSTIC_CLAIM = "DeferKV (query-aware) ≥ SnapKV query-agnostic (kvpress's protocol) at the same budget"
+
+
+def _labelled(df: pd.DataFrame) -> pd.DataFrame:
+    p = df["params"].map(json.loads)
+    df["policy"] = p.map(lambda d: d.get("policy"))
+    df["frac"] = p.map(lambda d: d.get("budget_frac"))
+    df["query"] = p.map(lambda d: d.get("query", "aware"))
+    df["unit"] = df["task"] + "/" + df["meta_cluster"].where(df["meta_cluster"].notna(), df["item_id"])
+    return df
 
 
 @pytest.fixture(scope="module")
 def cells() -> pd.DataFrame:
-    df = pd.concat([pd.read_parquet(SHIPPED / f) for f in FILES[:2]], ignore_index=True)
-    p = df["params"].map(json.loads)
-    df["policy"] = p.map(lambda d: d.get("policy"))
-    df["frac"] = p.map(lambda d: d.get("budget_frac"))
-    return df
+    """Every cell of the study: the test split's grid and the protocol cells."""
+    return _labelled(pd.concat([pd.read_parquet(SHIPPED / f) for f in FILES[:2]], ignore_index=True))
+
+
+@pytest.fixture(scope="module")
+def calibration_cells() -> pd.DataFrame:
+    return _labelled(pd.read_parquet(SHIPPED / "study_calibration_cells.parquet"))
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +82,61 @@ def _mde(n, disc, sided) -> float:
     return brentq(f, lo, hi) if f(hi) > 0 else math.inf
 
 
-def test_the_run_is_the_size_results_states(cells):
-    """At least 90 prompts, 0 errors, every prompt with every setting, on the research model."""
-    prompts = cells[["task", "item_id"]].drop_duplicates()
-    assert len(prompts) >= 90
-    assert cells["error"].isna().all()
-    settings = cells[["method", "params"]].drop_duplicates()
-    assert (cells.groupby(["task", "item_id"]).size() == len(settings)).all()
+def test_the_run_is_the_size_results_states(cells, calibration_cells):
+    """The test split's grid: every prompt with every setting, 0 errors, on the research model; the calibration
+    split's prompts beside it, on disjoint units; the protocol cells: new cells only, and each failed one a refusal
+    that says why (DeferKV needs the question; the follow-up protocol asks both questions in the cache)."""
+    grid = _labelled(pd.read_parquet(SHIPPED / "study.parquet"))
+    prompts = grid[["task", "item_id"]].drop_duplicates()
+    assert len(prompts) + calibration_cells[["task", "item_id"]].drop_duplicates().shape[0] >= 90
+    assert grid["error"].isna().all()
+    settings = grid[["method", "params"]].drop_duplicates()
+    assert (grid.groupby(["task", "item_id"]).size() == len(settings)).all()
     assert set(cells["model"]) == {"qwen2.5-coder-0.5b"} or cells["model"].str.contains("Qwen2.5-Coder-0.5B",
                                                                                           case=False).all()
     assert {"snapkv", "deferkv", "h2o", "streaming", "tova", "page-entrokv", "expected-attention", "adakv"} <= set(
-        cells["policy"].dropna())
+        grid["policy"].dropna())
     assert set(cells["frac"].dropna()) == {0.25, 0.5}
+    split = pd.read_parquet(SHIPPED / "study_calibration_split.parquet")
+    cal, test = (set(split.loc[split["split"] == k, "unit"]) for k in ("calibration", "test"))
+    assert cal and test and not cal & test
+    assert set(calibration_cells["unit"]) == cal and set(grid["unit"]) == test
+    assert not set(cells["unit"]) & cal and calibration_cells["error"].isna().all()
+    extra = cells[~cells["cell"].isin(grid["cell"])]
+    assert len(extra) == len(cells) - len(grid) and not extra["cell"].duplicated().any()
+    agnostic = extra[extra["query"] == "agnostic"]
+    assert len(agnostic) and set(agnostic["policy"]) == {"snapkv", "deferkv"}
+    failed = extra[extra["error"].notna()]
+    assert set(failed["query"]) == {"agnostic"}
+    assert (failed["policy"].eq("deferkv") | failed["task"].eq("followup_multikey")).all()
+    assert failed["error"].str.contains("cannot run query-agnostic|asks both questions in the cache").all()
+    ok = agnostic[agnostic["error"].isna()]
+    assert set(ok["policy"]) == {"snapkv"} and (ok["prompt_tokens"] > ok["prefill_tokens"]).all()  # no question
+    follow = extra[extra["task"] == "followup_multikey"]
+    assert len(follow) and set(follow.loc[follow["error"].isna(), "method"]) == {"full", "evict"}
+
+
+def test_the_calibration_is_recomputed_from_its_split(cells, calibration_cells):
+    """The calibration rule from its definition on the calibration split's cells: per candidate preset, the mean over
+    clusters of (contains − full context's) and of the removed share; the chosen preset removes the most among those
+    within δ; the test split ran exactly that preset, and the shipped calibration table says the same."""
+    d = calibration_cells
+    full = d[d["method"] == "full"].set_index(["task", "item_id"])["contains"]
+    got = {}
+    for params, g in d[d["method"] == "entroprefill"].groupby("params"):
+        g = g.assign(diff=g["contains"].to_numpy() - full.loc[list(zip(g["task"], g["item_id"]))].to_numpy(),
+                     removed=1 - g["retained_tokens"].astype(float) / g["prompt_tokens"].astype(float))
+        per = g.groupby("unit")[["diff", "removed"]].mean()
+        got[params] = (len(per), float(per["diff"].mean()), float(per["removed"].mean()))
+    within = {k: v for k, v in got.items() if v[1] >= -0.1 - 1e-12}
+    assert within  # else the rule falls back to the closest and flags it
+    chosen = max(within, key=lambda k: within[k][2])
+    ep = cells[cells["method"] == "entroprefill"]
+    assert set(ep["params"]) == {chosen}
+    table = pd.read_parquet(SHIPPED / "study_calibration.parquet")
+    row = table[table["chosen"]].iloc[0]
+    assert (row["n"], row["diff"], row["removed_share"]) == pytest.approx(got[chosen], abs=1e-12)
+    assert len(table) == len(got) and table["chosen"].sum() == 1
 
 
 def test_study_tables_regenerates_the_shipped_tables(tmp_path, monkeypatch):
@@ -105,21 +164,30 @@ def _reference_ok(cells) -> dict:
     return {t: bool(right[t] / n[t] >= MIN_REFERENCE_ACCURACY and right[t] >= MIN_REFERENCE_RIGHT) for t in n.index}
 
 
-def test_deferkv_against_snapkv_recomputed_with_scipy(cells, claims):
-    """Every DeferKV ≥ SnapKV row: n (clusters), effect, the exact test's p and the verdict, recomputed from the
-    cells (per-cluster means of ``contains``; sign test on the cluster differences = McNemar exact on 0/1)."""
+@pytest.mark.parametrize("claim", ["DeferKV ≥ SnapKV at the same budget", AGNOSTIC_CLAIM, FOLLOWUP_CLAIM])
+def test_deferkv_against_snapkv_recomputed_with_scipy(cells, claims, claim):
+    """Every DeferKV ≥ SnapKV row (query-aware both, SnapKV query-agnostic, the follow-up protocol's second answer):
+    n (clusters), effect, the exact test's p and the verdict, recomputed from the cells (per-cluster means of
+    ``contains``; sign test on the cluster differences = McNemar exact on 0/1)."""
     ok = _reference_ok(cells)
-    rows = claims[claims["claim"] == "DeferKV ≥ SnapKV at the same budget"]
+    rows = claims[claims["claim"] == claim]
     ruler_ok = sorted(t for t in ok if t in RULER_TASKS and ok[t])
-    assert len(rows) == 2 * (len(ok) + 1)  # per family and budget, plus the pooled RULER-style row per budget
-    ev = cells[cells["method"] == "evict"]
+    ev = cells[(cells["method"] == "evict") & cells["error"].isna()]
+    if claim == AGNOSTIC_CLAIM:  # on the families the protocol run covered, one row per budget
+        assert len(rows) == 2 * ev.loc[ev["query"] == "agnostic", "task"].nunique() and len(rows)
+    elif claim == FOLLOWUP_CLAIM:
+        assert len(rows) == 2 and set(rows["task"]) == {"followup_multikey"}
+    else:  # per family and budget, plus the pooled RULER-style row per budget
+        assert len(rows) == 2 * (len(set(ok) - {"followup_multikey"}) + 1)
     for r in rows.itertuples():
         frac = float(r.comparison.split("@ ")[1].split(" ")[0])
         tasks = ruler_ok if r.task.startswith("RULER-style") else [r.task]
-        d = ev[ev["task"].isin(tasks) & (ev["frac"] == frac) & ev["policy"].isin(["deferkv", "snapkv"])]
-        w = d.pivot_table(index=["task", "item_id", "meta_cluster"], columns="policy", values="contains").reset_index()
-        w["unit"] = w["task"] + "/" + w["meta_cluster"]
-        per = w.groupby("unit")[["deferkv", "snapkv"]].mean()
+        snap = "agnostic" if claim == AGNOSTIC_CLAIM else "aware"
+        d = ev[ev["task"].isin(tasks) & (ev["frac"] == frac) & (((ev["policy"] == "deferkv") & (ev["query"] == "aware"))
+                                                                | ((ev["policy"] == "snapkv") & (ev["query"] == snap)))]
+        w = d.pivot_table(index=["task", "item_id", "unit"], columns="policy", values="contains").reset_index()
+        per = w.dropna(subset=["deferkv", "snapkv"]).groupby("unit")[["deferkv", "snapkv"]].mean()
+        w = w.dropna(subset=["deferkv", "snapkv"])
         diff = (per["deferkv"] - per["snapkv"]).to_numpy()
         p = _p(int((diff > 0).sum()), int((diff < 0).sum()))
         assert r.n == len(per) and r.prompts == len(w), r.comparison
@@ -133,7 +201,10 @@ def test_deferkv_against_snapkv_recomputed_with_scipy(cells, claims):
         if np.isin(diff, (-1.0, 0.0, 1.0)).all():
             b, c = int((diff > 0).sum()), int((diff < 0).sum())
             assert r.ni_test == "Tango score"
-            assert (r.lo1, r.hi1) == pytest.approx(_tango_brute(b, c, len(diff)), abs=1e-6)
+            if b == len(diff):  # every cluster a win: the upper bound is 1, which the brute form's grid cannot bracket
+                assert r.hi1 == pytest.approx(1.0, abs=1e-9) and r.lo1 > 0
+            else:
+                assert (r.lo1, r.hi1) == pytest.approx(_tango_brute(b, c, len(diff)), abs=1e-6)
             if len(diff) <= 10:
                 assert r.p_ni == pytest.approx(_exact_brute(b, c, len(diff)), rel=1e-4)
         assert r.disc == pytest.approx(float(np.mean(diff ** 2)), abs=1e-12)
@@ -143,7 +214,8 @@ def test_deferkv_against_snapkv_recomputed_with_scipy(cells, claims):
         assert r.verdict == want, (r.task, r.comparison)
     # both budgets carry a verdict on the pooled RULER-style families (their references pass)
     pooled = rows[rows["task"].str.startswith("RULER-style")]
-    assert len(pooled) == 2 and set(pooled["verdict"]) <= {"supported", "non-inferior", "inconclusive", "inferior"}
+    if claim == "DeferKV ≥ SnapKV at the same budget":
+        assert len(pooled) == 2 and set(pooled["verdict"]) <= {"supported", "non-inferior", "inconclusive", "inferior"}
 
 
 def test_leap_and_priority_rows_recomputed_with_scipy(claims):
@@ -192,7 +264,7 @@ def test_entroprefill_rows_recomputed(cells, claims):
             else:
                 assert set(acc["kind"]) == {"non-inferiority"}
             checked += 1
-    assert checked >= 10
+    assert checked >= 5  # the calibrated preset on every family
     assert not claims["claim"].str.contains("audit is not vacuous").any()
     ls = claims[claims["claim"].str.endswith("accepted layer l*")]
     assert len(ls) and ls["lo"].isna().all() and ls["hi"].isna().all()  # no interval from layer indices

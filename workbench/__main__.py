@@ -85,7 +85,8 @@ def _report(args) -> int:
               margin=args.margin, presets=args.presets, calibrate=args.calibrate,
               ruler=tuple(args.ruler) if args.ruler else None,
               ruler_lengths=tuple(args.ruler_lengths) if args.ruler_lengths else None, ruler_seeds=args.ruler_seeds,
-              leap_prompts=args.leap_prompts, kept_prompts=args.kept_prompts, cap_tokens=args.cap_tokens)
+              leap_prompts=args.leap_prompts, kept_prompts=args.kept_prompts, cap_tokens=args.cap_tokens,
+              divergence=False if args.no_divergence else None)
     if args.items is not None and not args.tiny:  # the items replace the built-in families unless asked for
         kw["n_squad"] = 0 if args.n_squad is None else args.n_squad
         kw["n_needle"] = 0 if args.n_needle is None else args.n_needle
@@ -322,6 +323,8 @@ def main(argv=None) -> int:
                    help="prompts per task for the answer tokens DeferKV and SnapKV keep (default 0: skipped)")
     r.add_argument("--cap-tokens", type=int, default=None,
                    help="full context again with this many new tokens: did the cap cut answers off? (default 0: no)")
+    r.add_argument("--no-divergence", action="store_true",
+                   help="skip the answer-divergence stage (a prefill and every policy's decode per family)")
     r.set_defaults(fn=_report)
     q = sub.add_parser("plan", help="how many independent clusters a claim needs (80%% power), before running it")
     q.add_argument("--kind", choices=("superiority", "non-inferiority"), default="superiority")

@@ -331,7 +331,9 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
                 figures.update(f_n)
                 tables.update(t_n)
                 notes["needle_survival"] = note
-            if items and not partial:
+            if items and not partial and not cfg.divergence:
+                info_extra["skipped"] = ["the answer divergence (divergence=False, --no-divergence)"]
+            if items and not partial and cfg.divergence:
                 at[0] = "the answer divergence"
                 tables["answer_divergence"], notes["answer_divergence"] = timed(
                     "answer_divergence", lambda: parts.divergence_part(cfg, lm, items))

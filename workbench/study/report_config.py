@@ -108,6 +108,8 @@ class ReportConfig:
             ``budget_fracs`` [int in [0, 1000]; 0: skip].
         cap_tokens: full context again on every prompt with this many new tokens, paired against the sweep's
             (did the cap cut answers off?) [int in [0, 4096]; 0: skip].
+        divergence: run the answer-divergence stage (a prefill and every policy's decode on the first prompt of
+            each family) [bool; default True]; ``False`` skips it, and the manifest's ``skipped`` says so.
     """
 
     out: Path = Path("out/report")
@@ -148,6 +150,7 @@ class ReportConfig:
     leap_prompts: int = 0
     kept_prompts: int = 0
     cap_tokens: int = 0
+    divergence: bool = True
     _parameter_constraints: ClassVar = {
         **shared("device"),
         "out": InstanceOf(_is_path, "a folder path", examples=("out/x", Path("out/y")), nonempty=True),
@@ -189,6 +192,7 @@ class ReportConfig:
         "leap_prompts": Interval("int", 0, 1000),
         "kept_prompts": Interval("int", 0, 1000),
         "cap_tokens": Interval("int", 0, 4096),
+        "divergence": Bool(),
     }
 
     @classmethod
