@@ -707,6 +707,13 @@ def _layout_rule_sees_an_overprint(page, panel) -> None:
     assert len(page.evaluate(LIVE_BOXES_JS, panel.element_handle())) == n - 1
 
 
+# the controls' labels (ipywidgets' description boxes) the page shows cut short: text wider than its box (the
+# colour-scale dropdown's "residual colours" read "residual c…" in a default-width label column)
+_CUT_LABELS_JS = """() => Array.from(document.querySelectorAll('.jp-OutputArea .widget-label'))
+  .filter(l => l.offsetParent !== null && l.textContent.trim() && l.scrollWidth > l.clientWidth + 1)
+  .map(l => l.textContent.trim())"""
+
+
 # the token spans of the token view: [{pos, text, x, y}] (text as the browser renders it, screen centre of
 # each span's first box) and the position of the boxed query token
 _TOKENS_JS = """() => {
@@ -1489,6 +1496,8 @@ def test_notebook_panels_in_browser(lab, artifacts, tmp_path, name):
         panels = _panels(page)
         assert panels, f"{name}: no panel with a slider"
         _assert_drawn(page, name)
+        cut = page.evaluate(_CUT_LABELS_JS)
+        assert not cut, f"{name}: control labels cut short in the page: {cut}"
 
         exported: list[int] = []
 
