@@ -44,7 +44,7 @@ RULE = ("Calibration rule: on the calibration split only, each candidate EntroPr
         "verdict is computed on the test split.")
 
 _SPLIT_CHECKS = register_all("calibration", {
-    "fraction": Interval("real", 0.0, 1.0, closed="neither", note="share of the clusters that calibrate"),
+    "fraction": Interval("real", 0.0, 1.0, closed="neither", note="share of each task's clusters that calibrate"),
     "seed": SEED}, __name__)
 _CAL_CHECKS = register_all("calibration", {"margin": Interval("real", 0.0, 1.0, closed="left")}, __name__)
 

@@ -183,7 +183,7 @@ class ReportConfig:
         "progress": Bool(),
         "tiny": Bool(),
         "margin": Interval("real", 0.0, 1.0, closed="left"),
-        "calibrate": optional(Interval("real", 0.0, 1.0, closed="neither", note="share of the clusters that calibrate")),
+        "calibrate": optional(Interval("real", 0.0, 1.0, closed="neither", note="share of each task's clusters that calibrate")),
         # the RULER-style families (names checked against study.ruler.RULER_TASKS in __post_init__) and the
         # per-prompt analyses (0 = skip)
         "ruler": Seq(InstanceOf(str, "a RULER-style family name", examples=("niah_single",), nonempty=True),
