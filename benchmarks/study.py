@@ -47,7 +47,7 @@ import pandas as pd
 from workbench.analyse.params import PRESETS
 from workbench.rerun.eviction import POLICY_BY_NAME
 from workbench.study import findings
-from workbench.study.calibration import calibrate
+from workbench.study.calibration import calibrate, split_units
 from workbench.study.conclusions import conclusions, preset_name
 from workbench.study.markdown_table import markdown
 from workbench.study.report import ReportConfig, run_report
@@ -55,7 +55,7 @@ from workbench.study.sweep import read_sweep
 from workbench.util import atomic_write_bytes
 
 __all__ = ["markdown", "write_frame", "worker_files", "read_study", "timed_prompts", "parse", "config", "write_layout",
-           "read_calibration", "calibration_text", "opening", "report_cells"]
+           "read_calibration", "calibration_text", "opening", "report_cells", "resplit"]
 
 POLICIES = sorted(set(POLICY_BY_NAME) - {"full"})
 RULER = ["niah_single", "niah_multikey", "variable_tracking", "common_words"]
@@ -151,7 +151,9 @@ def calibration_text(split: pd.DataFrame, cal: pd.DataFrame, test: pd.DataFrame,
 
     outside = pd.Series(sorted(set(_units(test)) - set(split["unit"])), dtype=object)
 
-    text = (f"**Calibrate, then test** (EntroPrefill paper §9): the items were split by independent cluster into a "
+    text = (f"**Calibrate, then test** (EntroPrefill paper §9): the items were split per task family, by independent "
+            "cluster (within each task, the first ceil(fraction · n) of its n clusters ranked by sha256(seed, unit), "
+            "never all of them; a family with one cluster stays in test), into a "
             f"**calibration split** of {len(sides['calibration'])} clusters ({per_task(sides['calibration'])}) and a "
             f"disjoint **test split** of {len(sides['test'])} clusters ({per_task(sides['test'])}); every unit is "
             f"listed in `study_calibration_split.parquet`. On the calibration split only, among the presets "
@@ -244,6 +246,50 @@ def write_layout(folder: Path, out: Path, protocols=(), side_from: Path | None =
     return md
 
 
+def resplit(folder: Path, dest: Path, fraction: float, seed: int) -> dict:
+    """A copy of the calibrated report ``folder`` in ``dest`` (its manifest and tables) with the split drawn again
+    by :func:`workbench.study.calibration.split_units` (per task) over the same units, from the cells its resumable
+    stores already hold (no model call): the calibration split's full and candidate cells, the calibration
+    recomputed, and the test split's grid with the chosen preset. Refused when a cell the new split needs is not
+    stored. Returns the new split's manifest entry."""
+    tab = folder / "tables"
+    store = pd.concat([read_sweep(tab / "sweep.parquet"), read_sweep(tab / "calibration_cells.parquet")],
+                      ignore_index=True).drop_duplicates("cell")
+    store = store[store["error"].isna()]
+    man = json.loads((folder / "manifest.json").read_text())
+    old = pd.read_parquet(tab / "calibration_split.parquet")
+    split = split_units(old["unit"], fraction, seed)
+    cal_units = set(split.calibration)
+    on_cal = _units(store).isin(cal_units)
+    test_grid = report_cells(folder)  # the settings the test split ran: every method, one EntroPrefill preset
+    settings = set(zip(test_grid["method"], test_grid["params"]))
+    cal_cells = store[on_cal & store["method"].isin(["full", "entroprefill"])]
+    cands = [(n, PRESETS[n]["params"]) for n in man["config"]["presets"]]
+    res = calibrate(cal_cells, cands, man["config"]["margin"])
+    chosen = json.dumps(res.params, sort_keys=True) if res.params else "{}"
+    grid = {(m, p) for m, p in settings if m != "entroprefill"} | {("entroprefill", chosen)}
+    in_grid = pd.Series([(m, p) in grid for m, p in zip(store["method"], store["params"])], index=store.index)
+    test = store[~on_cal & in_grid]
+    prompts = store.loc[~on_cal, ["task", "item_id"]].drop_duplicates()
+    if len(test) != len(prompts) * len(grid) or cal_cells.groupby(["method", "params"]).size().nunique() != 1:
+        raise ValueError(f"folder: the stores lack cells the new split needs ({len(test)} test cells of "
+                         f"{len(prompts)} prompts x {len(grid)} settings)")
+    out = dest / "tables"
+    out.mkdir(parents=True, exist_ok=True)
+    write_frame(out / "sweep.parquet", test)
+    test[["cell"]].to_csv(out / "sweep.csv", index=False)
+    write_frame(out / "calibration_cells.parquet", cal_cells)
+    cal_cells[["cell"]].to_csv(out / "calibration_sweep.csv", index=False)
+    write_frame(out / "calibration_split.parquet", split.to_frame())
+    write_frame(out / "calibration.parquet", res.table)
+    info = {"fraction": split.fraction, "seed": split.seed, "digest": split.digest(), "rule": "stratified by task",
+            "per_task": {t: {"calibration": c, "test": k} for t, c, k in split.per_task},
+            "calibration": list(split.calibration), "test": list(split.test)}
+    man["calibration"] = {**man.get("calibration", {}), "split": info, **res.to_dict()}
+    (dest / "manifest.json").write_text(json.dumps(man, indent=1, default=str))
+    return info
+
+
 def parse(argv=None) -> argparse.Namespace:
     """The study's flags (see the module docstring for their report counterparts)."""
     ap = argparse.ArgumentParser()
@@ -269,6 +315,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--summary-only", action="store_true")
     ap.add_argument("--protocols", nargs="*", default=[], metavar="FOLDER",
                     help="report folders whose protocol cells (query-agnostic, follow-up) join the layout")
+    ap.add_argument("--resplit", default=None, metavar="FOLDER",
+                    help="(with --summary-only) draw the per-task split again over this calibrated report folder's "
+                         "stored cells into the report folder of --out, then write the layout from it")
     ap.add_argument("--side-from", default=None, metavar="DIR",
                     help="take the per-prompt tables (study_leap/ranks/kept.parquet) from this earlier layout")
     return ap.parse_args(argv)
@@ -278,7 +327,9 @@ def main(argv=None):
     a = parse(argv)
     out = Path(a.out)
     folder = out.with_suffix("")
-    if not a.summary_only:
+    if a.resplit:
+        print(json.dumps(resplit(Path(a.resplit), folder, a.calibrate, 0)["per_task"]))
+    elif not a.summary_only:
         res = run_report(config(a, folder))
         print(res.summary())
         if res.partial:

@@ -63,7 +63,6 @@ def test_split_never_cuts_a_cluster():
     ({"fraction": 0.0}, r"^fraction: must be"),
     ({"fraction": 1.0}, r"^fraction: must be"),
     ({"fraction": -0.2}, r"^fraction: must be"),
-    ({"fraction": 0.9}, r"^fraction: with 3 units it must be in \(0, 0\.6667\]"),  # ceil(2.7) = 3: no test unit
     ({"seed": -1}, r"^seed: must be"),
 ])
 def test_split_refuses_an_empty_side_naming_the_parameter(kw, msg):
@@ -74,6 +73,44 @@ def test_split_refuses_an_empty_side_naming_the_parameter(kw, msg):
 def test_split_refuses_a_single_unit():
     with pytest.raises(ValueError, match=r"^items: a calibration split needs at least 2"):
         split_items([_item(0, cluster="c"), _item(1, cluster="c")], 0.5)
+    # two units, but in two tasks: each task's only unit stays in test, so calibration would be empty
+    with pytest.raises(ValueError, match=r"^items: a calibration split needs at least 2 independent units"):
+        split_items([_item(0, task="a"), _item(1, task="b")], 0.5)
+
+
+def test_split_never_takes_all_of_a_task():
+    cal, test, sp = split_items([_item(i) for i in range(3)], 0.9)  # ceil(2.7) = 3, capped at 3 - 1
+    assert len(sp.calibration) == 2 and len(sp.test) == 1 and sp.per_task == (("qa", 2, 1),)
+
+
+def _families() -> list[TaskItem]:
+    """Four families of known size: 10 clusters of 2 prompts, 7 clusters, 2 clusters, and one cluster alone."""
+    return ([_item(i, cluster=f"v{i // 2}", task="vt") for i in range(20)] + [_item(i, task="qa") for i in range(7)]
+            + [_item(i, task="ns") for i in range(2)] + [_item(0, task="solo")])
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3, 0.5, 0.7])
+@pytest.mark.parametrize("seed", range(8))
+def test_split_is_stratified_by_task(fraction, seed):
+    """Each family keeps at least 1 − fraction of its units (rounded down, and at least one) in test and gives calibration exactly
+    min(ceil(fraction · n), n − 1); a one-unit family stays in test; the draw ignores the items' order. Over all
+    units at once, a seed can put 7 of 10 of one family into calibration."""
+    items = _families()
+    sizes = {"vt": 10, "qa": 7, "ns": 2, "solo": 1}
+    cal, test, sp = split_items(items, fraction, seed=seed)
+    for task, n in sizes.items():
+        n_cal = sum(u.startswith(f"{task}/") for u in sp.calibration)
+        n_test = sum(u.startswith(f"{task}/") for u in sp.test)
+        assert n_cal + n_test == n and n_cal == min(math.ceil(fraction * n - 1e-9), n - 1)
+        assert n_test >= max(1, math.floor((1 - fraction) * n + 1e-9))  # 1 − fraction of it, rounded down
+    assert "solo/q0" in sp.test
+    assert sp.per_task == tuple((t, min(math.ceil(fraction * n - 1e-9), n - 1), n - min(math.ceil(fraction * n - 1e-9), n - 1))
+                                for t, n in sorted(sizes.items()))
+    shuffled = items[:]
+    random.Random(seed).shuffle(shuffled)
+    assert split_items(shuffled, fraction, seed=seed)[2] == sp
+    assert {it.meta.get("cluster") for it in cal if it.task == "vt"}.isdisjoint(
+        {it.meta.get("cluster") for it in test if it.task == "vt"})
 
 
 # ----------------------------------------------------------------------------- the rule
@@ -141,10 +178,23 @@ def test_report_config_calibrate_is_checked():
         ReportConfig(calibrate=1.0)
     with pytest.raises(ValueError, match=r"^calibrate: tunes EntroPrefill"):
         ReportConfig(calibrate=0.3, methods=("full", "evict"))
-    with pytest.raises(ValueError, match=r"^calibrate: with 2 units it must be in \(0, 0\.5\]"):
+    # one SQuAD prompt and one needle: each task's only unit stays in test, so calibration would be empty
+    with pytest.raises(ValueError, match=r"^calibrate: a calibration split needs at least 2 independent units"):
         ReportConfig(calibrate=0.6, n_squad=1, n_needle=1)
-    with pytest.raises(ValueError, match=r"^calibrate: a calibration split needs at least 2 prompts"):
+    with pytest.raises(ValueError, match=r"^calibrate: a calibration split needs at least 2"):
         ReportConfig(calibrate=0.5, n_squad=0, n_needle=1)
+    assert ReportConfig(calibrate=0.9, n_squad=0, n_needle=3).builtin_units() == {"needle": 3}
+
+
+def test_report_config_counts_the_ruler_units_for_calibrate():
+    """RULER families are units too: with them alone the split has clusters to draw."""
+    c = ReportConfig(calibrate=0.3, n_squad=0, n_needle=0, ruler=("niah_single",), ruler_seeds=10)
+    assert c.builtin_units() == {"niah_single": 10}
+    words = ReportConfig(calibrate=0.3, n_squad=0, n_needle=0, ruler=("common_words",), ruler_lengths=(512, 1024))
+    assert words.builtin_units() == {"common_words": 2}  # a fresh draw at every length
+    with pytest.raises(ValueError, match=r"^calibrate: a calibration split needs at least 2"):
+        ReportConfig(calibrate=0.3, n_squad=0, n_needle=0, ruler=("niah_single", "variable_tracking"),
+                     ruler_lengths=(512, 1024))  # one seed: one shared fact per family, across its lengths
     c = ReportConfig(calibrate=0.3)
     assert [n for n, _ in c.calibration_candidates()] == list(PRESETS)
     assert ReportConfig(presets=("strict",), entroprefill={"zeta": 0.3}).calibration_candidates() == [
@@ -216,11 +266,14 @@ def test_bypass_table_lists_each_bypass_with_its_step():
 def test_tiny_report_calibrates_then_tests(tmp_path):
     out = tmp_path / "r"
     r = subprocess.run([sys.executable, "-m", "workbench", "report", "--tiny", "--data", "sample", "--no-progress",
-                        "--calibrate", "0.3", "--out", str(out)], capture_output=True, text=True, timeout=900)
+                        "--n-needle", "2", "--calibrate", "0.3", "--out", str(out)], capture_output=True, text=True,
+                       timeout=900)
     assert r.returncode == 0, r.stderr[-4000:]
     man = json.loads((out / "manifest.json").read_text())
     c = man["calibration"]
-    assert len(c["split"]["calibration"]) == 1 and len(c["split"]["test"]) == 1  # ceil(0.3 * 2) of 2 units
+    # stratified: ceil(0.3 * 2) of the 2 needles; the one SQuAD prompt stays in test
+    assert len(c["split"]["calibration"]) == 1 and len(c["split"]["test"]) == 2
+    assert c["split"]["per_task"] == {"needle": {"calibration": 1, "test": 1}, "squad_single": {"calibration": 0, "test": 1}}
     assert c["chosen"] in PRESETS and c["rule"].startswith("Calibration rule")
     t = out / "tables"
     cal, split = pd.read_csv(t / "calibration.csv"), pd.read_csv(t / "calibration_split.csv")
@@ -261,11 +314,14 @@ def test_an_items_split_is_refused_before_any_model_work(tmp_path):
                                        "meta": {"cluster": f"c{i // 2}"}}) for i in range(4)) + "\n")
     items = load_items(f)  # 4 prompts in 2 clusters
     check_split(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.5), items)
-    with pytest.raises(ValueError, match=r"^calibrate: with 2 units it must be in \(0, 0\.5\]"):
-        check_split(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.6), items)
+    check_split(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.9), items)  # 1 of the 2 clusters
     with pytest.raises(ValueError, match=r"^calibrate: a calibration split needs at least 2"):
         check_split(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.5), items[:2])
+    # one cluster of task qa and one SQuAD prompt: two units, but one per task
+    with pytest.raises(ValueError, match=r"^calibrate: a calibration split needs at least 2"):
+        check_split(ReportConfig(items=f, n_squad=1, n_needle=0, calibrate=0.5), items[:2])
     out = tmp_path / "rep"
-    with pytest.raises(ValueError, match=r"^calibrate: with 2 units"):
-        run_report(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.6, out=out), lm=object())
+    f.write_text("\n".join(f.read_text().splitlines()[:2]) + "\n")  # one cluster
+    with pytest.raises(ValueError, match=r"^calibrate: a calibration split needs"):
+        run_report(ReportConfig(items=f, n_squad=0, n_needle=0, calibrate=0.5, out=out), lm=object())
     assert not out.exists()  # refused before anything was written

@@ -310,8 +310,8 @@ def main(argv=None) -> int:
     r.add_argument("--margin", type=float, default=None,
                    help="non-inferiority margin δ of the verdicts, in [0, 1) (default 0.1; printed with the rule)")
     r.add_argument("--calibrate", type=float, default=None, metavar="FRACTION",
-                   help="fix EntroPrefill's preset on this share of the clusters, in (0, 1), and report every verdict "
-                        "on the rest (default: off)")
+                   help="fix EntroPrefill's preset on this share of each task family's clusters, in (0, 1), and "
+                        "report every verdict on the rest (default: off)")
     # the whole study: RULER-style families and the per-prompt analyses (benchmarks/study.py runs through these)
     r.add_argument("--ruler", nargs="+", default=None, metavar="FAMILY",
                    help="RULER-style families (study.ruler.RULER_TASKS: niah_single, niah_multikey, ...)")

@@ -3,7 +3,13 @@ reported on the disjoint test split (paper §9: "A held-out calibration protocol
 the reported test evaluation").
 
 - :func:`split_items`: the items split by independent unit (the item's ``cluster``, else the item itself, within
-  its task), seeded and deterministic, no unit on both sides; a :class:`Split` names both sides and hashes them.
+  its task), stratified by task: within each task its units are ranked by ``sha256(seed, unit)`` and the first
+  ``ceil(fraction · n_task)`` go to calibration, but never all of a task's units (a task with one unit goes to test
+  only), so every family keeps at least ``floor((1 − fraction) · n_task)`` of its units, and at least one, for the
+  verdicts; seeded and deterministic, no unit on both sides; a :class:`Split` names both sides, the per-task
+  counts, and hashes them. A split drawn over
+  all units at once can put most of one family into calibration and leave its test side too small to pass the
+  reference check.
 - :func:`calibrate`: the rule :data:`RULE` over the calibration split's sweep rows, choosing one of the candidate
   EntroPrefill settings (the report's presets); the test split then runs the chosen setting only.
 
@@ -16,7 +22,7 @@ import hashlib
 import json
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -26,7 +32,7 @@ from workbench.checks import SEED, Interval, check_args, check_nonempty
 from workbench.constraints import register_all
 from workbench.study.tasks import TaskItem
 
-__all__ = ["Split", "Calibration", "CalibrationWarning", "split_items", "calibrate", "calibration_units", "unit_of",
+__all__ = ["Split", "Calibration", "CalibrationWarning", "split_items", "split_units", "calibrate", "calibration_counts", "unit_of",
            "RULE", "DEFAULT_FRACTION"]
 
 DEFAULT_FRACTION = 0.3
@@ -38,7 +44,7 @@ RULE = ("Calibration rule: on the calibration split only, each candidate EntroPr
         "verdict is computed on the test split.")
 
 _SPLIT_CHECKS = register_all("calibration", {
-    "fraction": Interval("real", 0.0, 1.0, closed="neither", note="share of the clusters that calibrate"),
+    "fraction": Interval("real", 0.0, 1.0, closed="neither", note="share of each task's clusters that calibrate"),
     "seed": SEED}, __name__)
 _CAL_CHECKS = register_all("calibration", {"margin": Interval("real", 0.0, 1.0, closed="left")}, __name__)
 
@@ -56,12 +62,15 @@ def unit_of(item: TaskItem) -> str:
 
 @dataclass(frozen=True)
 class Split:
-    """The calibration and test units (``task/cluster``, sorted), the fraction and seed that drew them."""
+    """The calibration and test units (``task/cluster``, sorted), the fraction and seed that drew them, and
+    ``per_task``: ``(task, calibration units, test units)`` for each task, sorted by task (the split is stratified:
+    each task's calibration count is ``min(ceil(fraction · n_task), n_task − 1)``)."""
 
     calibration: tuple[str, ...]
     test: tuple[str, ...]
     fraction: float
     seed: int
+    per_task: tuple[tuple[str, int, int], ...] = ()
 
     def digest(self) -> str:
         """sha256 (first 16 hex digits) of both sides: two reports with the same digest split alike."""
@@ -76,38 +85,57 @@ class Split:
 
 def split_items(items: Sequence[TaskItem], fraction: float = DEFAULT_FRACTION,
                 seed: int = 0) -> tuple[list[TaskItem], list[TaskItem], Split]:
-    """``(calibration items, test items, split)``: ``ceil(fraction · units)`` units, ranked by
-    ``sha256(seed, unit)``, go to calibration, the rest to test (item order kept on each side). The draw depends only
-    on the units and the seed, not on the items' order. Refused when either side would be empty.
+    """``(calibration items, test items, split)``, stratified by task: within each task, its units ranked by
+    ``sha256(seed, unit)``, the first ``min(ceil(fraction · n_task), n_task − 1)`` go to calibration
+    (:func:`calibration_counts`), the rest to test (item order kept on each side). The draw depends only on the
+    units and the seed, not on the items' order. Refused when the calibration side would be empty (no task has two
+    units); the test side always keeps at least one unit of every task.
 
     Args:
-        items: the study's items (at least two independent units).
-        fraction: share of the units drawn for calibration [in (0, 1); at most ``(units − 1) / units``].
+        items: the study's items (some task with at least two independent units).
+        fraction: share of each task's units drawn for calibration [in (0, 1)].
         seed: the draw's seed [int >= 0].
     """
     check_args(_SPLIT_CHECKS, locals())
     items = check_nonempty("items", items)
-    units = sorted({unit_of(it) for it in items})
-    n = len(units)
-    if n < 2:
-        raise ValueError(f"items: a calibration split needs at least 2 independent units (clusters), got {n} "
-                         f"({units}); add items or run without calibration")
-    n_cal = calibration_units(n, fraction)
-    rank = sorted(units, key=lambda u: hashlib.sha256(f"{seed}\0{u}".encode()).hexdigest())
-    cal = set(rank[:n_cal])
-    split = Split(calibration=tuple(sorted(cal)), test=tuple(u for u in units if u not in cal), fraction=float(fraction),
-                  seed=int(seed))
+    split = split_units([unit_of(it) for it in items], fraction, seed)
+    cal = set(split.calibration)
     return ([it for it in items if unit_of(it) in cal], [it for it in items if unit_of(it) not in cal], split)
 
 
-def calibration_units(n: int, fraction: float, name: str = "fraction") -> int:
-    """``ceil(fraction · n)``, the calibration units of ``n``; refused (naming ``name``) when the test split would be
-    empty."""
-    n_cal = math.ceil(fraction * n - 1e-12)
-    if n_cal >= n:
-        raise ValueError(f"{name}: with {n} units it must be in (0, {(n - 1) / n:.4g}] so that the test split keeps "
-                         f"a unit, got {fraction!r}")
-    return n_cal
+def split_units(units: Iterable[str], fraction: float = DEFAULT_FRACTION, seed: int = 0) -> Split:
+    """The :class:`Split` of independent units ``task/cluster`` (:func:`unit_of`) that :func:`split_items` draws:
+    per task, ranked by ``sha256(seed, unit)``, the first :func:`calibration_counts` to calibration.
+
+    Args:
+        units: the units, ``task/cluster`` (repeats count once).
+        fraction: share of each task's units drawn for calibration [in (0, 1)].
+        seed: the draw's seed [int >= 0].
+    """
+    check_args(_SPLIT_CHECKS, {"fraction": fraction, "seed": seed})
+    by_task: dict[str, list[str]] = {}
+    for u in sorted(set(units)):
+        by_task.setdefault(u.split("/", 1)[0], []).append(u)
+    counts = calibration_counts({t: len(us) for t, us in by_task.items()}, fraction, "items")
+    cal: set[str] = set()
+    for task, us in by_task.items():
+        rank = sorted(us, key=lambda u: hashlib.sha256(f"{seed}\0{u}".encode()).hexdigest())
+        cal.update(rank[:counts[task]])
+    every = sorted(u for us in by_task.values() for u in us)
+    return Split(calibration=tuple(sorted(cal)), test=tuple(u for u in every if u not in cal), fraction=float(fraction),
+                 seed=int(seed), per_task=tuple((t, counts[t], len(by_task[t]) - counts[t]) for t in sorted(by_task)))
+
+
+def calibration_counts(units_per_task: Mapping[str, int], fraction: float, name: str = "fraction") -> dict[str, int]:
+    """Per task, its calibration units: ``min(ceil(fraction · n), n − 1)`` of its ``n`` (never all of a task's
+    units, so the test side keeps every task); refused, naming ``name``, when no task gives calibration a unit
+    (every task has at most one)."""
+    counts = {t: max(0, min(math.ceil(fraction * n - 1e-12), n - 1)) for t, n in units_per_task.items()}
+    if not sum(counts.values()):
+        raise ValueError(f"{name}: a calibration split needs at least 2 independent units (clusters) in some task "
+                         f"(it is drawn per task and a task's only unit stays in the test split), got "
+                         f"{dict(units_per_task)}; add items or run without calibration")
+    return counts
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from workbench.study.calibration import RULE, calibrate, calibration_units, split_items, unit_of
+from workbench.study.calibration import RULE, calibrate, calibration_counts, split_items, unit_of
 from workbench.study.report_config import ReportConfig
 
 __all__ = ["calibration_stage", "check_split"]
@@ -29,13 +29,15 @@ def calibration_stage(cfg: ReportConfig, items: list, run_sweep: Callable) -> tu
     cal = calibrate(df, cands, cfg.margin)
     info = {"split": {"fraction": split.fraction, "seed": split.seed, "digest": split.digest(),
                       "calibration": list(split.calibration), "test": list(split.test),
-                      "calibration_prompts": len(cal_items), "test_prompts": len(test_items)},
+                      "calibration_prompts": len(cal_items), "test_prompts": len(test_items), "rule": "stratified by task",
+                      "per_task": {t: {"calibration": c, "test": k} for t, c, k in split.per_task}},
             **cal.to_dict()}
     tables = {"calibration": cal.table, "calibration_split": split.to_frame(),
               "calibration_sweep": df.drop(columns=["generated_ids"], errors="ignore")}
     notes = {"calibration": (
-        f"Calibrate, then test (paper §9). Split (fraction {split.fraction:g}, seed {split.seed}, sha256 "
-        f"{split.digest()}): calibration {len(split.calibration)} clusters ({len(cal_items)} prompts), test "
+        f"Calibrate, then test (paper §9). Split (stratified by task, fraction {split.fraction:g}, seed "
+        f"{split.seed}, sha256 {split.digest()}; per task calibration/test: "
+        f"{', '.join(f'{t} {c}/{k}' for t, c, k in split.per_task)}): calibration {len(split.calibration)} clusters ({len(cal_items)} prompts), test "
         f"{len(split.test)} clusters ({len(test_items)} prompts), disjoint; every unit is listed in the table "
         f"calibration_split. Candidates: {', '.join(n for n, _ in cands)}. {RULE} δ = {cfg.margin:g}. Result: "
         f"{cal.note}. Calibrated values: preset {cal.chosen} "
@@ -50,12 +52,20 @@ def calibration_stage(cfg: ReportConfig, items: list, run_sweep: Callable) -> tu
 
 
 def check_split(cfg: ReportConfig, user_items: list | None) -> None:
-    """Refuse, before any model work, a ``cfg.calibrate`` that would leave a split empty: each built-in prompt is
-    its own unit, the user's items count by cluster."""
+    """Refuse, before any model work, a ``cfg.calibrate`` that would leave the calibration split empty (the split is
+    per task: a task with one unit stays in test): the built-in families count by :meth:`ReportConfig.builtin_units`,
+    the user's items by cluster within their task."""
     if cfg.calibrate is None or user_items is None:  # without items ReportConfig has checked it
         return
-    n = cfg.n_squad + cfg.n_needle + len({unit_of(it) for it in user_items})
-    if n < 2:
-        raise ValueError(f"calibrate: a calibration split needs at least 2 independent units (clusters), the items "
-                         f"and built-in prompts give {n}")
-    calibration_units(n, cfg.calibrate, "calibrate")
+    n = dict(cfg.builtin_units())
+    for task, units in _units_by_task(user_items).items():
+        n[task] = n.get(task, 0) + units
+    calibration_counts(n, cfg.calibrate, "calibrate")
+
+
+def _units_by_task(items: list) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for u in {unit_of(it) for it in items}:
+        task = u.split("/", 1)[0]
+        out[task] = out.get(task, 0) + 1
+    return out

@@ -24,8 +24,8 @@ from workbench.checks import (
 from workbench.choices import METHOD_NAMES, PRESET_NAMES, QUERY_MODES, REPORT_DATA
 from workbench.constraints import BUDGET_FRAC, checked, shared
 from workbench.rerun import eviction
-from workbench.study.calibration import calibration_units
-from workbench.study.ruler import RULER_TASKS
+from workbench.study.calibration import calibration_counts
+from workbench.study.ruler import RULER_TASKS, grid_units
 from workbench.study.verdicts import DEFAULT_MARGIN
 
 __all__ = ["ReportConfig", "ReportResult", "DEFAULT_POLICIES", "METHODS", "DATA", "DEFAULT_THREADS"]
@@ -96,8 +96,9 @@ class ReportConfig:
         progress: show tqdm progress bars.
         margin: the non-inferiority margin δ of "What this study shows" [in [0, 1)]; default
             :data:`workbench.study.verdicts.DEFAULT_MARGIN` (0.10), printed with the verdict rule.
-        calibrate: ``None`` (default: no split) or the share of the independent clusters drawn for calibration
-            [in (0, 1)]: the EntroPrefill candidates (``presets``, all of ``analyse.params.PRESETS`` when none is
+        calibrate: ``None`` (default: no split) or the share of each task's independent clusters drawn for
+            calibration [in (0, 1); some task, built-in or from ``items``, needs two clusters, since a task's only
+            cluster stays in the test split]: the EntroPrefill candidates (``presets``, all of ``analyse.params.PRESETS`` when none is
             given) run on the calibration split, :func:`workbench.study.calibration.calibrate` chooses one, and
             the study (every verdict) runs on the test split only (needs ``entroprefill`` in ``methods``).
         ruler, ruler_lengths, ruler_seeds: RULER-style families (``study.ruler.RULER_TASKS`` names; ``()``: none)
@@ -182,7 +183,7 @@ class ReportConfig:
         "progress": Bool(),
         "tiny": Bool(),
         "margin": Interval("real", 0.0, 1.0, closed="left"),
-        "calibrate": optional(Interval("real", 0.0, 1.0, closed="neither", note="share of the clusters that calibrate")),
+        "calibrate": optional(Interval("real", 0.0, 1.0, closed="neither", note="share of each task's clusters that calibrate")),
         # the RULER-style families (names checked against study.ruler.RULER_TASKS in __post_init__) and the
         # per-prompt analyses (0 = skip)
         "ruler": Seq(InstanceOf(str, "a RULER-style family name", examples=("niah_single",), nonempty=True),
@@ -239,13 +240,16 @@ class ReportConfig:
         if self.calibrate is not None and "entroprefill" not in self.methods:
             raise ValueError(f"calibrate: tunes EntroPrefill's thresholds, so methods must include 'entroprefill', got "
                              f"methods {list(self.methods)}")
-        if self.calibrate is not None and self.items is None:  # each built-in prompt is its own unit: refuse now,
-            # before any model work, a split that would leave the test side empty (items files: when read)
-            n = self.n_squad + self.n_needle
-            if n < 2:
-                raise ValueError(f"calibrate: a calibration split needs at least 2 prompts, got n_squad + n_needle = "
-                                 f"{n}")
-            calibration_units(n, self.calibrate, "calibrate")
+        if self.calibrate is not None and self.items is None:  # refused now, before any model work, when no task
+            # could give calibration a unit (an items file's units are counted when it is read: check_split)
+            calibration_counts(self.builtin_units(), self.calibrate, "calibrate")
+
+    def builtin_units(self) -> dict[str, int]:
+        """The independent units (clusters) per task of the built-in families this configuration builds: each SQuAD,
+        needle and follow-up prompt its own, the RULER-style families by :func:`workbench.study.ruler.grid_units`."""
+        n = {"squad_single": self.n_squad, "needle": self.n_needle, "followup_multikey": self.n_followup,
+             **{r: grid_units(r, self.ruler_lengths, self.ruler_seeds) for r in self.ruler}}
+        return {t: k for t, k in n.items() if k}
 
     def calibration_candidates(self) -> list[tuple[str, dict]]:
         """The settings calibration chooses among: ``(preset name, parameters)`` for each of ``presets`` (all

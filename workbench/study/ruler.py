@@ -36,7 +36,7 @@ from workbench.study.tasks.haystack import Haystack, check_lengths, count_tokens
 from workbench.study.tasks.item import TaskItem, seeded_rng, with_content_id
 from workbench.study.tasks.squad import squad_answers
 
-__all__ = ["RULER_TASKS", "build_ruler", "ruler_grid", "score", "string_match_all", "string_match_part", "NOISE",
+__all__ = ["RULER_TASKS", "build_ruler", "ruler_grid", "grid_units", "score", "string_match_all", "string_match_part", "NOISE",
            "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "variable_tracking",
            "common_words", "frequent_words", "qa_distractors"]
 
@@ -343,6 +343,16 @@ def build_ruler(name: str, tokenizer, **kw) -> list[TaskItem]:
     if name not in RULER_TASKS:
         raise ValueError(f"name: must be one of {sorted(RULER_TASKS)}, got {name!r}")
     return RULER_TASKS[name].builder(tokenizer, **kw)
+
+
+def grid_units(name: str, lengths: Sequence[int], seeds: int) -> int:
+    """The independent units (``meta.cluster``) :func:`ruler_grid` builds for family ``name`` at ``lengths`` and
+    ``seeds`` seeds, without a tokenizer: the needle families share one fact across lengths (a unit per seed), the
+    word-list families draw anew at every length (a unit per length and seed), qa_distractors a question per seed
+    (two seeds may draw the same question: an upper bound there, which the split itself checks again)."""
+    if name not in RULER_TASKS:
+        raise ValueError(f"name: must be one of {sorted(RULER_TASKS)}, got {name!r}")
+    return seeds * (len(set(lengths)) if name in ("common_words", "frequent_words") else 1)
 
 
 def ruler_grid(tokenizer, names: Sequence[str] = ("niah_single", "niah_multikey", "variable_tracking",
