@@ -237,9 +237,12 @@ def write_layout(folder: Path, out: Path, protocols=(), side_from: Path | None =
     write_frame(out.with_name(out.stem + "_conclusions.parquet"), shows.to_frame())
     ref, warns = findings.reference_check(every)
     comp = findings.comparisons(every, margin=margin)
+    # the report's own findings past its sweep comparisons: the leap, priority and answer-kept analyses'
+    own = findings.comparisons(df, margin=margin)
+    analyses = [s for s in man.get("findings", []) if s not in set(own["finding"] if len(own) else [])]
     parts = [opening(shows, paragraph), "## Reference check", markdown(ref), *[f"- **{w}**" for w in warns],
              "## Accuracy (contains, Wilson 95% CI)", markdown(findings.accuracy_table(every)),
-             "## Findings", *[f"- {s}" for s in (comp["finding"] if len(comp) else [])],
+             "## Findings", *[f"- {s}" for s in [*(comp["finding"] if len(comp) else []), *analyses]],
              f"The report: {folder / 'report.html'} (tables, figures, the leap and priority tables)."]
     md = "\n\n".join(parts)
     harness.write_markdown(out.with_name(out.stem + "_summary.md"), md)
@@ -286,7 +289,7 @@ def resplit(folder: Path, dest: Path, fraction: float, seed: int) -> dict:
             "per_task": {t: {"calibration": c, "test": k} for t, c, k in split.per_task},
             "calibration": list(split.calibration), "test": list(split.test)}
     man["calibration"] = {**man.get("calibration", {}), "split": info, **res.to_dict()}
-    (dest / "manifest.json").write_text(json.dumps(man, indent=1, default=str))
+    atomic_write_bytes(dest / "manifest.json", json.dumps(man, indent=1, default=str).encode())
     return info
 
 
