@@ -109,17 +109,24 @@ def _check(panel, state, pg, tmp_path, seen, found) -> None:
                 found[f"{state}: {name} ({width})"] = bad
 
 
-def _sweep(make, inputs, pg, tmp_path) -> dict:
-    sp, cap, params = inputs[:3]
-    panel = make(sp, cap, params)
+def _at_each_state(panel):
+    """Each state of :func:`slider_states` set on ``panel`` in turn (its name yielded while it is set, the panel
+    without an error there), the moved sliders back at their defaults after it."""
     assert panel.error is None, panel.error
     defaults = {k: w.value for k, w in panel.controls.items()}
-    seen, found = set(), {}
     for state, values in slider_states(panel):
         panel.set(**values)
         assert panel.error is None, f"{state}: {panel.error}"
-        _check(panel, state, pg, tmp_path, seen, found)
+        yield state
         panel.set(**{k: defaults[k] for k in values})
+
+
+def _sweep(make, inputs, pg, tmp_path) -> dict:
+    sp, cap, params = inputs[:3]
+    panel = make(sp, cap, params)
+    seen, found = set(), {}
+    for state in _at_each_state(panel):
+        _check(panel, state, pg, tmp_path, seen, found)
     assert seen, "no figure exported"
     return found
 
@@ -188,12 +195,8 @@ def test_real_capture_legends_at_one_column(real_captures, example_prompt, page,
     make, name = REAL_CASES[case]
     cap = real_captures["no tail" if case.startswith("06") else "rows"]
     panel = make(cap, example_prompt)
-    assert panel.error is None, panel.error
-    defaults = {k: w.value for k, w in panel.controls.items()}
     seen, found = set(), {}
-    for state, values in slider_states(panel):
-        panel.set(**values)
-        assert panel.error is None, f"{state}: {panel.error}"
+    for state in _at_each_state(panel):
         fig = go.Figure(panel.figures[name])
         key = _key(panel.figures[name])
         if key not in seen:
@@ -203,7 +206,6 @@ def test_real_capture_legends_at_one_column(real_captures, example_prompt, page,
             bad = export_problems(page, stem.with_suffix(".svg"), whole_axes(fig.to_dict()))
             if bad:
                 found[state] = bad
-        panel.set(**{k: defaults[k] for k in values})
     assert seen, f"{case}: no {name} figure exported"
     assert not found, f"{case} at one column:\n" + _report(found)
 
