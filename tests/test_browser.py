@@ -60,6 +60,7 @@ from pathlib import Path
 import pytest
 from _layout_rules import LIVE_BOXES_JS, layout_problems
 from _notebook_checks import CHROMIUM, check_executed
+from plotly.offline import get_plotlyjs
 from test_figure_layout import export_problems
 
 from workbench.show.private_compat import public_only
@@ -389,17 +390,27 @@ _PANEL_JS = """(label) => {
   return null;
 }"""
 
-# Plotly figures inside the panel: title, meta, the heatmap's z (as plotly drew it), its image href,
-# and the y tick labels. `gd.calcdata` holds the numbers after plotly decoded typed arrays.
+# A plotly figure's drawn title as its words. A title wrapped to the figure's width (paper_layout.wrap_text puts
+# `<br>` at spaces: a narrow figure, e.g. under plotly's stock widget, which reports no live width) is drawn as one
+# `tspan.line` per line, and the title's textContent runs the lines together ("per<br>layer" reads "perlayer").
+_TITLE_JS = """(gd) => {
+  const t = gd.querySelector('.gtitle');
+  if (!t) return '';
+  const lines = t.querySelectorAll('tspan.line');
+  return lines.length ? Array.from(lines, l => l.textContent).join(' ') : t.textContent;
+}"""
+
+# Plotly figures inside the panel: title (its words: _TITLE_JS), meta, the heatmap's z (as plotly drew it), its
+# image href, and the y tick labels. `gd.calcdata` holds the numbers after plotly decoded typed arrays.
 _FIGURES_JS = """([label, findPanel]) => {
+  const titleOf = """ + _TITLE_JS + """;
   const area = eval(findPanel)(label);
   if (!area) return null;
   return Array.from(area.querySelectorAll('.js-plotly-plot')).map(gd => {
-    const t = gd.querySelector('.gtitle');
     const im = gd.querySelector('.hm image');
     const cd = gd.calcdata && gd.calcdata[0] && gd.calcdata[0][0];
     return {
-      title: t ? t.textContent : '',
+      title: titleOf(gd),
       meta: (gd.layout && gd.layout.meta) || null,
       z: cd && cd.z ? Array.from(cd.z, row => Array.from(row)) : null,
       href: im ? (im.getAttribute('href') || im.getAttribute('xlink:href') || '') : '',
@@ -610,6 +621,51 @@ def test_synthetic_panel_layer_slider(lab, artifacts):
             _layout_rule_sees_an_overprint(page, panel)  # overprints re-lay its view (its box shrank to 100 px)
 
 
+# a page like JupyterLab's around three plotly figures: a panel's output area (a ζ slider, a heatmap whose title
+# is drawn on two lines, a bar figure of the kept set) and a plain output area; Plotly.newPlot draws them
+_WRAPPED_TITLE_PAGE = """<html><body>
+<div class="jp-OutputArea"><div class="widget-hslider"><div class="widget-label">ζ (group floor)</div></div>
+  <div id="heads"></div><div id="kept"></div></div>
+<div class="jp-OutputArea"><div id="plain"></div></div></body></html>"""
+_WRAPPED_TITLE = "head weight w_h = ζ/r + (1−ζ) v_h, per<br>layer and head"
+
+
+def test_figure_readers_read_a_wrapped_title_as_its_words():
+    """A title plotly draws on two lines (``<br>``: paper_layout wraps a title at a narrow width, as every panel
+    figure is under plotly's stock widget, which reports no live width) reads as its words in each reader of the
+    drawn figures (:data:`_FIGURES_JS`, :data:`_SHOWN_JS`, :data:`_RUN_VIEW_JS`), not as its lines run together
+    (the title's ``textContent``: "perlayer", which kept notebook 02's ζ check waiting for good under
+    ``$WORKBENCH_PUBLIC_ONLY``). The heatmap's z and image are read too. A plain page, no JupyterLab."""
+    heads = {"data": [{"type": "heatmap", "z": [[0.25, 0.75], [0.5, 0.5]]}],
+             "layout": {"title": {"text": _WRAPPED_TITLE}, "width": 320, "height": 240, "meta": {"figure": "head_heatmap"}}}
+    kept = {"data": [{"type": "bar", "x": [0, 1], "y": [1, 2]}],
+            "layout": {"title": {"text": "kept<br>positions"}, "width": 320, "height": 240,
+                       "meta": {"figure": "kept_positions"}}}
+    plain = {"data": [{"type": "bar", "x": [0], "y": [1]}], "layout": {"title": {"text": "one line"}, "width": 320,
+                                                                       "height": 240}}
+    with sync_playwright() as p:
+        browser = _launch(p)
+        try:
+            page = browser.new_page()
+            page.set_content(_WRAPPED_TITLE_PAGE)
+            page.add_script_tag(content=get_plotlyjs())
+            page.evaluate("(figs) => Promise.all(Object.entries(figs).map(([id, f]) => "
+                          "Plotly.newPlot(id, f.data, f.layout)))", {"heads": heads, "kept": kept, "plain": plain})
+            drawn = page.evaluate("() => { const t = document.querySelector('#heads .gtitle'); "
+                                  "return [t.querySelectorAll('tspan.line').length, t.textContent]; }")
+            figs = _figures(page, "ζ")
+            shown = page.evaluate(_SHOWN_JS)
+            run_view = page.evaluate(_RUN_VIEW_JS, page.locator(".jp-OutputArea").first.element_handle())
+        finally:
+            browser.close()
+    words = _WRAPPED_TITLE.replace("<br>", " ")
+    assert drawn == [2, words.replace("per layer", "perlayer")], drawn   # two lines; run together in textContent
+    assert [f["title"] for f in figs] == [words, "kept positions"]
+    assert figs[0]["z"] == [[0.25, 0.75], [0.5, 0.5]] and figs[0]["href"].startswith("data:image/png")
+    assert [[f["title"] for f in a["figs"]] for a in shown] == [[words, "kept positions"], ["one line"]]
+    assert run_view["kept"] == {"traces": 1, "placeholder": None, "title": "kept positions"}
+
+
 def test_widget_models_anywidget_gave_up_on_still_follow_the_sliders(lab, artifacts):
     """Models that anywidget gave up on (:data:`DEAF_FIRST_JS`: the heads panel's two figures and a figure outside
     any panel, as a page busy for over 2 s leaves them by chance) drop every message
@@ -800,7 +856,7 @@ def test_registered_policy_in_the_eviction_panel(lab, artifacts):
 # of the first trace) and its token view's text (a panel hides the figures of the capture before, then closes them)
 _SHOWN_JS = """() => Array.from(document.querySelectorAll('.jp-OutputArea')).map(a => ({
   figs: Array.from(a.querySelectorAll('.js-plotly-plot')).filter(gd => gd.offsetParent !== null).map(gd => ({
-    figure: gd.layout && gd.layout.meta && gd.layout.meta.figure, title: (gd.querySelector('.gtitle') || {}).textContent || '',
+    figure: gd.layout && gd.layout.meta && gd.layout.meta.figure, title: (""" + _TITLE_JS + """)(gd),
     nx: gd.data && gd.data[0] && gd.data[0].x ? gd.data[0].x.length : 0,
     xlast: gd.data && gd.data[0] && gd.data[0].x && gd.data[0].x.length ? Number(gd.data[0].x[gd.data[0].x.length - 1]) : null})),
   text: Array.from(a.querySelectorAll('.wb-token-widget .wb-text')).filter(e => e.offsetParent !== null)
@@ -1410,7 +1466,7 @@ _NEEDLE = re.compile(r"the answer '(\d+)' at positions")
 _RUN_VIEW_JS = """(a) => { const gd = Array.from(a.querySelectorAll('.js-plotly-plot')).find(g => g.offsetParent !== null
     && g.layout && g.layout.meta && g.layout.meta.figure === 'kept_positions');
   return {kept: gd ? {traces: (gd.data || []).length, placeholder: gd.layout.meta.placeholder || null,
-                      title: (gd.querySelector('.gtitle') || {}).textContent || ''} : null,
+                      title: (""" + _TITLE_JS + """)(gd)} : null,
           cols: Array.from(a.querySelectorAll('table th')).map(e => e.textContent),
           answers: Array.from(a.querySelectorAll('table code')).map(e => e.textContent),
           labels: Array.from(a.querySelectorAll('.widget-label, .widget-html')).map(e => e.textContent).join('|')}; }"""
