@@ -30,7 +30,9 @@ config/settings/runtime folders, kernels on one intra-op thread) serves every no
   (leading spaces, tabs, newlines); clicking a token makes that position's captured row the query row (the
   boxed token and the *query row* menu follow); no console warnings;
 - a researcher's own policy (``tests/_my_policy.py``), registered at run time, in the eviction panel on a tiny
-  model: the policy menu shows it, the kept figure says why it has no preview, *Run eviction* generates under it.
+  model: the policy menu shows it, the kept figure says why it has no preview, *Run eviction* generates under it;
+- the readers of the drawn figures on a plain page (no JupyterLab): a title plotly draws on two lines reads as its
+  words.
 
 Every module test is marked ``slow`` (a server and a browser). Notebooks are opened in a fresh workspace and
 run only once their own kernel is connected and idle. Screenshots of the panel before and after each move are test artefacts: they go to
