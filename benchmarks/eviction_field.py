@@ -16,7 +16,7 @@ For each policy and budget (greedy, ``--new`` tokens):
 - ``score/prefill``: scoring + selection time over the time of one prefill of the same prompt (mean; the
   policy's memoised scores are cleared before each run, so wrappers pay for their base's scores).
 
-Runs with equal cache lengths are decoded as one batch (as ``EvictionSession.run_batch``: equal to single
+Runs with equal cache lengths are decoded in batches of 8 (``EvictionSession.continue_batch``: equal to single
 runs up to float rounding); runs with a count per layer are decoded alone.
 
     python benchmarks/eviction_field.py [--budgets 128 256 512] [--contexts 4] [--questions 5] [--new 16] [--distractors 6]
@@ -137,13 +137,9 @@ def run_prompt(model, prompt, pols, budgets, n_new, answers, survive_text):
             sess.evidence._scores.clear()  # each run pays for its own (and its base's) scores
             jobs.append((group, label, p, B))
             states.append(sess.evict(p, B))
-    # decode: runs with equal cache lengths batched (as EvictionSession.run_batch; equal to single runs up
-    # to float rounding), a count per layer alone
-    ragged = [st.drop is not None or bool((st.kept < 0).any()) for st in states]
-    same = [st for st, g in zip(states, ragged) if not g]
-    flat = [r for i in range(0, len(same), 8) for r in sess._decode(same[i:i + 8])]  # batches of 8: memory
-    alone = [sess._decode([st])[0] for st, g in zip(states, ragged) if g]
-    res = [alone.pop(0) if g else flat.pop(0) for g in ragged]
+    # decode: runs with equal cache lengths batched (equal to single runs up to float rounding), at most 8 in a
+    # batch (memory), a count per layer alone
+    res = sess.continue_batch(states, batch_size=8)
     for (group, label, p, B), r in zip(jobs, res):
         surv = float(r.survival(pos).nanmean()) if pos else float("nan")
         rows.append({"group": group, "policy": label, "budget": "all" if p.keeps_all else B, "T": sess.T,

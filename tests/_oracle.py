@@ -33,6 +33,28 @@ def oracle_logits_with(m, name: str, attention: Callable, ids, pos: torch.Tensor
     return forward_with(m, name, attention, ids, pos).logits[0].float()
 
 
+def visible_logits(m, ids, kept, gen_from: int) -> torch.Tensor:
+    """Float logits ``[N, V]`` of one eager forward over ``ids`` (positions ``0 … N-1``): causal, and every row
+    ``u ≥ gen_from`` of layer ``l`` and query head ``h`` (KV group ``h // (H / G)``) sees of the prompt only the
+    positions ``kept[l, g]`` (``kept [L, G, S]``, the generated ones ``< gen_from`` included) and every position
+    ``≥ gen_from``."""
+    c = adapter.text_config(m.config)
+    H, G = c.num_attention_heads, c.num_key_value_heads
+    N = len(ids)
+    pos = torch.arange(N)
+    causal = pos[:, None] >= pos[None, :]
+
+    def attention(module, query, key, value, attention_mask, **kw):
+        vis = causal.expand(H, N, N).clone()
+        for h in range(H):
+            seen = torch.isin(pos, kept[module.layer_idx, h // (H // G)]) | (pos >= gen_from)  # [N] keys
+            vis[h, gen_from:] &= seen[None, :]
+        mask = torch.zeros(1, H, N, N, dtype=query.dtype).masked_fill(~vis[None], torch.finfo(query.dtype).min)
+        return adapter.own_eager_function(module)(module, query, key, value, mask, **kw)
+
+    return oracle_logits_with(m, "visible_oracle", attention, ids, pos)
+
+
 def assert_capture_leaves_logits_unchanged(m, input_ids) -> None:
     """The logits of a prompt are bit-identical with the capture hooks on and off."""
     T = len(input_ids)

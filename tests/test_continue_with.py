@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _oracle import oracle_logits_with
+from _oracle import visible_logits
 
 from workbench.rerun.eviction import DeferKV, SnapKV
 from workbench.rerun.eviction.session import EvictionSession
@@ -29,28 +29,6 @@ def spans():
     return PromptSpans.synthetic([10, 12, 9, 11], query_len=8)
 
 
-def _visible_logits(m, ids, kept, gen_from: int) -> torch.Tensor:
-    """Float logits ``[N, V]`` of one eager forward over ``ids`` (positions ``0 … N-1``): causal, and every row
-    ``u ≥ gen_from`` of layer ``l`` and query head ``h`` (KV group ``h // (H / G)``) sees of the prompt only the
-    positions ``kept[l, g]`` (``kept [L, G, S]``, the generated ones ``< gen_from`` included) and every position
-    ``≥ gen_from``."""
-    c = adapter.text_config(m.config)
-    H, G = c.num_attention_heads, c.num_key_value_heads
-    N = len(ids)
-    pos = torch.arange(N)
-    causal = pos[:, None] >= pos[None, :]
-
-    def attention(module, query, key, value, attention_mask, **kw):
-        vis = causal.expand(H, N, N).clone()
-        for h in range(H):
-            seen = torch.isin(pos, kept[module.layer_idx, h // (H // G)]) | (pos >= gen_from)  # [N] keys
-            vis[h, gen_from:] &= seen[None, :]
-        mask = torch.zeros(1, H, N, N, dtype=query.dtype).masked_fill(~vis[None], torch.finfo(query.dtype).min)
-        return adapter.own_eager_function(module)(module, query, key, value, mask, **kw)
-
-    return oracle_logits_with(m, "continue_with_oracle", attention, ids, pos)
-
-
 @pytest.mark.parametrize("policy", [SnapKV(**SMALL), DeferKV(**SMALL)], ids=["snapkv", "deferkv"])
 def test_appended_turn_teacher_forced_equals_a_masked_forward(model, spans, policy):
     """Answer 1, then a turn appended in place of its last token and answer 2 teacher-forced on ids that start
@@ -69,12 +47,12 @@ def test_appended_turn_teacher_forced_equals_a_masked_forward(model, spans, poli
     d = first.evicted_at
     assert first.kept_prompt.shape[-1] == B < T
     conv = ids + first.ids[:-1] + TURN + forced[:-1]
-    ref = _visible_logits(model, conv, first.kept, T + d)
+    ref = visible_logits(model, conv, first.kept, T + d)
     torch.testing.assert_close(first.logits, ref[T - 1:T - 1 + len(first.ids)], atol=1e-4, rtol=0)
     s0 = T + len(first.ids) - 1 + len(TURN)  # the first forced token's position
     torch.testing.assert_close(second.logits, ref[s0 - 1:s0 - 1 + len(forced)], atol=1e-4, rtol=0)
     assert st.context_entries == B + len(first.ids) - 1 + len(TURN)
-    full = _visible_logits(model, conv, torch.arange(T).expand(3, 2, T), T + d)
+    full = visible_logits(model, conv, torch.arange(T).expand(3, 2, T), T + d)
     assert (full[s0 - 1:] - ref[s0 - 1:]).abs().max() > 1e-3, "eviction changed nothing here: the test is vacuous"
 
 

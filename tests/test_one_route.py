@@ -10,30 +10,38 @@ import ast
 from pathlib import Path
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 import torch
 
 import workbench.checks as checks
 from workbench.analyse.audit import hoeffding_b
+from workbench.analyse.envelope import envelope, output_bound
 from workbench.analyse.pages import keep_sets, page_importance, top_pages
 from workbench.analyse.pooling import PoolingCache, dominant_head_bound
 from workbench.analyse.priorities import uniform_priorities
-from workbench.analyse.shift import topk_recall
+from workbench.analyse.selection import certificate
+from workbench.analyse.shift import ShiftAnalysis, topk_recall
+from workbench.analyse.stats import mcnemar, tango_bounds, wilson_ci
 from workbench.analyse.streaming import collision_streaming
 from workbench.capture.budget import estimate_capture_bytes
-from workbench.capture.hooks import AttentionRecorder
+from workbench.capture.hooks import AttentionRecorder, RowSet, capture_attention
 from workbench.capture.identity import check_model_match
-from workbench.constraints import count_upto, index_into
+from workbench.constraints import count_upto, index_into, zero_upto
 from workbench.rerun.eviction.compare import KeptComparison
 from workbench.rerun.eviction.select import resolve_budget
 from workbench.run.load_checks import check_config
+from workbench.run.models import tiny_model
+from workbench.run.spans import PromptSpans
+from workbench.run.task_item import TaskItem
 from workbench.show.colour_scale import resolve_scale
 from workbench.show.decimate import token_bins
+from workbench.show.export import resolve_size
 from workbench.show.theme import categorical
 from workbench.study.conclusions import conclusions
 from workbench.study.followup import followup_multikey
 from workbench.study.registry import register_method
-from workbench.study.ruler import niah_multikey
+from workbench.study.ruler import frequent_words, niah_multikey
 from workbench.study.tasks.haystack import check_lengths
 from workbench.study.tasks.squad import squad_single
 from workbench.study.verdicts import plan
@@ -99,10 +107,29 @@ def test_the_factories_name_the_range_known_at_the_call():
         index_into(3).check("layer", 3)
     with pytest.raises(ValueError, match=r"^s: must be an integer in \[1, 5\], got True$"):
         count_upto(5).check("s", True)
+    assert zero_upto(4).describe() == "an integer in [0, 4]"
+    assert zero_upto(0).check("m0", np.int64(0)) == 0
+    assert index_into(3, note="L = 3").describe() == "an integer in [0, 2] (L = 3)"
+    with pytest.raises(ValueError, match=r"^k: must be an integer in \[0, 5\] \(n = 5\), got 6$"):
+        zero_upto(5, note="n = 5").check("k", 6)
 
 
 def _fn(lm, item, params):
     return {}
+
+
+_ENV = (torch.full((1, 1, 4), 0.25), torch.full((4,), 0.25), torch.ones(1), torch.tensor([True, False, False, False]))
+_SPANS = PromptSpans.synthetic([4, 4], query_len=4)  # T = 23
+
+
+def _capture(**kw):
+    with capture_attention(tiny_model("llama", L=2), [0], K=4, **kw):
+        pass
+
+
+def _item(**kw):
+    return TaskItem(task="t", item_id="i", documents=("a x", "b x"), query="q", answers=("x",),
+                    **{"answer_doc": 0, **kw})
 
 
 # one call per migrated module: the exact message the old ad-hoc check gave (the format is unchanged)
@@ -154,6 +181,42 @@ MESSAGES = [
     ("squad.squad_single", lambda: squad_single([], n_distractors=0), "n_distractors: must be an integer >= 1, got 0"),
     ("squad.squad_single", lambda: squad_single([], max_passage_chars=49),
      "max_passage_chars: must be an integer >= 50, got 49"),
+    # range checks once written by hand, now through a declared constraint or a factory (the message kept
+    # where a test pinned it, else naming the range known at the call)
+    ("envelope.envelope", lambda: envelope(*_ENV, atol=-1.0), "atol: must be a finite number >= 0, got -1.0"),
+    ("envelope.envelope", lambda: envelope(*_ENV, atol="0"), "atol: must be a finite number >= 0, got '0'"),
+    ("envelope.output_bound", lambda: output_bound(0.1, -1.0), "V: must be >= 0, got -1.0"),
+    ("envelope.output_bound", lambda: output_bound(0.1, float("inf")), "V: must be a finite real number >= 0, got inf"),
+    ("selection.certificate", lambda: certificate(np.ones(2), np.ones((1, 2)), 0.1, 0, np.ones(1), -1.0),
+     "t: must be a finite price >= 0, got -1.0"),
+    ("selection.certificate", lambda: certificate(np.ones(2), np.ones((1, 2)), 0.1, 3, np.ones(1), 0.0),
+     "m0: must be an integer in [0, 2] (k = 2 candidate chunks), got 3"),
+    ("selection.certificate", lambda: certificate(np.ones(2), np.ones((1, 2)), 0.1, 1.0, np.ones(1), 0.0),
+     "m0: must be an integer in [0, 2] (k = 2 candidate chunks), got 1.0"),
+    ("shift.ShiftAnalysis", lambda: ShiftAnalysis(k=True), "k: must be an integer >= 1, got True"),
+    ("shift.ShiftAnalysis", lambda: ShiftAnalysis(ref_start=0), "ref_start: must be None or an integer >= 1, got 0"),
+    ("shift.ShiftAnalysis", lambda: ShiftAnalysis(ref_start=3, ref_end=2),
+     "ref_end: must be None or an integer >= 3, got 2"),
+    ("shift.ShiftAnalysis", lambda: ShiftAnalysis(W=0), "W: must be None or an integer >= 1, got 0"),
+    ("stats.wilson_ci", lambda: wilson_ci(6, 5), "k: must be an integer in [0, 5] (n = 5 trials), got 6"),
+    ("stats.wilson_ci", lambda: wilson_ci(-1, 5), "k: must be an integer >= 0, got -1"),
+    ("stats.wilson_ci", lambda: wilson_ci(1, 2.0), "n: must be an integer >= 0, got 2.0"),
+    ("stats.mcnemar", lambda: mcnemar(True, 1), "b: must be an integer >= 0, got True"),
+    ("stats.mcnemar", lambda: mcnemar(1, -2), "c: must be an integer >= 0, got -2"),
+    ("stats.tango_bounds", lambda: tango_bounds(0, 0, 0), "n: must be an integer >= 1, got 0"),
+    ("hooks.RowSet.rows", lambda: RowSet(custom=(50,)).rows(_SPANS),
+     "custom: must be an integer in [0, 22] (a position of the prompt of T = 23 tokens), got 50"),
+    ("hooks.capture_attention", lambda: _capture(hidden_layers=[3]),
+     "hidden_layers: must be an integer in [0, 2] (L = 2: the final norm's input), got 3"),
+    ("spans.PromptSpans.synthetic", lambda: PromptSpans.synthetic([4, 0], query_len=4),
+     "chunk_sizes: must be an integer >= 1 (every chunk's size in tokens), got 0"),
+    ("task_item.TaskItem", lambda: _item(answer_doc=2), "answer_doc: must be an integer in [0, 1], got 2"),
+    ("task_item.TaskItem", lambda: _item(conflict_doc=5), "conflict_doc: must be None or an integer in [0, 1], got 5"),
+    ("export.resolve_size", lambda: resolve_size(go.Figure(), scale=0), "scale: must be a finite number > 0, got 0"),
+    ("export.resolve_size", lambda: resolve_size(go.Figure(), width=-3), "width: must be a finite number > 0, got -3"),
+    ("export.resolve_size", lambda: resolve_size(go.Figure(), height="1"),
+     "height: must be a finite number > 0, got '1'"),
+    ("ruler.frequent_words", lambda: frequent_words(None, alpha=1), "alpha: must be a number > 1, got 1"),
 ]
 
 
@@ -162,3 +225,15 @@ def test_a_migrated_check_keeps_its_message(call, message):
     with pytest.raises(ValueError) as e:
         call()
     assert str(e.value) == message
+
+
+def test_a_converted_check_still_accepts_its_range():
+    """The other side of each converted check: values at its bounds pass (numpy integers as ints)."""
+    assert output_bound(0.25, 0) == 0 and envelope(*_ENV, atol=0).atol == 0.0
+    assert wilson_ci(np.int64(5), 5)[1] == pytest.approx(1.0) and mcnemar(0, 0)["p_exact"] == 1.0
+    assert certificate(np.ones(2), np.ones((1, 2)), 0.1, np.int64(2), np.ones(1), 0) >= 0
+    assert ShiftAnalysis(ref_start=3, ref_end=3, W=1).ref_end == 3
+    assert [k for k, _ in RowSet(observers=False, audit=None, tail=0, custom=(0, 22)).rows(_SPANS)] == ["custom"] * 2
+    assert _item(answer_doc=np.int64(1), conflict_doc=0).answer_doc == 1
+    assert type(_item(answer_doc=np.int64(1)).answer_doc) is int and _item(answer_doc=1).evidence_docs == (1,)
+    assert resolve_size(go.Figure(), width=300, scale=np.float32(2)).scale == 2.0

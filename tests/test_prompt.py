@@ -93,6 +93,7 @@ def test_plain_format_without_chat_template(smollm):
     (dict(W_p=50), r"W_p: must be in \[1, \d+\]"),
     (dict(W_p=0), "W_p"),
     (dict(n_sink=-1), "n_sink"),
+    (dict(n_sink=10**6), r"^n_sink: must be an integer in \[0, (\d+)\] \(T = \1, the prompt's tokens\), got 1000000$"),
     (dict(max_context=20), "max_context"),
     (dict(answer_doc=7), "answer_doc"),
 ])

@@ -53,7 +53,7 @@ from workbench.choices import (
 )
 
 __all__ = ["PARAMS", "shared", "register", "register_all", "checked", "BUDGET", "BUDGET_FRAC", "DEVICE", "POSITION", "pruned_layer",
-           "answer_doc", "index_into", "count_upto"]
+           "answer_doc", "index_into", "count_upto", "zero_upto"]
 
 
 def _real(lo=None, hi=None, closed="both", **kw) -> Interval:
@@ -147,16 +147,24 @@ def pruned_layer(L: int) -> Constraint:
     return optional(_int(-1, L - 1, note=f"L = {L}; -1 = before layer 0"))
 
 
-def index_into(n: int) -> Constraint:
+def index_into(n: int, note: str | None = None) -> Constraint:
     """An index into ``n`` things counted only at the call (a layer of ``L``, a head of ``H_Q``, a KV group of
-    ``G``, a row, a page, a chunk): an integer in ``[0, n-1]``."""
-    return _int(0, n - 1)
+    ``G``, a row, a page, a chunk, a prompt position): an integer in ``[0, n-1]``; ``note`` (bracketed after the
+    range) says what ``n`` counts."""
+    return _int(0, n - 1, note=note)
 
 
-def count_upto(n: int) -> Constraint:
+def count_upto(n: int, note: str | None = None) -> Constraint:
     """A count of at least one and at most ``n`` known only at the call (keys kept of ``T``, tail rows, questions
-    drawn from those eligible): an integer in ``[1, n]``."""
-    return _int(1, n)
+    drawn from those eligible): an integer in ``[1, n]``; ``note`` as in :func:`index_into`."""
+    return _int(1, n, note=note)
+
+
+def zero_upto(n: int, note: str | None = None) -> Constraint:
+    """A count of none up to ``n`` known only at the call (successes of ``n`` trials, protected positions of a
+    prompt of ``T``, chunks removed unconditionally of ``k``, a layer boundary of ``L`` layers, the final norm's
+    input included): an integer in ``[0, n]``; ``note`` as in :func:`index_into`."""
+    return _int(0, n, note=note)
 
 
 def answer_doc(k: int) -> Constraint:

@@ -13,7 +13,6 @@ and for the head output ``o = Σ_j a_j v_j`` and the renormalised ``o_R``: ``‖
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +22,8 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from workbench.analyse.rows import check_rows
+from workbench.checks import Interval
+from workbench.constraints import register_all
 from workbench.shapes import shaped
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ __all__ = [
     "output_shift",
     "envelope_all_layers",
 ]
+
+_CHECKS = register_all("envelope", {"atol": Interval("real", 0.0, None, what="a finite number"),
+                                    "V": Interval("real", 0.0, None)}, __name__)
 
 
 def chi2_divergence(A: Tensor, mu: Tensor) -> Tensor:
@@ -156,8 +160,7 @@ def envelope(A_rows: Float[Tensor, "H_Q W T"], mu: Float[Tensor, " T"],
         raise ValueError(f"omega: must have shape [H={Hn}] or [H={Hn}, W={W}], got {list(omega.shape)}")
     if not (torch.isfinite(omega).all() and (omega > 0).all()):
         raise ValueError("omega: every entry must be a finite number > 0")
-    if isinstance(atol, bool) or not isinstance(atol, numbers.Real) or not (0 <= atol < math.inf):
-        raise ValueError(f"atol: must be a finite number >= 0, got {atol!r}")
+    atol = _CHECKS["atol"].check("atol", atol)
 
     rows = A_rows.reshape(Hn * W, T)
     om = omega.reshape(-1).contiguous()
@@ -188,8 +191,8 @@ def output_bound(eta, V):
     if isinstance(V, Tensor):
         if (V < 0).any():
             raise ValueError("V: must be >= 0")
-    elif V < 0:
-        raise ValueError(f"V: must be >= 0, got {V!r}")
+    else:
+        V = _CHECKS["V"].check("V", V)
     return 2 * V * eta
 
 

@@ -35,12 +35,13 @@ from jaxtyping import Float
 from workbench.analyse.lp import highs_row_duals
 from workbench.analyse.priorities import chunk_sums_idx, take_last
 from workbench.analyse.rows import check_rows
-from workbench.checks import check_fields, check_target, check_target_tokens
-from workbench.constraints import checked, shared
+from workbench.checks import Interval, check_fields, check_target, check_target_tokens
+from workbench.constraints import checked, register_all, shared, zero_upto
 from workbench.shapes import shaped
 
 VERDICT_INFEASIBLE = "target infeasible (proved: U < target)"
 VERDICT_NO_CANDIDATES = "no candidate chunks (k = 0): ordinary inference, nothing removed"
+_CHECKS = register_all("certificate", {"t": Interval("real", 0.0, None, what="a finite price")}, __name__)
 
 
 def _np(x, dtype=np.float64) -> np.ndarray:
@@ -126,13 +127,12 @@ def _check_problem(n, m, m0):
         raise ValueError(f"m: must have shape [A, k] = [A, {k}], got {tuple(m.shape)}")
     if np.any(m < 0) or not np.all(np.isfinite(m)):
         raise ValueError("m: masses must be finite and >= 0")
-    if not _is_int_like(m0) or not 0 <= int(m0) <= max(k, 0):
-        raise ValueError(f"m0: must be an integer in [0, k] = [0, {k}], got {m0!r}")
-    return n, m, int(m0)
+    return n, m, _m0(m0, k)
 
 
-def _is_int_like(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+def _m0(m0, k: int) -> int:
+    """``m0``: the fewest chunks kept, of the ``k`` candidates."""
+    return zero_upto(k, note=f"k = {k} candidate chunks").check("m0", m0)
 
 
 def certificate(n, m, eps, m0: int, y, t: float) -> float:
@@ -155,11 +155,9 @@ def certificate(n, m, eps, m0: int, y, t: float) -> float:
     y = _np(y).reshape(-1)
     if y.shape != (A,):
         raise ValueError(f"y: must have shape [A] = [{A}], got {tuple(y.shape)}")
-    t = float(t)
     if np.any(y < 0) or not np.all(np.isfinite(y)):
         raise ValueError("y: prices must be finite and >= 0")
-    if t < 0 or not math.isfinite(t):
-        raise ValueError(f"t: price must be finite and >= 0, got {t}")
+    t = _CHECKS["t"].check("t", t)
     reduced = n - y @ m - t
     return float(y @ e + t * (k - m0) + np.maximum(reduced, 0.0).sum())
 
@@ -405,8 +403,7 @@ class GreedySelection:
                 t=0.0 if certify else None, gap=0.0 if certify else None, verdict=VERDICT_NO_CANDIDATES,
                 scan_order=[], **common,
             )
-        if self.m0 > k:
-            raise ValueError(f"m0: must be in [0, k] = [0, {k}], got {self.m0}")
+        _m0(self.m0, k)
         if np.any(n_np < 1):
             raise ValueError("n: chunk sizes must be >= 1")
         _check_problem(n_np, m_np, self.m0)

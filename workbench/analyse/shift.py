@@ -25,11 +25,10 @@ last step inside the prompt ``−1→0`` (a boundary effect beats it, a tail eff
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -40,9 +39,9 @@ from workbench.analyse.pooling import group_onehot
 from workbench.analyse.ranking import topk_mask
 from workbench.analyse.rows import check_capture_rows
 from workbench.analyse.stats import bootstrap_ci, paired
-from workbench.checks import Choice
+from workbench.checks import Choice, Interval, check_fields, optional
 from workbench.choices import SHIFT_LEVELS, ShiftLevel
-from workbench.constraints import count_upto, register_all
+from workbench.constraints import PARAMS, checked, count_upto, register_all, shared
 
 if TYPE_CHECKING:
     from workbench.capture.data import Capture
@@ -346,6 +345,7 @@ class ShiftResult:
         return pd.DataFrame(rows)
 
 
+@checked("shift")
 @dataclass(frozen=True)
 class ShiftAnalysis:
     """Parameters of the shift analysis (SPEC §9).
@@ -364,18 +364,13 @@ class ShiftAnalysis:
     ref_start: int | None = None
     ref_end: int | None = None
     W: int | None = None
+    _parameter_constraints: ClassVar = {**shared("k"), "ref_start": optional(PARAMS["ref_start"]),
+                                        "ref_end": optional(Interval("int", 1)), "W": optional(PARAMS["W"])}
 
     def __post_init__(self):
-        for name, lo in (("k", 1), ("ref_start", 1)):
-            v = getattr(self, name)
-            if name == "ref_start" and v is None:
-                continue
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-                raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
-        for name, lo in (("ref_end", self.ref_start or 1), ("W", 1)):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo):
-                raise ValueError(f"{name}: must be None or an integer >= {lo}, got {v!r}")
+        check_fields(self)
+        if self.ref_end is not None:  # the reference's rows run from ref_start to ref_end
+            optional(Interval("int", self.ref_start or 1)).check("ref_end", self.ref_end)
 
     def __call__(self, capture: Capture, reference=None) -> ShiftResult:
         """Shift metrics of ``capture``.
@@ -414,8 +409,7 @@ class ShiftAnalysis:
             if not 1 <= rs <= n:
                 raise ValueError(f"ref_start: must be in [1, {n}] (decode rows of the reference), got {rs}")
             ref_end = n if self.ref_end is None else self.ref_end
-            if ref_end > n:
-                raise ValueError(f"ref_end: must be in [{rs}, {n}] (decode rows of the reference), got {ref_end}")
+            Interval("int", rs, n, note="decode rows of the reference").check("ref_end", ref_end)
             ref = lambda: _renorm(src.attn[:, :, dec[rs - 1: ref_end], :T].to(torch.float64)).mean(2)
         else:
             rs = self.ref_start or 1

@@ -34,7 +34,7 @@ from scipy.optimize import brentq
 from scipy.special import gammaln
 
 from workbench.checks import Choice, Interval, check_args
-from workbench.constraints import register_all
+from workbench.constraints import register_all, zero_upto
 
 __all__ = ["wilson_ci", "bootstrap_ci", "sign_test", "mcnemar", "Paired", "paired", "accuracy", "fmt_ci",
            "sign_flip_test", "NonInferiority", "noninferiority", "tango_bounds", "tango_exact_p", "mde", "units_needed",
@@ -51,7 +51,8 @@ _UNIT_OPEN = Interval("real", 0.0, 1.0, closed="neither")
 STATS_CHECKS = register_all("stats", {
     "level": _UNIT_OPEN, "alpha": _UNIT_OPEN, "power": _UNIT_OPEN, "margin": Interval("real", 0.0, 1.0, closed="left"),
     "n_boot": Interval("int", 100), "n": Interval("int", 1), "discordance": Interval("real", 0.0),
-    "sided": Choice((1, 2)), "effect": Interval("real", 0.0, None, closed="right")}, __name__)
+    "sided": Choice((1, 2)), "effect": Interval("real", 0.0, None, closed="right"), "count": Interval("int", 0)},
+    __name__)
 """The constraints of the statistics' scalar arguments (registered as ``stats.<name>``)."""
 
 
@@ -68,11 +69,8 @@ def wilson_ci(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
         level: confidence level in ``(0, 1)``.
     """
     level = _check_level(level)
-    for name, v in (("k", k), ("n", n)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"{name}: must be an integer >= 0, got {v!r}")
-    if k > n:
-        raise ValueError(f"k: must be in [0, n={n}], got {k}")
+    k, n = (STATS_CHECKS["count"].check(name, v) for name, v in (("k", k), ("n", n)))
+    zero_upto(n, note=f"n = {n} trials").check("k", k)
     if n == 0:
         return (math.nan, math.nan)
     z = float(sps.norm.ppf(0.5 + level / 2))
@@ -126,10 +124,7 @@ def mcnemar(b: int, c: int) -> dict:
     """McNemar's test of the discordant pairs ``b`` (A right, B wrong) and ``c`` (A wrong, B right):
     ``{"b", "c", "p_exact", "chi2", "p_chi2"}`` (exact binomial and continuity-corrected chi-square;
     with ``b + c = 0`` both p-values are 1)."""
-    for name, v in (("b", b), ("c", c)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
-            raise ValueError(f"{name}: must be an integer >= 0, got {v!r}")
-    b, c = int(b), int(c)
+    b, c = (STATS_CHECKS["count"].check(name, v) for name, v in (("b", b), ("c", c)))
     if b + c == 0:
         return {"b": b, "c": c, "p_exact": 1.0, "chi2": 0.0, "p_chi2": 1.0}
     chi2 = (abs(b - c) - 1) ** 2 / (b + c)
@@ -217,8 +212,7 @@ def tango_bounds(b: float, c: float, n: int, level: float = LEVEL) -> tuple[floa
     when no ``δ0`` inside reaches it. With every pair tied (``b = c = 0``) the bounds are ``∓ z² / (n + z²)``: ten
     ties bound a loss only at −0.21 (95 %), a hundred at −0.026."""
     level = _check_level(level)
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n: must be an integer >= 1, got {n!r}")
+    n = STATS_CHECKS["n"].check("n", n)
     if not (0 <= b and 0 <= c and b + c <= n * (1 + 1e-12)):
         raise ValueError(f"b, c: must be >= 0 with b + c <= n = {n}, got b={b!r}, c={c!r}")
     z, eps, mid = float(sps.norm.ppf(level)), 1e-12, (b - c) / n

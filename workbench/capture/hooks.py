@@ -35,7 +35,7 @@ from workbench.capture.budget import (
 from workbench.capture.data import Capture
 from workbench.checks import check_args, check_context, check_fields
 from workbench.choices import RowDtype
-from workbench.constraints import checked, shared
+from workbench.constraints import checked, index_into, shared, zero_upto
 from workbench.run import adapter, families
 from workbench.run.spans import PromptSpans, spans_of
 
@@ -83,9 +83,9 @@ class RowSet:
             out += [("audit", int(p)) for p in self.audit]
         out += [("tail", p) for p in range(max(0, T - self.tail), T)]
         out += [("custom", int(p)) for p in self.custom]
+        inside = index_into(T, note=f"a position of the prompt of T = {T} tokens")
         for kind, p in out:
-            if not 0 <= p < T:
-                raise ValueError(f"{kind}: position {p} outside the prompt [0, {T - 1}]")
+            inside.check(kind, p)
         out += [("decode", T + t - 1) for t in range(1, self.n_decode + 1)]
         return out
 
@@ -322,8 +322,7 @@ def capture_attention(model, row_pos: list[int], *, K: int, T: int | None = None
     try:
         layers = adapter.decoder_layers(model)
         for l in hidden_layers:
-            if not 0 <= l <= shape.L:
-                raise ValueError(f"hidden_layers: must be in [0, {shape.L}], got {l}")
+            zero_upto(shape.L, note=f"L = {shape.L}: the final norm's input").check("hidden_layers", l)
             mod = layers[l] if l < shape.L else adapter.final_norm(model)
             handles.append(mod.register_forward_pre_hook(rec._hidden_hook(l), with_kwargs=True))
         adapter.set_attn_implementation(model, name)

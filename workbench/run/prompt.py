@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.checks import check_context, check_str
-from workbench.constraints import PARAMS
+from workbench.constraints import PARAMS, zero_upto
 from workbench.constraints import answer_doc as answer_doc_of
 from workbench.run.spans import PromptSpans
 
@@ -233,8 +233,7 @@ def build_prompt(
     ids, offsets = _encode(tokenizer, text, list(doc_chars) + [q_chars], not use_chat)
     T = len(ids)
     check_context(T, 0, max_context)
-    if n_sink > T:
-        raise ValueError(f"n_sink: must be in [0, T={T}], got {n_sink}")
+    zero_upto(T, note=f"T = {T}, the prompt's tokens").check("n_sink", n_sink)
     q_tok = _tokens_overlapping(offsets, *q_chars)
     if q_tok is None:
         raise ValueError("query: no token of the query survived tokenisation")

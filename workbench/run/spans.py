@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from workbench.checks import is_int
+from workbench.checks import Interval, is_int
 
 Range = tuple[int, int]
+_CHUNK_SIZE = Interval("int", 1, note="every chunk's size in tokens")
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,7 @@ class PromptSpans:
         pos = prefix
         docs = []
         for n in chunk_sizes:
-            if not is_int(n) or n < 1:
-                raise ValueError(f"chunk_sizes: every size must be an integer >= 1, got {n!r}")
+            n = _CHUNK_SIZE.check("chunk_sizes", n)
             docs.append((pos, pos + n))
             pos += n + gap
         q = (pos, pos + query_len)

@@ -6,6 +6,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 
+from workbench.constraints import answer_doc as answer_doc_of
+from workbench.constraints import index_into
 from workbench.run.prompt import DEFAULT_INSTRUCTION, build_prompt
 
 __all__ = ["TaskItem", "with_content_id"]
@@ -46,8 +48,6 @@ class TaskItem:
     def __post_init__(self):
         for name in ("documents", "answers", "evidence_docs", "answer_parts", "conflict_answers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        if not self.evidence_docs:
-            object.__setattr__(self, "evidence_docs", (self.answer_doc,))
         if not isinstance(self.task, str) or not self.task:
             raise ValueError(f"task: must be a non-empty string, got {self.task!r}")
         if not isinstance(self.item_id, str) or not self.item_id:
@@ -59,17 +59,16 @@ class TaskItem:
             raise ValueError("query: must be a non-empty string")
         if not self.answers or any(not isinstance(a, str) or not a.strip() for a in self.answers):
             raise ValueError(f"answers: must be a non-empty list of non-empty strings, got {self.answers!r}")
-        if not isinstance(self.answer_doc, int) or isinstance(self.answer_doc, bool) or not 0 <= self.answer_doc < k:
-            raise ValueError(f"answer_doc: must be an integer in [0, {k - 1}], got {self.answer_doc!r}")
+        object.__setattr__(self, "answer_doc", index_into(k).check("answer_doc", self.answer_doc))  # a numpy int too
+        if not self.evidence_docs:
+            object.__setattr__(self, "evidence_docs", (self.answer_doc,))
         for e in self.evidence_docs:
             if not isinstance(e, int) or isinstance(e, bool) or not 0 <= e < k:
                 raise ValueError(f"evidence_docs: every index must be an integer in [0, {k - 1}], got "
                                  f"{self.evidence_docs!r}")
         if self.answer_doc not in self.evidence_docs:
             raise ValueError(f"evidence_docs: must contain answer_doc={self.answer_doc}, got {self.evidence_docs!r}")
-        if self.conflict_doc is not None and not (isinstance(self.conflict_doc, int) and not isinstance(
-                self.conflict_doc, bool) and 0 <= self.conflict_doc < k):
-            raise ValueError(f"conflict_doc: must be None or an integer in [0, {k - 1}], got {self.conflict_doc!r}")
+        object.__setattr__(self, "conflict_doc", answer_doc_of(k).check("conflict_doc", self.conflict_doc))
         if self.conflict_answers and self.conflict_doc is None:
             raise ValueError("conflict_doc: must be given with conflict_answers")
         # the gold answer lies inside the gold passage (the property evaluation relies on)

@@ -113,12 +113,16 @@ class ExportSize:
                 "png_scale": self.scale, "png_px": list(self.png_px), "png_dpi": round(self.dpi, 3)}
 
 
+_POSITIVE = Interval("real", 0.0, None, closed="right", what="a finite number")
+_SIZE_CHECKS = register_all("resolve_size", dict.fromkeys(("scale", "width", "height", "aspect", "font_size"),
+                                                          _POSITIVE), __name__)
+"""The sizes, scale and font size of :func:`resolve_size` and the paper layout, in px or a ratio."""
+
+
 def _positive_number(name: str, v, *, allow_none: bool = False) -> float | None:
     if v is None and allow_none:
         return None
-    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:  # numpy too
-        raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
-    return float(v)
+    return _SIZE_CHECKS[name].check(name, v)
 
 
 def resolve_size(fig, width="single", *, height=None, aspect=None, scale=DEFAULT_SCALE) -> ExportSize:

@@ -44,7 +44,8 @@ NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. The
 _SYL = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "zi", "be", "do", "fu", "ga", "hi", "ju", "pe", "so", "wa", "xe")
 _CHECKS = register_all("ruler", {
     "n_distractors": Interval("int", 1, 50), "n_values": Interval("int", 2, 20), "n_queries": Interval("int", 2, 20),
-    "n_hops": Interval("int", 1, 20), "n_common": Interval("int", 1, 50), "vocab": Interval("int", 10, 10_000)}, __name__)
+    "n_hops": Interval("int", 1, 20), "n_common": Interval("int", 1, 50), "vocab": Interval("int", 10, 10_000),
+    "alpha": Interval("real", 1.0, None, closed="neither", what="a number")}, __name__)
 """The size arguments of the RULER-style families."""
 
 
@@ -259,8 +260,7 @@ def frequent_words(tokenizer, *, lengths: Sequence[int] = (1024, 2048, 4096), n:
     """Coded words drawn from a Zipf law (``p_k ∝ k^-alpha`` over ``vocab`` words, RULER's fwe); the three most
     frequent are wanted (ties at rank 3 are redrawn); string_match_all."""
     _CHECKS["vocab"].check("vocab", vocab)
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not alpha > 1:
-        raise ValueError(f"alpha: must be a number > 1, got {alpha!r}")
+    _CHECKS["alpha"].check("alpha", alpha)
     weights = [1.0 / (k ** alpha) for k in range(1, vocab + 1)]
 
     def make(rng, budget):

@@ -33,11 +33,21 @@ from tqdm.auto import tqdm
 
 from workbench.capture import capture_attention
 from workbench.capture.identity import check_model_match
-from workbench.checks import Choice, Interval, Seq, check_args, check_context, check_max_new_tokens, check_nonempty
+from workbench.checks import (
+    Choice,
+    Interval,
+    Seq,
+    check_args,
+    check_context,
+    check_max_new_tokens,
+    check_nonempty,
+    optional,
+)
 from workbench.choices import CONTINUE_ONS, ContinueOn
 from workbench.constraints import BUDGET, register_all
 from workbench.rerun.eviction.append import append_tokens, check_room
 from workbench.rerun.eviction.cache_evidence import QueryStats, cache_evidence
+from workbench.rerun.eviction.decode_steps import decode_steps
 from workbench.rerun.eviction.evidence import Evidence, Needs, renorm_rows
 from workbench.rerun.eviction.policies.base import EvictionPolicy
 from workbench.rerun.eviction.refusals import needs_refusal
@@ -52,13 +62,15 @@ from workbench.run import adapter, families, layer_roles, rotary
 from workbench.run.generate import stop_token_ids
 from workbench.run.models import unwrap_model
 
-__all__ = ["EvictionSession", "CONTINUE_CHECKS"]
+__all__ = ["EvictionSession", "CONTINUE_CHECKS", "BATCH_CHECKS"]
 
 CONTINUE_CHECKS = register_all("continue_with", {
     "tokens": Seq(Interval("int", 0, None, what="a token id"), nonempty=False),
     "on": Choice(CONTINUE_ONS),
 }, __name__)
 """The constraints of :meth:`EvictionSession.continue_with`'s ``tokens`` and ``on``."""
+BATCH_CHECKS = register_all("continue_batch", {"batch_size": optional(Interval("int", 1, None))}, __name__)
+"""The constraint of :meth:`EvictionSession.continue_batch`'s ``batch_size``."""
 
 
 def _prompt_ids(prompt, tokenizer) -> tuple[list[int], object]:
@@ -298,8 +310,7 @@ class EvictionSession:
                 states.append(self.evict(p, b))
             except Exception as e:  # one policy's failure is its result; the others still run
                 failed[i] = GenerationResult.failed(p, b, self.T, e)
-        # a count per layer or head (a per-head key mask), or a recurrent state (its batch rows are not stacked)
-        ragged = [st.drop is not None or bool((st.kept < 0).any()) or self.stateful for st in states]
+        ragged = [self._decodes_alone(st) for st in states]
         even = [st for st, r in zip(states, ragged) if not r]
         try:
             done = dict(zip(map(id, even), self._decode(even))) if even else {}
@@ -308,6 +319,35 @@ class EvictionSession:
             ragged = [True] * len(states)
         res = iter(self._decode_alone(st) if r else done[id(st)] for st, r in zip(states, ragged))
         return [failed[i] if i in failed else next(res) for i in range(len(jobs))]
+
+    @torch.no_grad()
+    def continue_batch(self, states: Sequence[RunState], *, batch_size: int | None = None) -> list[GenerationResult]:
+        """Decode the answers of distinct, undecoded ``states`` from :meth:`evict` together, each equal to
+        ``continue_with(state)``'s up to float rounding of the batched products (as :meth:`run_batch` decodes its
+        evictions). States whose caches have the same length at the same step share a forward, at most
+        ``batch_size`` (``None``: all) consecutive ones; those with a count per layer or head (a per-head key mask)
+        or a recurrent state decode alone, after the batches. Returns one answer per state, in order; the states end
+        here, their caches freed (a batched cache's rows cannot be continued apart: evict again to continue)."""
+        states = list(check_nonempty("states", states))
+        check_args(BATCH_CHECKS, {"batch_size": batch_size})
+        for i, st in enumerate(states):
+            if not isinstance(st, RunState) or st.cache is None or st.done or st.row:
+                raise ValueError(f"states: entry {i} must be a RunState from evict, not yet decoded, got {st!r:.60}")
+        if len({id(st) for st in states}) < len(states):
+            raise ValueError("states: must be distinct (a state decodes once), got one state twice")
+        alone = [self._decodes_alone(st) for st in states]
+        even, k = [st for st, a in zip(states, alone) if not a], batch_size or len(states)
+        try:  # checked: from here on the caches change
+            done = {id(st): r for j in range(0, len(even), k) for st, r in zip(even[j:j + k], self._decode(even[j:j + k]))}
+            return [self._decode([st])[0] if a else done[id(st)] for st, a in zip(states, alone)]
+        except BaseException:
+            for st in states:
+                st.cache = None  # a cache may hold part of a step: its state is refused from here on
+            raise
+
+    def _decodes_alone(self, st: RunState) -> bool:
+        """A count per layer or head (a per-head key mask), or a recurrent state (its batch rows are not stacked)."""
+        return st.drop is not None or bool((st.kept < 0).any()) or self.stateful
 
     def _decode_alone(self, st) -> GenerationResult:
         try:
@@ -451,50 +491,10 @@ class EvictionSession:
         bar = tqdm(total=sum(n - len(st.ids) for st in states if not st.done), desc="decode",
                    disable=not self.progress, leave=False)
         with adapter.positions_context(self.model) as pstate:
-            self._decode_loop(states, bar, pstate)
+            decode_steps(self, states, bar, pstate)
         bar.close()
         out = [st.result(self.T, n, self.tokenizer, self.layers) for st in states]
         if not keep_cache:  # kept by a state to continue; else freed (a batch's, before the runs that decode alone)
             for st in states:
                 st.cache = None
         return out
-
-    def _decode_loop(self, states, bar, pstate) -> None:
-        T, n = self.T, self.n
-        while True:
-            live = [st for st in states if not st.done]
-            if not live:
-                break
-            m = min(len(st.ids) for st in live)
-            first = [st for st in live if len(st.ids) == m]
-            length = first[0].kept.shape[-1] + first[0].offset + len(first[0].steps)  # entries of a compacted layer
-            grp = [st for st in first if st.kept.shape[-1] + st.offset + len(st.steps) == length]
-            same = len({id(st.cache) for st in grp}) == 1 and [st.row for st in grp] == list(range(len(grp))) \
-                and adapter.cache_batch_size(grp[0].cache) == len(grp)
-            if not same:
-                cache = adapter.stack_cache_rows([(st.cache, st.row) for st in grp])
-                for i, st in enumerate(grp):
-                    st.cache, st.row = cache, i
-            cache = grp[0].cache
-            x = torch.tensor([[st.ids[-1]] for st in grp], device=self.device)
-            p = T - grp[0].shift + grp[0].offset + m - 1  # original position (re-rotated: the compacted one)
-            pos = torch.full((len(grp), 1), p, device=self.device)
-            pstate.cache, pstate.q_pos = cache, torch.tensor([p])
-            mask = adapter.per_head_key_mask(self.model, grp[0].drop, self.evidence.head_group) \
-                if grp[0].drop else contextlib.nullcontext()
-            t0 = time.perf_counter()
-            with mask:
-                fwd = adapter.forward(self.model, x, cache=cache, position_ids=pos, logits_to_keep=1)
-            dt = time.perf_counter() - t0
-            new = adapter.output_cache(fwd)
-            logit = fwd.logits[:, -1].float()
-            for i, st in enumerate(grp):
-                if new is not None:
-                    st.cache = new
-                st.steps.append(dt)
-                st.timings["batch"] = max(st.timings["batch"], len(grp))
-                if self.keep_logits:
-                    st.logits.append(logit[i].cpu())
-                st.ids.append(st.forced[len(st.ids)] if st.forced else int(logit[i].argmax()))
-                st.done = st.finished(n, self.eos)
-            bar.update(len(grp))
