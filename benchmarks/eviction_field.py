@@ -134,7 +134,7 @@ def run_prompt(model, prompt, pols, budgets, n_new, answers, survive_text):
     rows, jobs, states = [], [], []
     for group, label, p in pols:
         for B in (budgets[:1] if p.keeps_all else budgets):
-            sess.evidence._scores.clear()  # each run pays for its own (and its base's) scores
+            sess.evidence.forget_scores()  # each run pays for its own (and its base's) scores
             jobs.append((group, label, p, B))
             states.append(sess.evict(p, B))
     # decode: runs with equal cache lengths batched (equal to single runs up to float rounding), at most 8 in a

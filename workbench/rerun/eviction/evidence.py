@@ -180,6 +180,11 @@ class Evidence:
                 self._scores.pop(next(iter(self._scores)))
         return self._scores[policy]
 
+    def forget_scores(self) -> None:
+        """Drop the memoised scores of :meth:`scores_of` (the next call computes them again: what a timing of
+        one policy's own scoring needs)."""
+        self._scores.clear()
+
     def pooled(self, x: Tensor | None) -> Tensor | None:
         """``x [L, G, …]`` (a policy's scores or tie-break) with every cell replaced by the mean over its tie
         (:attr:`ties`; cells of one tie then keep one set); ``x`` itself when nothing is tied."""
