@@ -322,8 +322,10 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     add_span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=2)
     fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)" + ("" if pbins.exact else f"; bins of ≤ {pbins.width} pages"),
                      row=1, col=1)
-    fig.update_xaxes(title_text="prompt position", row=2, col=1)
-    fig.update_yaxes(title_text="group score p" + (f" ({bins.describe()})" if not bins.exact else ""), row=2, col=1)
+    # the binning note on the x axis (the axis binned, as wide as the figure): on the short y axis of a narrow figure
+    # it wrapped to a column of lines that pushed the plots right and their x tick labels onto the panels below
+    fig.update_xaxes(title_text="prompt position" + (f"; {bins.describe()}" if not bins.exact else ""), row=2, col=1)
+    fig.update_yaxes(title_text="group score p", row=2, col=1)
     fig.update_xaxes(title_text="layer", row=3, col=1)
     fig.update_yaxes(title_text="union U_l", row=3, col=1)
     fig.update_xaxes(title_text="layer", row=3, col=2)
