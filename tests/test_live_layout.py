@@ -3,7 +3,9 @@
 none leaves the figure, and no title, legend or axis title sits on a plot area, at the start and after the
 sliders that change the content (more groups, a longer axis, more pages) moved to their ends; at the full live
 width (``FIGURE_WIDTH``, 660 px: a wide window) and at the room of a 1000 px JupyterLab window with its file
-browser open (568 px, reported by the figures' views: ``FigureWidget._view_width``).
+browser open (568 px, reported by the figures' views: ``FigureWidget._view_width``); and the pages figure of a
+T = 33k capture at every live width from ``MIN_FIGURE_WIDTH`` (also the width under plotly's stock widget) to
+``FIGURE_WIDTH``, 40 px apart.
 
 The figures are read as the widgets hold them and rendered to SVG by kaleido's Chromium; the boxes are read
 in headless chromium (Playwright), as in ``tests/test_figure_layout.py``; the rule is ``tests/_layout_rules.py``.

@@ -322,15 +322,16 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     add_span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=2)
     fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)" + ("" if pbins.exact else f"; bins of ≤ {pbins.width} pages"),
                      row=1, col=1)
-    # the binning note on the x axis (the axis binned, as wide as the figure): on the short y axis of a narrow figure
-    # it wrapped to a column of lines that pushed the plots right and their x tick labels onto the panels below
+    # the binning note on the x axis (the axis binned, as wide as the figure): on the y axis, a third of a narrow
+    # figure's height, it would wrap to a column of lines that pushes the plots right and their x tick labels onto
+    # the panels below
     fig.update_xaxes(title_text="prompt position" + (f"; {bins.describe()}" if not bins.exact else ""), row=2, col=1)
     fig.update_yaxes(title_text="group score p", row=2, col=1)
     fig.update_xaxes(title_text="layer", row=3, col=1)
     fig.update_yaxes(title_text="union U_l", row=3, col=1)
     fig.update_xaxes(title_text="layer", row=3, col=2)
     # UOR's labels at the right edge, under the colour bar's labels (the margin is there for them anyway): between the
-    # panels they need a gap that the estimates of the colour bar's room missed at a column's width
+    # panels they would need a gap sized from an estimate of the colour bar's room, short at a column's width
     fig.update_yaxes(title_text=f"UOR (s = {pr.s})", side="right", row=3, col=2)
     fig = finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
                   figure_meta("pages", model_id_of(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
