@@ -17,6 +17,10 @@ from _all_figures import FIGURE_FUNCTIONS, all_figures
 from _layout_rules import BOXES_JS, layout_problems, whole_axes
 from _layout_rules import kind as _kind
 
+from workbench.analyse.pages import PageSelection
+from workbench.analyse.pooling import HeadPooling
+from workbench.capture.data import Capture
+from workbench.run.spans import PromptSpans
 from workbench.show import export as ex
 from workbench.show import plots
 from workbench.show.paper_layout import LEGEND_SHARE, MIN_PT, PLOT_SHARE
@@ -133,6 +137,21 @@ def test_no_text_overlaps_at_export_width(figures, page, tmp_path, width):
             misses[name] = miss
     assert not problems, "\n".join(f"{n} ({width}): " + "; ".join(b[:6]) for n, b in problems.items())
     assert not misses, misses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("width", ["single", "double"])
+def test_long_capture_pages_at_export_width(page, tmp_path, width):
+    """The pages figure of a T = 33k capture (pages and positions binned: long axis titles, ×10⁴ tick labels, a colour
+    bar in steps of 0.0005) at a column's width: no overlap or overflow, every paper rule. Its UOR labels, between the
+    bottom panels, lay on the left one at one column (the colour bar took more room than estimated)."""
+    spans = PromptSpans.synthetic([64] * 510, query_len=16, answer_doc=100)
+    cap = Capture.synthetic(spans, L=4, H_Q=6, G=2, seed=0, concentration=2.0)
+    pool = HeadPooling()(cap)
+    fig = plots.pages(PageSelection(b=16, K=8, s=64).select(pool.a, pool.w, cap.head_group, 64), 1, spans)
+    ex.export(fig, tmp_path / "pages", width=width, formats=("svg",), csv=False, sidecar=False)
+    bad = export_problems(page, tmp_path / "pages.svg", whole_axes(fig.to_dict()))
+    assert not bad, bad
 
 
 @pytest.mark.slow

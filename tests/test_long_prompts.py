@@ -13,6 +13,7 @@ from workbench.run.spans import PromptSpans
 from workbench.show import plots
 from workbench.show import widgets as Wd
 from workbench.show.colour_scale import LONG_PROMPT_T, quantile_ranks
+from workbench.show.decimate import token_bins
 from workbench.show.plots.bounds import MARKER_COLUMNS
 
 #: share of the cells in the lowest tenth of the colour bar that a scale "showing structure" stays under
@@ -122,6 +123,19 @@ def test_kept_page_marks_stay_marks_at_33k(cap33k, K):
         kept_bins = sorted({int(np.searchsorted(edges, p, side="right") - 1) for p in np.flatnonzero(sel[g])})
         want = [(edges[i] + edges[i + 1] - 1) / 2 for i in kept_bins]
         assert np.allclose(xg, want)
+
+
+def test_pages_binning_notes_stand_on_the_binned_axes(cap33k):
+    """At 33k the pages and the positions are binned: each note names its bins on the axis it bins (the x axes, as
+    wide as the figure); the group score's y axis, a third of a narrow figure's height, keeps a short title."""
+    pool = HeadPooling()(cap33k)
+    pr = PageSelection(b=16, K=4).select(pool.a, pool.w, cap33k.head_group, 64)
+    lay = plots.pages(pr, 1, cap33k.spans).layout
+    pbins, bins = token_bins(pr.importance.shape[-1]), token_bins(cap33k.T)
+    assert not pbins.exact and not bins.exact
+    assert lay.xaxis.title.text == f"page (b = 16 tokens); bins of ≤ {pbins.width} pages"
+    assert lay.xaxis2.title.text == f"prompt position; max over bins of ≤ {bins.width} tokens"
+    assert lay.yaxis2.title.text == "group score p"
 
 
 def test_few_pages_keep_a_box_per_kept_page(cap4k):

@@ -196,6 +196,19 @@ def test_a_panel_beside_another_gets_room_for_its_y_labels():
     assert d["layout"]["yaxis3"]["side"] == "right" and d["layout"]["xaxis2"]["domain"] == [0, 0.45]
 
 
+def test_a_panel_with_its_y_axis_on_the_right_takes_no_gap():
+    """A right panel whose figure puts its y axis on the right side (the pages figure's UOR) has no labels in the gap
+    between the panels: the left panel keeps its width, where it gave up px for labels drawn at the canvas edge."""
+    fig = go.Figure([go.Scatter(x=[0, 1], y=[0, 1]), go.Bar(x=[0, 1], y=[1, 2], xaxis="x2", yaxis="y2"),
+                     go.Scatter(x=[0, 1], y=[2.5, 2.6], xaxis="x3", yaxis="y3")],
+                    layout=dict(template="workbench", yaxis=dict(domain=[0.55, 1]),
+                                xaxis2=dict(domain=[0, 0.45], anchor="y2"), yaxis2=dict(domain=[0, 0.45]),
+                                xaxis3=dict(domain=[0.55, 1], anchor="y3"),
+                                yaxis3=dict(domain=[0, 0.45], anchor="x3", side="right", title=dict(text="UOR"))))
+    d, _, _ = _laid(fig)
+    assert d["layout"]["xaxis2"]["domain"] == [0, 0.45] and d["layout"]["yaxis3"]["side"] == "right"
+
+
 def test_stacked_panels_without_x_labels_keep_their_facing_y_ticks_apart():
     """Panels stacked on a shared x axis (03's priorities: S, lift, κ) have no x labels between them, but the lower
     panel's top y tick label and the upper one's bottom label each stand half a line past their panel: the gap holds

@@ -93,9 +93,9 @@ def column_gaps(lay: dict, plot_w: float, base: float) -> None:
     for xa, ya in panels:
         for xb, yb in panels:
             left, right = xa["domain"], xb["domain"]
-            if xa is xb or not (left[1] <= right[0] and ya["domain"][0] < yb["domain"][1]
-                                and yb["domain"][0] < ya["domain"][1]):
-                continue
+            if xa is xb or yb.get("side") == "right" or not (left[1] <= right[0] and ya["domain"][0] < yb["domain"][1]
+                                                             and yb["domain"][0] < ya["domain"][1]):
+                continue  # (labels on the right side stand at the canvas edge, not in the gap)
             end = right[0] - (4.0 + _y_label_px(yb, tick, base)) / plot_w
             if end < left[0] + (left[1] - left[0]) / 2:  # more than half the left panel: the labels go right,
                 yb["side"] = "right"                         # where the margin grows for them

@@ -286,7 +286,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
         I = pbins.reduce(I, "max")
         hover, custom = f"g%{{y}} pages from %{{x}} ({pbins.describe()} pages of {pr.b} tokens)", {}
     fig = Draft.subplots(rows=3, cols=2, specs=[[{"colspan": 2}, None], [{"colspan": 2}, None], [{}, {}]],
-                          row_heights=[0.34, 0.36, 0.3], horizontal_spacing=0.28, vertical_spacing=0.13)
+                          row_heights=[0.34, 0.36, 0.3], horizontal_spacing=0.1, vertical_spacing=0.13)
     fig.add_trace(go.Heatmap(z=plot_array(I), x=x_pages, y=[f"g{g}" for g in range(G)], coloraxis="coloraxis",
                              name="importance", hovertemplate=hover + "<br>I = %{z:.4g}<extra></extra>", **custom), 1, 1)
     fig.add_trace(_kept_page_marks(sel, G), 1, 1)
@@ -322,12 +322,17 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     add_span(fig, "vline", layer, line=dict(color="#000", dash="dot", width=1), row=3, col=2)
     fig.update_xaxes(title_text=f"page (b = {pr.b} tokens)" + ("" if pbins.exact else f"; bins of ≤ {pbins.width} pages"),
                      row=1, col=1)
-    fig.update_xaxes(title_text="prompt position", row=2, col=1)
-    fig.update_yaxes(title_text="group score p" + (f" ({bins.describe()})" if not bins.exact else ""), row=2, col=1)
+    # the binning note on the x axis (the axis binned, as wide as the figure): on the y axis, a third of a narrow
+    # figure's height, it would wrap to a column of lines that pushes the plots right and their x tick labels onto
+    # the panels below
+    fig.update_xaxes(title_text="prompt position" + (f"; {bins.describe()}" if not bins.exact else ""), row=2, col=1)
+    fig.update_yaxes(title_text="group score p", row=2, col=1)
     fig.update_xaxes(title_text="layer", row=3, col=1)
     fig.update_yaxes(title_text="union U_l", row=3, col=1)
     fig.update_xaxes(title_text="layer", row=3, col=2)
-    fig.update_yaxes(title_text=f"UOR (s = {pr.s})", row=3, col=2)
+    # UOR's labels at the right edge, under the colour bar's labels (the margin is there for them anyway): between the
+    # panels they would need a gap sized from an estimate of the colour bar's room, short at a column's width
+    fig.update_yaxes(title_text=f"UOR (s = {pr.s})", side="right", row=3, col=2)
     fig = finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
                   figure_meta("pages", model_id_of(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
                         d=pr.d, bytes=pr.bytes),
