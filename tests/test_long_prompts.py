@@ -14,6 +14,7 @@ from workbench.show import plots
 from workbench.show import widgets as Wd
 from workbench.show.colour_scale import LONG_PROMPT_T, quantile_ranks
 from workbench.show.decimate import token_bins
+from workbench.show.paper_layout import wrap_text
 from workbench.show.plots.bounds import MARKER_COLUMNS
 
 #: share of the cells in the lowest tenth of the colour bar that a scale "showing structure" stays under
@@ -215,3 +216,15 @@ def test_pages_panel_k_move_reuses_the_scores_at_33k(cap33k):
     tm = after.token_mask_of(1).numpy()
     want = after.selected[1].numpy()[:, np.arange(cap33k.T) // after.b]
     assert np.array_equal(tm, want)
+
+
+def test_pages_uor_title_wraps_as_a_whole_formula(cap33k):
+    """The UOR axis title's ``s = 64`` is one unit for the title wrapper: at a narrow width the title breaks before
+    the formula, never inside it ('UOR (s' over '= 64)' reads as two fragments)."""
+    pool = HeadPooling()(cap33k)
+    pr = PageSelection(b=16, K=4).select(pool.a, pool.w, cap33k.head_group, 64)
+    lay = plots.pages(pr, 1, cap33k.spans).layout
+    (title,) = [a.title.text for a in (lay[k] for k in lay if k.startswith("yaxis")) if "UOR" in (a.title.text or "")]
+    assert title == "UOR (s\u00a0=\u00a064)"
+    for px in (20, 40, 60, 200):
+        assert "s\u00a0=\u00a064)" in wrap_text(title, px, 10).split("<br>")[-1]

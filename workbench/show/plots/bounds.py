@@ -332,7 +332,7 @@ def pages(page_result, layer: int, spans=None, *, model_id: str | None = None, p
     fig.update_xaxes(title_text="layer", row=3, col=2)
     # UOR's labels at the right edge, under the colour bar's labels (the margin is there for them anyway): between the
     # panels they would need a gap sized from an estimate of the colour bar's room, short at a column's width
-    fig.update_yaxes(title_text=f"UOR (s = {pr.s})", side="right", row=3, col=2)
+    fig.update_yaxes(title_text=f"UOR (s\u00a0=\u00a0{pr.s})", side="right", row=3, col=2)
     fig = finish(fig, f"Pages, layer {layer}: top-{pr.K} of {N_P} pages per group, U = {int(pr.U[layer])}",
                   figure_meta("pages", model_id_of(model_id, spans), params, layer=layer, b=pr.b, K=pr.K, s=pr.s, e=pr.e,
                         d=pr.d, bytes=pr.bytes),
