@@ -19,6 +19,7 @@
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -29,6 +30,12 @@ from _examples import PROFILES, profile_name
 from hypothesis import settings
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One kaleido tab per process (``workbench.show.kaleido_server.server_tabs``): the suite's processes (workers,
+# notebook kernels, report subprocesses: they inherit the environment) export a few figures each, mostly SVG
+# alone, and each of the default three tabs costs ~1.3 s of CPU to load plotly.js at the start (the start: 2.9 s
+# of CPU with one tab, 6.8 s with three); the files are the same. The three-tab start is checked in
+# tests/test_chromium_sandbox.py.
+os.environ.setdefault("WORKBENCH_EXPORT_TABS", "1")
 
 # tests/peers/ runs only in the peer environment (``make test-peers``: the workbench at its transformers
 # floor next to NVIDIA kvpress); the main suite never collects it, so it never imports kvpress.
@@ -60,22 +67,40 @@ XDIST_GROUPS = {"test_browser.py": "browser", "test_report.py": "report", "test_
 BROWSER_2 = ("08", "05", "00", "01", "02", "10", "synthetic", "token")
 
 
-def _sources(item) -> list[str]:
-    """The source of the test function and of every fixture it uses that is defined in tests/ (not a
-    builtin or plugin fixture)."""
+def _functions(item) -> list:
+    """The test function of ``item`` and the function of every fixture it uses."""
     funcs = [getattr(item, "function", None)]
     info = getattr(item, "_fixtureinfo", None)
     for name in getattr(item, "fixturenames", ()):
         for fd in (info.name2fixturedefs.get(name, ()) if info else ()):
             funcs.append(fd.func)
-    out = []
-    for f in funcs:
-        try:
-            if f is not None and "tests" in inspect.getsourcefile(f).replace("\\", "/").split("/"):
-                out.append(inspect.getsource(f))
-        except (OSError, TypeError):
-            continue
-    return out
+    return [f for f in funcs if f is not None]
+
+
+# Once per function, not per test: the ~3 800 items share a few hundred functions (parametrized tests, common
+# fixtures), and reading a function's source (inspect.getsource tokenizes its file) was ~4 000 reads per
+# collection in every worker.
+@functools.cache
+def _source(func) -> str | None:
+    """The source of ``func`` when it is defined in tests/ (not a builtin or plugin fixture), else None."""
+    try:
+        if "tests" in inspect.getsourcefile(func).replace("\\", "/").split("/"):
+            return inspect.getsource(func)
+    except (OSError, TypeError):
+        pass
+    return None
+
+
+@functools.cache
+def _calls_the_model(func) -> bool:
+    src = _source(func)
+    return src is not None and _MODEL_CALL.search(src) is not None
+
+
+def _sources(item) -> list[str]:
+    """The source of the test function and of every fixture it uses that is defined in tests/ (not a
+    builtin or plugin fixture)."""
+    return [src for src in map(_source, _functions(item)) if src is not None]
 
 
 def uses_the_model(item) -> bool:
@@ -84,7 +109,7 @@ def uses_the_model(item) -> bool:
         return True
     if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
-    return any(_MODEL_CALL.search(src) for src in _sources(item))
+    return any(map(_calls_the_model, _functions(item)))
 
 
 def research_asked(config) -> bool:
