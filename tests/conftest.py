@@ -30,12 +30,6 @@ from _examples import PROFILES, profile_name
 from hypothesis import settings
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# One kaleido tab per process (``workbench.show.kaleido_server.server_tabs``): the suite's processes (workers,
-# notebook kernels, report subprocesses: they inherit the environment) export a few figures each, mostly SVG
-# alone, and each of the default three tabs costs ~1.3 s of CPU to load plotly.js at the start (the start: 2.9 s
-# of CPU with one tab, 6.8 s with three); the files are the same. The three-tab start is checked in
-# tests/test_chromium_sandbox.py.
-os.environ.setdefault("WORKBENCH_EXPORT_TABS", "1")
 
 # tests/peers/ runs only in the peer environment (``make test-peers``: the workbench at its transformers
 # floor next to NVIDIA kvpress); the main suite never collects it, so it never imports kvpress.

@@ -136,28 +136,3 @@ def test_a_dead_server_thread_is_seen_and_the_server_restarted(host, fake_kaleid
     assert fake_kaleido.calls == [True, True] and len(stops) == 1
     assert ks.server_running() and ks.server_thread() is not first
     stop.set()
-
-
-def test_the_server_opens_one_tab_per_format_unless_told_fewer(host, fake_kaleido, monkeypatch):
-    """Three tabs by default (a figure's formats at the same time); ``$WORKBENCH_EXPORT_TABS`` opens 1 or 2 (each tab
-    loads plotly.js at the start: the suite's processes export a few SVGs and open one); a value outside 1..3 is
-    refused, naming the variable and the range, before any Chromium starts."""
-    host(1000)
-    tabs = []
-
-    def start(**kw):
-        tabs.append(kw["n"])
-
-    fake_kaleido.start_sync_server = start
-    monkeypatch.delenv(ks.TABS_ENV, raising=False)
-    for env in (None, "1", " 2 "):
-        if env is not None:
-            monkeypatch.setenv(ks.TABS_ENV, env)
-        ks.ensure_server()
-        ks.shutdown_server()
-    assert tabs == [len(ks.FORMATS), 1, 2]
-    for bad in ("0", "4", "two", "-1", "1.5"):
-        monkeypatch.setenv(ks.TABS_ENV, bad)
-        with pytest.raises(ValueError, match=r"^WORKBENCH_EXPORT_TABS: must be .*\[1, 3\], got"):
-            ks.ensure_server()
-    assert tabs == [len(ks.FORMATS), 1, 2] and not ks.server_running()

@@ -4,8 +4,7 @@ Rendering uses kaleido with one persistent Chromium per process (:func:`ensure_s
 use, stopped at exit or by :func:`shutdown_server`); Debian's ``/usr/bin/chromium`` is found on ``PATH`` (or
 set ``BROWSER_PATH``). MathJax is off (offline; use Unicode: ζ τ η Λ Δ). The server has one tab per format
 and renders a figure's PDF, SVG and PNG at the same time (kaleido reloads a tab after every render, so one
-after another they took ~1.2 s; together ~0.9 s, ``benchmarks/export.py``); ``$WORKBENCH_EXPORT_TABS`` (1 to 3)
-opens fewer, each tab costing about 1.3 s of CPU at the start (:func:`server_tabs`). Kaleido (an optional heavy
+after another they took ~1.2 s; together ~0.9 s, ``benchmarks/export.py``). Kaleido (an optional heavy
 dependency) is imported inside the functions that use it.
 """
 from __future__ import annotations
@@ -23,13 +22,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from workbench.checks import Interval
 from workbench.choices import EXPORT_FORMATS
 from workbench.util import private_temp_dir
 
 __all__ = ["FORMATS", "RENDER_TIMEOUT_S", "browser_path", "ensure_server", "shutdown_server", "server_running",
            "server_thread",
-           "render_all", "RenderSize", "sandbox", "NO_SANDBOX_ENV", "TABS_ENV", "server_tabs"]
+           "render_all", "RenderSize", "sandbox", "NO_SANDBOX_ENV"]
 
 FORMATS = EXPORT_FORMATS  # ("pdf", "svg", "png")
 EXPORT_TMP_PREFIX = "workbench-export-"  # kaleido's private folders in the system temp: <prefix><pid>-<random>
@@ -66,22 +64,6 @@ def browser_path() -> str | None:
         if os.path.isfile(p) and os.access(p, os.X_OK):
             return p
     return None
-
-
-# The server's tabs: one per format by default (a figure's formats render at the same time). Each tab loads
-# plotly.js when the server starts, about 1.3 s of CPU a tab; a process that exports a few figures, or one
-# format at a time (the test suite's kernels and workers: SVG), saves that start with one tab, its renders
-# then taking turns on it (the same files).
-TABS_ENV = "WORKBENCH_EXPORT_TABS"
-TABS = Interval("int", 1, len(FORMATS))
-
-
-def server_tabs() -> int:
-    """How many tabs the server opens: ``$WORKBENCH_EXPORT_TABS`` (1 to one per format), else one per format."""
-    raw = os.environ.get(TABS_ENV, "").strip()
-    if not raw:
-        return len(FORMATS)
-    return TABS.check(TABS_ENV, int(raw) if raw.isdigit() else raw)
 
 
 NO_SANDBOX_ENV = "WORKBENCH_NO_SANDBOX"  # "1": run Chromium without its sandbox (a container whose seccomp forbids it)
@@ -148,25 +130,24 @@ def ensure_server(*, timeout_s: float = RENDER_TIMEOUT_S) -> None:
             raise RuntimeError("figure export needs Chromium: install Debian's chromium (apt-get install chromium "
                                "fonts-liberation fonts-dejavu-core) or set BROWSER_PATH to a Chromium binary")
         os.environ.setdefault("BROWSER_PATH", path)
-        tabs = server_tabs()   # a bad value is refused before anything starts
         sandboxed, _ = sandbox()
         try:
-            _start(sandboxed, timeout_s, tabs)
+            _start(sandboxed, timeout_s)
         except Exception as e:  # noqa: BLE001 - a sandbox this system cannot give: said, then started without
             if not sandboxed:
                 raise
             print(f"figure export: Chromium did not start in its sandbox ({' '.join(str(e).split())[:200]}); "
                   f"running it without (set {NO_SANDBOX_ENV}=1 to skip the attempt)", file=sys.stderr, flush=True)
-            _start(False, timeout_s, tabs)
+            _start(False, timeout_s)
 
 
-def _start(sandboxed: bool, timeout_s: float, tabs: int) -> None:
+def _start(sandboxed: bool, timeout_s: float) -> None:
     import kaleido
 
-    # one tab per format (unless $WORKBENCH_EXPORT_TABS says fewer): the formats of a figure render at the same
-    # time (kaleido reloads a tab after each render, ~0.3 s, so three formats one after another took ~1.2 s)
+    # one tab per format: the formats of a figure render at the same time (kaleido reloads a tab after
+    # each render, ~0.3 s, so three formats one after another took ~1.2 s)
     before = set(threading.enumerate())
-    kaleido.start_sync_server(n=tabs, mathjax=False, timeout=timeout_s, silence_warnings=True,
+    kaleido.start_sync_server(n=len(FORMATS), mathjax=False, timeout=timeout_s, silence_warnings=True,
                               enable_sandbox=sandboxed)
     _STATE["threads"] = [t for t in threading.enumerate() if t not in before]  # under _LOCK: kaleido's alone
     _STATE["running"] = True
