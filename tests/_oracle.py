@@ -11,6 +11,18 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 
 from workbench.capture import capture_attention
 from workbench.run import adapter
+from workbench.run.models import tiny_model
+from workbench.run.spans import PromptSpans
+
+
+def eager_llama(seed: int):
+    """The eviction oracles' model: a tiny llama (3 layers, 4 query heads in 2 KV groups) on eager attention."""
+    return tiny_model("llama", G=2, H_Q=4, L=3, seed=seed, attn_implementation="eager")
+
+
+def four_passages() -> PromptSpans:
+    """The eviction oracles' prompt: four passages of 10, 12, 9 and 11 tokens and an 8-token query."""
+    return PromptSpans.synthetic([10, 12, 9, 11], query_len=8)
 
 
 def forward_with(m, name: str, attention: Callable, ids, pos: torch.Tensor | None = None):

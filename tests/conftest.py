@@ -91,12 +91,6 @@ def _calls_the_model(func) -> bool:
     return src is not None and _MODEL_CALL.search(src) is not None
 
 
-def _sources(item) -> list[str]:
-    """The source of the test function and of every fixture it uses that is defined in tests/ (not a
-    builtin or plugin fixture)."""
-    return [src for src in map(_source, _functions(item)) if src is not None]
-
-
 def uses_the_model(item) -> bool:
     """Whether ``item`` uses the embedded default model (see :data:`MODEL_FIXTURES` and :data:`_MODEL_CALL`)."""
     if item.get_closest_marker("model") is not None:

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _oracle import visible_logits
+from _oracle import eager_llama, four_passages, visible_logits
 
 from workbench.rerun.eviction import H2O, TOVA, AdaKV, DeferKV, KNorm, Needs, SnapKV, StreamingLLM
 from workbench.rerun.eviction.session import EvictionSession
-from workbench.run.models import tiny_model
-from workbench.run.spans import PromptSpans
 
 N_NEW = 5
 SMALL = dict(n_sink=2, recent=4)
@@ -19,12 +17,12 @@ SMALL = dict(n_sink=2, recent=4)
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model("llama", G=2, H_Q=4, L=3, seed=5, attn_implementation="eager")
+    return eager_llama(seed=5)
 
 
 @pytest.fixture(scope="module")
 def spans():
-    return PromptSpans.synthetic([10, 12, 9, 11], query_len=8)
+    return four_passages()
 
 
 # four runs of one cache length (two batches of 2 with batch_size=2), one of another, one per-head count (alone),

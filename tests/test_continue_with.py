@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _oracle import visible_logits
+from _oracle import eager_llama, four_passages, visible_logits
 
 from workbench.rerun.eviction import DeferKV, SnapKV
 from workbench.rerun.eviction.session import EvictionSession
 from workbench.run import adapter
-from workbench.run.models import tiny_model
-from workbench.run.spans import PromptSpans
 
 N_NEW = 5
 TURN = [5, 17, 33, 9, 41, 2, 60]  # fixed ids (the tiny model has no tokenizer)
@@ -21,12 +19,12 @@ SMALL = dict(n_sink=2, recent=4, window=4)
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model("llama", G=2, H_Q=4, L=3, seed=5, attn_implementation="eager")
+    return eager_llama(seed=5)
 
 
 @pytest.fixture(scope="module")
 def spans():
-    return PromptSpans.synthetic([10, 12, 9, 11], query_len=8)
+    return four_passages()
 
 
 @pytest.mark.parametrize("policy", [SnapKV(**SMALL), DeferKV(**SMALL)], ids=["snapkv", "deferkv"])

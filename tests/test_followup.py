@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _oracle import greedy_no_cache, oracle_logits_with
+from _oracle import eager_llama, four_passages, greedy_no_cache, oracle_logits_with
 
 from workbench.rerun.eviction import DeferKV, FullCache, SnapKV
 from workbench.rerun.eviction.followup import answer_body, chat_next_turn, run_followup
 from workbench.run import adapter
 from workbench.run.generate import stop_token_ids
-from workbench.run.models import tiny_model
-from workbench.run.spans import PromptSpans
 
 N_NEW = 6
 TURN2 = [5, 17, 33, 9, 41, 2, 60]  # the tiny model has no tokenizer: turn 2 is fixed ids
@@ -21,12 +19,12 @@ TURN2 = [5, 17, 33, 9, 41, 2, 60]  # the tiny model has no tokenizer: turn 2 is 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model("llama", G=2, H_Q=4, L=3, seed=11, attn_implementation="eager")
+    return eager_llama(seed=11)
 
 
 @pytest.fixture(scope="module")
 def spans():
-    return PromptSpans.synthetic([10, 12, 9, 11], query_len=8)
+    return four_passages()
 
 
 
