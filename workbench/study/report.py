@@ -333,7 +333,7 @@ def run_report(cfg: ReportConfig | None = None, *, lm=None) -> ReportResult:
                 notes["needle_survival"] = note
             if items and not partial and not cfg.divergence:
                 info_extra["skipped"] = ["the answer divergence (divergence=False, --no-divergence)"]
-            if items and not partial and cfg.divergence:
+            elif items and not partial:
                 at[0] = "the answer divergence"
                 tables["answer_divergence"], notes["answer_divergence"] = timed(
                     "answer_divergence", lambda: parts.divergence_part(cfg, lm, items))
